@@ -1,0 +1,130 @@
+"""Load the protocol's SQL files and prepare them for a driver.
+
+The files are the contract; this module only finds them, strips comments, rewrites
+optional filters for the filters a caller actually supplied, and (for Postgres) turns
+`:name` parameters into psycopg placeholders. Every transformation is memoized per
+statement and filter set: the claim loop asks for the same few texts thousands of
+times a second.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Dialect = Literal["sqlite", "postgres"]
+
+# `:name` but not `::cast`, and not inside an identifier.
+_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+_LINE_COMMENT = re.compile(r"--[^\n]*")
+_OPTIONAL_FILTER = re.compile(r"\(\s*:(\w+)\s+is\s+null\s+or\s+([\w.]+)\s*=\s*:\1\s*\)", re.I)
+
+
+def protocol_root() -> Path:
+    """The folder holding migrations/, sql/ and extensions/.
+
+    A wheel carries it as `cairnqd/_protocol_files`; a source checkout (editable
+    install, tests) reads the repository's `protocol/` directly, so a stale copy can
+    never shadow the files being edited.
+    """
+    package_dir = Path(__file__).resolve().parent
+    source_tree = package_dir.parent / "protocol"
+    if (source_tree / "sql").is_dir():
+        return source_tree
+    bundled = package_dir / "_protocol_files"
+    if (bundled / "sql").is_dir():
+        return bundled
+    raise FileNotFoundError(
+        f"cairnqd protocol files not found in {source_tree} or {bundled}; "
+        "the installation is incomplete"
+    )
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One executable statement: the text for the driver and the names it binds."""
+
+    name: str
+    text: str
+    params: tuple[str, ...]
+
+
+def strip_comments(sql: str) -> str:
+    return _LINE_COMMENT.sub("", sql)
+
+
+@functools.cache
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def _statement_path(dialect: Dialect, name: str) -> Path:
+    root = protocol_root()
+    for folder in (root / "sql" / dialect, root / "extensions" / "sql" / dialect):
+        candidate = folder / f"{name}.sql"
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"no statement {name!r} for {dialect} under {root}")
+
+
+def raw_sql(dialect: Dialect, name: str) -> str:
+    """The statement's file text, comments stripped."""
+    return strip_comments(_read(_statement_path(dialect, name))).strip().rstrip(";")
+
+
+def specialize(sql: str, supplied: frozenset[str]) -> str:
+    """Rewrite each optional filter `(:p is null or col = :p)` for the call at hand:
+    `col = :p` when `p` is supplied, `true` when it is not.
+
+    An `or` with a bind parameter hides the index from both planners; once the
+    caller has told us which filters are set, the predicate is a plain equality or
+    nothing at all (which also spares Postgres from typing a bare NULL parameter).
+    """
+
+    def rewrite(match: re.Match[str]) -> str:
+        param, column = match.group(1), match.group(2)
+        return f"{column} = :{param}" if param in supplied else "true"
+
+    return _OPTIONAL_FILTER.sub(rewrite, sql)
+
+
+def _to_psycopg(sql: str) -> str:
+    # psycopg reads `%` as the start of a placeholder; a literal one must be doubled.
+    escaped = sql.replace("%", "%%")
+    return _PARAM.sub(lambda m: f"%({m.group(1)})s", escaped)
+
+
+@functools.cache
+def statement(dialect: Dialect, name: str, supplied: frozenset[str] = frozenset()) -> Statement:
+    """The ready-to-run statement `name`, specialized for the `supplied` filters."""
+    sql = specialize(raw_sql(dialect, name), supplied)
+    params = tuple(dict.fromkeys(_PARAM.findall(sql)))
+    text = _to_psycopg(sql) if dialect == "postgres" else sql
+    return Statement(name=name, text=text, params=params)
+
+
+@dataclass(frozen=True)
+class Migration:
+    """A migration file and the ledger it is recorded in."""
+
+    name: str  # the ledger name: the file name, `.sql` included
+    sql: str
+    ledger: Literal["cairnq", "cairnqd"]
+
+
+def migrations(dialect: Dialect) -> list[Migration]:
+    """Shared migrations first (upstream's ledger), then cairnqd's own extensions."""
+    root = protocol_root()
+    found: list[Migration] = []
+    for folder, ledger in (
+        (root / "migrations" / dialect, "cairnq"),
+        (root / "extensions" / "migrations" / dialect, "cairnqd"),
+    ):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.sql")):
+            found.append(Migration(path.name, _read(path), ledger))  # type: ignore[arg-type]
+    return found

@@ -1,0 +1,188 @@
+"""Errors raised by cairnqd.
+
+The class names are part of the protocol surface: the conformance runner and code
+written against the public cairnq SDK match on them, so they follow upstream exactly.
+
+    CairnQError
+    ├── AlreadyExists            submit(conflict="reject") found the key taken
+    ├── QueueFull                backpressure waited max_queue_wait_ms for headroom
+    ├── TaskTimeout              wait()/call() ran out of time; the task keeps running
+    ├── TaskFailed               call() saw the task end `failed`
+    ├── TaskCanceled             call() saw the task end `canceled`
+    ├── TaskError                raised by a handler to fail with its own envelope
+    ├── LostLease                an owned write found the lease gone
+    ├── ProtocolVersionMismatch  the database speaks another protocol major
+    ├── SchemaMismatch           Postgres: the tables live in another schema
+    ├── UnsupportedBackend       the operation needs the other dialect
+    ├── StoreClosed              the store is closing or closed
+    ├── SerializationError       a value JSON cannot represent faithfully
+    ├── ListenUnavailable        Postgres refused LISTEN for good
+    ├── NotACairnqDatabase       the file holds something else (cairnqd only)
+    └── DatabaseUnavailable      the server cannot be reached (cairnqd only)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .models import Task
+
+
+class CairnQError(Exception):
+    """Base class of every error cairnqd raises on purpose."""
+
+
+class AlreadyExists(CairnQError):
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"a task with key {key!r} already exists (conflict='reject')")
+
+
+class QueueFull(CairnQError):
+    def __init__(self, queue: str, max_depth: int, waited_ms: int) -> None:
+        self.queue = queue
+        self.max_depth = max_depth
+        self.waited_ms = waited_ms
+        super().__init__(
+            f"queue {queue!r} stayed at its limit of {max_depth} queued tasks for "
+            f"{waited_ms}ms; nothing was submitted"
+        )
+
+
+def _describe_stuck(task: Task | None, key: str | None) -> str:
+    """Say why a wait gave up, in the words an operator needs on a first run."""
+    if task is None:
+        return "no task under that key" if key is not None else "task not found"
+    if task.status == "queued":
+        if task.attempt == 0:
+            return (
+                f"never claimed: is a worker running for queue {task.queue!r} with a "
+                f"handler named {task.name!r}, on the same database?"
+            )
+        wait_ms = task.run_at_ms - int(time.time() * 1000)
+        when = f", next run in ~{wait_ms}ms" if wait_ms > 0 else ""
+        return f"queued again after attempt {task.attempt}/{task.max_attempts}{when}"
+    if task.cancel_requested_at_ms is not None and task.status == "running":
+        return "cancel requested; the handler has not observed it yet"
+    if task.status == "running":
+        return f"still running (attempt {task.attempt}/{task.max_attempts})"
+    return f"status {task.status}"
+
+
+class TaskTimeout(CairnQError):
+    """wait()/call() gave up; the task itself keeps going. Resume with
+    `wait(err.task_id)` or `wait_by_key(err.key)`."""
+
+    def __init__(
+        self,
+        task_id: str,
+        *,
+        timeout_ms: int | None = None,
+        task: Task | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.task_id = task_id
+        self.timeout_ms = timeout_ms
+        self.task = task
+        self.key = key
+        subject = f"task {task_id}" if key is None else f"key {key!r}"
+        if timeout_ms is None:
+            message = f"{subject} did not finish in time"
+        else:
+            message = (
+                f"{subject} did not finish within {timeout_ms}ms: {_describe_stuck(task, key)}"
+            )
+        super().__init__(message)
+
+
+class TaskFailed(CairnQError):
+    """The task ended `failed`; the envelope's fields are unpacked."""
+
+    def __init__(self, error: dict[str, Any] | None) -> None:
+        envelope = error if isinstance(error, dict) else {}
+        self.error = error
+        self.type: str = str(envelope.get("type", "Error"))
+        self.code: str = str(envelope.get("code", "task_error"))
+        self.message: str = str(envelope.get("message", "task failed"))
+        self.retryable: bool = bool(envelope.get("retryable", False))
+        details = envelope.get("details")
+        self.details: dict[str, Any] = details if isinstance(details, dict) else {}
+        super().__init__(f"{self.type} [{self.code}]: {self.message}")
+
+
+class TaskCanceled(CairnQError):
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        super().__init__(f"task {task_id} was canceled")
+
+
+class LostLease(CairnQError):
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        super().__init__(f"lost the lease on task {task_id}: another worker may own it now")
+
+
+class ProtocolVersionMismatch(CairnQError):
+    pass
+
+
+class SchemaMismatch(CairnQError):
+    pass
+
+
+class UnsupportedBackend(CairnQError):
+    pass
+
+
+class StoreClosed(CairnQError):
+    pass
+
+
+class SerializationError(CairnQError):
+    pass
+
+
+class ListenUnavailable(CairnQError):
+    pass
+
+
+class NotACairnqDatabase(CairnQError):
+    """The target exists but is not (and cannot become) a cairnq database."""
+
+
+class DatabaseUnavailable(CairnQError):
+    """The database server could not be reached or refused the connection."""
+
+
+class TaskError(CairnQError):
+    """Raise from a handler to fail the task with a chosen envelope.
+
+    Not retryable unless asked: a handler that names its error usually knows
+    another attempt will not help."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "task_error",
+        retryable: bool = False,
+        type: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        self.message = message
+        self.code = code
+        self.retryable = retryable
+        self.type = type or "TaskError"
+        self.details = dict(details) if details else {}
+        super().__init__(message)
+
+    def envelope(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+            "details": self.details,
+        }

@@ -1,0 +1,142 @@
+"""Rows as Python values: `Task`, `TaskRef`, `TaskDef` and the status vocabulary."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, get_args
+
+TaskStatus = Literal["queued", "running", "succeeded", "failed", "canceled"]
+STATUSES: tuple[TaskStatus, ...] = get_args(TaskStatus)
+TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "canceled"})
+
+Conflict = Literal["reuse", "reuse-succeeded", "reject", "replace"]
+CONFLICTS: tuple[Conflict, ...] = get_args(Conflict)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def is_terminal_status(status: str) -> bool:
+    return status in TERMINAL_STATUSES
+
+
+@dataclass(frozen=True)
+class TaskDef(Generic[P, R]):
+    """A typed handle on a task name; the type parameters exist for the checker only."""
+
+    name: str
+
+
+def task_name(task: str | TaskDef[Any, Any]) -> str:
+    return task.name if isinstance(task, TaskDef) else task
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    id: str
+    status: TaskStatus
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> TaskRef:
+        return cls(id=row["id"], status=row["status"])
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+# Columns that hold JSON, and columns that hold epoch milliseconds. Asserted against
+# the migrations' DDL by tests/protocol, so a new column cannot slip past them.
+JSON_COLUMNS = ("payload", "result", "error", "metadata")
+MS_COLUMNS = (
+    "lease_until_ms",
+    "run_at_ms",
+    "cancel_requested_at_ms",
+    "created_at_ms",
+    "updated_at_ms",
+    "completed_at_ms",
+)
+
+
+@dataclass
+class Task:
+    """One `cairnq_tasks` row, JSON columns decoded. Field order is column order."""
+
+    id: str
+    name: str
+    queue: str = "default"
+    status: TaskStatus = "queued"
+    payload: Any = None
+    result: Any = None
+    error: Any = None
+    metadata: Any = None
+    progress: float | None = None
+    message: str | None = None
+    attempt: int = 0
+    max_attempts: int = 3
+    priority: int = 0
+    worker_id: str | None = None
+    lease_until_ms: int | None = None
+    run_at_ms: int = 0
+    cancel_requested_at_ms: int | None = None
+    parent_id: str | None = None
+    root_id: str | None = None
+    correlation_id: str | None = None
+    created_at_ms: int = 0
+    updated_at_ms: int = 0
+    completed_at_ms: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], json_is_text: bool = True) -> Task:
+        """Build a Task from a driver row.
+
+        `json_is_text` says how this driver hands over JSON columns: as text to parse
+        (SQLite) or already decoded (psycopg's jsonb loader). Guessing from the value's
+        type would parse a top-level JSON string twice, so the caller must know.
+        Unknown columns are dropped, so a newer schema with extra columns still reads.
+        """
+        values = {name: row[name] for name in _FIELD_NAMES if name in row}
+        if json_is_text:
+            for column in JSON_COLUMNS:
+                text = values.get(column)
+                if text is not None:
+                    values[column] = json.loads(text)
+        for column in MS_COLUMNS:
+            value = values.get(column)
+            if value is not None and not isinstance(value, int):
+                values[column] = int(value)
+        return cls(**values)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.cancel_requested_at_ms is not None
+
+    @property
+    def queued(self) -> bool:
+        return self.status == "queued"
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "succeeded"
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+    @property
+    def canceled(self) -> bool:
+        return self.status == "canceled"
+
+
+_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Task))
+TASK_COLUMNS = _FIELD_NAMES

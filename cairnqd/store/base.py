@@ -1,0 +1,687 @@
+"""`TaskStore`: every protocol operation, implemented once for both dialects.
+
+The dialect classes supply three primitives (run one statement, open a write
+transaction, take the per-key lock) plus their connect sequence; every decision the
+protocol makes (validation, the conflict strategies, which claim variant a draw uses,
+backoff-free semantics of each write) lives here, above the storage seam, so the two
+dialects cannot drift apart.
+
+Parameters follow the protocol's "superset in" rule: an operation passes every value
+any dialect might bind (relative times such as `lease_ms`, `delay_ms`,
+`older_than_ms`), and the dialect derives what its statement names (SQLite's absolute
+`now_ms`, `lease_until_ms`, `run_at_ms`, `before_ms`) at bind time.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .._protocol import Dialect
+from ..errors import AlreadyExists, LostLease, UnsupportedBackend
+from ..ids import new_task_id
+from ..jsoncodec import dump_json, dump_json_or_empty
+from ..models import CONFLICTS, STATUSES, TERMINAL_STATUSES, Task, TaskRef
+
+if TYPE_CHECKING:
+    from ..backpressure import QueueDepthGate
+
+Row = Mapping[str, Any]
+Params = dict[str, Any]
+
+LEASE_EXPIRED_ERROR: dict[str, Any] = {
+    "type": "LeaseExpired",
+    "code": "lease_expired",
+    "message": "task lease expired and max attempts reached",
+    "retryable": False,
+    "details": {},
+}
+LEASE_EXPIRED_ERROR_JSON = dump_json(LEASE_EXPIRED_ERROR)
+
+_LIVE = frozenset({"queued", "running"})
+# Which existing task each conflict strategy hands back instead of inserting.
+_REUSABLE: dict[str, frozenset[str]] = {
+    "reuse": _LIVE,
+    "reuse-succeeded": _LIVE | {"succeeded"},
+    "replace": frozenset(),
+    "reject": frozenset(),
+}
+
+
+class Session(Protocol):
+    """Statements inside one write transaction."""
+
+    async def fetch(
+        self, op: str, params: Params, supplied: frozenset[str] = frozenset()
+    ) -> list[Row]: ...
+
+
+ClaimDraw = Callable[[Sequence[str] | None, int], Awaitable[list[Task]]]
+
+
+# -- argument checks ------------------------------------------------------------------
+# Each names the argument, so a bad call is diagnosed where it was made, not by a
+# CHECK constraint deep in the driver.
+
+
+def _require_str(value: Any, arg: str, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{arg} must be a non-empty string, got {value!r}")
+
+
+def _require_int(value: Any, arg: str, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{arg} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{arg} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_status_filter(status: Any, arg: str, allowed: Sequence[str]) -> None:
+    if status is not None and status not in allowed:
+        raise ValueError(f"{arg} must be one of {', '.join(allowed)}; got {status!r}")
+
+
+def _optional_filters(params: Mapping[str, Any], names: Sequence[str]) -> frozenset[str]:
+    return frozenset(n for n in names if params.get(n) is not None)
+
+
+class TaskStore(ABC):
+    """One connection (or pool) to one cairnq database."""
+
+    dialect: Dialect
+    # How this driver returns JSON columns: text to parse (SQLite), or decoded values.
+    json_is_text: bool = True
+
+    def __init__(self) -> None:
+        self._gate: QueueDepthGate | None = None
+        self._retention: Any = None
+
+    # -- dialect primitives ------------------------------------------------------------
+
+    @abstractmethod
+    async def connect(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def _fetch(
+        self, op: str, params: Params, supplied: frozenset[str] = frozenset()
+    ) -> list[Row]:
+        """Run one statement outside any explicit transaction (a write may be
+        group-committed with others by the dialect)."""
+
+    @abstractmethod
+    def _transaction(self) -> AbstractAsyncContextManager[Session]:
+        """A write transaction; commits on clean exit, rolls back on error."""
+
+    async def _lock_key(self, session: Session, key: str) -> None:
+        """Serialize keyed operations on `key` for the rest of the transaction.
+
+        SQLite's write transaction is already exclusive, so only Postgres overrides it.
+        """
+
+    async def __aenter__(self) -> TaskStore:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _task(self, row: Row) -> Task:
+        return Task.from_row(row, self.json_is_text)
+
+    def _tasks(self, rows: list[Row]) -> list[Task]:
+        return [Task.from_row(r, self.json_is_text) for r in rows]
+
+    # -- hooks used by the client layer ------------------------------------------------
+
+    def use_backpressure(
+        self, max_queue_depth: int | Mapping[str, int], *, max_queue_wait_ms: int = 600_000
+    ) -> None:
+        from ..backpressure import QueueDepthGate
+
+        self._gate = QueueDepthGate(self, max_queue_depth, max_queue_wait_ms=max_queue_wait_ms)
+
+    def use_retention(self, sweeper: Any) -> None:
+        self._retention = sweeper
+
+    async def protocol_version(self) -> int:
+        rows = await self._fetch("protocol_version", {})
+        return int(rows[0]["value"]) if rows else 0
+
+    # -- submit ------------------------------------------------------------------------
+
+    def _submit_params(
+        self,
+        *,
+        name: str,
+        payload: Any,
+        queue: str,
+        key: str | None,
+        conflict: str,
+        max_attempts: int,
+        priority: int,
+        metadata: Any,
+        parent_id: str | None,
+        root_id: str | None,
+        correlation_id: str | None,
+        delay_ms: int,
+    ) -> Params:
+        if conflict not in CONFLICTS:
+            raise ValueError(f"conflict must be one of {', '.join(CONFLICTS)}; got {conflict!r}")
+        _require_int(max_attempts, "max_attempts", minimum=1)
+        _require_int(delay_ms, "delay_ms", minimum=0)
+        _require_int(priority, "priority")
+        _require_str(name, "name")
+        _require_str(queue, "queue")
+        _require_str(key, "key", optional=True)
+        for arg, value in (
+            ("parent_id", parent_id),
+            ("root_id", root_id),
+            ("correlation_id", correlation_id),
+        ):
+            _require_str(value, arg, optional=True)
+        task_id = new_task_id()
+        return {
+            "id": task_id,
+            "name": name,
+            "queue": queue,
+            "payload": dump_json_or_empty(payload, what="payload"),
+            "metadata": dump_json_or_empty(metadata, what="metadata"),
+            "max_attempts": max_attempts,
+            "priority": priority,
+            "parent_id": parent_id,
+            "root_id": root_id if root_id is not None else task_id,
+            "correlation_id": correlation_id,
+            "delay_ms": delay_ms,
+            "key": key,
+            "conflict": conflict,
+        }
+
+    async def submit(
+        self,
+        *,
+        name: str,
+        payload: Any = None,
+        queue: str = "default",
+        key: str | None = None,
+        conflict: str = "reuse",
+        max_attempts: int = 3,
+        priority: int = 0,
+        metadata: Any = None,
+        parent_id: str | None = None,
+        root_id: str | None = None,
+        correlation_id: str | None = None,
+        delay_ms: int = 0,
+    ) -> Task:
+        params = self._submit_params(
+            name=name,
+            payload=payload,
+            queue=queue,
+            key=key,
+            conflict=conflict,
+            max_attempts=max_attempts,
+            priority=priority,
+            metadata=metadata,
+            parent_id=parent_id,
+            root_id=root_id,
+            correlation_id=correlation_id,
+            delay_ms=delay_ms,
+        )
+        if self._gate is not None:
+            await self._gate.admit(queue)
+        if key is None:
+            rows = await self._fetch("insert_task", params)
+            return self._task(rows[0])
+        async with self._transaction() as session:
+            return await self._submit_keyed(session, params)
+
+    async def _submit_keyed(self, session: Session, params: Params) -> Task:
+        key, conflict = params["key"], params["conflict"]
+        await self._lock_key(session, key)
+        key_rows = await session.fetch("get_key", {"key": key})
+        if key_rows:
+            current = await session.fetch("get", {"id": key_rows[0]["task_id"]})
+            # A vanished task (purged, its key row about to cascade) frees the key.
+            if current:
+                existing = self._task(current[0])
+                if conflict == "reject":
+                    raise AlreadyExists(key)
+                if existing.status in _REUSABLE[conflict]:
+                    return existing
+                if existing.status in _LIVE:
+                    await session.fetch("cancel", {"id": existing.id})
+        rows = await session.fetch("insert_task", params)
+        await session.fetch("upsert_key", {"key": key, "task_id": params["id"]})
+        return self._task(rows[0])
+
+    async def submit_many(self, tasks: Sequence[Mapping[str, Any]]) -> list[Task]:
+        """Submit many tasks in one transaction; all or nothing.
+
+        Each item takes `submit`'s keyword arguments. Keys and conflict strategies are
+        honoured in list order, so two items with one key behave as two submits in a
+        row. Everything is validated before the first write.
+        """
+        prepared: list[Params] = []
+        for index, item in enumerate(tasks):
+            if not isinstance(item, Mapping):
+                raise ValueError(f"tasks[{index}] must be a mapping of submit arguments")
+            try:
+                prepared.append(self._submit_params(**_submit_defaults(item)))
+            except TypeError as exc:
+                raise ValueError(f"tasks[{index}]: {exc}") from None
+            except ValueError as exc:
+                raise ValueError(f"tasks[{index}]: {exc}") from None
+        if not prepared:
+            return []
+        if self._gate is not None:
+            for params in prepared:
+                await self._gate.admit(params["queue"])
+        async with self._transaction() as session:
+            return await self._insert_prepared(session, prepared)
+
+    async def _insert_prepared(self, session: Session, prepared: list[Params]) -> list[Task]:
+        """Insert validated submits in order inside `session`. Dialects may override
+        the keyless runs with a set-based insert."""
+        out: list[Task] = []
+        for params in prepared:
+            if params["key"] is None:
+                rows = await session.fetch("insert_task", params)
+                out.append(self._task(rows[0]))
+            else:
+                out.append(await self._submit_keyed(session, params))
+        return out
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> Task | None:
+        _require_str(task_id, "task_id")
+        rows = await self._fetch("get", {"id": task_id})
+        return self._task(rows[0]) if rows else None
+
+    async def get_by_key(self, key: str) -> Task | None:
+        _require_str(key, "key")
+        rows = await self._fetch("get_by_key", {"key": key})
+        return self._task(rows[0]) if rows else None
+
+    async def get_status(self, task_id: str) -> TaskRef | None:
+        _require_str(task_id, "task_id")
+        rows = await self._fetch("get_status", {"id": task_id})
+        return TaskRef.from_row(rows[0]) if rows else None
+
+    async def get_status_by_key(self, key: str) -> TaskRef | None:
+        _require_str(key, "key")
+        rows = await self._fetch("get_status_by_key", {"key": key})
+        return TaskRef.from_row(rows[0]) if rows else None
+
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        root_id: str | None = None,
+        correlation_id: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Task]:
+        _check_status_filter(status, "status", STATUSES)
+        _require_int(limit, "limit", minimum=0)
+        _require_int(offset, "offset", minimum=0)
+        params: Params = {
+            "status": status,
+            "queue": queue,
+            "name": name,
+            "root_id": root_id,
+            "correlation_id": correlation_id,
+            "limit": limit,
+            "offset": offset,
+        }
+        supplied = _optional_filters(
+            params, ("status", "queue", "name", "root_id", "correlation_id")
+        )
+        return self._tasks(await self._fetch("list", params, supplied))
+
+    async def stats(self, queue: str | None = None) -> dict[str, dict[str, int]]:
+        _require_str(queue, "queue", optional=True)
+        params: Params = {"queue": queue}
+        rows = await self._fetch("stats", params, _optional_filters(params, ("queue",)))
+        out: dict[str, dict[str, int]] = {}
+        if queue is not None:
+            out[queue] = dict.fromkeys(STATUSES, 0)
+        for row in rows:
+            counts = out.setdefault(row["queue"], dict.fromkeys(STATUSES, 0))
+            counts[row["status"]] = int(row["n"])
+        return out
+
+    async def queue_depth(self, queue: str, max_depth: int) -> int:
+        _require_str(queue, "queue")
+        _require_int(max_depth, "max_depth", minimum=0)
+        rows = await self._fetch("queue_depth", {"queue": queue, "max_depth": max_depth})
+        return int(rows[0]["headroom"])
+
+    # -- control -----------------------------------------------------------------------
+
+    async def cancel(self, task_id: str) -> Task | None:
+        _require_str(task_id, "task_id")
+        rows = await self._fetch("cancel", {"id": task_id})
+        return self._task(rows[0]) if rows else None
+
+    async def retry(self, task_id: str, *, reset_attempt: bool = False) -> Task | None:
+        _require_str(task_id, "task_id")
+        rows = await self._fetch("retry", {"id": task_id, "reset_attempt": bool(reset_attempt)})
+        return self._task(rows[0]) if rows else None
+
+    async def _by_key(self, key: str, op: str, params: Params) -> Task | None:
+        _require_str(key, "key")
+        async with self._transaction() as session:
+            await self._lock_key(session, key)
+            key_rows = await session.fetch("get_key", {"key": key})
+            if not key_rows:
+                return None
+            rows = await session.fetch(op, {**params, "id": key_rows[0]["task_id"]})
+            return self._task(rows[0]) if rows else None
+
+    async def cancel_by_key(self, key: str) -> Task | None:
+        return await self._by_key(key, "cancel", {})
+
+    async def retry_by_key(self, key: str, *, reset_attempt: bool = False) -> Task | None:
+        return await self._by_key(key, "retry", {"reset_attempt": bool(reset_attempt)})
+
+    async def purge(
+        self,
+        *,
+        older_than_ms: int = 0,
+        queue: str | None = None,
+        status: str | None = None,
+        name: str | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[str]:
+        _require_int(older_than_ms, "older_than_ms", minimum=0)
+        _require_int(limit, "limit", minimum=1)
+        _check_status_filter(status, "status", sorted(TERMINAL_STATUSES))
+        params: Params = {
+            "older_than_ms": older_than_ms,
+            "queue": queue,
+            "status": status,
+            "name": name,
+            "limit": limit,
+        }
+        supplied = _optional_filters(params, ("queue", "status", "name"))
+        return [r["id"] for r in await self._fetch("purge", params, supplied)]
+
+    # -- claiming ----------------------------------------------------------------------
+
+    def _register_wakeable(self, queues: Sequence[str]) -> None:
+        """Push-capable dialects start buffering wake-ups for these queues."""
+
+    async def claim(
+        self,
+        *,
+        queues: Sequence[str],
+        worker_id: str,
+        lease_ms: int = 30_000,
+        limit: int = 1,
+        names: Sequence[str] | None = None,
+    ) -> builtins.list[Task]:
+        async def one_draw(draw: ClaimDraw) -> list[Task]:
+            return await draw(names, limit)
+
+        claimed = await self.claim_session(
+            queues=queues, worker_id=worker_id, lease_ms=lease_ms, names=names, plan=one_draw
+        )
+        return claimed if claimed is not None else []
+
+    async def claim_session(
+        self,
+        *,
+        queues: Sequence[str],
+        worker_id: str,
+        lease_ms: int = 30_000,
+        names: Sequence[str] | None,
+        plan: Callable[[ClaimDraw], Awaitable[Any]],
+    ) -> Any:
+        """One claim transaction: recover expired leases, then let `plan` draw.
+
+        A read-only probe runs first, so an idle worker never takes the write lock
+        (SQLite) or opens a transaction (Postgres). Returns None, without calling
+        `plan`, when there is nothing to claim and no lease to recover. Recovery is
+        not filtered by queue or name: a dead worker's task is every worker's job.
+        """
+        queue_list = list(queues)
+        if not queue_list:
+            raise ValueError("queues must name at least one queue")
+        for q in queue_list:
+            _require_str(q, "queues[]")
+        _require_str(worker_id, "worker_id")
+        _require_int(lease_ms, "lease_ms", minimum=1)
+        name_list = None if names is None else list(names)
+        self._register_wakeable(queue_list)
+        probe = await self._fetch("claimable_probe", {"queues": queue_list, "names": name_list})
+        if not probe or not probe[0]["has_work"]:
+            return None
+        base: Params = {"worker_id": worker_id, "lease_ms": lease_ms}
+        async with self._transaction() as session:
+            await session.fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
+
+            async def draw(draw_names: Sequence[str] | None, limit: int) -> list[Task]:
+                if limit <= 0 or (draw_names is not None and len(draw_names) == 0):
+                    return []
+                op, params = _claim_variant(queue_list, draw_names)
+                rows = await session.fetch(op, {**base, **params, "limit": limit})
+                return self._tasks(rows)
+
+            return await plan(draw)
+
+    async def recover_leases(self) -> builtins.list[Row]:
+        """Recover every expired lease now (the daemon's reaper; claims do it too)."""
+        async with self._transaction() as session:
+            return await session.fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
+
+    # -- owned writes ------------------------------------------------------------------
+
+    async def _owned(self, op: str, task_id: str, params: Params) -> Task:
+        rows = await self._fetch(op, {**params, "id": task_id})
+        if not rows:
+            raise LostLease(task_id)
+        return self._task(rows[0])
+
+    async def heartbeat(self, *, task_id: str, worker_id: str, lease_ms: int = 30_000) -> Task:
+        return await self._owned(
+            "heartbeat", task_id, {"worker_id": worker_id, "lease_ms": lease_ms}
+        )
+
+    async def heartbeat_batch(
+        self, *, task_ids: Sequence[str], worker_id: str, lease_ms: int = 30_000
+    ) -> dict[str, bool]:
+        ids = list(task_ids)
+        if not ids:
+            return {}
+        rows = await self._fetch(
+            "heartbeat_batch", {"ids": ids, "worker_id": worker_id, "lease_ms": lease_ms}
+        )
+        return {r["id"]: r["cancel_requested_at_ms"] is not None for r in rows}
+
+    async def progress(
+        self,
+        *,
+        task_id: str,
+        worker_id: str,
+        progress: float | None,
+        message: str | None,
+    ) -> Task:
+        if progress is not None:
+            if isinstance(progress, bool) or not isinstance(progress, int | float):
+                raise ValueError(f"progress must be a number, got {progress!r}")
+            if not math.isfinite(progress):
+                raise ValueError(f"progress must be finite, got {progress!r}")
+        return await self._owned(
+            "progress",
+            task_id,
+            {
+                "worker_id": worker_id,
+                "progress": None if progress is None else float(progress),
+                "message": message,
+            },
+        )
+
+    async def complete(self, *, task_id: str, worker_id: str, result: Any) -> Task:
+        encoded = None if result is None else dump_json(result, what="result")
+        return await self._owned("complete", task_id, {"worker_id": worker_id, "result": encoded})
+
+    async def succeed(
+        self, *, task_id: str, worker_id: str, result: Any, message: str | None = None
+    ) -> Task:
+        encoded = None if result is None else dump_json(result, what="result")
+        return await self._owned(
+            "succeed", task_id, {"worker_id": worker_id, "result": encoded, "message": message}
+        )
+
+    async def fail(
+        self,
+        *,
+        task_id: str,
+        worker_id: str,
+        error: Mapping[str, Any],
+        retryable: bool = True,
+        delay_ms: int = 0,
+    ) -> Task:
+        _require_int(delay_ms, "delay_ms", minimum=0)
+        return await self._owned(
+            "fail",
+            task_id,
+            {
+                "worker_id": worker_id,
+                "error": encode_error(error),
+                "retryable": bool(retryable),
+                "delay_ms": delay_ms,
+            },
+        )
+
+    async def complete_many(
+        self, *, worker_id: str, items: Sequence[tuple[str, str | None]]
+    ) -> dict[str, str]:
+        """Complete many owned tasks in one statement, each with `complete`'s rules.
+
+        `items` pairs a task id with its result already encoded as JSON text (None
+        stores SQL NULL). Returns {task_id: new status} for the rows settled; an id
+        missing from it had lost its lease.
+        """
+        if not items:
+            return {}
+        ids = [task_id for task_id, _ in items]
+        results = [result for _, result in items]
+        rows = await self._fetch(
+            "complete_many",
+            {
+                "worker_id": worker_id,
+                "items": dump_json([{"id": i, "r": r} for i, r in items]),
+                "ids": ids,
+                "results": results,
+            },
+        )
+        return {r["id"]: r["status"] for r in rows}
+
+    async def complete_in(
+        self, *, task_id: str, worker_id: str, write: Callable[[Any], Awaitable[Any]]
+    ) -> tuple[Task, Any]:
+        raise UnsupportedBackend(
+            f"complete_in needs a Postgres store; {type(self).__name__} cannot run the "
+            "caller's writes and the settlement in one transaction"
+        )
+
+    # -- wake-ups (polling by default; Postgres overrides with LISTEN) -----------------
+
+    async def claim_wake(self, queues: Sequence[str], timeout_ms: int) -> None:
+        await _sleep_ms(timeout_ms)
+
+    async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
+        await _sleep_ms(timeout_ms)
+
+
+def _claim_variant(queues: list[str], names: Sequence[str] | None) -> tuple[str, Params]:
+    """Pick the claim statement whose equality predicates the planner can read in
+    claim order: the list forms sort the whole claimable backlog."""
+    one_queue = len(queues) == 1
+    one_name = names is not None and len(names) == 1
+    if one_queue and one_name:
+        assert names is not None
+        return "claim_one_queue_one_name", {"queue": queues[0], "name": names[0]}
+    if one_name:
+        assert names is not None
+        return "claim_one_name", {"queues": queues, "name": names[0]}
+    name_list = None if names is None else list(names)
+    if one_queue:
+        return "claim_one_queue", {"queue": queues[0], "names": name_list}
+    return "claim", {"queues": queues, "names": name_list}
+
+
+def encode_error(error: Mapping[str, Any]) -> str:
+    """Serialize an error envelope; one that JSON cannot carry keeps its string fields."""
+    try:
+        return dump_json(dict(error), what="error")
+    except Exception:
+        return dump_json(
+            {k: v for k, v in error.items() if isinstance(v, str | bool | int | float)},
+            what="error",
+        )
+
+
+_SUBMIT_ARGS = frozenset(
+    {
+        "name",
+        "payload",
+        "queue",
+        "key",
+        "conflict",
+        "max_attempts",
+        "priority",
+        "metadata",
+        "parent_id",
+        "root_id",
+        "correlation_id",
+        "delay_ms",
+    }
+)
+
+
+def _submit_defaults(item: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = set(item) - _SUBMIT_ARGS
+    if unknown:
+        raise TypeError(f"unknown submit argument(s): {', '.join(sorted(unknown))}")
+    if "name" not in item:
+        raise TypeError("missing 'name'")
+    from ..models import task_name
+
+    return {
+        "name": task_name(item["name"]),
+        "payload": item.get("payload"),
+        "queue": item.get("queue", "default"),
+        "key": item.get("key"),
+        "conflict": item.get("conflict", "reuse"),
+        "max_attempts": item.get("max_attempts", 3),
+        "priority": item.get("priority", 0),
+        "metadata": item.get("metadata"),
+        "parent_id": item.get("parent_id"),
+        "root_id": item.get("root_id"),
+        "correlation_id": item.get("correlation_id"),
+        "delay_ms": item.get("delay_ms", 0),
+    }
+
+
+async def _sleep_ms(ms: int) -> None:
+    import asyncio
+
+    await asyncio.sleep(max(0, ms) / 1000)
+
+
+__all__ = ["LEASE_EXPIRED_ERROR", "ClaimDraw", "Row", "Session", "TaskStore"]

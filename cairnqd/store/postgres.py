@@ -1,0 +1,242 @@
+"""`PostgresStore`: the protocol on Postgres, through psycopg 3 (async).
+
+- Time comes from the database clock in every statement; the store passes relative
+  values (`lease_ms`, `delay_ms`, `older_than_ms`).
+- Keyed operations start their transaction with the advisory lock on
+  `hashtextextended(key, 0)`: the same function and seed as the public SDKs, so our
+  keyed writes and theirs exclude each other.
+- JSON is decoded exactly once, by psycopg's jsonb loader; the store probes the wire
+  form at connect rather than guessing from a value's type (a top-level JSON string
+  would otherwise be parsed twice).
+- Connections come from a psycopg_pool pool in autocommit mode, so a lone statement is
+  one round trip; psycopg prepares statements it sees repeatedly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from .._protocol import Statement, statement
+from ..errors import (
+    DatabaseUnavailable,
+    LostLease,
+    ProtocolVersionMismatch,
+    SchemaMismatch,
+)
+from ..jsoncodec import dump_json
+from ..models import Task
+from .base import Params, Row, Session, TaskStore
+from .migrate import apply_postgres
+
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
+_DOLLAR_PARAM = re.compile(r"\$(\d+)")
+
+AsyncConn = psycopg.AsyncConnection[dict[str, Any]]
+
+
+def redact_dsn(dsn: str) -> str:
+    """A DSN fit for an error message: the password replaced."""
+    redacted = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
+    return re.sub(r"(password\s*=\s*)\S+", r"\1***", redacted, flags=re.I)
+
+
+def _bind(stmt: Statement, params: Mapping[str, Any]) -> dict[str, Any]:
+    bound = {name: params.get(name) for name in stmt.params}
+    if "running" in bound:
+        bound["running"] = "running"
+    return bound
+
+
+async def _run(conn: AsyncConn, stmt: Statement, params: Mapping[str, Any]) -> list[Row]:
+    cursor = await conn.execute(stmt.text, _bind(stmt, params))
+    if cursor.description is None:
+        return []
+    rows: list[Row] = list(await cursor.fetchall())
+    return rows
+
+
+class PostgresStore(TaskStore):
+    dialect = "postgres"
+    json_is_text = False
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        schema: str | None = None,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        super().__init__()
+        if schema is not None and not _SCHEMA_NAME.match(schema):
+            raise ValueError(f"schema must match {_SCHEMA_NAME.pattern}, got {schema!r}")
+        if min_size < 1 or max_size < min_size:
+            raise ValueError(f"need 1 <= min_size <= max_size, got {min_size}, {max_size}")
+        self.dsn = dsn
+        self.schema = schema
+        self.min_size = min_size
+        self.max_size = max_size
+        self.connect_timeout_s = connect_timeout_s
+        self._pool: AsyncConnectionPool[AsyncConn] | None = None
+
+    # -- connect / close ---------------------------------------------------------------
+
+    async def _configure(self, conn: AsyncConn) -> None:
+        if self.schema is not None:
+            # Quoted, so a mixed-case schema name keeps its case.
+            await conn.execute(f'set search_path to "{self.schema}"')
+
+    async def _open_connection(self) -> AsyncConn:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.dsn,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=max(1, int(self.connect_timeout_s)),
+            )
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(
+                f"cannot connect to Postgres at {redact_dsn(self.dsn)}: {exc}".strip()
+            ) from exc
+        if self.schema is not None:
+            await conn.execute(f'create schema if not exists "{self.schema}"')
+        await self._configure(conn)
+        return conn
+
+    async def connect(self) -> None:
+        if self._pool is not None:
+            return
+        async with await self._open_connection() as conn:
+            await self._check_installation(conn)
+            await apply_postgres(conn)
+            version = await _run(conn, statement("postgres", "protocol_version"), {})
+            found = int(version[0]["value"]) if version else 0
+            if found != 1:
+                raise ProtocolVersionMismatch(
+                    f"{redact_dsn(self.dsn)}: storage protocol_version={found}, cairnqd supports 1"
+                )
+            probe = await conn.execute("""select '"cairnq"'::jsonb as probe""")
+            row = await probe.fetchone()
+            self.json_is_text = row is not None and row["probe"] == '"cairnq"'
+        pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+            self.dsn,
+            min_size=self.min_size,
+            max_size=self.max_size,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            configure=self._configure,
+            open=False,
+            timeout=self.connect_timeout_s,
+        )
+        try:
+            await pool.open(wait=True, timeout=self.connect_timeout_s)
+        except Exception as exc:
+            await pool.close()
+            raise DatabaseUnavailable(
+                f"cannot open a connection pool to {redact_dsn(self.dsn)}: {exc}"
+            ) from exc
+        self._pool = pool
+        if self._retention is not None:
+            self._retention.start()
+
+    async def _check_installation(self, conn: AsyncConn) -> None:
+        """Refuse to build a second, invisible installation beside an existing one."""
+        rows = await _run(conn, statement("postgres", "installations"), {})
+        current = rows[0]["current_schema"] if rows else None
+        found = [r["schema"] for r in rows if r["schema"] is not None]
+        if self.schema is not None:
+            if current != self.schema:
+                raise SchemaMismatch(
+                    f"configured schema {self.schema!r} but the connection resolves to "
+                    f"{current!r}; check search_path and the DSN's options"
+                )
+            return
+        if current is None or not found or current in found:
+            return
+        raise SchemaMismatch(
+            f"cairnq tables exist only in schema(s) {', '.join(found)}, but this "
+            f"connection's schema is {current!r}; pass schema= to reach them"
+        )
+
+    async def close(self) -> None:
+        if self._retention is not None:
+            await self._retention.stop()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    def _require_pool(self) -> AsyncConnectionPool[AsyncConn]:
+        if self._pool is None:
+            from ..errors import StoreClosed
+
+            raise StoreClosed("Postgres store is not connected (call connect())")
+        return self._pool
+
+    # -- primitives --------------------------------------------------------------------
+
+    async def _fetch(
+        self, op: str, params: Params, supplied: frozenset[str] = frozenset()
+    ) -> list[Row]:
+        stmt = statement("postgres", op, supplied)
+        async with self._require_pool().connection() as conn:
+            return await _run(conn, stmt, params)
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Session]:
+        async with self._require_pool().connection() as conn, conn.transaction():
+            yield _PgSession(conn)
+
+    async def _lock_key(self, session: Session, key: str) -> None:
+        await session.fetch("lock_key", {"key": key})
+
+    async def complete_in(
+        self, *, task_id: str, worker_id: str, write: Callable[[Any], Awaitable[Any]]
+    ) -> tuple[Task, Any]:
+        """Run the caller's writes and the settlement in one transaction: a lost lease
+        rolls back both, so there is no window where one landed without the other."""
+        async with self._require_pool().connection() as conn, conn.transaction():
+            value = await write(UserSession(conn))
+            encoded = None if value is None else dump_json(value, what="result")
+            rows = await _run(
+                conn,
+                statement("postgres", "complete"),
+                {"id": task_id, "worker_id": worker_id, "result": encoded},
+            )
+            if not rows:
+                raise LostLease(task_id)
+            return self._task(rows[0]), value
+
+
+class _PgSession:
+    def __init__(self, conn: AsyncConn) -> None:
+        self._conn = conn
+
+    async def fetch(
+        self, op: str, params: Params, supplied: frozenset[str] = frozenset()
+    ) -> list[Row]:
+        return await _run(self._conn, statement("postgres", op, supplied), params)
+
+
+class UserSession:
+    """What `succeed_in` hands to the caller's `write`: the public SDK's PgSession
+    shape (`query(text, values)` with `$n` placeholders, `execute(sql)`), over the
+    transaction's connection."""
+
+    def __init__(self, conn: AsyncConn) -> None:
+        self.connection = conn
+
+    async def query(self, text: str, values: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        sql = _DOLLAR_PARAM.sub(lambda m: f"%(p{m.group(1)})s", text.replace("%", "%%"))
+        named = {f"p{i}": v for i, v in enumerate(values, start=1)}
+        cursor = await self.connection.execute(sql, named)
+        return [] if cursor.description is None else await cursor.fetchall()
+
+    async def execute(self, sql: str) -> None:
+        await self.connection.execute(sql)

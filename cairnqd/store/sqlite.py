@@ -1,0 +1,375 @@
+"""`SQLiteStore`: the protocol on one SQLite file, from the stdlib `sqlite3`.
+
+Design notes.
+
+- Statements run on the event-loop thread. A prepared SQLite statement takes
+  microseconds; a hop to a helper thread per statement (what aiosqlite does) costs more
+  than the work. What must never happen on the loop is *waiting*: after connect the
+  connection's busy_timeout is 0, and SQLITE_BUSY is retried with an awaited, jittered
+  backoff (1 ms doubling to 50 ms, within `busy_timeout_ms`), re-taking the in-process
+  lock on each attempt so reads keep flowing meanwhile.
+- Group commit. Single-statement writes are queued; one flusher runs everything queued
+  in one `BEGIN IMMEDIATE … COMMIT` (a lone write runs in autocommit), and resolves
+  each caller only after COMMIT. A statement error fails only its caller. The flusher
+  loops while writes are pending rather than re-arming per batch.
+- Transactions (keyed submits, claim sessions) hold the in-process lock for their
+  whole life: one connection cannot interleave two transactions.
+- Connect (open, WAL, migrations, statistics) runs in a thread: a cold start may wait
+  on another process's migration, and that wait must not stall the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from .._protocol import Statement, statement
+from ..errors import NotACairnqDatabase, ProtocolVersionMismatch, StoreClosed
+from .base import Params, Row, Session, TaskStore
+from .migrate import apply_sqlite
+
+_OPTIMIZE_EVERY_S = 60.0
+_WAL_RETRY_S = 0.05
+
+
+def _is_busy(exc: BaseException) -> bool:
+    # SQLITE_BUSY and its extended codes (BUSY_SNAPSHOT, BUSY_RECOVERY); never
+    # SQLITE_LOCKED, which is a same-connection conflict that retrying cannot fix.
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF == 5
+
+
+def _is_memory(path: str) -> bool:
+    return path == ":memory:" or "mode=memory" in path
+
+
+class _Write:
+    __slots__ = ("future", "params", "stmt")
+
+    def __init__(self, stmt: Statement, params: Mapping[str, Any], future: asyncio.Future[Any]):
+        self.stmt = stmt
+        self.params = params
+        self.future = future
+
+
+class SQLiteStore(TaskStore):
+    dialect = "sqlite"
+    json_is_text = True
+
+    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
+        super().__init__()
+        self.path = str(path)
+        self.busy_timeout_ms = busy_timeout_ms
+        self._conn: sqlite3.Connection | None = None
+        self._lock = asyncio.Lock()
+        self._pending: list[_Write] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._closing = False
+        self._closed_memory = False
+        self._last_optimize = 0.0
+
+    # -- connect / close ---------------------------------------------------------------
+
+    async def connect(self) -> None:
+        if self._conn is not None:
+            return
+        if self._closed_memory:
+            raise StoreClosed(
+                "this in-memory store was closed and its data is gone; create a new store"
+            )
+        self._closing = False
+        self._conn = await asyncio.to_thread(self._open)
+        version = await self.protocol_version()
+        if version != 1:
+            conn, self._conn = self._conn, None
+            conn.close()
+            raise ProtocolVersionMismatch(
+                f"{self.path}: storage protocol_version={version}, cairnqd supports 1"
+            )
+        if self._retention is not None:
+            self._retention.start()
+
+    def _open(self) -> sqlite3.Connection:
+        memory = _is_memory(self.path)
+        if not memory:
+            Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path,
+            isolation_level=None,
+            check_same_thread=False,
+            uri=self.path.startswith("file:"),
+            cached_statements=256,
+        )
+        try:
+            conn.execute(f"pragma busy_timeout = {int(self.busy_timeout_ms)}")
+            if not memory:
+                self._enable_wal(conn)
+            conn.execute("pragma foreign_keys = on")
+            apply_sqlite(conn)
+            self._refresh_statistics(conn)
+            conn.execute("pragma busy_timeout = 0")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if not _looks_foreign(exc):
+                raise
+            raise NotACairnqDatabase(
+                f"{self.path} is not a SQLite database cairnqd can use: {exc}"
+            ) from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        # Switching to WAL answers SQLITE_BUSY at once instead of honouring
+        # busy_timeout while another process holds the file, so retry it.
+        deadline = time.monotonic() + max(self.busy_timeout_ms, 1) / 1000
+        while True:
+            try:
+                mode = conn.execute("pragma journal_mode = wal").fetchone()
+                if mode and str(mode[0]).lower() == "wal":
+                    return
+                raise NotACairnqDatabase(f"{self.path}: cannot switch to WAL (got {mode})")
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(_WAL_RETRY_S)
+
+    def _refresh_statistics(self, conn: sqlite3.Connection) -> None:
+        """Without statistics the planner guesses half the table is `running` and
+        skips the partial lease index; before 3.46 `pragma optimize` never creates
+        the first statistics, so bootstrap them with an explicit ANALYZE."""
+        self._last_optimize = time.monotonic()
+        try:
+            has_stats = (
+                conn.execute("select 1 from sqlite_master where name = 'sqlite_stat1'").fetchone()
+                and conn.execute(
+                    "select 1 from sqlite_stat1 where tbl = 'cairnq_tasks' limit 1"
+                ).fetchone()
+            )
+            conn.execute("pragma optimize" if has_stats else "analyze cairnq_tasks")
+        except sqlite3.OperationalError:
+            pass  # best effort: busy or read-only; plans are still correct, just slower
+
+    async def close(self) -> None:
+        if self._conn is None:
+            return
+        self._closing = True
+        if self._retention is not None:
+            await self._retention.stop()
+        while self._flusher is not None:
+            await asyncio.shield(self._flusher)
+        async with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+        if _is_memory(self.path):
+            self._closed_memory = True
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._closing or self._conn is None:
+            raise StoreClosed(f"SQLite store {self.path} is closed")
+        return self._conn
+
+    # -- binding -----------------------------------------------------------------------
+
+    @staticmethod
+    def _bind(stmt: Statement, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Derive the absolute times this statement names, once, at bind time."""
+        now = int(time.time() * 1000)
+        bound: dict[str, Any] = {}
+        for name in stmt.params:
+            if name == "now_ms":
+                bound[name] = now
+            elif name == "lease_until_ms":
+                bound[name] = now + int(params["lease_ms"])
+            elif name == "run_at_ms":
+                bound[name] = now + int(params.get("delay_ms", 0))
+            elif name == "before_ms":
+                bound[name] = now - int(params.get("older_than_ms", 0))
+            else:
+                value = params.get(name)
+                if isinstance(value, list | tuple):
+                    value = json.dumps(list(value))
+                elif isinstance(value, bool):
+                    value = int(value)
+                bound[name] = value
+        return bound
+
+    @staticmethod
+    def _run(conn: sqlite3.Connection, stmt: Statement, params: Mapping[str, Any]) -> list[Row]:
+        cursor = conn.execute(stmt.text, SQLiteStore._bind(stmt, params))
+        rows = cursor.fetchall()
+        if not rows:
+            return []
+        columns = [d[0] for d in cursor.description]
+        return [dict(zip(columns, row, strict=True)) for row in rows]
+
+    # -- primitives --------------------------------------------------------------------
+
+    async def _fetch(
+        self, op: str, params: Params, supplied: frozenset[str] = frozenset()
+    ) -> list[Row]:
+        stmt = statement("sqlite", op, supplied)
+        if _is_read(stmt):
+            return await self._read(stmt, params)
+        self._connection()  # refuse new work while closing
+        future: asyncio.Future[list[Row]] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Write(stmt, params, future))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_pending())
+        return await future
+
+    async def _read(self, stmt: Statement, params: Params) -> list[Row]:
+        budget = _Backoff(self.busy_timeout_ms)
+        while True:
+            async with self._lock:
+                try:
+                    return self._run(self._connection(), stmt, params)
+                except sqlite3.OperationalError as exc:
+                    if not _is_busy(exc) or budget.spent():
+                        raise
+            await budget.sleep()
+
+    async def _flush_pending(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await self._write_batch(batch)
+                except BaseException as exc:
+                    for write in batch:
+                        if not write.future.done():
+                            write.future.set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                # Let callers resumed by this batch queue their next writes.
+                await asyncio.sleep(0)
+        finally:
+            self._flusher = None
+
+    async def _write_batch(self, batch: list[_Write]) -> None:
+        if len(batch) == 1:
+            write = batch[0]
+            budget = _Backoff(self.busy_timeout_ms)
+            while True:
+                async with self._lock:
+                    try:
+                        rows = self._run(self._connection(), write.stmt, write.params)
+                    except sqlite3.OperationalError as exc:
+                        if not _is_busy(exc) or budget.spent():
+                            write.future.set_exception(exc)
+                            return
+                    except Exception as exc:
+                        write.future.set_exception(exc)
+                        return
+                    else:
+                        write.future.set_result(rows)
+                        return
+                await budget.sleep()
+        conn = await self._begin_immediate()
+        outcomes: list[tuple[_Write, list[Row] | None, BaseException | None]] = []
+        try:
+            for write in batch:
+                try:
+                    outcomes.append((write, self._run(conn, write.stmt, write.params), None))
+                except Exception as exc:
+                    outcomes.append((write, None, exc))
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        finally:
+            self._maybe_optimize(conn)
+            self._lock.release()
+        for write, got, error in outcomes:
+            if error is not None:
+                write.future.set_exception(error)
+            else:
+                write.future.set_result(got or [])
+
+    async def _begin_immediate(self) -> sqlite3.Connection:
+        """Take the in-process lock and SQLite's write lock; both held on return."""
+        budget = _Backoff(self.busy_timeout_ms)
+        while True:
+            await self._lock.acquire()
+            try:
+                conn = self._connection()
+                conn.execute("BEGIN IMMEDIATE")
+                return conn
+            except sqlite3.OperationalError as exc:
+                self._lock.release()
+                if not _is_busy(exc) or budget.spent():
+                    raise
+            except BaseException:
+                self._lock.release()
+                raise
+            await budget.sleep()
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Session]:
+        conn = await self._begin_immediate()
+        try:
+            yield _SQLiteSession(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        finally:
+            self._lock.release()
+
+    def _maybe_optimize(self, conn: sqlite3.Connection) -> None:
+        # A connection opened on an empty database would plan as empty for days.
+        if time.monotonic() - self._last_optimize > _OPTIMIZE_EVERY_S:
+            self._refresh_statistics(conn)
+
+
+class _SQLiteSession:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    async def fetch(
+        self, op: str, params: Params, supplied: frozenset[str] = frozenset()
+    ) -> list[Row]:
+        return SQLiteStore._run(self._conn, statement("sqlite", op, supplied), params)
+
+
+class _Backoff:
+    """Jittered exponential waits for SQLITE_BUSY within a total budget."""
+
+    def __init__(self, budget_ms: int) -> None:
+        self._deadline = time.monotonic() + budget_ms / 1000
+        self._delay = 0.001
+
+    def spent(self) -> bool:
+        return time.monotonic() >= self._deadline
+
+    async def sleep(self) -> None:
+        await asyncio.sleep(random.uniform(0, self._delay))
+        self._delay = min(self._delay * 2, 0.05)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # Never let a failed rollback replace the error that caused it.
+    try:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+    except Exception:
+        pass
+
+
+def _is_read(stmt: Statement) -> bool:
+    head = stmt.text.lstrip()[:6].lower()
+    return head == "select" or (head.startswith("with") and "returning" not in stmt.text.lower())
+
+
+def _looks_foreign(exc: sqlite3.DatabaseError) -> bool:
+    text = str(exc).lower()
+    return "not a database" in text or "file is encrypted" in text

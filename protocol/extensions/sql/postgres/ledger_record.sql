@@ -1,0 +1,3 @@
+-- Recorded in the same transaction as the migration. A duplicate is an error on purpose.
+insert into cairnqd_migrations (name, applied_at_ms)
+values (:name, (extract(epoch from now()) * 1000)::bigint)

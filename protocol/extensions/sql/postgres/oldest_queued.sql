@@ -1,0 +1,6 @@
+-- Per queue, how long the oldest claimable task has been waiting (metrics, alerts on a
+-- queue nobody consumes). Only due rows count: a delayed task is not late yet.
+select queue, (extract(epoch from now()) * 1000)::bigint - min(run_at_ms) as age_ms
+from cairnq_tasks
+where status = 'queued' and run_at_ms <= (extract(epoch from now()) * 1000)::bigint
+group by queue

@@ -1,0 +1,27 @@
+-- claim.sql for exactly one queue: with queue = :queue the draw walks
+-- cairnq_tasks_claim_idx in claim order and stops after :limit rows.
+-- skip locked lets concurrent claimers take disjoint rows without waiting on each
+-- other. The clock is clock_timestamp() read once, so the lease is measured from the
+-- moment of the claim, not from the start of a transaction that already ran
+-- recover_leases. Order is priority desc, run_at_ms, id (the claim indexes' order).
+-- attempt counts the claim. The rows come back in table order, not claim order.
+with clock as (
+    select (extract(epoch from clock_timestamp()) * 1000)::bigint as now_ms
+)
+update cairnq_tasks
+set status = 'running',
+    worker_id = :worker_id,
+    lease_until_ms = (select now_ms from clock) + :lease_ms,
+    attempt = attempt + 1,
+    updated_at_ms = (select now_ms from clock)
+where id in (
+    select id from cairnq_tasks
+    where queue = :queue
+      and status = 'queued'
+      and (:names::text[] is null or name = any(:names::text[]))
+      and run_at_ms <= (select now_ms from clock)
+    order by priority desc, run_at_ms asc, id asc
+    limit :limit
+    for update skip locked
+)
+returning *

@@ -1,0 +1,19 @@
+-- The worker's settlement of a successful handler. A pending cancel wins: the task ends
+-- canceled and keeps its result and progress as they were. Otherwise it succeeds with
+-- :result (null is SQL NULL) and progress 1.0. Either way the lease is cleared and
+-- completed_at_ms stamped. worker_id stays for the audit trail.
+-- The ownership test binds the running status as :running rather than the literal: with
+-- the literal, a cached generic plan prefers the partial lease index over the primary
+-- key. Time is now(), one value for the whole statement, as the protocol fixes for
+-- owned writes.
+update cairnq_tasks
+set status = case when cancel_requested_at_ms is not null then 'canceled' else 'succeeded' end,
+    result = case when cancel_requested_at_ms is not null then result else :result::jsonb end,
+    progress = case when cancel_requested_at_ms is not null then progress else 1.0 end,
+    lease_until_ms = null,
+    completed_at_ms = (extract(epoch from now()) * 1000)::bigint,
+    updated_at_ms = (extract(epoch from now()) * 1000)::bigint
+where id = :id
+  and status = :running and worker_id = :worker_id
+  and lease_until_ms > (extract(epoch from now()) * 1000)::bigint
+returning *

@@ -1,0 +1,49 @@
+-- Settle a failed attempt, in one statement so no reader sees a half-written outcome.
+--   1. a pending cancel wins: canceled, completed_at_ms stamped, worker_id kept;
+--   2. retryable with attempts left: back to queued, due delay_ms from now (the backoff
+--      the SDK chose), worker, completion time, progress and message cleared so the
+--      next attempt starts clean;
+--   3. otherwise failed, completed_at_ms stamped, worker_id kept.
+-- The error is recorded and the lease cleared on every branch.
+-- The ownership test binds the running status as :running rather than the literal: with
+-- the literal, a cached generic plan prefers the partial lease index over the primary
+-- key. Time is now(), one value for the whole statement, as the protocol fixes for
+-- owned writes.
+update cairnq_tasks
+set status = case
+        when cancel_requested_at_ms is not null then 'canceled'
+        when :retryable::boolean and attempt < max_attempts then 'queued'
+        else 'failed'
+    end,
+    worker_id = case
+        when cancel_requested_at_ms is null and :retryable::boolean and attempt < max_attempts
+            then null
+        else worker_id
+    end,
+    run_at_ms = case
+        when cancel_requested_at_ms is null and :retryable::boolean and attempt < max_attempts
+            then (extract(epoch from now()) * 1000)::bigint + :delay_ms
+        else run_at_ms
+    end,
+    completed_at_ms = case
+        when cancel_requested_at_ms is null and :retryable::boolean and attempt < max_attempts
+            then null
+        else (extract(epoch from now()) * 1000)::bigint
+    end,
+    progress = case
+        when cancel_requested_at_ms is null and :retryable::boolean and attempt < max_attempts
+            then null
+        else progress
+    end,
+    message = case
+        when cancel_requested_at_ms is null and :retryable::boolean and attempt < max_attempts
+            then null
+        else message
+    end,
+    error = :error::jsonb,
+    lease_until_ms = null,
+    updated_at_ms = (extract(epoch from now()) * 1000)::bigint
+where id = :id
+  and status = :running and worker_id = :worker_id
+  and lease_until_ms > (extract(epoch from now()) * 1000)::bigint
+returning *

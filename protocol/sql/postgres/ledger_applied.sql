@@ -1,0 +1,2 @@
+-- Checked after ledger_lock, so it sees any row committed by the process that held it.
+select 1 as applied from cairnq_migrations where name = :name

@@ -1,0 +1,5 @@
+-- Recorded in the same transaction as the migration itself, with the database clock. A
+-- duplicate name is an error on purpose: it would mean the lock did not serialize the
+-- migrators.
+insert into cairnq_migrations (name, applied_at_ms)
+values (:name, (extract(epoch from now()) * 1000)::bigint)

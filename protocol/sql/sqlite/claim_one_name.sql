@@ -1,0 +1,21 @@
+-- claim.sql for exactly one task name over several queues: name = :name lets each
+-- queue's slice of cairnq_tasks_claim_name_idx be read in claim order.
+-- Runs inside BEGIN IMMEDIATE, so no other writer can take the same rows. Order is
+-- priority desc, run_at_ms, id (the claim indexes' order). attempt counts the claim.
+-- The rows come back in table order, not claim order.
+update cairnq_tasks
+set status = 'running',
+    worker_id = :worker_id,
+    lease_until_ms = :lease_until_ms,
+    attempt = attempt + 1,
+    updated_at_ms = :now_ms
+where id in (
+    select id from cairnq_tasks
+    where queue in (select value from json_each(:queues))
+      and status = 'queued'
+      and name = :name
+      and run_at_ms <= :now_ms
+    order by priority desc, run_at_ms asc, id asc
+    limit :limit
+)
+returning *

@@ -1,0 +1,1 @@
+select * from cairnq_tasks where id = :id

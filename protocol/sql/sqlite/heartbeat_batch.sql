@@ -1,0 +1,9 @@
+-- heartbeat for many tasks in one write. Ownership is checked per row: an id missing
+-- from the result has lost its lease, the others are extended. Only the two columns the
+-- worker needs come back, so a batch of large payloads is not re-read every beat.
+update cairnq_tasks
+set lease_until_ms = :lease_until_ms,
+    updated_at_ms = :now_ms
+where id in (select value from json_each(:ids))
+  and status = 'running' and worker_id = :worker_id and lease_until_ms > :now_ms
+returning id, cancel_requested_at_ms
