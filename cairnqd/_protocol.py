@@ -20,7 +20,9 @@ Dialect = Literal["sqlite", "postgres"]
 # `:name` but not `::cast`, and not inside an identifier.
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _LINE_COMMENT = re.compile(r"--[^\n]*")
-_OPTIONAL_FILTER = re.compile(r"\(\s*:(\w+)\s+is\s+null\s+or\s+([\w.]+)\s*=\s*:\1\s*\)", re.I)
+_OPTIONAL_FILTER = re.compile(
+    r"\(\s*:(\w+)(?:::\w+)?\s+is\s+null\s+or\s+([\w.]+)\s*=\s*:\1\s*\)", re.I
+)
 
 
 def protocol_root() -> Path:

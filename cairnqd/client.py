@@ -7,7 +7,6 @@ for it runs unchanged after `import cairnqd as cairnq`. `submit_many` is ours.
 from __future__ import annotations
 
 import builtins
-
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any

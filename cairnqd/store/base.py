@@ -15,7 +15,6 @@ any dialect might bind (relative times such as `lease_ms`, `delay_ms`,
 from __future__ import annotations
 
 import builtins
-
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -23,7 +22,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._protocol import Dialect
-from ..errors import AlreadyExists, LostLease, UnsupportedBackend
+from ..errors import AlreadyExists, LostLease, SerializationError, UnsupportedBackend
 from ..ids import new_task_id
 from ..jsoncodec import dump_json, dump_json_or_empty
 from ..models import CONFLICTS, STATUSES, TERMINAL_STATUSES, Task, TaskRef
@@ -279,8 +278,8 @@ class TaskStore(ABC):
                 prepared.append(self._submit_params(**_submit_defaults(item)))
             except TypeError as exc:
                 raise ValueError(f"tasks[{index}]: {exc}") from None
-            except ValueError as exc:
-                raise ValueError(f"tasks[{index}]: {exc}") from None
+            except (ValueError, SerializationError) as exc:
+                raise type(exc)(f"tasks[{index}]: {exc}") from None
         if not prepared:
             return []
         if self._gate is not None:
@@ -449,6 +448,8 @@ class TaskStore(ABC):
         lease_ms: int = 30_000,
         names: Sequence[str] | None,
         plan: Callable[[ClaimDraw], Awaitable[Any]],
+        settle: Sequence[tuple[str, str | None]] = (),
+        on_settled: Callable[[dict[str, str]], None] | None = None,
     ) -> Any:
         """One claim transaction: recover expired leases, then let `plan` draw.
 
@@ -456,6 +457,11 @@ class TaskStore(ABC):
         (SQLite) or opens a transaction (Postgres). Returns None, without calling
         `plan`, when there is nothing to claim and no lease to recover. Recovery is
         not filtered by queue or name: a dead worker's task is every worker's job.
+
+        cairnqd extension: `settle` carries results to write with `complete_many`'s
+        rules in the same transaction, so a busy worker pays one commit per cycle for
+        finishing the last batch and claiming the next. `on_settled` receives
+        {task_id: status} after COMMIT (ids absent from it had lost their lease).
         """
         queue_list = list(queues)
         if not queue_list:
@@ -466,11 +472,18 @@ class TaskStore(ABC):
         _require_int(lease_ms, "lease_ms", minimum=1)
         name_list = None if names is None else list(names)
         self._register_wakeable(queue_list)
-        probe = await self._fetch("claimable_probe", {"queues": queue_list, "names": name_list})
-        if not probe or not probe[0]["has_work"]:
-            return None
+        if not settle:
+            probe = await self._fetch("claimable_probe", {"queues": queue_list, "names": name_list})
+            if not probe or not probe[0]["has_work"]:
+                return None
         base: Params = {"worker_id": worker_id, "lease_ms": lease_ms}
+        settled: dict[str, str] = {}
         async with self._transaction() as session:
+            if settle:
+                rows = await session.fetch(
+                    "complete_many", _complete_many_params(worker_id, settle)
+                )
+                settled = {r["id"]: r["status"] for r in rows}
             await session.fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
 
             async def draw(draw_names: Sequence[str] | None, limit: int) -> list[Task]:
@@ -480,7 +493,10 @@ class TaskStore(ABC):
                 rows = await session.fetch(op, {**base, **params, "limit": limit})
                 return self._tasks(rows)
 
-            return await plan(draw)
+            result = await plan(draw)
+        if on_settled is not None and settle:
+            on_settled(settled)
+        return result
 
     async def recover_leases(self) -> builtins.list[Row]:
         """Recover every expired lease now (the daemon's reaper; claims do it too)."""
@@ -578,17 +594,7 @@ class TaskStore(ABC):
         """
         if not items:
             return {}
-        ids = [task_id for task_id, _ in items]
-        results = [result for _, result in items]
-        rows = await self._fetch(
-            "complete_many",
-            {
-                "worker_id": worker_id,
-                "items": dump_json([{"id": i, "r": r} for i, r in items]),
-                "ids": ids,
-                "results": results,
-            },
-        )
+        rows = await self._fetch("complete_many", _complete_many_params(worker_id, items))
         return {r["id"]: r["status"] for r in rows}
 
     async def complete_in(
@@ -623,6 +629,16 @@ def _claim_variant(queues: list[str], names: Sequence[str] | None) -> tuple[str,
     if one_queue:
         return "claim_one_queue", {"queue": queues[0], "names": name_list}
     return "claim", {"queues": queues, "names": name_list}
+
+
+def _complete_many_params(worker_id: str, items: Sequence[tuple[str, str | None]]) -> Params:
+    # Superset: SQLite reads one JSON array, Postgres two parallel text arrays.
+    return {
+        "worker_id": worker_id,
+        "items": dump_json([{"id": i, "r": r} for i, r in items]),
+        "ids": [i for i, _ in items],
+        "results": [r for _, r in items],
+    }
 
 
 def encode_error(error: Mapping[str, Any]) -> str:

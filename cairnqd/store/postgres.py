@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -86,6 +88,7 @@ class PostgresStore(TaskStore):
         self.max_size = max_size
         self.connect_timeout_s = connect_timeout_s
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
+        self._listener: _Listener | None = None
 
     # -- connect / close ---------------------------------------------------------------
 
@@ -168,6 +171,9 @@ class PostgresStore(TaskStore):
     async def close(self) -> None:
         if self._retention is not None:
             await self._retention.stop()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.stop()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -192,6 +198,43 @@ class PostgresStore(TaskStore):
     async def _transaction(self) -> AsyncIterator[Session]:
         async with self._require_pool().connection() as conn, conn.transaction():
             yield _PgSession(conn)
+
+    # -- push wake-ups -------------------------------------------------------------------
+
+    def _push(self) -> _Listener | None:
+        if self._pool is None:
+            return None
+        if self._listener is None:
+            self._listener = _Listener(self)
+        return None if self._listener.disabled else self._listener
+
+    def _register_wakeable(self, queues: Sequence[str]) -> None:
+        listener = self._push()
+        if listener is not None:
+            listener.watch_queues(queues)
+
+    async def claim_wake(self, queues: Sequence[str], timeout_ms: int) -> None:
+        listener = self._push()
+        if listener is None:
+            await asyncio.sleep(max(0, timeout_ms) / 1000)
+            return
+        events = listener.watch_queues(queues)
+        if not any(e.is_set() for e in events):
+            waits = [asyncio.ensure_future(e.wait()) for e in events]
+            try:
+                await asyncio.wait(waits, timeout=max(0, timeout_ms) / 1000)
+            finally:
+                for w in waits:
+                    w.cancel()
+        for event in events:
+            event.clear()
+
+    async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
+        listener = self._push()
+        if listener is None:
+            await asyncio.sleep(max(0, timeout_ms) / 1000)
+            return
+        await listener.wait_done(task_id, max(0, timeout_ms) / 1000)
 
     async def _lock_key(self, session: Session, key: str) -> None:
         await session.fetch("lock_key", {"key": key})
@@ -240,3 +283,100 @@ class UserSession:
 
     async def execute(self, sql: str) -> None:
         await self.connection.execute(sql)
+
+
+class _Listener:
+    """One LISTEN connection per store, opened straight from the DSN.
+
+    `cairnq_queued` payloads (queue names) are kept only for queues a local caller
+    registered, so per-tenant queue names cannot grow the buffer; a wake that arrives
+    while nobody waits stays set until the next `claim_wake`. `cairnq_done` payloads
+    (task ids) wake that task's waiters. Push is an accelerator only: every waiter
+    also has its poll timeout. A refused LISTEN (e.g. behind a transaction pooler)
+    turns push off for good; a dropped connection reconnects with backoff.
+    """
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self._queue_events: dict[str, asyncio.Event] = {}
+        self._done_events: dict[str, list[asyncio.Event]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.disabled = False
+        self.connected = asyncio.Event()
+
+    def watch_queues(self, queues: Sequence[str]) -> list[asyncio.Event]:
+        self.start()
+        return [self._queue_events.setdefault(q, asyncio.Event()) for q in queues]
+
+    def start(self) -> None:
+        if self._task is None and not self.disabled:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._release_all()
+
+    def _release_all(self) -> None:
+        for events in self._done_events.values():
+            for event in events:
+                event.set()
+        for event in self._queue_events.values():
+            event.set()
+
+    async def wait_done(self, task_id: str, timeout_s: float) -> None:
+        self.start()
+        event = asyncio.Event()
+        self._done_events.setdefault(task_id, []).append(event)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout_s)
+        finally:
+            waiters = self._done_events.get(task_id, [])
+            with contextlib.suppress(ValueError):
+                waiters.remove(event)
+            if not waiters:
+                self._done_events.pop(task_id, None)
+
+    async def _run(self) -> None:
+        backoff = 1.0
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._store.dsn, autocommit=True, connect_timeout=10
+                )
+            except psycopg.Error:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            try:
+                async with conn:
+                    try:
+                        await conn.execute("listen cairnq_queued")
+                        await conn.execute("listen cairnq_done")
+                    except psycopg.errors.FeatureNotSupported:
+                        self.disabled = True
+                        return
+                    backoff = 1.0
+                    self.connected.set()
+                    async for note in conn.notifies():
+                        self._dispatch(note.channel, note.payload)
+            except psycopg.Error:
+                pass
+            # Dropped: let every waiter fall back to its own poll, then reconnect.
+            self.connected.clear()
+            self._release_all()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        if channel == "cairnq_queued":
+            event = self._queue_events.get(payload)
+            if event is not None:
+                event.set()
+        elif channel == "cairnq_done":
+            for event in self._done_events.get(payload, ()):
+                event.set()

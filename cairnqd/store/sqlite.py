@@ -25,7 +25,7 @@ import json
 import random
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,8 @@ from .migrate import apply_sqlite
 
 _OPTIMIZE_EVERY_S = 60.0
 _WAL_RETRY_S = 0.05
+# How often an idle waiter looks at `pragma data_version` (a shared-memory read).
+_WAKE_POLL_S = 0.002
 
 
 def _is_busy(exc: BaseException) -> bool:
@@ -74,6 +76,8 @@ class SQLiteStore(TaskStore):
         self._closing = False
         self._closed_memory = False
         self._last_optimize = 0.0
+        # Bumped after each of our own commits; wakes this process's idle waiters.
+        self._local_commits = 0
 
     # -- connect / close ---------------------------------------------------------------
 
@@ -271,6 +275,7 @@ class SQLiteStore(TaskStore):
                         write.future.set_exception(exc)
                         return
                     else:
+                        self._local_commits += 1
                         write.future.set_result(rows)
                         return
                 await budget.sleep()
@@ -289,6 +294,7 @@ class SQLiteStore(TaskStore):
         finally:
             self._maybe_optimize(conn)
             self._lock.release()
+        self._local_commits += 1
         for write, got, error in outcomes:
             if error is not None:
                 write.future.set_exception(error)
@@ -319,11 +325,48 @@ class SQLiteStore(TaskStore):
         try:
             yield _SQLiteSession(conn)
             conn.execute("COMMIT")
+            self._local_commits += 1
         except BaseException:
             _rollback(conn)
             raise
         finally:
             self._lock.release()
+
+    # -- wake-ups ----------------------------------------------------------------------
+
+    async def claim_wake(self, queues: Sequence[str], timeout_ms: int) -> None:
+        """Return early once any *other* connection commits to the file.
+
+        `pragma data_version` changes when another connection (any process, any SDK)
+        commits; reading it touches only the WAL index in shared memory, so an idle
+        worker can look every couple of milliseconds without a write or a file read.
+        Our own commits do not change it, so local writes wake waiters directly.
+        """
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000
+        start_version = self._data_version()
+        local = self._local_commits
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            await asyncio.sleep(min(_WAKE_POLL_S, remaining))
+            if self._local_commits != local or self._conn is None:
+                return
+            if self._data_version() != start_version:
+                return
+
+    async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
+        await self.claim_wake((), timeout_ms)
+
+    def _data_version(self) -> int:
+        conn = self._conn
+        if conn is None or self._lock.locked():
+            return -1
+        try:
+            row = conn.execute("pragma data_version").fetchone()
+        except sqlite3.Error:
+            return -1
+        return int(row[0]) if row else -1
 
     def _maybe_optimize(self, conn: sqlite3.Connection) -> None:
         # A connection opened on an empty database would plan as empty for days.

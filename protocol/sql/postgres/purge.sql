@@ -3,15 +3,17 @@
 -- without that, a task retried concurrently (no longer terminal once that commits) could
 -- be deleted by a purge that read it as terminal. The status list matches the partial
 -- queue index so a queue-filtered purge can use it. Key rows cascade.
+-- The ::text on the first use types the parameter: an absent filter is bound as NULL,
+-- and Postgres cannot infer a type from "is null" (it rejects the statement).
 delete from cairnq_tasks
 where id in (
     select id from cairnq_tasks
     where status in ('succeeded', 'failed', 'canceled')
       and completed_at_ms is not null
       and completed_at_ms < (extract(epoch from now()) * 1000)::bigint - :older_than_ms
-      and (:queue is null or queue = :queue)
-      and (:status is null or status = :status)
-      and (:name is null or name = :name)
+      and (:queue::text is null or queue = :queue)
+      and (:status::text is null or status = :status)
+      and (:name::text is null or name = :name)
     order by completed_at_ms
     limit :limit
     for update skip locked

@@ -5,5 +5,7 @@ update cairnq_tasks
 set lease_until_ms = :lease_until_ms,
     updated_at_ms = :now_ms
 where id in (select value from json_each(:ids))
-  and status = 'running' and worker_id = :worker_id and lease_until_ms > :now_ms
+  -- `+status` keeps the planner off the status indexes: json_each hides how short the
+  -- id list is, and without this it walks every running row instead of probing ids.
+  and +status = 'running' and worker_id = :worker_id and lease_until_ms > :now_ms
 returning id, cancel_requested_at_ms
