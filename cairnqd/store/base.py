@@ -289,15 +289,31 @@ class TaskStore(ABC):
             return await self._insert_prepared(session, prepared)
 
     async def _insert_prepared(self, session: Session, prepared: list[Params]) -> list[Task]:
-        """Insert validated submits in order inside `session`. Dialects may override
-        the keyless runs with a set-based insert."""
+        """Insert validated submits in list order inside `session`.
+
+        Runs of keyless submits go in as one set-based `insert_many` per run; keyed
+        ones take the keyed path one by one, so order-dependent conflicts (two items
+        with one key) behave as consecutive submits.
+        """
         out: list[Task] = []
+        run: list[Params] = []
+
+        async def flush_run() -> None:
+            if run:
+                rows = await session.fetch("insert_many", _insert_many_params(run))
+                by_id = {r["id"]: r for r in rows}
+                out.extend(self._task(by_id[p["id"]]) for p in run)
+                run.clear()
+
         for params in prepared:
             if params["key"] is None:
-                rows = await session.fetch("insert_task", params)
-                out.append(self._task(rows[0]))
+                run.append(params)
+                if len(run) >= _INSERT_MANY_CHUNK:
+                    await flush_run()
             else:
+                await flush_run()
                 out.append(await self._submit_keyed(session, params))
+        await flush_run()
         return out
 
     # -- reads -------------------------------------------------------------------------
@@ -629,6 +645,46 @@ def _claim_variant(queues: list[str], names: Sequence[str] | None) -> tuple[str,
     if one_queue:
         return "claim_one_queue", {"queue": queues[0], "names": name_list}
     return "claim", {"queues": queues, "names": name_list}
+
+
+# Rows per insert_many statement: big enough to amortize, small enough for the
+# statement's JSON/array parameters to stay a few MB at most.
+_INSERT_MANY_CHUNK = 5000
+
+
+def _insert_many_params(run: Sequence[Params]) -> Params:
+    # Superset: SQLite reads one JSON array, Postgres parallel arrays.
+    return {
+        "new_tasks": dump_json(
+            [
+                {
+                    "id": p["id"],
+                    "name": p["name"],
+                    "queue": p["queue"],
+                    "p": p["payload"],
+                    "m": p["metadata"],
+                    "max_attempts": p["max_attempts"],
+                    "priority": p["priority"],
+                    "parent_id": p["parent_id"],
+                    "root_id": p["root_id"],
+                    "correlation_id": p["correlation_id"],
+                    "delay_ms": p["delay_ms"],
+                }
+                for p in run
+            ]
+        ),
+        "ids": [p["id"] for p in run],
+        "task_names": [p["name"] for p in run],
+        "task_queues": [p["queue"] for p in run],
+        "payloads": [p["payload"] for p in run],
+        "metadatas": [p["metadata"] for p in run],
+        "max_attempts_list": [p["max_attempts"] for p in run],
+        "priorities": [p["priority"] for p in run],
+        "parent_ids": [p["parent_id"] for p in run],
+        "root_ids": [p["root_id"] for p in run],
+        "correlation_ids": [p["correlation_id"] for p in run],
+        "delays": [p["delay_ms"] for p in run],
+    }
 
 
 def _complete_many_params(worker_id: str, items: Sequence[tuple[str, str | None]]) -> Params:
