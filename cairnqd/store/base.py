@@ -519,6 +519,27 @@ class TaskStore(ABC):
         async with self._transaction() as session:
             return await session.fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
 
+    async def release_worker(self, worker_id: str, *, message: str) -> builtins.list[Row]:
+        """Hand back every task `worker_id` still runs, with recovery's outcomes now:
+        cancel requested -> canceled; attempts left -> queued; else failed with the
+        lease-expired envelope carrying `message`. For a worker known to be dead (the
+        daemon calls it after reaping the process), never for a live one.
+        Returns the rows changed: id, queue, name and new status."""
+        _require_str(worker_id, "worker_id")
+        error = dump_json({**LEASE_EXPIRED_ERROR, "message": message})
+        async with self._transaction() as session:
+            return await session.fetch("release_worker", {"worker_id": worker_id, "error": error})
+
+    async def oldest_queued_age_ms(self) -> dict[str, int]:
+        """Per queue: how long the oldest claimable queued task has been due."""
+        rows = await self._fetch("oldest_queued", {})
+        return {r["queue"]: max(0, int(r["age_ms"])) for r in rows}
+
+    async def expired_leases(self) -> dict[str, int]:
+        """Per queue: running tasks whose lease expired and await recovery."""
+        rows = await self._fetch("leases_expired", {})
+        return {r["queue"]: int(r["n"]) for r in rows}
+
     # -- owned writes ------------------------------------------------------------------
 
     async def _owned(self, op: str, task_id: str, params: Params) -> Task:
