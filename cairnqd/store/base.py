@@ -412,15 +412,14 @@ class TaskStore(ABC):
     async def retry_by_key(self, key: str, *, reset_attempt: bool = False) -> Task | None:
         return await self._by_key(key, "retry", {"reset_attempt": bool(reset_attempt)})
 
-    async def purge(
+    def _purge_params(
         self,
-        *,
-        older_than_ms: int = 0,
-        queue: str | None = None,
-        status: str | None = None,
-        name: str | None = None,
-        limit: int = 1000,
-    ) -> builtins.list[str]:
+        older_than_ms: int,
+        queue: str | None,
+        status: str | None,
+        name: str | None,
+        limit: int,
+    ) -> tuple[Params, frozenset[str]]:
         _require_int(older_than_ms, "older_than_ms", minimum=0)
         _require_int(limit, "limit", minimum=1)
         _check_status_filter(status, "status", sorted(TERMINAL_STATUSES))
@@ -431,8 +430,32 @@ class TaskStore(ABC):
             "name": name,
             "limit": limit,
         }
-        supplied = _optional_filters(params, ("queue", "status", "name"))
+        return params, _optional_filters(params, ("queue", "status", "name"))
+
+    async def purge(
+        self,
+        *,
+        older_than_ms: int = 0,
+        queue: str | None = None,
+        status: str | None = None,
+        name: str | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[str]:
+        params, supplied = self._purge_params(older_than_ms, queue, status, name, limit)
         return [r["id"] for r in await self._fetch("purge", params, supplied)]
+
+    async def count_purgeable(
+        self,
+        *,
+        older_than_ms: int = 0,
+        queue: str | None = None,
+        status: str | None = None,
+        name: str | None = None,
+    ) -> int:
+        """How many rows `purge` with these filters would delete (all batches)."""
+        params, supplied = self._purge_params(older_than_ms, queue, status, name, 1)
+        rows = await self._fetch("purge_count", params, supplied)
+        return int(rows[0]["n"])
 
     # -- claiming ----------------------------------------------------------------------
 

@@ -792,6 +792,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/release_worker": ({}, 1),
     "extensions/complete_many": ({}, 1),
     "extensions/insert_many": ({"ids": ["task_many"]}, 1),
+    "extensions/purge_count": (dict.fromkeys(("status", "queue", "name")), 1),
     "extensions/oldest_queued": ({}, 1),
     "extensions/leases_expired": ({}, 1),
 }

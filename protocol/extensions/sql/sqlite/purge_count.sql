@@ -1,0 +1,10 @@
+-- What purge would delete, counted without deleting (`cairnqd purge --dry-run`): the
+-- same predicate as purge.sql, terminal literal included so the same indexes serve it.
+select count(*) as n
+from cairnq_tasks
+where status in ('succeeded', 'failed', 'canceled')
+  and completed_at_ms is not null
+  and completed_at_ms < :before_ms
+  and (:queue is null or queue = :queue)
+  and (:status is null or status = :status)
+  and (:name is null or name = :name)
