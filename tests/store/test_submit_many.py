@@ -1,0 +1,165 @@
+"""`submit_many`: one transaction, in order, keys honoured item by item, all or nothing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cairnqd.errors import AlreadyExists
+from cairnqd.models import TaskDef
+from cairnqd.store.base import TaskStore
+from tests.store.helpers import count_rows, query, scalar
+
+
+async def test_order_and_fields_are_preserved(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    items = [
+        {
+            "name": f"job.{i % 3}",
+            "payload": {"i": i, "text": "h\u00e9llo", "nested": [i, {"k": None}]},
+            "queue": ("default", "gpu")[i % 2],
+            "priority": i % 4,
+            "max_attempts": 1 + i % 5,
+            "metadata": {"batch": "b1", "i": i},
+            "correlation_id": f"corr-{i % 2}",
+        }
+        for i in range(25)
+    ]
+    tasks = await store.submit_many(items)
+    assert len(tasks) == 25
+    assert len({t.id for t in tasks}) == 25
+    for item, task in zip(items, tasks, strict=True):
+        assert task.status == "queued"
+        assert task.root_id == task.id
+        for field in ("name", "payload", "queue", "priority", "max_attempts", "metadata"):
+            assert getattr(task, field) == item[field], field
+        stored = await store.get(task.id)
+        assert stored == task
+    assert count_rows(dialect, db_target) == (25, 0)
+
+
+async def test_accepts_task_defs_and_defaults(store: TaskStore) -> None:
+    before_ms = int(time.time() * 1000)
+    tasks = await store.submit_many(
+        [{"name": TaskDef("typed.job")}, {"name": "plain.job", "delay_ms": 60_000}]
+    )
+    assert [t.name for t in tasks] == ["typed.job", "plain.job"]
+    first, delayed = tasks
+    assert (first.queue, first.priority, first.max_attempts, first.payload) == (
+        "default",
+        0,
+        3,
+        {},
+    )
+    assert first.metadata == {}
+    assert delayed.run_at_ms >= before_ms + 60_000
+    claimed = await store.claim(queues=["default"], worker_id="w", limit=10)
+    assert [t.id for t in claimed] == [first.id], "a delayed task is not due yet"
+
+
+async def test_empty_batch_is_a_no_op(store: TaskStore, dialect: str, db_target: str) -> None:
+    assert await store.submit_many([]) == []
+    assert count_rows(dialect, db_target) == (0, 0)
+
+
+async def test_same_key_twice_with_reuse_returns_one_task(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    tasks = await store.submit_many(
+        [
+            {"name": "a", "key": "k1", "payload": {"n": 1}},
+            {"name": "a", "key": "k1", "payload": {"n": 2}},
+            {"name": "a", "key": "k1", "conflict": "reuse-succeeded", "payload": {"n": 3}},
+        ]
+    )
+    assert len({t.id for t in tasks}) == 1
+    assert tasks[0].payload == {"n": 1}, "reuse hands back the first task, not a new one"
+    assert count_rows(dialect, db_target) == (1, 1)
+
+
+async def test_replace_within_a_batch_cancels_the_earlier_item(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    first, second = await store.submit_many(
+        [{"name": "a", "key": "k"}, {"name": "a", "key": "k", "conflict": "replace"}]
+    )
+    assert first.id != second.id
+    old = await store.get(first.id)
+    assert old is not None and old.status == "canceled"
+    assert old.completed_at_ms is not None
+    current = await store.get_by_key("k")
+    assert current is not None and current.id == second.id and current.status == "queued"
+    assert count_rows(dialect, db_target) == (2, 1)
+
+
+async def test_keys_from_earlier_submits_are_honoured(store: TaskStore) -> None:
+    existing = await store.submit(name="a", key="known")
+    tasks = await store.submit_many(
+        [{"name": "a", "key": "known"}, {"name": "b", "key": "unknown"}]
+    )
+    assert tasks[0].id == existing.id
+    assert tasks[1].id != existing.id
+
+
+async def test_mix_of_keyed_and_keyless(store: TaskStore, dialect: str, db_target: str) -> None:
+    items = []
+    for i in range(30):
+        item: dict[str, object] = {"name": "mixed", "payload": {"i": i}}
+        if i % 3 == 0:
+            item["key"] = f"key-{i % 9}"  # keys 0, 3, 6 each appear several times
+        items.append(item)
+    tasks = await store.submit_many(items)
+    assert [t.payload for t in tasks][1] == {"i": 1}
+    by_key: dict[str, set[str]] = {}
+    for item, task in zip(items, tasks, strict=True):
+        if "key" in item:
+            by_key.setdefault(str(item["key"]), set()).add(task.id)
+    assert {k: len(v) for k, v in by_key.items()} == {"key-0": 1, "key-3": 1, "key-6": 1}
+    keyless = [t for item, t in zip(items, tasks, strict=True) if "key" not in item]
+    assert len({t.id for t in keyless}) == 20
+    assert count_rows(dialect, db_target) == (23, 3)
+    for key, ids in by_key.items():
+        got = await store.get_by_key(key)
+        assert got is not None and {got.id} == ids
+
+
+async def test_already_exists_midway_rolls_back_everything(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    taken = await store.submit(name="a", key="taken")
+    before = count_rows(dialect, db_target)
+    keys_before = query(dialect, db_target, "select key, task_id from cairnq_task_keys")
+    batch = [
+        {"name": "ok.1"},
+        {"name": "ok.2", "key": "fresh"},
+        {"name": "ok.3", "key": "taken", "conflict": "replace"},
+        {"name": "clash", "key": "taken", "conflict": "reject"},
+        {"name": "ok.4"},
+    ]
+    with pytest.raises(AlreadyExists) as info:
+        await store.submit_many(batch)
+    assert info.value.key == "taken"
+    assert count_rows(dialect, db_target) == before
+    assert query(dialect, db_target, "select key, task_id from cairnq_task_keys") == keys_before
+    still = await store.get(taken.id)
+    assert still is not None and still.status == "queued", "the replace was not rolled back"
+    assert await store.get_by_key("fresh") is None
+    # The store is usable afterwards (the transaction and its lock were released).
+    again = await store.submit_many([{"name": "after"}])
+    assert again[0].status == "queued"
+
+
+async def test_large_batch(store: TaskStore, dialect: str, db_target: str) -> None:
+    items = [{"name": "bulk", "payload": {"i": i}, "priority": i % 7} for i in range(5000)]
+    started = time.monotonic()
+    tasks = await store.submit_many(items)
+    elapsed = time.monotonic() - started
+    assert [t.payload["i"] for t in tasks] == list(range(5000))
+    assert len({t.id for t in tasks}) == 5000
+    assert count_rows(dialect, db_target) == (5000, 0)
+    assert scalar(dialect, db_target, "select count(distinct id) from cairnq_tasks") == 5000
+    assert elapsed < 60, f"5,000 submits in one batch took {elapsed:.1f}s"
+    depth = await store.queue_depth("default", 6000)
+    assert depth == 1000
