@@ -288,6 +288,16 @@ class ReaperConfig:
 
 
 @dataclass(frozen=True)
+class SupervisorConfig:
+    restart_budget: int
+    restart_window: timedelta
+    backoff_max: timedelta
+    boot_timeout: timedelta
+    heartbeat_timeout: timedelta
+    heartbeat_interval: timedelta
+
+
+@dataclass(frozen=True)
 class ReloadConfig:
     max_surge: int
 
@@ -310,6 +320,7 @@ class Config:
     metrics: MetricsConfig
     retention: RetentionConfig
     reaper: ReaperConfig
+    supervisor: SupervisorConfig
     reload: ReloadConfig
     logging: LoggingConfig
     runtime_dir: str
@@ -990,6 +1001,20 @@ SCHEMA: tuple[Setting, ...] = (
             "Recovery of expired leases."),
     Setting("reaper.interval", _Duration("1s"), "15s", _H,
             "Recover expired leases this often, also on queues no child polls."),
+    Setting("supervisor", _Section(SupervisorConfig), {}, None,
+            "How the parent restarts children that die."),
+    Setting("supervisor.restart_budget", _Int(1), 10, _H,
+            "Crash restarts a group may spend per restart_window before crashloop."),
+    Setting("supervisor.restart_window", _Duration("1s"), "5m", _H,
+            "The sliding window restart_budget is counted over."),
+    Setting("supervisor.backoff_max", _Duration("100ms"), "60s", _H,
+            "Cap of a slot's restart delay (1s doubling per consecutive crash, jittered)."),
+    Setting("supervisor.boot_timeout", _Duration("1s"), "60s", _H,
+            "A child not ready this long after spawning is killed (db_wait excluded)."),
+    Setting("supervisor.heartbeat_timeout", _Duration("1s"), "30s", _H,
+            "A ready child silent this long is aborted (SIGABRT, then SIGKILL)."),
+    Setting("supervisor.heartbeat_interval", _Duration("100ms"), "5s", _H,
+            "How often each child reports its state and memory."),
     Setting("reload", _Section(ReloadConfig), {}, None,
             "Rolling restarts on reload."),
     Setting("reload.max_surge", _Int(1), 1, _H,

@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -95,7 +96,7 @@ class PostgresStore(TaskStore):
     async def _configure(self, conn: AsyncConn) -> None:
         if self.schema is not None:
             # Quoted, so a mixed-case schema name keeps its case.
-            await conn.execute(f'set search_path to "{self.schema}"')
+            await conn.execute(sql.SQL("set search_path to {}").format(sql.Identifier(self.schema)))
 
     async def _open_connection(self) -> AsyncConn:
         try:
@@ -110,7 +111,12 @@ class PostgresStore(TaskStore):
                 f"cannot connect to Postgres at {redact_dsn(self.dsn)}: {exc}".strip()
             ) from exc
         if self.schema is not None:
-            await conn.execute(f'create schema if not exists "{self.schema}"')
+            # Like the ledger table: two processes creating it at once race in the
+            # catalog, and the loser's error only means the schema now exists.
+            with contextlib.suppress(psycopg.errors.UniqueViolation):
+                await conn.execute(
+                    sql.SQL("create schema if not exists {}").format(sql.Identifier(self.schema))
+                )
         await self._configure(conn)
         return conn
 
@@ -255,6 +261,29 @@ class PostgresStore(TaskStore):
             if not rows:
                 raise LostLease(task_id)
             return self._task(rows[0]), value
+
+    # -- daemon maintenance ------------------------------------------------------------
+
+    @asynccontextmanager
+    async def session_lock(self, namespace: int, lock_id: int) -> AsyncIterator[bool]:
+        """Try `pg_try_advisory_lock(namespace, lock_id)` on a dedicated session and
+        hold it for the block; yields whether it was taken (False: another session has
+        it, so skip the work). Never waits for the lock.
+
+        The session is not a pool connection: a session lock would outlive the block
+        on a pooled connection handed to the next borrower. Closing the session on exit
+        frees the lock even when the explicit unlock fails (the server is gone).
+        """
+        params = {"lock_namespace": namespace, "lock_id": lock_id}
+        async with await self._open_connection() as conn:
+            rows = await _run(conn, statement("postgres", "try_session_lock"), params)
+            held = bool(rows and rows[0]["locked"])
+            try:
+                yield held
+            finally:
+                if held and not conn.closed:
+                    with contextlib.suppress(psycopg.Error):
+                        await _run(conn, statement("postgres", "release_session_lock"), params)
 
 
 class _PgSession:

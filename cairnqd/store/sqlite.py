@@ -65,10 +65,20 @@ class SQLiteStore(TaskStore):
     dialect = "sqlite"
     json_is_text = True
 
-    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 5000) -> None:
+    def __init__(
+        self, path: str | Path, *, busy_timeout_ms: int = 5000, synchronous: str = "full"
+    ) -> None:
+        """`synchronous="full"` (the default) fsyncs the WAL on every commit, so a
+        submitted or finished task survives a power cut. `"normal"` skips that fsync
+        (commits are ~30x cheaper): a crash of the process loses nothing, but a power
+        cut may roll back the last commits, re-running tasks that had finished and
+        losing tasks submitted in the final moments."""
         super().__init__()
+        if synchronous not in ("full", "normal"):
+            raise ValueError(f"synchronous must be 'full' or 'normal', got {synchronous!r}")
         self.path = str(path)
         self.busy_timeout_ms = busy_timeout_ms
+        self.synchronous = synchronous
         self._conn: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
         self._pending: list[_Write] = []
@@ -116,6 +126,7 @@ class SQLiteStore(TaskStore):
             if not memory:
                 self._enable_wal(conn)
             conn.execute("pragma foreign_keys = on")
+            conn.execute(f"pragma synchronous = {self.synchronous}")
             apply_sqlite(conn)
             self._refresh_statistics(conn)
             conn.execute("pragma busy_timeout = 0")
@@ -373,6 +384,13 @@ class SQLiteStore(TaskStore):
         if time.monotonic() - self._last_optimize > _OPTIMIZE_EVERY_S:
             self._refresh_statistics(conn)
 
+    # -- daemon maintenance ------------------------------------------------------------
+
+    async def checkpoint_wal(self) -> None:
+        """Passive WAL checkpoint after a purge that deleted rows: keeps the WAL small
+        without waiting on (or stalling) any reader or writer."""
+        await self._fetch("wal_checkpoint", {})
+
 
 class _SQLiteSession:
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -385,18 +403,29 @@ class _SQLiteSession:
 
 
 class _Backoff:
-    """Jittered exponential waits for SQLITE_BUSY within a total budget."""
+    """Jittered exponential waits for SQLITE_BUSY within a total budget.
+
+    The cap is small on purpose. SQLite has no queue for its write lock: whoever asks
+    the moment it is free wins. A process that just committed asks again within
+    microseconds, so a rival backing off for tens of milliseconds almost never gets a
+    turn (measured: 4 draining processes split 2,000 tasks 34/408/1558/0). Retrying
+    every few milliseconds costs a failed BEGIN, a few microseconds, and gives every
+    process its share.
+    """
+
+    _FIRST_S = 0.0005
+    _CAP_S = 0.004
 
     def __init__(self, budget_ms: int) -> None:
         self._deadline = time.monotonic() + budget_ms / 1000
-        self._delay = 0.001
+        self._delay = self._FIRST_S
 
     def spent(self) -> bool:
         return time.monotonic() >= self._deadline
 
     async def sleep(self) -> None:
-        await asyncio.sleep(random.uniform(0, self._delay))
-        self._delay = min(self._delay * 2, 0.05)
+        await asyncio.sleep(random.uniform(self._delay / 2, self._delay))
+        self._delay = min(self._delay * 2, self._CAP_S)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

@@ -1,0 +1,325 @@
+"""A worker child: `python -m cairnqd.child --parent-pid P --events FD --control FD`.
+
+Started by the supervisor with fork+exec, so it inherits no thread, connection, lock
+or logging handler from the parent. Boot, in order: tie our life to the parent's
+(PR_SET_PDEATHSIG, then a getppid check for the race), set signal dispositions, read
+the `boot` message from the control pipe, import handlers (failure: `fatal`, exit 78),
+connect (an unreachable database is `db_wait` and retried, never a crash), send
+`ready`, run the SDK worker. The parent learns everything through the events pipe:
+`ready`, `hb` every few seconds from a thread (so a wedged loop shows as silence),
+`start`/`end` per task, `dberr`, and `bye`/`fatal` before exiting.
+
+Exit codes: 0 planned (drain, max_tasks, max_memory), 78 cannot boot (the group goes
+FATAL instead of crash-looping), 75 aborted (QUIT, or the parent vanished).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from setproctitle import setproctitle
+
+from .errors import DatabaseUnavailable
+from .exitcodes import CONFIG, OK, TEMPFAIL
+from .models import Task
+from .pipes import PROTOCOL_VERSION, MessageReader, MessageWriter, read_one
+from .registry import resolve_handlers
+from .store.base import TaskStore
+from .worker import Worker
+
+log = logging.getLogger("cairnqd.child")
+
+_PR_SET_PDEATHSIG = 1
+_BOOT_TIMEOUT_S = 10.0
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel for SIGTERM when the spawning thread of the parent dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl failed")
+    except (OSError, AttributeError) as exc:
+        # The control pipe's EOF and the getppid check still catch a dead parent.
+        log.warning("PR_SET_PDEATHSIG unavailable (%s); relying on the control pipe", exc)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class ChildReporter:
+    """The worker's observer: turns task events into pipe messages and decides when
+    this incarnation has done enough (max_tasks) or grown too big (max_memory)."""
+
+    def __init__(self, child: Child) -> None:
+        self.child = child
+        self.started: dict[str, float] = {}
+        self.finished = 0
+
+    def task_started(self, task: Task) -> None:
+        self.started[task.id] = time.monotonic()
+        wait_s = max(0.0, (task.updated_at_ms - task.run_at_ms) / 1000)
+        self.child.events.send(
+            "start",
+            id=task.id,
+            queue=task.queue,
+            name=task.name,
+            attempt=task.attempt,
+            wait_s=round(wait_s, 6),
+        )
+
+    def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None:
+        began = self.started.pop(task.id, None)
+        dur = time.monotonic() - began if began is not None else duration_s
+        self.child.events.send(
+            "end",
+            id=task.id,
+            queue=task.queue,
+            name=task.name,
+            outcome=outcome,
+            reason=reason,
+            dur_s=round(dur, 6),
+        )
+        self.finished += 1
+        self.child.after_task(self.finished)
+
+
+class Child:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.parent_pid: int = args.parent_pid
+        self.events = MessageWriter(args.events)
+        self.control_fd: int = args.control
+        self.boot: dict[str, Any] = {}
+        self.state = "starting"
+        self.worker: Worker | None = None
+        self.bye_reason = "drain"
+        self.stop_requested = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._control: MessageReader | None = None
+
+    # -- boot --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        _die_with_parent()
+        if os.getppid() != self.parent_pid:
+            return TEMPFAIL  # the parent died before we got here
+        self._ignore_orchestrated_signals()
+        faulthandler.enable()
+        try:
+            self.boot, rest = read_one(self.control_fd, _BOOT_TIMEOUT_S)
+        except Exception as exc:
+            self.events.send("fatal", error=f"no boot message from the parent: {exc}")
+            return TEMPFAIL
+        self._control = MessageReader(self.control_fd, rest)
+        if self.boot.get("v") != PROTOCOL_VERSION:
+            self.events.send("fatal", error="pipe protocol mismatch: restart cairnqd")
+            return CONFIG
+        logging.basicConfig(
+            level=self.boot.get("log_level", "INFO"),
+            format=f"%(asctime)s cairnqd[{os.getpid()}] {self._label()} %(levelname)s %(message)s",
+        )
+        self._title("starting")
+        try:
+            worker = self._build_worker()
+        except Exception as exc:
+            self.events.send("fatal", error=f"{type(exc).__name__}: {exc}")
+            log.error("cannot boot: %s", exc)
+            return CONFIG
+        self.worker = worker
+        threading.Thread(target=self._heartbeat_thread, name="cairnqd-hb", daemon=True).start()
+        return asyncio.run(self._serve(worker))
+
+    def _label(self) -> str:
+        boot = self.boot
+        return f"[{boot.get('group')}] {boot.get('slot', 0) + 1}/{boot.get('nslots', 1)}"
+
+    def _title(self, state: str) -> None:
+        setproctitle(f"cairnqd: worker {self._label()} gen={self.boot.get('gen', 0)} {state}")
+
+    def _ignore_orchestrated_signals(self) -> None:
+        # The parent orchestrates; Ctrl-C on the terminal reaches the whole group.
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTOU, signal.SIGWINCH):
+            signal.signal(sig, signal.SIG_IGN)
+
+    def _make_store(self) -> TaskStore:
+        db = self.boot["database"]
+        if db["backend"] == "sqlite":
+            from .store.sqlite import SQLiteStore
+
+            return SQLiteStore(db["path"], busy_timeout_ms=int(db.get("busy_timeout_ms", 5000)))
+        from .store.postgres import PostgresStore
+
+        return PostgresStore(
+            db["dsn"],
+            min_size=1,
+            max_size=max(1, int(db.get("connections", 1))),
+            connect_timeout_s=float(db.get("connect_timeout_s", 10)),
+        )
+
+    def _build_worker(self) -> Worker:
+        group = self.boot["group_config"]
+        handlers = resolve_handlers(group["handlers"])
+        if not handlers:
+            raise ValueError(f"no handlers found in {', '.join(group['handlers'])}")
+        worker = Worker(
+            self._make_store(),
+            group["queues"],
+            concurrency=int(group["concurrency"]),
+            lease_ms=int(group["lease_ms"]),
+            poll_interval_ms=int(group["poll_interval_ms"]),
+            retry_backoff_ms=int(group["retry_backoff_ms"]),
+            retry_backoff_max_ms=int(group["retry_backoff_max_ms"]),
+            max_run_ms=group.get("max_run_ms"),
+            resources=group.get("resources") or None,
+            on_error=self._on_error,
+        )
+        for spec in handlers.values():
+            worker.register(spec.name, spec.fn, batch=spec.batch, resource=spec.resource)
+        worker.worker_id = self.boot["worker_id"]
+        worker.observer = ChildReporter(self)
+        return worker
+
+    # -- running -----------------------------------------------------------------------
+
+    async def _serve(self, worker: Worker) -> int:
+        self.loop = loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop, "drain")
+        loop.add_signal_handler(signal.SIGQUIT, self._abort)
+        loop.add_signal_handler(signal.SIGUSR1, self._quiet)
+        assert self._control is not None
+        loop.add_reader(self.control_fd, self._on_control)
+        if not await self._connect(worker.store):
+            return OK if self.stop_requested else TEMPFAIL
+        self.state = "run"
+        self._title("ready")
+        self.events.send(
+            "ready", v=PROTOCOL_VERSION, pid=os.getpid(), worker_id=worker.worker_id,
+            gen=self.boot.get("gen", 0), rss=_rss_bytes(),
+        )  # fmt: skip
+        try:
+            await worker.run()
+        finally:
+            with contextlib.suppress(Exception):
+                await worker.store.close()
+            # Past this point a second TERM (a process-group signal from a terminal or
+            # a wrapper) must not kill us mid-goodbye; asyncio would otherwise restore
+            # the default action when the loop closes.
+            loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.state == "orphaned":
+            return TEMPFAIL
+        self.events.send("bye", reason=self.bye_reason)
+        return OK
+
+    async def _connect(self, store: TaskStore) -> bool:
+        delay = 0.5
+        while not self.stop_requested:
+            try:
+                await store.connect()
+                return True
+            except DatabaseUnavailable as exc:
+                if self.state != "db_wait":
+                    log.warning("database unavailable, retrying: %s", exc)
+                self.state = "db_wait"
+                self.events.send("dberr", kind="connect")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        return False
+
+    def request_stop(self, reason: str) -> None:
+        """Stop claiming, finish in-flight work (leases keep renewing), then exit."""
+        if self.stop_requested:
+            return
+        self.stop_requested = True
+        self.bye_reason = reason
+        if self.state == "run":
+            self.state = "draining"
+        self._title("draining")
+        if self.worker is not None:
+            self.worker.stop()
+
+    def after_task(self, finished: int) -> None:
+        limit = self.boot.get("max_tasks")
+        if limit and finished >= int(limit):
+            self.request_stop("max_tasks")
+            return
+        max_memory = self.boot.get("max_memory")
+        if max_memory and _rss_bytes() > int(max_memory):
+            self.request_stop("max_memory")
+
+    def _quiet(self) -> None:
+        if self.worker is not None:
+            self.worker.claiming = False
+        self.state = "quiet"
+        self._title("quiet")
+
+    def _abort(self) -> None:
+        # No database write here: a commit torn by os._exit is worse than a lease
+        # left to the parent's hand-back.
+        in_flight = list(self.worker._contexts) if self.worker else []
+        log.warning("QUIT: aborting with %d task(s) in flight: %s", len(in_flight), in_flight)
+        os._exit(TEMPFAIL)
+
+    def _on_control(self) -> None:
+        assert self._control is not None
+        for message in self._control.read():
+            kind = message.get("t")
+            if kind == "log_level":
+                logging.getLogger().setLevel(str(message.get("level", "INFO")))
+        if self._control.closed:
+            assert self.loop is not None
+            self.loop.remove_reader(self.control_fd)
+            self._orphaned()
+
+    def _orphaned(self) -> None:
+        """The parent is gone: finish what we hold, then leave; leases left over
+        expire for the reapers of other hosts."""
+        log.warning("parent went away; draining and exiting")
+        self.request_stop("orphaned")
+        self.state = "orphaned"
+        assert self.loop is not None
+        timeout = float(self.boot.get("shutdown_timeout_s", 30))
+        self.loop.call_later(timeout, os._exit, TEMPFAIL)
+
+    def _on_error(self, exc: BaseException, info: dict[str, Any]) -> None:
+        kind = "busy" if "locked" in str(exc) or "busy" in str(exc) else "other"
+        self.events.send("dberr", kind=kind, phase=str(info.get("phase", "")))
+        log.warning("%s error: %s", info.get("phase", "worker"), exc)
+
+    def _heartbeat_thread(self) -> None:
+        interval = float(self.boot.get("hb_interval_s", 5.0))
+        while True:
+            time.sleep(interval)
+            if os.getppid() != self.parent_pid and self.loop is not None:
+                self.loop.call_soon_threadsafe(self._orphaned)
+            busy = len(self.worker._contexts) if self.worker is not None else 0
+            if not self.events.send("hb", busy=busy, rss=_rss_bytes(), state=self.state):
+                return
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cairnqd.child")
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--events", type=int, required=True)
+    parser.add_argument("--control", type=int, required=True)
+    return Child(parser.parse_args(argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,533 @@
+"""`cairnqd` commands that work on the database, and the helpers every command shares.
+
+Design note. Each command opens the store its config's `database` section names (never
+the daemon), runs one coroutine and closes it. Expected failures raise
+`CliError(code, message)`; `cli.main` prints the message and exits with the code,
+without a traceback. This module must not import `cairnqd.cli`: `python -m cairnqd.cli`
+runs that file as `__main__`, and importing it again would create a second `CliError`
+class that `main` does not catch.
+
+Opening a store applies pending migrations (both stores do it in `connect()`), so every
+command here migrates as a side effect, on Postgres too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import sqlite3
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+
+from . import exitcodes
+from .client import wait_for_task
+from .config import Config, ConfigError, PurgeRule, load_config, parse_duration, redact_dsn, to_ms
+from .errors import (
+    AlreadyExists,
+    DatabaseUnavailable,
+    NotACairnqDatabase,
+    ProtocolVersionMismatch,
+    SchemaMismatch,
+    SerializationError,
+    TaskTimeout,
+)
+from .models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, TERMINAL_STATUSES, Task
+from .store.base import TaskStore
+from .store.postgres import PostgresStore
+from .store.sqlite import SQLiteStore
+
+__all__ = ["CliError", "add_parsers", "duration", "load", "table"]
+
+T = TypeVar("T")
+if TYPE_CHECKING:
+    # Any: the root parser's class is cli's own ArgumentParser subclass. Typing only:
+    # _SubParsersAction is not subscriptable at runtime.
+    Subparsers = argparse._SubParsersAction[Any]
+
+
+class CliError(Exception):
+    """An expected failure: `details` (e.g. config problems) then one line, and a code."""
+
+    def __init__(self, code: int, message: str, details: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = list(details)
+
+
+# -- shared helpers ----------------------------------------------------------------------
+
+
+def duration(text: str) -> timedelta:
+    """argparse type: the config's duration syntax, so `--delay 30s` reads like YAML."""
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30s, 5m, 7d)") from None
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be ≥ {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def load(path: str) -> Config:
+    """The config, or CliError(78) carrying every problem as `file:line:col: ...`."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        count = len(exc.problems)
+        noun = "problem" if count == 1 else "problems"
+        message = f"{path}: {count} {noun} in the config"
+        raise CliError(exitcodes.CONFIG, message, [str(p) for p in exc.problems]) from None
+
+
+def describe_database(config: Config) -> str:
+    db = config.database
+    return f"sqlite {db.path}" if db.path is not None else f"postgres {redact_dsn(db.dsn or '')}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Columns padded to fit; numbers right-aligned so counts line up."""
+    cells = [[str(c) for c in row] for row in (headers, *rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    numeric = [bool(rows) and all(isinstance(r[i], int) for r in rows) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        padded = [
+            cell.rjust(w) if num else cell.ljust(w)
+            for cell, w, num in zip(row, widths, numeric, strict=True)
+        ]
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines)
+
+
+def _one_line(exc: BaseException) -> str:
+    # libpq's messages carry a tab-indented hint line; stderr gets one line per error.
+    return " ".join(str(exc).split())
+
+
+def _unavailable(config: Config, exc: BaseException) -> str:
+    return f"{describe_database(config)}: {_one_line(exc)}"
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+# -- the store -----------------------------------------------------------------------------
+
+
+def open_store(config: Config) -> TaskStore:
+    db = config.database
+    if db.path is not None:
+        return SQLiteStore(db.path, busy_timeout_ms=to_ms(db.busy_timeout))
+    assert db.dsn is not None  # the config guarantees exactly one of path and dsn
+    # One connection: a CLI command runs one statement at a time.
+    timeout = db.connect_timeout.total_seconds()
+    return PostgresStore(db.dsn, min_size=1, max_size=1, connect_timeout_s=timeout)
+
+
+def with_store(config: Config, action: Callable[[TaskStore], Awaitable[T]]) -> T:
+    """Connect, run `action`, close; database failures become CliError (69 or 65)."""
+
+    async def session() -> T:
+        async with open_store(config) as store:
+            return await action(store)
+
+    try:
+        return asyncio.run(session())
+    except DatabaseUnavailable as exc:  # already names the (redacted) DSN
+        raise CliError(exitcodes.UNAVAILABLE, _one_line(exc)) from None
+    except (psycopg.OperationalError, sqlite3.OperationalError) as exc:
+        raise CliError(exitcodes.UNAVAILABLE, _unavailable(config, exc)) from None
+    except (NotACairnqDatabase, ProtocolVersionMismatch, SchemaMismatch) as exc:
+        raise CliError(exitcodes.DATAERR, _one_line(exc)) from None
+
+
+def _read_ledgers(config: Config) -> dict[str, list[tuple[str, int]]]:
+    """Both migration ledgers, oldest first.
+
+    The one SQL text outside protocol/ (STYLE.md keeps it there, run only by store/):
+    TaskStore has no ledger read yet. Once `protocol/extensions/sql/*/ledger_list.sql`
+    and `TaskStore.applied_migrations()` exist, this should call that instead."""
+    queries = {
+        table: f"select name, applied_at_ms from {table} order by applied_at_ms, name"
+        for table in ("cairnq_migrations", "cairnqd_migrations")
+    }
+    db = config.database
+    try:
+        if db.path is not None:
+            uri = Path(db.path).resolve().as_uri() + "?mode=ro"
+            with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+                return {t: [(r[0], int(r[1])) for r in conn.execute(q)] for t, q in queries.items()}
+        timeout = max(1, int(db.connect_timeout.total_seconds()))
+        with psycopg.connect(db.dsn or "", connect_timeout=timeout) as pg:
+            return {t: [(r[0], int(r[1])) for r in pg.execute(q)] for t, q in queries.items()}
+    except (psycopg.OperationalError, sqlite3.OperationalError) as exc:
+        raise CliError(exitcodes.UNAVAILABLE, _unavailable(config, exc)) from None
+
+
+# -- migrate, stats ------------------------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    version = with_store(config, lambda store: store.protocol_version())
+    print(f"database: {describe_database(config)}")
+    print(f"protocol_version: {version}")
+    for ledger, rows in _read_ledgers(config).items():
+        print(f"{ledger}:")
+        print(table(["  NAME", "APPLIED_AT"], [[f"  {n}", _when(at)] for n, at in rows]))
+    return exitcodes.OK
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    counts = with_store(config, lambda store: store.stats(args.queue))
+    if args.json:
+        print(_json(dict(sorted(counts.items()))))
+        return exitcodes.OK
+    rows: list[list[Any]] = [
+        [queue, *(by_status[s] for s in STATUSES), sum(by_status.values())]
+        for queue, by_status in sorted(counts.items())
+    ]
+    if len(rows) > 1:
+        rows.append(["(all)", *(sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2))])
+    print(table(["QUEUE", *(s.upper() for s in STATUSES), "TOTAL"], rows))
+    if not rows:
+        print("(no tasks)")
+    return exitcodes.OK
+
+
+# -- list, inspect -------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    tasks = with_store(
+        config,
+        lambda store: store.list(
+            status=args.status,
+            queue=args.queue,
+            name=args.name,
+            limit=args.limit,
+            offset=args.offset,
+        ),
+    )
+    if args.json:
+        print(_json([dataclasses.asdict(t) for t in tasks]))
+        return exitcodes.OK
+    headers = ["ID", "QUEUE", "NAME", "STATUS", "ATTEMPT", "PRIORITY", "CREATED"]
+    rows = [
+        [t.id, t.queue, t.name, t.status, f"{t.attempt}/{t.max_attempts}", t.priority,
+         _when(t.created_at_ms)]
+        for t in tasks
+    ]  # fmt: skip
+    print(table(headers, rows))
+    if not rows:
+        print("(no tasks)")
+    return exitcodes.OK
+
+
+def _one_target(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    if (args.task_id is None) == (args.key is None):
+        raise CliError(exitcodes.USAGE, f"{args.command}: give a TASK_ID or --key KEY (one)")
+    return args.task_id, args.key
+
+
+async def _fetch(store: TaskStore, task_id: str | None, key: str | None) -> Task | None:
+    return await (store.get(task_id) if task_id is not None else store.get_by_key(key or ""))
+
+
+def _missing(task_id: str | None, key: str | None) -> CliError:
+    what = f"no task {task_id}" if task_id is not None else f"no task with key {key!r}"
+    return CliError(exitcodes.NOTHING_DONE, what)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    task_id, key = _one_target(args)
+    task = with_store(load(args.config), lambda store: _fetch(store, task_id, key))
+    if task is None:
+        raise _missing(task_id, key)
+    if args.json:
+        print(_json(dataclasses.asdict(task)))
+        return exitcodes.OK
+    for field, value in dataclasses.asdict(task).items():
+        print(f"{field}:{_shown(field, value)}")
+    return exitcodes.OK
+
+
+def _shown(field: str, value: Any) -> str:
+    """One inspect value: JSON pretty-printed and indented under its name, epoch
+    milliseconds with their UTC time beside them."""
+    if field in JSON_COLUMNS:
+        text = "null" if value is None else _json(value)
+        return "\n  " + text.replace("\n", "\n  ") if "\n" in text else f" {text}"
+    if field in MS_COLUMNS and value is not None:
+        return f" {value} ({_when(value)})"
+    return f" {'-' if value is None else value}"
+
+
+# -- submit --------------------------------------------------------------------------------
+
+
+def _payload(args: argparse.Namespace) -> Any:
+    source, text = "--payload", args.payload
+    if args.payload_file is not None:
+        source = args.payload_file
+        try:
+            if args.payload_file == "-":
+                text = sys.stdin.read()
+            else:
+                text = Path(args.payload_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
+            raise CliError(exitcodes.NOINPUT, f"cannot read {source}: {reason}") from None
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno} (char {exc.pos})"
+        raise CliError(exitcodes.DATAERR, f"{source}: invalid JSON at {where}: {exc.msg}") from None
+
+
+async def _submit(store: TaskStore, args: argparse.Namespace, payload: Any) -> tuple[Task, Task]:
+    task = await store.submit(
+        name=args.name,
+        payload=payload,
+        queue=args.queue,
+        key=args.key,
+        conflict=args.conflict,
+        max_attempts=args.max_attempts,
+        priority=args.priority,
+        delay_ms=to_ms(args.delay),
+    )
+    if not args.wait:
+        return task, task
+    # The id first, so a caller whose wait times out can still follow the task.
+    print(task.id, flush=True)
+    timeout_ms = to_ms(args.timeout)
+    done = await wait_for_task(
+        store, task.id, None, timeout_ms=timeout_ms, poll_ms=50, max_poll_ms=500
+    )
+    return task, done
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    if args.timeout is not None and not args.wait:
+        raise CliError(exitcodes.USAGE, "submit: --timeout needs --wait")
+    args.timeout = args.timeout or timedelta(seconds=30)
+    payload = _payload(args)
+    config = load(args.config)
+    try:
+        task, done = with_store(config, lambda store: _submit(store, args, payload))
+    except AlreadyExists as exc:
+        raise CliError(exitcodes.NOTHING_DONE, str(exc)) from None
+    except (ValueError, SerializationError) as exc:
+        raise CliError(exitcodes.DATAERR, f"submit: {exc}") from None
+    except TaskTimeout as exc:
+        raise CliError(exitcodes.TEMPFAIL, str(exc)) from None
+    if not args.wait:
+        print(task.id)
+        return exitcodes.OK
+    if done.status == "succeeded":
+        print(_json(done.result))
+        return exitcodes.OK
+    # One line: the envelope, compact.
+    detail = f": {json.dumps(done.error, ensure_ascii=False)}" if done.error is not None else ""
+    print(f"task {done.id} {done.status}{detail}", file=sys.stderr)
+    return exitcodes.NOTHING_DONE
+
+
+# -- cancel, retry -------------------------------------------------------------------------
+
+
+async def _cancel(store: TaskStore, task_id: str | None, key: str | None) -> Task | None:
+    if task_id is not None:
+        return await store.cancel(task_id)
+    return await store.cancel_by_key(key or "")
+
+
+async def _retry(
+    store: TaskStore, task_id: str | None, key: str | None, reset: bool
+) -> Task | None:
+    if task_id is not None:
+        return await store.retry(task_id, reset_attempt=reset)
+    return await store.retry_by_key(key or "", reset_attempt=reset)
+
+
+def _unchanged(config: Config, task_id: str | None, key: str | None, allowed: str) -> CliError:
+    """Why a cancel or retry changed nothing: no such task, or the wrong status. Read
+    after the fact, so the status shown may be newer than the one that refused."""
+    task = with_store(config, lambda store: _fetch(store, task_id, key))
+    if task is None:
+        return _missing(task_id, key)
+    return CliError(exitcodes.NOTHING_DONE, f"task {task.id} is {task.status}: {allowed}")
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    task_id, key = _one_target(args)
+    config = load(args.config)
+    task = with_store(config, lambda store: _cancel(store, task_id, key))
+    if task is None:
+        raise _unchanged(config, task_id, key, "only queued or running tasks can be canceled")
+    if task.status == "running":
+        print(f"{task.id} running (cancel requested; its handler settles it as canceled)")
+    else:
+        print(f"{task.id} {task.status}")
+    return exitcodes.OK
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    task_id, key = _one_target(args)
+    config = load(args.config)
+    reset = args.reset_attempt
+    task = with_store(config, lambda store: _retry(store, task_id, key, reset))
+    if task is None:
+        raise _unchanged(config, task_id, key, "only failed or canceled tasks can be retried")
+    print(f"{task.id} {task.status} (attempt {task.attempt}/{task.max_attempts})")
+    return exitcodes.OK
+
+
+# -- purge ---------------------------------------------------------------------------------
+
+# SQLite has one writer: pausing between batches lets workers commit (DAEMON.md §5).
+_SQLITE_BATCH_PAUSE_S = 0.05
+
+
+async def _purge(store: TaskStore, rule: PurgeRule, batch: int, pause_s: float) -> int:
+    total = 0
+    while True:
+        ids = await store.purge(
+            older_than_ms=to_ms(rule.older_than),
+            status=rule.status,
+            queue=rule.queue,
+            name=rule.name,
+            limit=batch,
+        )
+        deleted = len(ids)
+        total += deleted
+        if deleted < batch:
+            return total
+        await asyncio.sleep(pause_s)
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    rule = PurgeRule(args.older_than or timedelta(0), args.status, args.queue, args.name)
+    if args.dry_run:
+        count = with_store(
+            config,
+            lambda store: store.count_purgeable(
+                older_than_ms=to_ms(rule.older_than),
+                status=rule.status,
+                queue=rule.queue,
+                name=rule.name,
+            ),
+        )
+        print(f"would delete {count} task(s): {rule.describe()}")
+        return exitcodes.OK
+    batch = args.limit or config.retention.batch
+    pause = _SQLITE_BATCH_PAUSE_S if config.database.backend == "sqlite" else 0.0
+    total = with_store(config, lambda store: _purge(store, rule, batch, pause))
+    print(f"deleted {total} task(s): {rule.describe()}")
+    return exitcodes.OK
+
+
+# -- the parsers ---------------------------------------------------------------------------
+
+
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task_id", nargs="?", metavar="TASK_ID", help="the task's id")
+    parser.add_argument("--key", help="the task's idempotency key instead of its id")
+
+
+def _add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("submit", parents=parents, help="submit a task; prints its id")
+    p.add_argument("name", metavar="NAME", help="the task name (a handler's name)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--payload", metavar="JSON", help="the payload as JSON text")
+    source.add_argument("--payload-file", metavar="FILE", help="read the JSON payload (- stdin)")
+    p.add_argument("--queue", default="default", help="default: %(default)s")
+    p.add_argument("--key", help="idempotency key")
+    p.add_argument("--conflict", choices=CONFLICTS, default="reuse", help="with --key")
+    p.add_argument("--max-attempts", type=_int_at_least(1), default=3, metavar="N")
+    p.add_argument("--priority", type=int, default=0, metavar="N", help="higher runs first")
+    p.add_argument("--delay", type=duration, default=timedelta(0), metavar="DURATION")
+    p.add_argument("--wait", action="store_true", help="wait for the outcome; print the result")
+    p.add_argument("--timeout", type=duration, metavar="DURATION", help="with --wait (30s)")
+    p.set_defaults(func=cmd_submit)
+
+
+def _add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("stats", parents=parents, help="task counts per queue and status")
+    p.add_argument("--queue", help="only this queue")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("list", parents=parents, help="list tasks, newest first")
+    p.add_argument("--status", choices=STATUSES)
+    p.add_argument("--queue")
+    p.add_argument("--name")
+    p.add_argument("--limit", type=_int_at_least(0), default=100, metavar="N")
+    p.add_argument("--offset", type=_int_at_least(0), default=0, metavar="N")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("inspect", parents=parents, help="show one task in full")
+    _add_target(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+
+def _add_control(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("cancel", parents=parents, help="cancel a queued or running task")
+    _add_target(p)
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("retry", parents=parents, help="run a failed or canceled task again")
+    _add_target(p)
+    p.add_argument("--reset-attempt", action="store_true", help="give back its full attempts")
+    p.set_defaults(func=cmd_retry)
+
+    p = sub.add_parser("purge", parents=parents, help="delete finished tasks")
+    p.add_argument("--older-than", type=duration, metavar="DURATION", help="finished before")
+    p.add_argument("--status", choices=sorted(TERMINAL_STATUSES))
+    p.add_argument("--queue")
+    p.add_argument("--name")
+    p.add_argument("--limit", type=_int_at_least(1), metavar="N", help="rows per batch")
+    p.add_argument("--dry-run", action="store_true", help="only count")
+    p.set_defaults(func=cmd_purge)
+
+
+def add_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    """Register migrate, stats, list, inspect, submit, cancel, retry and purge."""
+    p = sub.add_parser("migrate", parents=parents, help="apply migrations; show both ledgers")
+    p.set_defaults(func=cmd_migrate)
+    _add_reads(sub, parents)
+    _add_submit(sub, parents)
+    _add_control(sub, parents)

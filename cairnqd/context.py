@@ -1,0 +1,231 @@
+"""`TaskContext`: what a handler holds for one claimed task.
+
+Every owned write is gated locally: once the lease is known lost, or the task is
+settled, the context refuses to write (`LostLease`) without a round trip. That stops a
+zombie handler (one abandoned at `max_run_ms`, or whose heartbeat failed) from writing
+against a re-claim of the same task by the same worker id. `succeed` and `fail` after
+settlement return None, so settling twice is a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .errors import LostLease, TaskError
+from .models import Task, TaskDef, task_name
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+
+class TaskContext:
+    __slots__ = ("_cancel_seen", "_lease_lost", "_settled", "_task", "_worker")
+
+    def __init__(self, worker: Worker, task: Task) -> None:
+        self._worker = worker
+        self._task = task
+        self._settled = False
+        self._cancel_seen = task.cancel_requested_at_ms is not None
+        self._lease_lost: asyncio.Event | None = None
+
+    # -- what the handler reads ----------------------------------------------------------
+
+    @property
+    def task(self) -> Task:
+        return self._task
+
+    @property
+    def task_id(self) -> str:
+        return self._task.id
+
+    @property
+    def name(self) -> str:
+        return self._task.name
+
+    @property
+    def queue(self) -> str:
+        return self._task.queue
+
+    @property
+    def attempt(self) -> int:
+        return self._task.attempt
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker.worker_id
+
+    @property
+    def payload(self) -> Any:
+        return self._task.payload
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        meta = self._task.metadata
+        return meta if isinstance(meta, dict) else {}
+
+    @property
+    def root_id(self) -> str | None:
+        return self._task.root_id
+
+    @property
+    def correlation_id(self) -> str | None:
+        return self._task.correlation_id
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    @property
+    def lease_lost(self) -> asyncio.Event:
+        """Set when the lease is lost; await it to abandon work early."""
+        if self._lease_lost is None:
+            # Created lazily: most handlers never look, and an Event per task adds up.
+            self._lease_lost = asyncio.Event()
+        return self._lease_lost
+
+    @property
+    def lost_lease(self) -> bool:
+        return self._lease_lost is not None and self._lease_lost.is_set()
+
+    # -- state changes the worker makes ----------------------------------------------------
+
+    def _mark_lost(self) -> None:
+        self.lease_lost.set()
+
+    def _mark_settled(self) -> None:
+        self._settled = True
+
+    def _mark_cancel_seen(self) -> None:
+        self._cancel_seen = True
+
+    def _check_writable(self) -> None:
+        if self._settled or self.lost_lease:
+            raise LostLease(self.task_id)
+
+    # -- owned writes ----------------------------------------------------------------------
+
+    async def progress(self, value: float | None, message: str | None = None) -> Task:
+        self._check_writable()
+        try:
+            return await self._worker.store.progress(
+                task_id=self.task_id, worker_id=self.worker_id, progress=value, message=message
+            )
+        except LostLease:
+            self._mark_lost()
+            raise
+
+    async def heartbeat(self) -> Task:
+        self._check_writable()
+        try:
+            task = await self._worker.store.heartbeat(
+                task_id=self.task_id, worker_id=self.worker_id, lease_ms=self._worker.lease_ms
+            )
+        except LostLease:
+            self._mark_lost()
+            raise
+        if task.cancel_requested_at_ms is not None:
+            self._cancel_seen = True
+        return task
+
+    async def canceled(self) -> bool:
+        """True once a cancel was requested. Free when a heartbeat already saw it."""
+        if self._cancel_seen:
+            return True
+        current = await self._worker.store.get(self.task_id)
+        if current is None or current.status == "canceled" or current.cancel_requested:
+            self._cancel_seen = True
+        return self._cancel_seen
+
+    async def succeed(self, result: Any = None) -> Task | None:
+        """Complete the task now (a pending cancel still wins). None if already settled."""
+        if self._settled:
+            return None
+        self._check_writable()
+        return await self._worker._settle_complete(self, result)
+
+    async def succeed_in(self, write: Callable[[Any], Awaitable[Any]]) -> Task | None:
+        """Postgres: run `write(session)` and the settlement in one transaction; the
+        value `write` returns becomes the result. A lost lease rolls both back."""
+        if self._settled:
+            return None
+        self._check_writable()
+        try:
+            task, _ = await self._worker.store.complete_in(
+                task_id=self.task_id, worker_id=self.worker_id, write=write
+            )
+        except LostLease:
+            self._mark_lost()
+            raise
+        self._mark_settled()
+        self._worker._report_end(self, task)
+        return task
+
+    async def fail(
+        self,
+        error: str | BaseException | Mapping[str, Any] = "task failed",
+        *,
+        retryable: bool = True,
+    ) -> Task | None:
+        """Fail this attempt. A TaskError's own retryability wins over `retryable`."""
+        if self._settled:
+            return None
+        self._check_writable()
+        envelope, retry = error_envelope(error, retryable)
+        return await self._worker._settle_fail(self, envelope, retry)
+
+    async def submit(
+        self, name: str | TaskDef[Any, Any], payload: Any = None, **kwargs: Any
+    ) -> Task:
+        """Submit a child task: parent, root and correlation ids are wired from this one.
+
+        Refused once the lease is lost: the retry of this task would submit it again.
+        """
+        if self.lost_lease:
+            raise LostLease(self.task_id)
+        kwargs.setdefault("parent_id", self.task_id)
+        kwargs.setdefault("root_id", self._task.root_id or self.task_id)
+        kwargs.setdefault("correlation_id", self._task.correlation_id)
+        return await self._worker.store.submit(name=task_name(name), payload=payload, **kwargs)
+
+    async def wait(self, task_id: str, *, timeout_ms: int = 30_000, poll_ms: int = 100) -> Task:
+        from .client import wait_for_task
+
+        return await wait_for_task(
+            self._worker.store, task_id, None, timeout_ms=timeout_ms, poll_ms=poll_ms,
+            max_poll_ms=500,
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"TaskContext({self.task_id}, name={self.name!r}, attempt={self.attempt})"
+
+
+def error_envelope(
+    error: str | BaseException | Mapping[str, Any], retryable: bool
+) -> tuple[dict[str, Any], bool]:
+    """The stored envelope for `ctx.fail(...)`, and whether the failure may retry."""
+    if isinstance(error, TaskError):
+        return error.envelope(), error.retryable
+    if isinstance(error, BaseException):
+        return (
+            {
+                "type": type(error).__name__,
+                "code": "task_error",
+                "message": str(error),
+                "retryable": retryable,
+                "details": {},
+            },
+            retryable,
+        )
+    if isinstance(error, Mapping):
+        envelope = {
+            "type": "TaskError",
+            "code": "task_error",
+            "message": "task failed",
+            "details": {},
+            **dict(error),
+        }
+        envelope["retryable"] = retryable
+        return envelope, retryable
+    return TaskError(str(error), retryable=retryable).envelope(), retryable

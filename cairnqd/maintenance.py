@@ -1,0 +1,560 @@
+"""The parent's database duties: hand-backs, the lease reaper and the purge scheduler.
+
+Design note (DAEMON.md §1, §2, §5). The supervisor's loop must never wait on the
+database, so every write the parent makes runs here: one thread, one asyncio loop, one
+store opened inside that thread (a connection never crosses threads or a fork).
+
+- **Hand-backs jump the queue.** `hand_back()` may be called from any thread; it
+  queues the job and wakes the loop. Urgent jobs run before any due duty and between
+  purge batches, so a dead child's tasks are claimable within milliseconds even while
+  a long sweep is in progress.
+- **Reaper**: once at start, then every `reaper.interval`. Every host runs it: the
+  protocol's `recover_leases` skips rows another recoverer holds.
+- **Purge**: the first sweep one `retention.interval` after start, never at boot (a
+  daemon restarting in a loop must not hammer the database). Per rule, bounded
+  batches until one comes back short or `max_batches` is reached; the rest waits for
+  the next interval. SQLite pauses between batches so workers get the write lock, and
+  checkpoints the WAL after a sweep that deleted rows. On Postgres one host sweeps:
+  the one that wins `pg_try_advisory_lock(lock_namespace, 1)`; the others skip.
+- **Errors** are caught per tick, counted as `cairnq_db_errors_total{component=
+  "maintenance"}` and logged; the loop goes on. A failed hand-back is retried with
+  backoff: giving up only means its tasks wait for their leases to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import logging
+import sqlite3
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+import psycopg_pool
+
+from .config import Config, DatabaseConfig, PurgeRule, to_ms
+from .errors import DatabaseUnavailable, LostLease, StoreClosed
+from .store.base import Row, TaskStore
+from .store.postgres import PostgresStore
+from .store.sqlite import SQLiteStore
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+
+__all__ = [
+    "HAND_BACK_REASONS",
+    "PURGE_LOCK_ID",
+    "LoopThread",
+    "Maintenance",
+    "db_error_kind",
+    "parent_store",
+]
+
+log = logging.getLogger("cairnqd.maintenance")
+
+T = TypeVar("T")
+
+HAND_BACK_REASONS = ("worker_exit", "shutdown", "max_run")
+#: Second key of the purge lock; the stats leader uses 2 (DAEMON.md §5).
+PURGE_LOCK_ID = 1
+_SQLITE_BATCH_PAUSE_S = 0.05
+_HAND_BACK_ATTEMPTS = 5
+_HAND_BACK_BACKOFF_MAX_S = 8.0
+# The lease-expired envelope's message names why the parent let go of the task.
+_HAND_BACK_CAUSES = {
+    "worker_exit": "its worker process exited",
+    "shutdown": "the daemon shut down before it finished",
+    "max_run": "its worker was stopped for exceeding max_run",
+}
+
+
+# -- shared helpers for the parent's database threads ------------------------------------
+
+
+def db_error_kind(exc: BaseException) -> str:
+    """Classify a database error into the `kind` label: busy, timeout, connect, other."""
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        return "busy" if "locked" in text or "busy" in text else "other"
+    # Both are OperationalErrors too, so they are tested before the connect case.
+    if isinstance(exc, TimeoutError | psycopg.errors.QueryCanceled | psycopg_pool.PoolTimeout):
+        return "timeout"
+    if isinstance(exc, DatabaseUnavailable | psycopg.OperationalError | OSError):
+        return "connect"
+    return "other"
+
+
+def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None = None) -> TaskStore:
+    """A store for one of the parent's threads: a single connection, never shared.
+
+    `statement_timeout_ms` bounds each statement server-side on Postgres and the busy
+    wait on SQLite (the metrics collector passes its 2 s scrape budget).
+    """
+    if database.backend == "sqlite":
+        assert database.path is not None
+        busy_ms = to_ms(database.busy_timeout)
+        if statement_timeout_ms is not None:
+            busy_ms = min(busy_ms, statement_timeout_ms)
+        return SQLiteStore(database.path, busy_timeout_ms=busy_ms)
+    assert database.dsn is not None
+    dsn = database.dsn
+    if statement_timeout_ms is not None:
+        dsn = _with_statement_timeout(dsn, statement_timeout_ms)
+    return PostgresStore(
+        dsn,
+        min_size=1,
+        max_size=1,
+        connect_timeout_s=database.connect_timeout.total_seconds(),
+    )
+
+
+def _with_statement_timeout(dsn: str, timeout_ms: int) -> str:
+    # Appended to any `options` the operator set, so theirs still apply.
+    options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
+    timeout = f"{options} -c statement_timeout={int(timeout_ms)}".strip()
+    return psycopg.conninfo.make_conninfo(dsn, options=timeout)
+
+
+class LoopThread:
+    """One daemon thread running one asyncio loop: database work off the caller's loop.
+
+    `start()` is idempotent; `stop()` stops the loop, cancels what is left on it and
+    joins the thread. Coroutines are handed over with `submit()` from any thread.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        with self._lock:
+            if self.running():
+                return
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=self._run, args=(loop,), name=self.name, daemon=True)
+            self._loop, self._thread = loop, thread
+            thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        loop = self._loop
+        if loop is None or not self.running():
+            coro.close()
+            raise RuntimeError(f"{self.name} is not running")
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Run `callback` on the loop; a no-op once the loop is gone."""
+        loop = self._loop
+        if loop is not None and self.running():
+            with contextlib.suppress(RuntimeError):  # closed between the check and the call
+                loop.call_soon_threadsafe(callback)
+
+    def stop(self, timeout_s: float) -> bool:
+        """Stop the loop and join the thread; False if it did not end in time."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return True
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(max(0.0, timeout_s))
+        return not thread.is_alive()
+
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+
+# -- the maintenance thread ----------------------------------------------------------------
+
+
+@dataclass
+class _HandBack:
+    worker_id: str
+    reason: str
+    attempts: int = 0
+
+    def describe(self) -> str:
+        return f"hand-back of {self.worker_id} ({self.reason})"
+
+
+@dataclass
+class _MaxRunFailure:
+    task_id: str
+    worker_id: str
+    max_run_s: float
+    attempts: int = 0
+
+    def describe(self) -> str:
+        return f"max_run failure of task {self.task_id}"
+
+
+_Job = _HandBack | _MaxRunFailure
+
+
+class Maintenance:
+    """The parent's maintenance thread; see the module docstring.
+
+    The duties are plain coroutines (`reap_once`, `purge_once`, `release_worker`,
+    `fail_max_run`) that tests may await directly on their own loop; `start()` runs
+    them on a thread of their own.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        metrics: Metrics,
+        *,
+        store_factory: Callable[[], TaskStore] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._store_factory = store_factory or (lambda: parent_store(config.database))
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._store: TaskStore | None = None
+        self._store_connected = False
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._jobs_lock = threading.Lock()
+        self._retry_at = 0.0
+        self._stopping = threading.Event()
+        self._purge_paused = threading.Event()
+        self._reaper_paused = threading.Event()
+        self._thread = LoopThread("cairnqd-maintenance")
+        self._serving: concurrent.futures.Future[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._next_reap = 0.0
+        self._next_purge = 0.0
+
+    # -- control, from any thread ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread: reaper now, first purge one interval from now. Idempotent."""
+        if self._serving is not None and not self._serving.done():
+            return
+        self._stopping.clear()
+        self._thread.start()
+        self._serving = self._thread.submit(self._serve())
+
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Finish queued hand-backs, close the store and end the thread. Idempotent.
+
+        False if that took longer than `timeout_s` (the thread is a daemon and is left
+        to finish on its own)."""
+        serving = self._serving
+        if serving is None:
+            if self.pending_jobs():
+                log.warning(
+                    "maintenance never started: %d queued job(s) dropped", self.pending_jobs()
+                )
+            return True
+        deadline = time.monotonic() + timeout_s
+        self._stopping.set()
+        self._thread.call_soon(self._set_wake)
+        clean = True
+        try:
+            serving.result(timeout=timeout_s)
+        except TimeoutError:
+            log.warning("maintenance did not stop within %.1fs", timeout_s)
+            clean = False
+        except Exception:
+            log.exception("maintenance thread failed")
+        stopped = self._thread.stop(deadline - time.monotonic())
+        self._serving = None
+        return clean and stopped
+
+    def hand_back(self, worker_id: str, reason: str) -> None:
+        """Queue the release of every task `worker_id` still holds, ahead of all other
+        maintenance. Only for a worker whose process has been reaped."""
+        if reason not in HAND_BACK_REASONS:
+            raise ValueError(f"reason must be one of {', '.join(HAND_BACK_REASONS)}")
+        self._enqueue(_HandBack(worker_id, reason))
+
+    def fail_task_max_run(self, task_id: str, worker_id: str, max_run_s: float) -> None:
+        """Queue failing `task_id` as `max_run_exceeded` under its dead worker. Queue it
+        before that worker's hand-back: jobs run in order, so the overrun task is failed
+        (retryable) and the hand-back then releases the rest."""
+        self._enqueue(_MaxRunFailure(task_id, worker_id, max_run_s))
+
+    def pause_purge(self) -> None:
+        """No new sweep, and a sweep in progress stops after its current batch (drain)."""
+        self._purge_paused.set()
+
+    def pause_reaper(self) -> None:
+        self._reaper_paused.set()
+
+    def reconfigure(self, config: Config) -> None:
+        """Apply parent-hot `retention.*` and `reaper.*`: rules and batch sizes from the
+        next sweep, new intervals once the current wait has run out."""
+        self._config = config
+        self._thread.call_soon(self._set_wake)
+
+    def pending_jobs(self) -> int:
+        with self._jobs_lock:
+            return len(self._jobs)
+
+    def _enqueue(self, job: _Job) -> None:
+        if self._stopping.is_set() and self._serving is None:
+            log.warning("maintenance is stopped: %s dropped; leases will expire", job.describe())
+            return
+        with self._jobs_lock:
+            self._jobs.append(job)
+        self._thread.call_soon(self._set_wake)
+
+    def _set_wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        self._wake = asyncio.Event()
+        started = self._clock()
+        self._next_reap = started
+        self._next_purge = started + self._config.retention.interval.total_seconds()
+        try:
+            while not self._stopping.is_set():
+                self._wake.clear()
+                await self.run_urgent()
+                await self._run_due_duties()
+                await self._sleep_until_due()
+            # Shutdown hands back the children it had to kill: those jobs matter most.
+            await self.run_urgent()
+        finally:
+            await self.aclose()
+
+    async def _run_due_duties(self) -> None:
+        now = self._clock()
+        retention, reaper = self._config.retention, self._config.reaper
+        if now >= self._next_reap and not self._stopping.is_set():
+            self._next_reap = now + reaper.interval.total_seconds()
+            if not self._reaper_paused.is_set():
+                await self._tick("reaper", self.reap_once)
+        if now >= self._next_purge and not self._purge_halted():
+            self._next_purge = now + retention.interval.total_seconds()
+            await self._tick("purge", self.purge_once)
+
+    async def _sleep_until_due(self) -> None:
+        assert self._wake is not None
+        due = min(self._next_reap, self._next_purge)
+        if self.pending_jobs():
+            due = min(due, self._retry_at)
+        timeout = max(0.0, due - self._clock())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _tick(self, duty: str, run: Callable[[], Coroutine[Any, Any, object]]) -> None:
+        # The one broad except per tick: report, count, and let the loop go on.
+        try:
+            await run()
+        except Exception as exc:
+            self._count_db_error(exc, duty)
+
+    def _count_db_error(self, exc: BaseException, what: str) -> None:
+        kind = db_error_kind(exc)
+        self._metrics.db_error("maintenance", kind)
+        log.warning("%s failed (%s): %s", what, kind, exc or type(exc).__name__)
+
+    def _purge_halted(self) -> bool:
+        return self._stopping.is_set() or self._purge_paused.is_set()
+
+    # -- urgent jobs ---------------------------------------------------------------------------
+
+    async def run_urgent(self) -> None:
+        """Run queued hand-backs (and max_run failures) in order, now."""
+        while (job := self._next_job()) is not None:
+            try:
+                await self._run_job(job)
+            except Exception as exc:
+                self._count_db_error(exc, job.describe())
+                if self._requeue(job):
+                    return  # it waits for its backoff; the loop wakes for it
+
+    def _next_job(self) -> _Job | None:
+        with self._jobs_lock:
+            if not self._jobs:
+                return None
+            # A failed job waits at the head for its backoff; stopping tries it once more.
+            if self._clock() < self._retry_at and not self._stopping.is_set():
+                return None
+            return self._jobs.popleft()
+
+    async def _run_job(self, job: _Job) -> None:
+        if isinstance(job, _HandBack):
+            await self.release_worker(job.worker_id, job.reason)
+        else:
+            await self.fail_max_run(job.task_id, job.worker_id, job.max_run_s)
+
+    def _requeue(self, job: _Job) -> bool:
+        """Put a failed job back at the head, due after a backoff. False when it is
+        dropped instead (out of attempts, or stopping): its leases will expire."""
+        job.attempts += 1
+        if job.attempts >= _HAND_BACK_ATTEMPTS or self._stopping.is_set():
+            log.error("giving up on %s; its tasks recover when their leases expire", job.describe())
+            return False
+        with self._jobs_lock:
+            self._jobs.appendleft(job)
+        delay = min(_HAND_BACK_BACKOFF_MAX_S, 0.5 * 2 ** (job.attempts - 1))
+        self._retry_at = self._clock() + delay
+        return True
+
+    # -- duties (awaitable directly in tests) ------------------------------------------------
+
+    async def release_worker(self, worker_id: str, reason: str) -> list[Row]:
+        """Hand back every task `worker_id` holds, with recovery's outcomes, now."""
+        store = await self._connected_store()
+        message = (
+            f"task lease released and max attempts reached: {_HAND_BACK_CAUSES[reason]} ({reason})"
+        )
+        rows = await store.release_worker(worker_id, message=message)
+        self._count_recoveries(rows, reason)
+        if rows:
+            outcomes = Counter(str(r["status"]) for r in rows)
+            summary = ", ".join(f"{status} {n}" for status, n in sorted(outcomes.items()))
+            log.info("handed back %d task(s) of %s (%s): %s", len(rows), worker_id, reason, summary)
+        return rows
+
+    async def fail_max_run(self, task_id: str, worker_id: str, max_run_s: float) -> bool:
+        """Fail an overrun attempt (retryable; cancel-wins and max_attempts apply).
+        False if the task was no longer that worker's."""
+        store = await self._connected_store()
+        error = {
+            "type": "MaxRunExceeded",
+            "code": "max_run_exceeded",
+            "message": f"attempt ran longer than max_run ({max_run_s:g}s); its worker was killed",
+            "retryable": True,
+            "details": {"max_run_s": max_run_s},
+        }
+        try:
+            task = await store.fail(task_id=task_id, worker_id=worker_id, error=error)
+        except LostLease:
+            return False
+        self._metrics.lease_recoveries(task.queue, "max_run", 1)
+        log.info("failed task %s after max_run (now %s)", task_id, task.status)
+        return True
+
+    async def reap_once(self) -> int:
+        """Recover every expired lease now; returns how many tasks were recovered."""
+        store = await self._connected_store()
+        rows = await store.recover_leases()
+        self._count_recoveries(rows, "expired")
+        if rows:
+            log.info("recovered %d task(s) with expired leases", len(rows))
+        return len(rows)
+
+    def _count_recoveries(self, rows: list[Row], reason: str) -> None:
+        for queue, n in Counter(str(r["queue"]) for r in rows).items():
+            self._metrics.lease_recoveries(queue, reason, n)
+
+    async def purge_once(self) -> int | None:
+        """One sweep over every rule; rows deleted, or None when it did not run (no
+        rules, paused or stopping, or another host holds the purge lock)."""
+        rules = self._config.retention.rules
+        if not rules or self._purge_halted():
+            return None
+        store = await self._connected_store()
+        async with self._sweep_lock(store) as held:
+            if not held:
+                log.debug("another host is purging; skipping this interval")
+                return None
+            return await self._sweep(store, rules)
+
+    async def _sweep(self, store: TaskStore, rules: tuple[PurgeRule, ...]) -> int:
+        self._metrics.purge_started()
+        deleted = 0
+        try:
+            for index, rule in enumerate(rules):
+                deleted += await self._purge_rule(store, index, rule)
+            if deleted and isinstance(store, SQLiteStore):
+                await store.checkpoint_wal()
+        except Exception:
+            self._metrics.purge_failed()
+            raise
+        if self._purge_halted():
+            log.info("purge sweep interrupted after deleting %d task(s)", deleted)
+            return deleted
+        self._metrics.purge_succeeded(self._wall_clock())
+        if deleted:
+            log.info("purge sweep deleted %d task(s)", deleted)
+        return deleted
+
+    async def _purge_rule(self, store: TaskStore, index: int, rule: PurgeRule) -> int:
+        retention = self._config.retention
+        deleted = 0
+        for batch_no in range(retention.max_batches):
+            await self.run_urgent()
+            if self._purge_halted():
+                break
+            if batch_no and isinstance(store, SQLiteStore):
+                # Let the workers' writes in between two of our write transactions.
+                await asyncio.sleep(_SQLITE_BATCH_PAUSE_S)
+            ids = await store.purge(
+                older_than_ms=to_ms(rule.older_than),
+                queue=rule.queue,
+                status=rule.status,
+                name=rule.name,
+                limit=retention.batch,
+            )
+            self._metrics.purge_deleted(str(index), len(ids))
+            deleted += len(ids)
+            if len(ids) < retention.batch:
+                break
+        return deleted
+
+    @contextlib.asynccontextmanager
+    async def _sweep_lock(self, store: TaskStore) -> AsyncIterator[bool]:
+        # One host per interval on Postgres; SQLite has one host by construction.
+        if not isinstance(store, PostgresStore):
+            yield True
+            return
+        namespace = self._config.database.lock_namespace
+        async with store.session_lock(namespace, PURGE_LOCK_ID) as held:
+            yield held
+
+    # -- the store -------------------------------------------------------------------------------
+
+    async def _connected_store(self) -> TaskStore:
+        # Opened lazily on the loop that first needs it: the maintenance thread's, or a
+        # test's when a duty is awaited directly. A failed connect is retried next use.
+        if self._store is None:
+            self._store = self._store_factory()
+        if not self._store_connected:
+            await self._store.connect()
+            self._store_connected = True
+        return self._store
+
+    async def aclose(self) -> None:
+        """Close the store (done by `stop()`; call it after awaiting duties directly)."""
+        store, self._store = self._store, None
+        self._store_connected = False
+        if store is not None:
+            with contextlib.suppress(StoreClosed, psycopg.Error, OSError):
+                await store.close()

@@ -1,0 +1,251 @@
+"""Child processes and the per-group pools that keep them at size.
+
+A `ChildProcess` is one incarnation: its Popen, its two pipes and what its events
+told us (ready, in-flight tasks, memory). A `GroupPool` owns a group's slots and
+decides, per tick, what each needs: spawn now, wait out a backoff, or stay empty
+(crashloop, FATAL, stopping). Spawning is fork+exec of `python -m cairnqd.child`, so
+nothing of the parent (threads, connections, locks) reaches a child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ulid import ULID
+
+from .budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
+from .config import Config, GroupConfig, to_ms
+from .pipes import PROTOCOL_VERSION, MessageReader, MessageWriter
+from .systemd import child_environment
+
+log = logging.getLogger("cairnqd.supervisor")
+
+
+@dataclass
+class ChildProcess:
+    group: str
+    slot: int
+    generation: int
+    worker_id: str
+    proc: subprocess.Popen[bytes]
+    events: MessageReader
+    control: MessageWriter
+    spawned_at: float
+    state: str = "starting"  # starting, ready, draining, db_wait, quiet
+    ready_at: float | None = None
+    last_heard: float = field(default_factory=time.monotonic)
+    in_flight: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rss: int = 0
+    bye: str | None = None
+    fatal: str | None = None
+    kill_reason: str | None = None
+    term_sent_at: float | None = None
+    abort_sent_at: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, signum: int) -> None:
+        # Already gone: the reaper will tell us how.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signum)
+
+    def close_pipes(self) -> None:
+        for fd in (self.events.fd, self.control.fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+@dataclass
+class Slot:
+    index: int
+    child: ChildProcess | None = None
+    crashes: int = 0
+    restart_at: float = 0.0
+    # A surge child spawned by a roll, waiting for `ready` before it replaces `child`.
+    successor: ChildProcess | None = None
+
+
+def worker_id_for(group: str, slot: int) -> str:
+    return f"{socket.gethostname()}:{group}.{slot}:{ULID()}"
+
+
+def boot_message(config: Config, group: GroupConfig, slot: int, generation: int) -> dict[str, Any]:
+    """Everything a child needs, secrets included: it travels over the pipe, never in
+    argv or the environment, and the child never reads the YAML itself."""
+    db = config.database
+    max_tasks = group.max_tasks_per_child
+    if max_tasks:
+        max_tasks += random.randint(0, max_tasks // 10)  # so a pool does not recycle at once
+    return {
+        "v": PROTOCOL_VERSION,
+        "group": group.name,
+        "slot": slot,
+        "nslots": group.processes,
+        "gen": generation,
+        "log_level": config.logging.level.upper(),
+        "hb_interval_s": config.supervisor.heartbeat_interval.total_seconds(),
+        "shutdown_timeout_s": config.shutdown_timeout_for(group.name).total_seconds(),
+        "max_tasks": max_tasks,
+        "max_memory": group.max_memory,
+        "database": {
+            "backend": db.backend,
+            "path": db.path,
+            "dsn": db.dsn,
+            "busy_timeout_ms": to_ms(db.busy_timeout),
+            "connect_timeout_s": db.connect_timeout.total_seconds(),
+            "connections": db.connections_per_child,
+        },
+        "group_config": {
+            "queues": list(group.queues),
+            "handlers": list(group.handlers),
+            "concurrency": group.concurrency,
+            "lease_ms": to_ms(group.lease),
+            "max_run_ms": to_ms(group.max_run) if group.max_run else None,
+            "poll_interval_ms": to_ms(group.poll_interval),
+            "retry_backoff_ms": to_ms(group.retry_backoff),
+            "retry_backoff_max_ms": to_ms(group.retry_backoff_max),
+            "resources": dict(group.resources),
+        },
+    }
+
+
+def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) -> ChildProcess:
+    events_r, events_w = os.pipe2(os.O_CLOEXEC)
+    control_r, control_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "cairnqd.child",
+                "--parent-pid", str(os.getpid()),
+                "--events", str(events_w),
+                "--control", str(control_r),
+            ],
+            pass_fds=(events_w, control_r),
+            close_fds=True,
+            env=child_environment(),
+        )  # fmt: skip
+    except BaseException:
+        for fd in (events_r, events_w, control_r, control_w):
+            os.close(fd)
+        raise
+    os.close(events_w)
+    os.close(control_r)
+    child = ChildProcess(
+        group=group.name,
+        slot=slot,
+        generation=generation,
+        worker_id=worker_id_for(group.name, slot),
+        proc=proc,
+        events=MessageReader(events_r),
+        control=MessageWriter(control_w),
+        spawned_at=time.monotonic(),
+    )
+    boot = boot_message(config, group, slot, generation)
+    boot["worker_id"] = child.worker_id
+    try:
+        child.control.send_whole("boot", **boot)
+    except OSError as exc:
+        log.error("could not send boot to child %d: %s", child.pid, exc)
+    return child
+
+
+class GroupPool:
+    """One group's slots, state (running, crashloop, fatal) and restart pacing."""
+
+    def __init__(self, config: GroupConfig, fingerprint: str, sup_config: Config) -> None:
+        self.config = config
+        self.fingerprint = fingerprint
+        self.slots = [Slot(i) for i in range(config.processes)]
+        self.state = "running"
+        self.fatal_error: str | None = None
+        self.boot_failures = 0
+        supervisor = sup_config.supervisor
+        self.budget = RestartBudget(
+            supervisor.restart_budget, supervisor.restart_window.total_seconds()
+        )
+        self.backoff_cap_s = supervisor.backoff_max.total_seconds()
+        self.retired: list[ChildProcess] = []  # draining children no slot owns any more
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def children(self) -> list[ChildProcess]:
+        found = [s.child for s in self.slots if s.child is not None]
+        found += [s.successor for s in self.slots if s.successor is not None]
+        return found + self.retired
+
+    def state_counts(self) -> dict[str, int]:
+        counts = {"starting": 0, "ready": 0, "draining": 0, "backoff": 0}
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.child is None:
+                if slot.restart_at > now:
+                    counts["backoff"] += 1
+                continue
+            key = slot.child.state if slot.child.state in counts else "ready"
+            counts[key] += 1
+        counts["draining"] += len(self.retired)
+        return counts
+
+    def resize(self, processes: int) -> list[ChildProcess]:
+        """Grow or shrink to `processes` slots; returns children to retire."""
+        retiring: list[ChildProcess] = []
+        while len(self.slots) > processes:
+            slot = self.slots.pop()
+            for child in (slot.child, slot.successor):
+                if child is not None:
+                    retiring.append(child)
+        while len(self.slots) < processes:
+            self.slots.append(Slot(len(self.slots)))
+        self.retired.extend(retiring)
+        return retiring
+
+    def on_crash(self, slot: Slot, child: ChildProcess, now: float) -> None:
+        """A crash after ready (or a kill by us): pace the restart, spend budget."""
+        if child.ready_at is not None and now - child.ready_at >= HEALTHY_AFTER_S:
+            slot.crashes = 0
+        slot.crashes += 1
+        self.budget.spend(now)
+        slot.restart_at = now + backoff_s(slot.crashes, self.backoff_cap_s)
+        if self.budget.exhausted(now) and self.state == "running":
+            self.state = "crashloop"
+            log.critical(
+                "group %s is crash-looping: %d restarts in %.0fs; dead slots stay empty "
+                "until the window has room",
+                self.name, self.budget.budget, self.budget.window_s,
+            )  # fmt: skip
+
+    def on_boot_failure(self, slot: Slot, now: float, limit: int = 5) -> None:
+        self.boot_failures += 1
+        slot.crashes += 1
+        slot.restart_at = now + backoff_s(slot.crashes, self.backoff_cap_s)
+        if self.boot_failures >= limit:
+            self.mark_fatal(f"{self.boot_failures} consecutive boot failures")
+
+    def mark_fatal(self, error: str) -> None:
+        if self.state != "fatal":
+            self.state = "fatal"
+            self.fatal_error = error
+            log.critical("group %s is FATAL: %s", self.name, error)
+
+    def may_spawn(self, slot: Slot, now: float) -> bool:
+        if self.state == "fatal" or slot.restart_at > now:
+            return False
+        if self.state == "crashloop":
+            if self.budget.exhausted(now):
+                return False
+            self.state = "running"
+            log.warning("group %s leaves crashloop: the restart window has room", self.name)
+        return True

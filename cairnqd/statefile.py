@@ -1,0 +1,265 @@
+"""The daemon's state file: how `cairnqd reload` finds the daemon and learns the outcome.
+
+Design note (DAEMON.md §4). One daemon per config file: its state lives at
+`<runtime_dir>/cairnqd-<sha256(abspath(config))[:16]>.json` and holds
+`{pid, generation, config, reload: {seq, ok, errors, at}}`. The daemon bumps
+`reload.seq` after every reload attempt, applied or refused, so a client that read
+`seq` before sending SIGHUP knows its outcome is in once `seq` moves.
+
+- Readers never see a torn file: `write()` goes through a temp file in the same
+  directory, fsync, then `os.replace` (atomic on POSIX within one filesystem).
+- Exclusivity is an `flock` on a sibling `.lock` file, not on the JSON: the JSON is
+  replaced on every write, and a lock on a replaced inode guards nothing. The kernel
+  drops an flock when its holder dies, so a crashed daemon never leaves a stale lock.
+- `release()` deletes the JSON but keeps the lock file. Unlinking a lock file opens a
+  race: a second daemon that opened the old inode just before the unlink would lock
+  it while a third locks a fresh file at the same path, and both would run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+import time
+from types import TracebackType
+from typing import Any, TypedDict, cast
+
+from .errors import CairnQError
+
+__all__ = [
+    "AlreadyRunning",
+    "DaemonState",
+    "ReloadState",
+    "StateFile",
+    "StateFileError",
+    "after_reload",
+    "initial_state",
+    "state_path",
+]
+
+
+class ReloadState(TypedDict):
+    #: Bumped by every reload attempt; 0 until the first one.
+    seq: int
+    ok: bool
+    #: The reasons a refused reload gave, one `file:line:col: ...` line each.
+    errors: list[str]
+    #: Unix time of the attempt (or of the start, before any reload).
+    at: float
+
+
+class DaemonState(TypedDict):
+    pid: int
+    generation: int
+    #: Absolute path of the config file the daemon loaded.
+    config: str
+    reload: ReloadState
+
+
+class AlreadyRunning(CairnQError):
+    """Another live process holds this config's lock (the CLI exits 75)."""
+
+    def __init__(self, pid: int | None, lock_path: str) -> None:
+        self.pid = pid
+        self.lock_path = lock_path
+        who = f"pid {pid}" if pid is not None else "another process"
+        super().__init__(f"cairnqd is already running for this config ({who} holds {lock_path})")
+
+
+class StateFileError(CairnQError):
+    """The state file exists but does not hold a daemon state."""
+
+
+def state_path(config_path: str | os.PathLike[str], runtime_dir: str) -> str:
+    """Where the daemon for `config_path` keeps its state. The hash is of the absolute
+    path, so `-c cairnq.yaml` and `-c /etc/cairnq/cairnq.yaml` agree from /etc/cairnq."""
+    absolute = os.path.abspath(os.fspath(config_path))
+    digest = hashlib.sha256(absolute.encode()).hexdigest()[:16]
+    return os.path.join(runtime_dir, f"cairnqd-{digest}.json")
+
+
+def initial_state(config_path: str | os.PathLike[str], generation: int = 1) -> DaemonState:
+    """What a daemon writes once it holds the lock: this pid, no reload yet."""
+    return {
+        "pid": os.getpid(),
+        "generation": generation,
+        "config": os.path.abspath(os.fspath(config_path)),
+        "reload": {"seq": 0, "ok": True, "errors": [], "at": time.time()},
+    }
+
+
+def after_reload(
+    state: DaemonState, *, ok: bool, errors: list[str], generation: int
+) -> DaemonState:
+    """The state after one reload attempt: `seq` moves whether it applied or not."""
+    reload: ReloadState = {
+        "seq": state["reload"]["seq"] + 1,
+        "ok": ok,
+        "errors": list(errors),
+        "at": time.time(),
+    }
+    return {**state, "generation": generation, "reload": reload}
+
+
+class StateFile:
+    """The state file at `path` and its lock at `<path without .json>.lock`."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        stem = self.path.removesuffix(".json")
+        self.lock_path = stem + ".lock"
+        self._lock_fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._lock_fd is not None
+
+    # -- the daemon's side ---------------------------------------------------------------
+
+    def acquire(self) -> None:
+        """Take the lock for this process's life, or raise AlreadyRunning."""
+        if self._lock_fd is not None:
+            return
+        # 0700: the directory defaults to /tmp/cairnqd-<uid> when no runtime dir is set,
+        # and nobody else should be able to plant a lock or state file there.
+        os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+        # O_CLOEXEC: a child must not inherit the lock, or the daemon's lock would
+        # outlive it while a child lives on.
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise AlreadyRunning(holder, self.lock_path) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # The pid in the lock file names the holder even before the first write().
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def write(self, state: DaemonState) -> None:
+        """Replace the state atomically: readers see the old file or the new one."""
+        directory = os.path.dirname(self.path) or "."
+        fd, temp = tempfile.mkstemp(prefix=".cairnqd-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(state, f, indent=2, sort_keys=True)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(temp, 0o644)  # mkstemp's 0600 would hide it from a CLI run as another user
+            os.replace(temp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
+
+    def release(self) -> None:
+        """Remove the state (no daemon any more) and drop the lock; the lock file stays."""
+        if self._lock_fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+    def __enter__(self) -> StateFile:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    # -- the client's side ---------------------------------------------------------------
+
+    def read(self) -> DaemonState | None:
+        """The current state; None when there is no file. StateFileError if it is not
+        a daemon state (written by something else, or truncated by a full disk)."""
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StateFileError(f"{self.path}: cannot read: {exc.strerror or exc}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StateFileError(
+                f"{self.path}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from None
+        return _validate(self.path, data)
+
+    def locked_by_other(self) -> bool:
+        """Whether some process holds the lock: a daemon is alive for this config,
+        whatever the JSON says. Probes with a non-blocking shared lock, released at once."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops the probe's lock too
+        return False
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "pid": int,
+    "generation": int,
+    "config": str,
+    "reload": dict,
+}
+_RELOAD_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "seq": int,
+    "ok": bool,
+    "errors": list,
+    "at": (int, float),
+}
+
+
+def _has(value: Any, kinds: type | tuple[type, ...]) -> bool:
+    # bool is an int subclass, but a pid or seq of `true` is still garbage.
+    if isinstance(value, bool):
+        return kinds is bool
+    return isinstance(value, kinds)
+
+
+def _validate(path: str, data: Any) -> DaemonState:
+    def wrong(field: str) -> StateFileError:
+        return StateFileError(f"{path}: not a cairnqd state file: bad or missing {field!r}")
+
+    if not isinstance(data, dict):
+        raise StateFileError(f"{path}: not a cairnqd state file: expected a JSON object")
+    for field, kinds in _FIELDS.items():
+        if not _has(data.get(field), kinds):
+            raise wrong(field)
+    reload = data["reload"]
+    for field, kinds in _RELOAD_FIELDS.items():
+        if not _has(reload.get(field), kinds):
+            raise wrong(f"reload.{field}")
+    if not all(isinstance(e, str) for e in reload["errors"]):
+        raise wrong("reload.errors")
+    return cast(DaemonState, data)  # the shape was checked above

@@ -1,0 +1,821 @@
+"""`Worker`: claims tasks, runs handlers, settles outcomes. A drop-in for the public
+cairnq `Worker`, built to spend as little as possible per task.
+
+Design notes.
+
+- The loop claims up to the free call slots in one claim transaction (a draw per
+  *source*: every name with `batch=` or `resource=` is its own source, the rest share
+  one), served in rotating order so no name starves. `concurrency` counts handler
+  calls, not tasks.
+- One heartbeat loop per worker renews every in-flight lease with a single
+  `heartbeat_batch` per beat (`max(50, lease_ms // 3)` ms). An id missing from the reply
+  marks that context lease-lost; a cancel flag marks it cancel-seen.
+- Returned results are settled through a batcher: completes that arrive while a
+  settlement is being written are written together by the next one, as one set-based
+  `complete_many` statement with `complete`'s per-row semantics. It never waits for a
+  batch to fill, so a result reaches the database as soon as the previous write ends.
+- Sync handlers run in a thread pool sized to `concurrency`, so a blocking handler can
+  never starve the heartbeat.
+- `run()` drains in-flight calls in `finally`, however the loop exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import random
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .context import TaskContext
+from .errors import LostLease, SerializationError, StoreClosed, TaskError
+from .ids import new_worker_id
+from .jsoncodec import dump_json
+from .models import Task, TaskDef, task_name
+from .store.base import TaskStore
+
+OnError = Callable[[BaseException, dict[str, Any]], None]
+Handler = Callable[..., Any]
+
+
+class WorkerObserver(Protocol):
+    """Hooks the daemon's child process uses to report task events to its parent."""
+
+    def task_started(self, task: Task) -> None: ...
+
+    def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None: ...
+
+
+@dataclass
+class RegisteredHandler:
+    name: str
+    fn: Handler
+    batch: int | None
+    resource: str | None
+    is_async: bool
+    wants_payload: bool
+
+
+@dataclass
+class _Source:
+    """One claim draw per poll: the names it covers and their batch size."""
+
+    names: list[str]
+    batch: int
+    resource: str | None
+
+
+@dataclass
+class _Call:
+    handler: RegisteredHandler
+    contexts: list[TaskContext]
+    started: float = field(default_factory=time.monotonic)
+
+
+def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, rand: float | None = None) -> int:
+    """Capped exponential backoff with equal jitter: uniform in [w/2, w), so a fleet
+    retrying at the cap stops moving in lockstep."""
+    if base_ms <= 0:
+        return 0
+    window: int = min(max_ms, base_ms * 2 ** max(0, attempt - 1))
+    half = window // 2
+    r = random.random() if rand is None else rand
+    return half + int(r * (window - half))
+
+
+def _is_async(fn: Handler) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - a callable object's own method
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _wants_payload(fn: Handler) -> bool:
+    """(ctx, payload) when the handler takes two positional parameters or *args."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = 0
+    for p in params:
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            return True
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            positional += 1
+    return positional >= 2
+
+
+def _check_positive(value: Any, arg: str, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{arg} must be an integer >= 1, got {value!r}")
+
+
+class Worker:
+    def __init__(
+        self,
+        store: TaskStore,
+        queues: Sequence[str] = ("default",),
+        *,
+        concurrency: int = 1,
+        lease_ms: int = 30_000,
+        poll_interval_ms: int = 500,
+        retry_backoff_ms: int = 1000,
+        retry_backoff_max_ms: int = 30_000,
+        max_run_ms: int | None = None,
+        resources: Mapping[str, int] | None = None,
+        max_queue_depth: int | Mapping[str, int] | None = None,
+        max_queue_wait_ms: int = 600_000,
+        on_error: OnError | None = None,
+    ) -> None:
+        if isinstance(queues, str):
+            queues = [queues]
+        self.queues = list(queues)
+        if not self.queues:
+            raise ValueError("queues must name at least one queue")
+        _check_positive(concurrency, "concurrency")
+        _check_positive(lease_ms, "lease_ms")
+        _check_positive(poll_interval_ms, "poll_interval_ms")
+        _check_positive(max_run_ms, "max_run_ms", allow_none=True)
+        if retry_backoff_ms < 0 or retry_backoff_max_ms < 0:
+            raise ValueError("retry_backoff_ms and retry_backoff_max_ms must be >= 0")
+        self.store = store
+        self.concurrency = concurrency
+        self.lease_ms = lease_ms
+        self.poll_interval_ms = poll_interval_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self.retry_backoff_max_ms = retry_backoff_max_ms
+        self.max_run_ms = max_run_ms
+        self.resources: dict[str, int] = {}
+        for res, capacity in (resources or {}).items():
+            _check_positive(capacity, f"resources[{res!r}]")
+            self.resources[res] = capacity
+        self.on_error = on_error
+        self.observer: WorkerObserver | None = None
+        if max_queue_depth is not None:
+            store.use_backpressure(max_queue_depth, max_queue_wait_ms=max_queue_wait_ms)
+        self._worker_id = new_worker_id()
+        self._handlers: dict[str, RegisteredHandler] = {}
+        self._owns_store = False
+        self._stop = asyncio.Event()
+        self._freed = asyncio.Event()
+        self._calls: set[asyncio.Task[None]] = set()
+        self._contexts: dict[str, TaskContext] = {}
+        self._in_use: dict[str, int] = dict.fromkeys(self.resources, 0)
+        self._rotation = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._settler = _CompleteBatcher(self)
+        self.claiming = True
+        self._idling = False
+
+    # -- construction ------------------------------------------------------------------
+
+    @classmethod
+    def sqlite(
+        cls,
+        path: str,
+        *,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 1,
+        lease_ms: int = 30_000,
+        busy_timeout_ms: int = 5000,
+        **kw: Any,
+    ) -> Worker:
+        from .store.sqlite import SQLiteStore
+
+        worker = cls(
+            SQLiteStore(path, busy_timeout_ms=busy_timeout_ms),
+            queues,
+            concurrency=concurrency,
+            lease_ms=lease_ms,
+            **kw,
+        )
+        worker._owns_store = True
+        return worker
+
+    @classmethod
+    def postgres(
+        cls,
+        source: str,
+        *,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 1,
+        lease_ms: int = 30_000,
+        min_size: int = 1,
+        max_size: int = 10,
+        schema: str | None = None,
+        **kw: Any,
+    ) -> Worker:
+        from .store.postgres import PostgresStore
+
+        store = PostgresStore(source, min_size=min_size, max_size=max_size, schema=schema)
+        worker = cls(store, queues, concurrency=concurrency, lease_ms=lease_ms, **kw)
+        worker._owns_store = True
+        return worker
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    @worker_id.setter
+    def worker_id(self, value: str) -> None:
+        # The daemon names workers `{host}:{group}.{slot}:{ULID}`.
+        self._worker_id = value
+
+    @property
+    def handlers(self) -> Mapping[str, RegisteredHandler]:
+        return self._handlers
+
+    def task(
+        self,
+        name: str | TaskDef[Any, Any] | Handler | None = None,
+        *,
+        batch: int | None = None,
+        resource: str | None = None,
+    ) -> Any:
+        """Register a handler: `@worker.task`, `@worker.task("name")`, or with a TaskDef."""
+        if callable(name) and not isinstance(name, str | TaskDef):
+            fn = name
+            self.register(fn.__name__, fn, batch=batch, resource=resource)
+            return fn
+
+        def decorate(fn: Handler) -> Handler:
+            chosen = fn.__name__ if name is None else task_name(name)
+            self.register(chosen, fn, batch=batch, resource=resource)
+            return fn
+
+        return decorate
+
+    def register(
+        self,
+        name: str | TaskDef[Any, Any],
+        fn: Handler,
+        *,
+        batch: int | None = None,
+        resource: str | None = None,
+    ) -> None:
+        resolved = task_name(name)
+        if not isinstance(resolved, str) or not resolved or resolved.startswith("<"):
+            raise ValueError(f"task name must be a usable name, got {resolved!r}")
+        if not callable(fn):
+            raise ValueError(f"handler for {resolved!r} is not callable: {fn!r}")
+        _check_positive(batch, "batch", allow_none=True)
+        if resource is not None and resource not in self.resources:
+            declared = ", ".join(sorted(self.resources)) or "none"
+            raise ValueError(
+                f"resource {resource!r} for task {resolved!r} is not declared in "
+                f"Worker(resources=...); declared: {declared}"
+            )
+        self._handlers[resolved] = RegisteredHandler(
+            name=resolved,
+            fn=fn,
+            batch=batch,
+            resource=resource,
+            is_async=_is_async(fn),
+            wants_payload=batch is None and _wants_payload(fn),
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; `run()` returns once in-flight calls have finished."""
+        self._stop.set()
+        self._freed.set()
+
+    async def close(self) -> None:
+        self.stop()
+        if self._owns_store:
+            await self.store.close()
+
+    def serve(self, *, concurrency: int | None = None) -> None:
+        """Run until SIGINT/SIGTERM. The first signal stops claiming and drains; the
+        handlers are then removed, so a second Ctrl-C reaches Python's default."""
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            signals = (signal.SIGINT, signal.SIGTERM)
+
+            def on_signal() -> None:
+                for sig in signals:
+                    loop.remove_signal_handler(sig)
+                self.stop()
+
+            for sig in signals:
+                loop.add_signal_handler(sig, on_signal)
+            try:
+                await self.run(concurrency=concurrency)
+            finally:
+                for sig in signals:
+                    loop.remove_signal_handler(sig)
+                if self._owns_store:
+                    await self.store.close()
+
+        asyncio.run(main())
+
+    @contextlib.asynccontextmanager
+    async def background(self, *, concurrency: int | None = None) -> AsyncIterator[Worker]:
+        """Run the worker as a task for the body of an `async with`."""
+        runner = asyncio.create_task(self.run(concurrency=concurrency))
+        body_error: BaseException | None = None
+        try:
+            yield self
+        except BaseException as exc:
+            body_error = exc
+            raise
+        finally:
+            self.stop()
+            try:
+                await runner
+            except Exception as worker_error:
+                if body_error is None:
+                    raise
+                body_error.__cause__ = worker_error
+            finally:
+                if self._owns_store:
+                    await self.store.close()
+
+    async def run(self, *, concurrency: int | None = None) -> None:
+        limit = max(1, concurrency if concurrency is not None else self.concurrency)
+        self._stop = asyncio.Event()
+        self._freed = asyncio.Event()
+        await self.store.connect()
+        self._executor = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="cairnqd-sync")
+        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        try:
+            await self._claim_loop(limit)
+        finally:
+            # Drain however the loop exited; heartbeats keep running meanwhile.
+            while self._calls:
+                await asyncio.wait(set(self._calls))
+            await self._settler.drain()
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            self._executor.shutdown(wait=False)
+
+    # -- the claim loop ----------------------------------------------------------------
+
+    async def _claim_loop(self, limit: int) -> None:
+        idle_wait = asyncio.create_task(asyncio.sleep(0))
+        while not self._stop.is_set():
+            free = limit - len(self._calls)
+            if free <= 0:
+                self._freed.clear()
+                await self._freed.wait()
+                continue
+            if not self._handlers or not self.claiming:
+                await self._idle()
+                continue
+            try:
+                claimed = await self._claim(free)
+            except Exception as exc:
+                self._report(exc, {"phase": "claim"})
+                await self._sleep_unless_stopped(0.25)
+                continue
+            if not claimed:
+                await self._idle()
+                continue
+            self._dispatch(claimed)
+            # Let the new calls start before the next claim.
+            await asyncio.sleep(0)
+        idle_wait.cancel()
+
+    async def _idle(self) -> None:
+        """Wait for a wake-up from the store, a freed resource, stop, or the poll."""
+        self._idling = True
+        if self._settler.pending:
+            self._settler.put_back([])  # nothing will claim soon: write results now
+        self._freed.clear()
+        wake = asyncio.ensure_future(self.store.claim_wake(self.queues, self.poll_interval_ms))
+        freed = asyncio.ensure_future(self._freed.wait())
+        try:
+            await asyncio.wait({wake, freed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._idling = False
+            for fut in (wake, freed):
+                fut.cancel()
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    def _sources(self) -> list[_Source]:
+        shared = [h.name for h in self._handlers.values() if h.batch is None and not h.resource]
+        sources = [_Source(shared, 1, None)] if shared else []
+        for h in self._handlers.values():
+            if h.batch is not None or h.resource:
+                sources.append(_Source([h.name], h.batch or 1, h.resource))
+        return sources
+
+    async def _claim(self, free: int) -> list[Task]:
+        sources = self._sources()
+        if not sources:
+            return []
+        start = self._rotation % len(sources)
+        self._rotation += 1
+        ordered = sources[start:] + sources[:start]
+        names = [n for s in sources for n in s.names]
+
+        async def plan(draw: Callable[[Sequence[str] | None, int], Awaitable[list[Task]]]) -> Any:
+            remaining = free
+            taken: dict[str, int] = {}
+            claimed: list[Task] = []
+            for source in ordered:
+                if remaining <= 0:
+                    break
+                quota = remaining
+                if source.resource is not None:
+                    headroom = (
+                        self.resources[source.resource]
+                        - self._in_use[source.resource]
+                        - taken.get(source.resource, 0)
+                    )
+                    quota = min(quota, headroom)
+                if quota <= 0:
+                    continue
+                rows = await draw(source.names, source.batch * quota)
+                calls = -(-len(rows) // source.batch)
+                remaining -= calls
+                if source.resource is not None:
+                    taken[source.resource] = taken.get(source.resource, 0) + calls
+                claimed.extend(rows)
+            return claimed
+
+        settle = self._settler.take()
+        try:
+            result = await self.store.claim_session(
+                queues=self.queues,
+                worker_id=self._worker_id,
+                lease_ms=self.lease_ms,
+                names=names,
+                plan=plan,
+                settle=[(ctx.task_id, encoded) for ctx, encoded in settle],
+                on_settled=lambda statuses: self._settler.finish(settle, statuses),
+            )
+        except BaseException:
+            self._settler.put_back(settle)
+            raise
+        return result or []
+
+    def _dispatch(self, claimed: list[Task]) -> None:
+        by_name: dict[str, list[Task]] = {}
+        for task in claimed:
+            by_name.setdefault(task.name, []).append(task)
+        for name, tasks in by_name.items():
+            handler = self._handlers.get(name)
+            if handler is None:
+                # Unregistered between claim and dispatch: fail permanently, never run.
+                for task in tasks:
+                    ctx = self._track(task)
+                    self._spawn(self._fail_no_handler(ctx))
+                continue
+            size = handler.batch or 1
+            for i in range(0, len(tasks), size):
+                contexts = [self._track(t) for t in tasks[i : i + size]]
+                if handler.resource is not None:
+                    self._in_use[handler.resource] += 1
+                self._spawn(self._execute(_Call(handler, contexts)))
+
+    def _track(self, task: Task) -> TaskContext:
+        ctx = TaskContext(self, task)
+        self._contexts[task.id] = ctx
+        if self.observer is not None:
+            self.observer.task_started(task)
+        return ctx
+
+    def _forget(self, ctx: TaskContext) -> None:
+        self._contexts.pop(ctx.task_id, None)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        call = asyncio.ensure_future(coro)
+        self._calls.add(call)
+        call.add_done_callback(self._call_done)
+
+    def _call_done(self, call: asyncio.Task[None]) -> None:
+        self._calls.discard(call)
+        self._freed.set()
+
+    # -- running a call ----------------------------------------------------------------
+
+    async def _execute(self, call: _Call) -> None:
+        handler, contexts = call.handler, call.contexts
+        try:
+            try:
+                value = await self._invoke(handler, contexts)
+            except asyncio.CancelledError:
+                raise
+            except _MaxRunExceeded:
+                await self._settle_leftovers_timeout(call)
+                return
+            except BaseException as exc:
+                await self._settle_leftovers_error(contexts, exc)
+                return
+            await self._settle_leftovers_value(handler, contexts, value)
+        finally:
+            if handler.resource is not None:
+                self._in_use[handler.resource] -= 1
+            for ctx in contexts:
+                # A result still queued for writing keeps its lease renewed until then.
+                if ctx.settled or ctx.lost_lease:
+                    self._contexts.pop(ctx.task_id, None)
+
+    async def _invoke(self, handler: RegisteredHandler, contexts: list[TaskContext]) -> Any:
+        if handler.batch is not None:
+            args: tuple[Any, ...] = (contexts,)
+        elif handler.wants_payload:
+            args = (contexts[0], contexts[0].payload)
+        else:
+            args = (contexts[0],)
+        if handler.is_async:
+            work: Awaitable[Any] = handler.fn(*args)
+        else:
+            loop = asyncio.get_running_loop()
+            work = loop.run_in_executor(self._executor, lambda: handler.fn(*args))
+        if self.max_run_ms is None:
+            value = await work
+        else:
+            running = asyncio.ensure_future(work)
+            done, _ = await asyncio.wait({running}, timeout=self.max_run_ms / 1000)
+            if not done:
+                # Flag lease-lost first, so the abandoned handler cannot write any more.
+                for ctx in contexts:
+                    ctx._mark_lost()
+                running.cancel()
+                raise _MaxRunExceeded
+            value = running.result()
+        if inspect.isawaitable(value):
+            value = await value
+        return value
+
+    async def _settle_leftovers_value(
+        self, handler: RegisteredHandler, contexts: list[TaskContext], value: Any
+    ) -> None:
+        pending = [c for c in contexts if not c.settled and not c.lost_lease]
+        results: Mapping[str, Any] | None = None
+        if handler.batch is not None and isinstance(value, Mapping):
+            results = value
+        for ctx in pending:
+            result = (
+                results.get(ctx.task_id)
+                if results is not None
+                else value
+                if not handler.batch
+                else None
+            )
+            try:
+                encoded = None if result is None else dump_json(result, what="result")
+            except SerializationError as exc:
+                envelope = {
+                    "type": "SerializationError",
+                    "code": "unserializable_result",
+                    "message": str(exc),
+                    "retryable": False,
+                    "details": {},
+                }
+                await self._settle_quietly(self._settle_fail(ctx, envelope, False), ctx)
+                continue
+            self._settler.enqueue(ctx, encoded)
+        await self._settler.backpressure()
+
+    async def _settle_leftovers_error(
+        self, contexts: list[TaskContext], exc: BaseException
+    ) -> None:
+        if isinstance(exc, LostLease):
+            return
+        if isinstance(exc, TaskError):
+            envelope, retryable = exc.envelope(), exc.retryable
+        else:
+            envelope = {
+                "type": type(exc).__name__,
+                "code": "handler_error",
+                "message": str(exc),
+                "retryable": True,
+                "details": {},
+            }
+            retryable = True
+        for ctx in contexts:
+            if not ctx.settled and not ctx.lost_lease:
+                await self._settle_quietly(self._settle_fail(ctx, envelope, retryable), ctx)
+
+    async def _settle_leftovers_timeout(self, call: _Call) -> None:
+        envelope = {
+            "type": "HandlerTimeout",
+            "code": "handler_timeout",
+            "message": f"handler ran longer than max_run_ms={self.max_run_ms}",
+            "retryable": True,
+            "details": {},
+        }
+        for ctx in call.contexts:
+            if not ctx.settled:
+                # Straight to the store: the context is already flagged lost.
+                await self._settle_quietly(self._settle_fail(ctx, envelope, True, force=True), ctx)
+
+    async def _fail_no_handler(self, ctx: TaskContext) -> None:
+        envelope = {
+            "type": "NoHandler",
+            "code": "no_handler",
+            "message": f"no handler registered for {ctx.name!r}",
+            "retryable": False,
+            "details": {},
+        }
+        try:
+            await self._settle_quietly(self._settle_fail(ctx, envelope, False), ctx)
+        finally:
+            self._contexts.pop(ctx.task_id, None)
+
+    async def _settle_quietly(self, settle: Awaitable[Any], ctx: TaskContext) -> None:
+        try:
+            await settle
+        except LostLease:
+            ctx._mark_lost()
+        except Exception as exc:
+            self._report(exc, {"phase": "execute", "task_id": ctx.task_id})
+
+    # -- settlement (used by TaskContext too) --------------------------------------------
+
+    async def _settle_complete(self, ctx: TaskContext, result: Any) -> Task | None:
+        try:
+            task = await self.store.complete(
+                task_id=ctx.task_id, worker_id=self._worker_id, result=result
+            )
+        except LostLease:
+            ctx._mark_lost()
+            raise
+        ctx._mark_settled()
+        self._report_end(ctx, task)
+        return task
+
+    async def _settle_fail(
+        self, ctx: TaskContext, envelope: dict[str, Any], retryable: bool, *, force: bool = False
+    ) -> Task | None:
+        delay = (
+            backoff_delay_ms(ctx.attempt, self.retry_backoff_ms, self.retry_backoff_max_ms)
+            if retryable
+            else 0
+        )
+        try:
+            task = await self.store.fail(
+                task_id=ctx.task_id,
+                worker_id=self._worker_id,
+                error=envelope,
+                retryable=retryable,
+                delay_ms=delay,
+            )
+        except LostLease:
+            ctx._mark_lost()
+            raise
+        ctx._mark_settled()
+        self._report_end(ctx, task, reason=str(envelope.get("code", "")))
+        return task
+
+    def _report_end(self, ctx: TaskContext, task: Task | None, reason: str = "") -> None:
+        if self.observer is None:
+            return
+        status = task.status if task is not None else "lease_lost"
+        outcome = "retried" if status == "queued" else status
+        duration = time.time() - (
+            ctx.task.updated_at_ms / 1000 if ctx.task.updated_at_ms else time.time()
+        )
+        self.observer.task_ended(ctx.task, outcome, reason, max(0.0, duration))
+
+    # -- heartbeats --------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        interval = max(50, self.lease_ms // 3) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            live = [c for c in self._contexts.values() if not c.settled and not c.lost_lease]
+            if not live:
+                continue
+            try:
+                beats = await self.store.heartbeat_batch(
+                    task_ids=[c.task_id for c in live],
+                    worker_id=self._worker_id,
+                    lease_ms=self.lease_ms,
+                )
+            except Exception as exc:
+                self._report(exc, {"phase": "heartbeat"})
+                continue
+            for ctx in live:
+                seen = beats.get(ctx.task_id)
+                if seen is None:
+                    if not ctx.settled:
+                        ctx._mark_lost()
+                elif seen:
+                    ctx._mark_cancel_seen()
+
+    def _report(self, exc: BaseException, info: dict[str, Any]) -> None:
+        if self.on_error is None:
+            return
+        with contextlib.suppress(BaseException):
+            self.on_error(exc, info)
+
+
+class _MaxRunExceeded(Exception):
+    pass
+
+
+class _CompleteBatcher:
+    """Writes returned results as set-based `complete_many` statements.
+
+    A complete that arrives while a write is in flight joins the next write; the first
+    one after an idle spell is written at once. Same per-row rules as `complete`: a row
+    missing from the reply lost its lease.
+    """
+
+    # Queued-but-unwritten results beyond this many make handlers wait for the writer.
+    MAX_BACKLOG_PER_SLOT = 4
+    MAX_WRITE_ATTEMPTS = 20
+    PIGGYBACK_WAIT_S = 0.002
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._pending: list[tuple[TaskContext, str | None]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    def enqueue(self, ctx: TaskContext, encoded: str | None) -> None:
+        """Queue a result; the handler's call slot is free as soon as this returns."""
+        self._pending.append((ctx, encoded))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush())
+
+    async def backpressure(self) -> None:
+        limit = self.MAX_BACKLOG_PER_SLOT * max(1, self._worker.concurrency)
+        while len(self._pending) > limit and self._flusher is not None:
+            await asyncio.shield(self._flusher)
+
+    async def drain(self) -> None:
+        while self._flusher is not None:
+            await asyncio.shield(self._flusher)
+
+    def take(self) -> list[tuple[TaskContext, str | None]]:
+        """Hand the queued results to the claim loop, to write inside its claim."""
+        batch, self._pending = self._pending, []
+        return batch
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def put_back(self, batch: list[tuple[TaskContext, str | None]]) -> None:
+        """Return results to the queue (a claim failed) and make sure a writer runs."""
+        self._pending[:0] = batch
+        if self._pending and self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush())
+
+    def finish(self, batch: list[tuple[TaskContext, str | None]], statuses: dict[str, str]) -> None:
+        worker = self._worker
+        for ctx, _ in batch:
+            status = statuses.get(ctx.task_id)
+            if status is None:
+                ctx._mark_lost()
+            else:
+                ctx._mark_settled()
+                if worker.observer is not None:
+                    worker._report_end(ctx, _status_only(ctx.task, status))
+            worker._forget(ctx)
+
+    async def _flush(self) -> None:
+        worker = self._worker
+        failures = 0
+        try:
+            # A busy claim loop carries queued results in its next claim transaction
+            # (one commit instead of two); give it a moment before writing them alone.
+            if not worker._idling:
+                await asyncio.sleep(self.PIGGYBACK_WAIT_S)
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    statuses = await worker.store.complete_many(
+                        worker_id=worker.worker_id,
+                        items=[(ctx.task_id, encoded) for ctx, encoded in batch],
+                    )
+                except Exception as exc:
+                    # Not written: the leases stay ours and the heartbeat keeps them,
+                    # so put the batch back and try again shortly. After a few seconds
+                    # give up; the leases then expire and the tasks are redelivered.
+                    worker._report(exc, {"phase": "execute", "tasks": len(batch)})
+                    failures += 1
+                    if failures < self.MAX_WRITE_ATTEMPTS and not isinstance(exc, StoreClosed):
+                        self._pending[:0] = batch
+                        await asyncio.sleep(0.25)
+                    else:
+                        for ctx, _ in batch:
+                            worker._forget(ctx)
+                    continue
+                failures = 0
+                self.finish(batch, statuses)
+        finally:
+            self._flusher = None
+
+
+def _status_only(task: Task, status: str) -> Task:
+    copy = Task(**{**task.__dict__})
+    copy.status = status  # type: ignore[assignment]
+    return copy

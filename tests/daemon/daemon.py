@@ -1,0 +1,169 @@
+"""Run the real daemon in a subprocess and watch it from a test.
+
+`Daemon` writes a config, starts `python -m cairnqd.cli -c FILE` with a NOTIFY_SOCKET
+the test owns, and offers condition waits (never bare sleeps), child discovery from
+/proc titles, signals, and a store on the same database for assertions.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = 30.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def base_config(tmp: Path, database: dict[str, Any], groups: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "database": database,
+        "handlers": ["tests.daemon.handlers:registry"],
+        "shutdown_timeout": "10s",
+        "runtime_dir": str(tmp / "run"),
+        "metrics": {"listen": "127.0.0.1:0"},
+        "retention": {"rules": []},
+        "supervisor": {
+            "restart_budget": 1000,
+            "backoff_max": "500ms",
+            "heartbeat_interval": "500ms",
+            "heartbeat_timeout": "10s",
+        },
+        "groups": groups,
+    }
+
+
+class Daemon:
+    def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
+        self.tmp = tmp
+        self.config_path = tmp / "cairnq.yaml"
+        self.write_config(config)
+        self.notify_path = str(tmp / "notify.sock")
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(self.notify_path)
+        self.notify.settimeout(0.05)
+        self.messages: list[str] = []
+        self.log_path = tmp / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        (self.tmp / "run").mkdir(exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def start(self) -> Daemon:
+        env = {
+            **os.environ,
+            "NOTIFY_SOCKET": self.notify_path,
+            "PYTHONPATH": str(REPO),
+        }
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cairnqd.cli", "-c", str(self.config_path)],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=self.tmp,
+        )
+        self.wait_notify("READY=1", timeout=60)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def poll_notify(self) -> None:
+        while True:
+            try:
+                data = self.notify.recv(65536)
+            except (TimeoutError, BlockingIOError):
+                return
+            self.messages.extend(data.decode().splitlines())
+
+    def wait_notify(self, line: str, timeout: float = 30.0, start: int = 0) -> int:
+        """Wait for a notify line starting with `line`; returns its index."""
+
+        def seen() -> int | None:
+            self.poll_notify()
+            for i, m in enumerate(self.messages[start:], start):
+                if m.startswith(line):
+                    return i + 1
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.output()}")
+            return None
+
+        return wait_for(f"notify {line!r}", seen, timeout) - 1
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def children(self, group: str | None = None) -> dict[int, str]:
+        """pid -> process title of the daemon's live worker children."""
+        found: dict[int, str] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid != self.pid or not title.startswith("cairnqd: worker"):
+                continue
+            if " Z " in stat.rsplit(")", 1)[1][:3]:
+                continue
+            if group is None or f"[{group}]" in title:
+                found[int(entry.name)] = title
+        return found
+
+    def title(self) -> str:
+        return Path(f"/proc/{self.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+    def metrics_port(self) -> int:
+        """The bound metrics port, from the daemon's log line."""
+
+        def port() -> int | None:
+            for line in self.output().splitlines():
+                if "metrics on http://" in line:
+                    return int(line.rsplit(":", 1)[1].split("/")[0])
+            return None
+
+        return wait_for("metrics port in the log", port, 30)
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        self.notify.close()
+        return self.proc.returncode

@@ -1,0 +1,449 @@
+"""cairnqd.maintenance against real databases: the reaper, hand-backs and the purge.
+
+The test's own store plays the other processes (a worker that died outside the daemon,
+an operator cancelling); the Maintenance under test opens its own store, either on the
+test's loop (duties awaited directly) or on its thread (`start()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from cairnqd.config import Config
+from cairnqd.errors import DatabaseUnavailable
+from cairnqd.maintenance import PURGE_LOCK_ID, Maintenance, db_error_kind
+from cairnqd.metrics import Metrics
+from cairnqd.store.base import Row, TaskStore
+from cairnqd.store.postgres import PostgresStore
+from cairnqd.store.sqlite import SQLiteStore
+from tests.conftest import make_store
+from tests.daemon.test_metrics import daemon_config
+
+RULES = [
+    {"status": "succeeded", "queue": "default", "older_than": "1s"},
+    {"status": "canceled", "older_than": "1s"},
+    {"status": "failed", "older_than": "1h"},
+]
+
+
+@pytest.fixture
+async def store(dialect: str, db_target: str) -> AsyncIterator[TaskStore]:
+    s = make_store(dialect, db_target)
+    await s.connect()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@pytest.fixture
+def closing() -> Iterator[list[Maintenance | Metrics]]:
+    """Stops every Maintenance (thread) and Metrics a test made, even when it fails."""
+    made: list[Maintenance | Metrics] = []
+    yield made
+    for thing in made:
+        if isinstance(thing, Maintenance):
+            thing.stop(10)
+        else:
+            thing.close()
+
+
+def make(closing: list[Maintenance | Metrics], config: Config) -> tuple[Maintenance, Metrics]:
+    metrics = Metrics(config)
+    maintenance = Maintenance(config, metrics)
+    closing.extend([maintenance, metrics])
+    return maintenance, metrics
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    found = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if found is None else found
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+async def claimed(store: TaskStore, queue: str, worker_id: str, **submit: Any) -> str:
+    task = await store.submit(name="demo.echo", queue=queue, **submit)
+    (got,) = await store.claim(queues=[queue], worker_id=worker_id, lease_ms=60_000)
+    assert got.id == task.id
+    return task.id
+
+
+async def status_of(store: TaskStore, task_id: str) -> str | None:
+    task = await store.get(task_id)
+    return None if task is None else task.status
+
+
+async def finished(store: TaskStore, queue: str, status: str) -> str:
+    """A task of `queue` ended `status` now (its completed_at is this instant)."""
+    if status == "canceled":
+        task = await store.submit(name="demo.echo", queue=queue)
+        await store.cancel(task.id)
+        return task.id
+    task_id = await claimed(store, queue, "w-done")
+    if status == "succeeded":
+        await store.complete(task_id=task_id, worker_id="w-done", result=None)
+    else:
+        error = {"type": "E", "code": "e", "message": "boom", "retryable": False}
+        await store.fail(task_id=task_id, worker_id="w-done", error=error, retryable=False)
+    return task_id
+
+
+def config_for(tmp_path: Path, dialect: str, target: str, **sections: Any) -> Config:
+    defaults: dict[str, Any] = {
+        "retention": {"interval": "1h", "rules": RULES},
+        "reaper": {"interval": "1h"},
+    }
+    return daemon_config(tmp_path, dialect, target, **{**defaults, **sections})
+
+
+# -- the reaper ------------------------------------------------------------------------------------
+
+
+async def test_reaper_recovers_a_lease_left_by_a_dead_process(
+    dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    task = await store.submit(name="demo.echo", queue="orphans")
+    (got,) = await store.claim(queues=["orphans"], worker_id="gone:1", lease_ms=50)
+    assert got.id == task.id
+    await eventually(lambda: _expired(store))  # the process never comes back
+
+    maintenance, metrics = make(closing, config_for(tmp_path, dialect, db_target))
+    assert await maintenance.reap_once() == 1
+    recovered = await store.get(task.id)
+    assert recovered is not None and recovered.status == "queued"
+    assert recovered.worker_id is None and recovered.attempt == 1
+    assert sample(metrics, "cairnq_lease_recoveries_total", queue="orphans", reason="expired") == 1
+    assert await maintenance.reap_once() == 0
+    await maintenance.aclose()
+
+
+async def _expired(store: TaskStore) -> bool:
+    return bool(await store.expired_leases())
+
+
+async def test_reaper_runs_at_start_on_its_thread(
+    dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    task = await store.submit(name="demo.echo", queue="orphans", max_attempts=1)
+    await store.claim(queues=["orphans"], worker_id="gone:2", lease_ms=50)
+    await eventually(lambda: _expired(store))
+    maintenance, metrics = make(closing, config_for(tmp_path, dialect, db_target))
+    maintenance.start()
+    maintenance.start()  # idempotent
+    await eventually(lambda: _status_is(store, task.id, "failed"))
+    failed = await store.get(task.id)
+    assert failed is not None and failed.error is not None
+    assert failed.error["code"] == "lease_expired"
+    assert sample(metrics, "cairnq_lease_recoveries_total", queue="orphans", reason="expired") == 1
+    assert maintenance.stop(10)
+    assert maintenance.stop(10)  # idempotent
+
+
+async def _status_is(store: TaskStore, task_id: str, status: str) -> bool:
+    return await status_of(store, task_id) == status
+
+
+# -- hand-back -------------------------------------------------------------------------------------
+
+
+async def test_hand_back_releases_exactly_that_workers_tasks(
+    dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    retry = await claimed(store, "h1", "host:default.0:A")
+    cancel = await claimed(store, "h2", "host:default.0:A")
+    await store.cancel(cancel)  # requested while running: cancel wins at hand-back
+    last = await claimed(store, "h3", "host:default.0:A", max_attempts=1)
+    other = await claimed(store, "h1", "host:default.1:B")
+
+    maintenance, metrics = make(closing, config_for(tmp_path, dialect, db_target))
+    maintenance.start()
+    started = time.monotonic()
+    maintenance.hand_back("host:default.0:A", "worker_exit")
+    await eventually(lambda: _status_is(store, last, "failed"), timeout_s=5)
+    # Immediately: no lease (60 s) had to expire.
+    assert time.monotonic() - started < 5
+
+    queued = await store.get(retry)
+    assert queued is not None and queued.status == "queued"
+    assert queued.worker_id is None and queued.attempt == 1
+    assert await status_of(store, cancel) == "canceled"
+    failed = await store.get(last)
+    assert failed is not None and failed.error is not None
+    assert failed.error["code"] == "lease_expired"
+    assert "(worker_exit)" in failed.error["message"]
+    assert "exited" in failed.error["message"]
+    untouched = await store.get(other)
+    assert untouched is not None and untouched.status == "running"
+    assert untouched.worker_id == "host:default.1:B"
+    for queue in ("h1", "h2", "h3"):
+        assert (
+            sample(metrics, "cairnq_lease_recoveries_total", queue=queue, reason="worker_exit") == 1
+        )
+
+
+async def test_stop_finishes_queued_hand_backs(
+    dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    first = await claimed(store, "default", "host:default.0:C")
+    second = await claimed(store, "email", "host:default.1:D")
+    maintenance, metrics = make(closing, config_for(tmp_path, dialect, db_target))
+    maintenance.start()
+    maintenance.hand_back("host:default.0:C", "shutdown")
+    maintenance.hand_back("host:default.1:D", "shutdown")
+    # Shutdown's order: hand back the killed children, then stop maintenance.
+    assert await asyncio.to_thread(maintenance.stop, 10)
+    assert await status_of(store, first) == "queued"
+    assert await status_of(store, second) == "queued"
+    assert sample(metrics, "cairnq_lease_recoveries_total", queue="email", reason="shutdown") == 1
+    with pytest.raises(ValueError):
+        maintenance.hand_back("host:default.1:D", "because")
+
+
+async def test_max_run_failure_then_hand_back(
+    dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    overrun = await claimed(store, "default", "host:default.0:E")
+    rest = await claimed(store, "email", "host:default.0:E")
+    maintenance, metrics = make(closing, config_for(tmp_path, dialect, db_target))
+    maintenance.fail_task_max_run(overrun, "host:default.0:E", 30)
+    maintenance.hand_back("host:default.0:E", "max_run")
+    maintenance.start()  # jobs queued before start run first, in order
+    await eventually(lambda: _status_is(store, rest, "queued"))
+    retried = await store.get(overrun)
+    assert retried is not None and retried.status == "queued"
+    assert retried.error is not None and retried.error["code"] == "max_run_exceeded"
+    assert sample(metrics, "cairnq_lease_recoveries_total", queue="default", reason="max_run") == 1
+    assert sample(metrics, "cairnq_lease_recoveries_total", queue="email", reason="max_run") == 1
+
+
+class FlakyStore(SQLiteStore):
+    """A real SQLite store whose first hand-back meets a locked database."""
+
+    failures = 1
+
+    async def release_worker(self, worker_id: str, *, message: str) -> list[Row]:
+        if type(self).failures:
+            type(self).failures -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return await super().release_worker(worker_id, message=message)
+
+
+async def test_failed_hand_back_is_retried(
+    sqlite_path: str, tmp_path: Path, closing: list[Any]
+) -> None:
+    store = SQLiteStore(sqlite_path)
+    async with store:
+        task_id = await claimed(store, "default", "host:default.0:F")
+        config = config_for(tmp_path, "sqlite", sqlite_path)
+        metrics = Metrics(config)
+        flaky = type("Flaky", (FlakyStore,), {"failures": 1})
+        maintenance = Maintenance(config, metrics, store_factory=lambda: flaky(sqlite_path))
+        closing.extend([maintenance, metrics])
+        maintenance.start()
+        maintenance.hand_back("host:default.0:F", "worker_exit")
+        await eventually(lambda: _status_is(store, task_id, "queued"))
+        errors = sample(metrics, "cairnq_db_errors_total", component="maintenance", kind="busy")
+        assert errors == 1
+
+
+# -- purge ---------------------------------------------------------------------------------------
+
+
+async def test_purge_deletes_only_what_the_rules_name(
+    dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    old_default = await finished(store, "default", "succeeded")
+    old_email = await finished(store, "email", "succeeded")  # rule 0 is default-only
+    old_canceled = await finished(store, "email", "canceled")
+    old_failed = await finished(store, "default", "failed")  # rule 2 keeps it an hour
+    queued = (await store.submit(name="demo.echo", queue="live")).id
+    running = await claimed(store, "email", "w-live")
+    await asyncio.sleep(1.1)
+    fresh = await finished(store, "default", "succeeded")  # younger than its rule
+
+    maintenance, metrics = make(closing, config_for(tmp_path, dialect, db_target))
+    before = sample(metrics, "cairnq_purge_last_success_timestamp_seconds")
+    assert await maintenance.purge_once() == 2
+    assert await status_of(store, old_default) is None
+    assert await status_of(store, old_canceled) is None
+    for kept in (old_email, old_failed, fresh, queued, running):
+        assert await status_of(store, kept) is not None, kept
+    assert sample(metrics, "cairnq_purge_deleted_total", rule="0") == 1
+    assert sample(metrics, "cairnq_purge_deleted_total", rule="1") == 1
+    assert sample(metrics, "cairnq_purge_deleted_total", rule="2") == 0
+    assert sample(metrics, "cairnq_purge_runs_total") == 1
+    assert sample(metrics, "cairnq_purge_failures_total") == 0
+    assert sample(metrics, "cairnq_purge_last_success_timestamp_seconds") >= before
+    await maintenance.aclose()
+
+
+async def test_purge_batches_are_bounded_per_sweep(
+    dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    ids = [await finished(store, "default", "canceled") for _ in range(7)]
+    await asyncio.sleep(1.1)
+    retention = {"interval": "1h", "batch": 2, "max_batches": 2, "rules": RULES}
+    maintenance, metrics = make(
+        closing, config_for(tmp_path, dialect, db_target, retention=retention)
+    )
+    assert await maintenance.purge_once() == 4  # two full batches, then wait an interval
+    assert await maintenance.purge_once() == 3  # the short batch ends the rule
+    assert await maintenance.purge_once() == 0
+    assert all([await status_of(store, i) is None for i in ids])
+    assert sample(metrics, "cairnq_purge_runs_total") == 3
+    await maintenance.aclose()
+
+
+async def test_first_sweep_one_interval_after_start(
+    dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    old = await finished(store, "default", "succeeded")
+    orphan = await store.submit(name="demo.echo", queue="orphans")
+    await store.claim(queues=["orphans"], worker_id="gone:3", lease_ms=50)
+    await asyncio.sleep(1.1)
+    retention = {"interval": "2s", "rules": RULES}
+    maintenance, metrics = make(
+        closing, config_for(tmp_path, dialect, db_target, retention=retention)
+    )
+    started = time.monotonic()
+    maintenance.start()
+    # The boot-time reaper ran; the purge did not.
+    await eventually(lambda: _status_is(store, orphan.id, "queued"))
+    assert sample(metrics, "cairnq_purge_runs_total") == 0
+    assert await status_of(store, old) is not None
+
+    async def purged() -> bool:
+        return await status_of(store, old) is None
+
+    await eventually(purged)
+    assert time.monotonic() - started >= 1.9
+    assert sample(metrics, "cairnq_purge_runs_total") == 1
+
+
+async def test_paused_purge_does_not_sweep(
+    dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    old = await finished(store, "default", "succeeded")
+    await asyncio.sleep(1.1)
+    maintenance, metrics = make(closing, config_for(tmp_path, dialect, db_target))
+    maintenance.pause_purge()
+    assert await maintenance.purge_once() is None
+    assert await status_of(store, old) is not None
+    assert sample(metrics, "cairnq_purge_runs_total") == 0
+    await maintenance.aclose()
+
+
+# -- database errors -----------------------------------------------------------------------------
+
+
+def test_database_errors_are_counted_and_the_loop_goes_on(
+    tmp_path: Path, closing: list[Any]
+) -> None:
+    bad = tmp_path / "garbage.db"
+    bad.write_bytes(b"not a database at all " * 200)
+    config = config_for(tmp_path, "sqlite", str(bad), reaper={"interval": "1s"})
+    maintenance, metrics = make(closing, config)
+    maintenance.start()
+    deadline = time.monotonic() + 10
+    while sample(metrics, "cairnq_db_errors_total", component="maintenance", kind="other") < 2:
+        assert time.monotonic() < deadline, "the reaper did not retry"
+        time.sleep(0.05)
+    assert maintenance.stop(10)
+
+
+def test_db_error_kinds() -> None:
+    assert db_error_kind(sqlite3.OperationalError("database is locked")) == "busy"
+    assert db_error_kind(TimeoutError()) == "timeout"
+    assert db_error_kind(psycopg.errors.QueryCanceled("statement timeout")) == "timeout"
+    assert db_error_kind(DatabaseUnavailable("down")) == "connect"
+    assert db_error_kind(ValueError("x")) == "other"
+
+
+# -- Postgres: one host sweeps -----------------------------------------------------------------
+
+
+@pytest.fixture
+async def pg_store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
+    s = PostgresStore(pg_dsn, max_size=4)
+    await s.connect()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def test_postgres_skips_the_sweep_while_another_session_holds_the_lock(
+    pg_dsn: str, pg_store: PostgresStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    old = await finished(pg_store, "default", "canceled")
+    await asyncio.sleep(1.1)
+    config = config_for(tmp_path, "postgres", pg_dsn)
+    namespace = config.database.lock_namespace
+    maintenance, metrics = make(closing, config)
+    with psycopg.connect(pg_dsn, autocommit=True) as other_host:
+        other_host.execute("select pg_advisory_lock(%s, %s)", (namespace, PURGE_LOCK_ID))
+        assert await maintenance.purge_once() is None
+        assert await status_of(pg_store, old) is not None
+        assert sample(metrics, "cairnq_purge_runs_total") == 0
+    # The other host's session ended, and its lock with it.
+    assert await maintenance.purge_once() == 1
+    assert await status_of(pg_store, old) is None
+    await maintenance.aclose()
+
+
+async def test_postgres_session_lock_is_in_the_two_key_space(
+    pg_dsn: str, pg_store: PostgresStore
+) -> None:
+    async with pg_store.session_lock(1234, PURGE_LOCK_ID) as held:
+        assert held
+        async with pg_store.session_lock(1234, PURGE_LOCK_ID) as again:
+            assert not again  # another session: never waits, just says no
+        with psycopg.connect(pg_dsn) as conn:
+            rows = conn.execute(
+                "select classid::int, objid::int, objsubid from pg_locks "
+                "where locktype = 'advisory' and granted"
+            ).fetchall()
+        assert (1234, PURGE_LOCK_ID, 2) in rows
+    with psycopg.connect(pg_dsn) as conn:
+        left = conn.execute("select count(*) from pg_locks where locktype = 'advisory'")
+        assert left.fetchone() == (0,)
+
+
+async def test_postgres_two_hosts_purging_at_once_sweep_once(
+    pg_dsn: str, pg_store: PostgresStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    await pg_store.submit_many([{"name": "demo.echo", "queue": "bulk"} for _ in range(200)])
+    for task in await pg_store.list(queue="bulk", limit=200):
+        await pg_store.cancel(task.id)
+    await asyncio.sleep(1.1)
+    # Batches of one make the winner's sweep long enough to overlap the loser's try.
+    retention = {"interval": "1h", "batch": 1, "max_batches": 1000, "rules": RULES}
+    config = config_for(tmp_path, "postgres", pg_dsn, retention=retention)
+    first, first_metrics = make(closing, config)
+    second, second_metrics = make(closing, config)
+    await first.reap_once()  # connect both stores first, so the race is the lock's
+    await second.reap_once()
+    results = await asyncio.gather(first.purge_once(), second.purge_once())
+    assert sorted(results, key=lambda r: r is None) == [200, None]
+    runs = [sample(m, "cairnq_purge_runs_total") for m in (first_metrics, second_metrics)]
+    assert sorted(runs) == [0, 1]
+    assert await pg_store.stats(queue="bulk") == {
+        "bulk": dict.fromkeys(("queued", "running", "succeeded", "failed", "canceled"), 0)
+    }
+    await first.aclose()
+    await second.aclose()

@@ -1,0 +1,477 @@
+"""cairnqd.metrics over real HTTP: scrapes of a live registry against real databases.
+
+Every test serves on 127.0.0.1 port 0 and reads `/metrics` with urllib, as Prometheus
+would; the database collector runs its own thread and store, so the test's store only
+sets up rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from cairnqd.config import Config, load_config
+from cairnqd.metrics import METRIC_NAMES, OTHER_QUEUE, Metrics
+from cairnqd.models import STATUSES
+from cairnqd.store.base import TaskStore
+from cairnqd.store.sqlite import SQLiteStore
+from tests.conftest import make_store
+from tests.unit.test_monitoring import ALERTS, DASHBOARD, _dashboard_queries, metric_names
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+# -- helpers (test_maintenance.py uses them too) ------------------------------------------------
+
+
+def daemon_config(tmp_path: Path, dialect: str, target: str, **sections: Any) -> Config:
+    """A validated config for `target` (SQLite path or Postgres DSN), sections overridden."""
+    database = {"path": target} if dialect == "sqlite" else {"dsn": target}
+    document: dict[str, Any] = {
+        "version": 1,
+        "database": database,
+        "handlers": ["cairnqd.demo:registry"],
+        "groups": {"default": {"queues": ["default", "email"], "processes": 2}},
+        "metrics": {"listen": "127.0.0.1:0", "stats_ttl": "0s"},
+        **sections,
+    }
+    path = tmp_path / "cairnq.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return load_config(path, {})
+
+
+def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read().decode()
+
+
+def samples(text: str) -> Samples:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(found: Samples, metric: str, /, **labels: str) -> float | None:
+    return found.get((metric, tuple(sorted(labels.items()))))
+
+
+def family_names(text: str) -> set[str]:
+    """Families as named in alerts and dashboards: counters with `_total`."""
+    return {
+        f"{f.name}_total" if f.type == "counter" else f.name
+        for f in text_string_to_metric_families(text)
+    }
+
+
+@pytest.fixture
+def served() -> Iterator[list[Metrics]]:
+    """Closes every Metrics a test serves, even when it fails."""
+    opened: list[Metrics] = []
+    yield opened
+    for metrics in opened:
+        metrics.close()
+
+
+def serve(opened: list[Metrics], metrics: Metrics, **kwargs: Any) -> int:
+    opened.append(metrics)
+    return metrics.serve("127.0.0.1", 0, **kwargs)
+
+
+async def claim_one(store: TaskStore, queue: str, worker_id: str, lease_ms: int = 60_000) -> str:
+    (task,) = await store.claim(queues=[queue], worker_id=worker_id, lease_ms=lease_ms)
+    return task.id
+
+
+# -- the database gauges --------------------------------------------------------------------------
+
+
+async def test_tasks_gauge_equals_store_stats(
+    dialect: str, db_target: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    store = make_store(dialect, db_target)
+    await store.connect()
+    try:
+        for queue, n in (("default", 3), ("email", 2), ("reports", 1)):
+            for _ in range(n):
+                await store.submit(name="demo.echo", queue=queue)
+        await claim_one(store, "default", "w-test")
+        done = await claim_one(store, "email", "w-test")
+        await store.complete(task_id=done, worker_id="w-test", result=None)
+        await claim_one(store, "reports", "w-test", lease_ms=1)  # expires at once
+        await asyncio.sleep(0.05)
+        expected = await store.stats()
+    finally:
+        await store.close()
+
+    config = daemon_config(tmp_path, dialect, db_target)
+    port = serve(served, Metrics(config))
+    status, text = await asyncio.to_thread(scrape, port)
+    assert status == 200
+    found = samples(text)
+    for queue, counts in expected.items():
+        for status_name, n in counts.items():
+            assert value(found, "cairnq_tasks", queue=queue, status=status_name) == n
+    tasks = {k for k in found if k[0] == "cairnq_tasks"}
+    assert {dict(labels)["queue"] for _, labels in tasks} == {"default", "email", "reports"}
+    assert len(tasks) == 3 * len(STATUSES)
+    assert value(found, "cairnq_leases_expired", queue="reports") == 1
+    assert value(found, "cairnq_leases_expired", queue="default") == 0
+    default_age = value(found, "cairnq_queue_oldest_queued_age_seconds", queue="default")
+    assert default_age is not None and default_age > 0
+    # Its only task is running: nothing waits.
+    assert value(found, "cairnq_queue_oldest_queued_age_seconds", queue="reports") == 0
+    assert value(found, "cairnq_db_up") == 1
+    assert value(found, "cairnq_db_scrape_errors_total") == 0
+
+
+async def test_configured_queue_without_rows_shows_zeros(
+    sqlite_path: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    port = serve(served, Metrics(daemon_config(tmp_path, "sqlite", sqlite_path)))
+    found = samples((await asyncio.to_thread(scrape, port))[1])
+    for status in STATUSES:
+        assert value(found, "cairnq_tasks", queue="email", status=status) == 0
+    assert value(found, "cairnq_queue_oldest_queued_age_seconds", queue="email") == 0
+
+
+class CountingStore(SQLiteStore):
+    """A real SQLite store that counts statistics queries and can be slowed down."""
+
+    calls = 0
+    delay_s = 0.0
+
+    async def stats(self, queue: str | None = None) -> dict[str, dict[str, int]]:
+        type(self).calls += 1
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        return await super().stats(queue)
+
+
+def counting_store_class(delay_s: float = 0.0) -> type[CountingStore]:
+    """A fresh subclass per test, so call counts never leak between tests."""
+    return type("Counting", (CountingStore,), {"calls": 0, "delay_s": delay_s})
+
+
+async def test_ttl_reuses_one_query(
+    sqlite_path: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    store_class = counting_store_class()
+    config = daemon_config(
+        tmp_path, "sqlite", sqlite_path, metrics={"listen": "127.0.0.1:0", "stats_ttl": "1h"}
+    )
+    metrics = Metrics(config, store_factory=lambda: store_class(sqlite_path))
+    port = serve(served, metrics)
+    first = samples((await asyncio.to_thread(scrape, port))[1])
+    store = SQLiteStore(sqlite_path)
+    async with store:
+        await store.submit(name="demo.echo", queue="default")
+    second = samples((await asyncio.to_thread(scrape, port))[1])
+    assert store_class.calls == 1
+    assert metrics.database.queries == 1
+    # Within the ttl the cached numbers stand, the new row notwithstanding.
+    assert value(second, "cairnq_tasks", queue="default", status="queued") == 0
+    assert first == second
+
+
+async def test_concurrent_scrapes_share_the_query_in_flight(
+    sqlite_path: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    store_class = counting_store_class(delay_s=0.5)
+    config = daemon_config(tmp_path, "sqlite", sqlite_path)  # stats_ttl 0: every scrape asks
+    metrics = Metrics(config, store_factory=lambda: store_class(sqlite_path))
+    port = serve(served, metrics)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: scrape(port), range(8)))
+    assert all(status == 200 for status, _ in results)
+    assert all(value(samples(text), "cairnq_db_up") == 1 for _, text in results)
+    assert store_class.calls == metrics.database.queries
+    assert store_class.calls <= 2  # one query, or two if a scrape arrived just after it
+
+
+def _bad_target(dialect: str, tmp_path: Path) -> str:
+    if dialect == "sqlite":
+        path = tmp_path / "not-a-db.db"
+        path.write_bytes(b"this is not a SQLite database, just bytes" * 100)
+        return str(path)
+    return "postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=1"
+
+
+@pytest.mark.parametrize("dialect_name", ["sqlite", "postgres"])
+def test_db_down_omits_db_families(
+    dialect_name: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    target = _bad_target(dialect_name, tmp_path)
+    # The config loads (the file exists; a DSN is not dialled); the collector then fails.
+    database = {"path": target} if dialect_name == "sqlite" else {"dsn": target}
+    config = daemon_config(
+        tmp_path, dialect_name, target, database={**database, "connect_timeout": "1s"}
+    )
+    port = serve(served, Metrics(config))
+    started = time.monotonic()
+    status, text = scrape(port)
+    assert time.monotonic() - started < 3
+    assert status == 200
+    names = family_names(text)
+    assert "cairnq_tasks" not in names
+    assert "cairnq_queue_oldest_queued_age_seconds" not in names
+    assert "cairnq_leases_expired" not in names
+    found = samples(text)
+    assert value(found, "cairnq_db_up") == 0
+    errors = value(found, "cairnq_db_scrape_errors_total")
+    assert errors is not None and errors >= 1
+    # The process families are still there.
+    assert "cairnq_tasks_started_total" in names
+
+
+def test_slow_database_times_out_within_budget(
+    sqlite_path: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    store_class = counting_store_class(delay_s=5.0)
+    # A long ttl, so the second scrape reuses the failed (or still running) query
+    # whichever way the race between the two 2 s timers goes.
+    config = daemon_config(
+        tmp_path, "sqlite", sqlite_path, metrics={"listen": "127.0.0.1:0", "stats_ttl": "1h"}
+    )
+    metrics = Metrics(config, store_factory=lambda: store_class(sqlite_path))
+    port = serve(served, metrics)
+    started = time.monotonic()
+    first = samples(scrape(port)[1])
+    assert time.monotonic() - started < 3
+    assert value(first, "cairnq_db_up") == 0
+    assert value(first, "cairnq_tasks", queue="default", status="queued") is None
+    second = samples(scrape(port)[1])
+    # The stuck query is shared, not repeated, and counted as one error.
+    assert metrics.database.queries == 1
+    assert value(second, "cairnq_db_scrape_errors_total") == 1
+
+
+# -- counters from the children's pipe events ---------------------------------------------------
+
+
+def _task_events(metrics: Metrics) -> None:
+    events: list[dict[str, Any]] = [
+        {"t": "start", "id": "t1", "queue": "default", "name": "a", "attempt": 1, "wait_s": 0.2},
+        {"t": "start", "id": "t2", "queue": "default", "name": "a", "attempt": 1, "wait_s": 40},
+        {"t": "start", "id": "t3", "queue": "email", "name": "b", "attempt": 1, "wait_s": 0},
+        {"t": "start", "id": "t4", "queue": "email", "name": "b", "attempt": 2, "wait_s": 0},
+        {"t": "start", "id": "t5", "queue": "email", "name": "b", "attempt": 1, "wait_s": 0},
+        {"t": "end", "id": "t1", "queue": "default", "name": "a", "outcome": "succeeded",
+         "reason": "", "dur_s": 0.01},
+        {"t": "end", "id": "t2", "queue": "default", "name": "a", "outcome": "retried",
+         "reason": "handler_code_42", "dur_s": 2},
+        {"t": "end", "id": "t3", "queue": "email", "name": "b", "outcome": "failed",
+         "reason": "max_run_exceeded", "dur_s": 700},
+        {"t": "end", "id": "t4", "queue": "email", "name": "b", "outcome": "lease_lost",
+         "reason": "", "dur_s": 1},
+        {"t": "end", "id": "t5", "queue": "email", "name": "b", "outcome": "canceled",
+         "reason": "", "dur_s": 1},
+        {"t": "dberr", "kind": "busy"},
+        {"t": "dberr", "kind": "something-new"},
+        {"t": "hb", "busy": 1, "rss": 123456789, "state": "run"},
+        {"t": "end", "queue": "default"},  # malformed: ignored
+        {"t": "bye", "reason": "drain"},
+    ]  # fmt: skip
+    for event in events:
+        metrics.record_event("default", 1, event)
+
+
+def test_task_counters_from_events(sqlite_path: str, tmp_path: Path, served: list[Metrics]) -> None:
+    metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
+    _task_events(metrics)
+    found = samples(scrape(serve(served, metrics))[1])
+    assert value(found, "cairnq_tasks_started_total", queue="default") == 2
+    assert value(found, "cairnq_tasks_started_total", queue="email") == 3
+    assert value(found, "cairnq_tasks_succeeded_total", queue="default") == 1
+    assert value(found, "cairnq_tasks_retried_total", queue="default") == 1
+    # A handler's own code is no label value: it counts as "error".
+    assert value(found, "cairnq_tasks_failed_total", queue="default", reason="error") == 1
+    assert value(found, "cairnq_tasks_failed_total", queue="email", reason="max_run") == 1
+    assert value(found, "cairnq_tasks_failed_total", queue="email", reason="lease_lost") == 1
+    assert value(found, "cairnq_tasks_failed_total", queue="email", reason="worker_lost") == 0
+    assert value(found, "cairnq_tasks_canceled_total", queue="email") == 1
+    assert value(found, "cairnq_task_duration_seconds_count", queue="email") == 3
+    # Buckets are cumulative: the 700 s attempt lands above 600.
+    assert value(found, "cairnq_task_duration_seconds_bucket", queue="email", le="600.0") == 2
+    assert value(found, "cairnq_task_duration_seconds_bucket", queue="email", le="1800.0") == 3
+    assert value(found, "cairnq_task_queue_wait_seconds_bucket", queue="default", le="30.0") == 1
+    assert value(found, "cairnq_task_queue_wait_seconds_count", queue="default") == 2
+    assert value(found, "cairnq_db_errors_total", component="child", kind="busy") == 1
+    assert value(found, "cairnq_db_errors_total", component="child", kind="other") == 1
+    assert value(found, "cairnq_db_errors_total", component="maintenance", kind="busy") == 0
+    assert value(found, "cairnq_child_resident_memory_bytes", group="default", slot="1") == (
+        123456789
+    )
+    metrics.remove_child("default", 1)
+    after = samples(scrape(metrics.port or 0)[1])
+    assert value(after, "cairnq_child_resident_memory_bytes", group="default", slot="1") is None
+
+
+def test_task_name_label(sqlite_path: str, tmp_path: Path, served: list[Metrics]) -> None:
+    config = daemon_config(
+        tmp_path,
+        "sqlite",
+        sqlite_path,
+        metrics={"listen": "127.0.0.1:0", "task_name_label": True},
+    )
+    metrics = Metrics(config)
+    _task_events(metrics)
+    found = samples(scrape(serve(served, metrics))[1])
+    assert value(found, "cairnq_tasks_started_total", queue="email", name="b") == 3
+    assert value(found, "cairnq_tasks_failed_total", queue="email", reason="max_run", name="b") == 1
+    # Histograms stay per queue.
+    assert value(found, "cairnq_task_duration_seconds_count", queue="email") == 3
+
+
+def test_supervisor_gauges(sqlite_path: str, tmp_path: Path, served: list[Metrics]) -> None:
+    metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path), generation=3)
+    port = serve(served, metrics)
+    found = samples(scrape(port)[1])
+    assert value(found, "cairnq_children_desired", group="default") == 2
+    assert value(found, "cairnq_children", group="default", state="ready") == 0
+    assert value(found, "cairnq_child_restarts_total", group="default", reason="crash") == 0
+    assert value(found, "cairnq_config_generation") == 3
+    assert value(found, "cairnq_config_last_reload_successful") == 1
+
+    metrics.set_children("default", {"ready": 1, "backoff": 1, "exited": 5})
+    metrics.set_group_state("default", "crashloop")
+    metrics.child_restart("default", "signal")
+    metrics.reload_result(False, 4)
+    found = samples(scrape(port)[1])
+    assert value(found, "cairnq_children", group="default", state="ready") == 1
+    assert value(found, "cairnq_children", group="default", state="backoff") == 1
+    assert value(found, "cairnq_children", group="default", state="exited") is None
+    assert value(found, "cairnq_group_state", group="default", state="crashloop") == 1
+    assert value(found, "cairnq_group_state", group="default", state="running") == 0
+    assert value(found, "cairnq_child_restarts_total", group="default", reason="signal") == 1
+    assert value(found, "cairnq_config_last_reload_successful") == 0
+    assert value(found, "cairnq_config_generation") == 3
+    with pytest.raises(ValueError):
+        metrics.set_group_state("default", "sleepy")
+    metrics.child_restart("default", "protocol")  # not an enum value: counted as a crash
+    found = samples(scrape(port)[1])
+    assert value(found, "cairnq_child_restarts_total", group="default", reason="crash") == 1
+    assert value(found, "cairnq_child_restarts_total", group="default", reason="protocol") is None
+
+
+def test_reload_drops_removed_groups_and_queues(
+    sqlite_path: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
+    port = serve(served, metrics)
+    metrics.record_event("default", 0, {"t": "hb", "rss": 1})
+    new = daemon_config(
+        tmp_path,
+        "sqlite",
+        sqlite_path,
+        groups={"mail": {"queues": ["email", "bulk"]}},
+    )
+    metrics.apply_config(new)
+    found = samples(scrape(port)[1])
+    assert value(found, "cairnq_children_desired", group="default") is None
+    assert value(found, "cairnq_child_resident_memory_bytes", group="default", slot="0") is None
+    assert value(found, "cairnq_children_desired", group="mail") == 1
+    assert value(found, "cairnq_tasks_started_total", queue="default") is None
+    assert value(found, "cairnq_tasks_started_total", queue="bulk") == 0
+    assert value(found, "cairnq_tasks_started_total", queue="email") == 0
+
+
+# -- cardinality ----------------------------------------------------------------------------------
+
+
+async def test_unknown_queues_beyond_twenty_are_other(
+    sqlite_path: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    store = SQLiteStore(sqlite_path)
+    async with store:
+        await store.submit_many(
+            [{"name": "demo.echo", "queue": f"tenant-{i:03d}"} for i in range(100)]
+        )
+    metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
+    found = samples((await asyncio.to_thread(scrape, serve(served, metrics)))[1])
+    queues = {dict(labels)["queue"] for name, labels in found if name == "cairnq_tasks"}
+    unknown = {q for q in queues if q.startswith("tenant-")}
+    assert unknown == {f"tenant-{i:03d}" for i in range(20)}
+    assert queues == unknown | {"default", "email", OTHER_QUEUE}
+    assert value(found, "cairnq_tasks", queue=OTHER_QUEUE, status="queued") == 80
+    assert value(found, "cairnq_tasks", queue="tenant-000", status="queued") == 1
+    # Pipe events share the same bound: a queue past the twenty is `_other` there too.
+    metrics.record_event("default", 0, {"t": "start", "queue": "tenant-099", "name": "x"})
+    metrics.record_event("default", 0, {"t": "start", "queue": "tenant-005", "name": "x"})
+    found = samples((await asyncio.to_thread(scrape, metrics.port or 0))[1])
+    assert value(found, "cairnq_tasks_started_total", queue=OTHER_QUEUE) == 1
+    assert value(found, "cairnq_tasks_started_total", queue="tenant-005") == 1
+
+
+# -- the endpoint ---------------------------------------------------------------------------------
+
+
+def test_healthz_follows_health(sqlite_path: str, tmp_path: Path, served: list[Metrics]) -> None:
+    healthy = [True]
+    metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
+    port = serve(served, metrics, health=lambda: healthy[0])
+    assert scrape(port, "/healthz")[0] == 200
+    healthy[0] = False
+    assert scrape(port, "/healthz")[0] == 503
+    assert scrape(port, "/nope")[0] == 404
+
+
+def test_close_frees_the_port(sqlite_path: str, tmp_path: Path) -> None:
+    metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
+    port = metrics.serve("127.0.0.1", 0)
+    assert port > 0 and metrics.port == port
+    assert scrape(port)[0] == 200
+    metrics.close()
+    metrics.close()  # idempotent
+    with pytest.raises(urllib.error.URLError):
+        scrape(port)
+
+
+def test_scrape_has_every_family_and_no_created(
+    sqlite_path: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
+    metrics.record_event("default", 0, {"t": "hb", "rss": 1})
+    status, text = scrape(serve(served, metrics))
+    assert status == 200
+    assert family_names(text) == set(METRIC_NAMES)
+    assert "_created" not in text
+    types = {f.name: f.type for f in text_string_to_metric_families(text)}
+    assert types["cairnq_task_duration_seconds"] == "histogram"
+    assert types["cairnq_tasks"] == "gauge"
+    assert types["cairnq_db_scrape_errors"] == "counter"
+    info = samples(text)
+    (build,) = [labels for name, labels in info if name == "cairnq_build_info"]
+    assert dict(build)["protocol"] == "1" and dict(build)["backend"] == "sqlite"
+
+
+def test_dashboard_and_alert_names_exist_in_a_live_scrape(
+    sqlite_path: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
+    metrics.record_event("default", 0, {"t": "hb", "rss": 1})
+    exposed = family_names(scrape(serve(served, metrics))[1])
+    alerts = yaml.safe_load(ALERTS.read_text())
+    used: set[str] = set()
+    for group in alerts["groups"]:
+        for rule in group["rules"]:
+            used |= metric_names(rule["expr"])
+    for query in _dashboard_queries(json.loads(DASHBOARD.read_text())):
+        used |= metric_names(query)
+    assert used and used <= exposed, used - exposed
