@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
 from .client import CairnQ
+from .context import TaskContext
 from .errors import (
     AlreadyExists,
     CairnQError,
@@ -28,6 +29,7 @@ from .errors import (
 from .models import STATUSES, Conflict, Task, TaskDef, TaskRef, TaskStatus, is_terminal_status
 from .retention import Retention, RetentionRule
 from .store import PostgresStore, SQLiteStore, TaskStore
+from .worker import Worker
 
 try:
     __version__ = _version("cairnqd")
@@ -55,6 +57,7 @@ __all__ = [
     "StoreClosed",
     "Task",
     "TaskCanceled",
+    "TaskContext",
     "TaskDef",
     "TaskError",
     "TaskFailed",
@@ -63,6 +66,7 @@ __all__ = [
     "TaskStore",
     "TaskTimeout",
     "UnsupportedBackend",
+    "Worker",
     "__version__",
     "is_terminal_status",
 ]

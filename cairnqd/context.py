@@ -211,7 +211,7 @@ def error_envelope(
         return (
             {
                 "type": type(error).__name__,
-                "code": "task_error",
+                "code": "handler_error",
                 "message": str(error),
                 "retryable": retryable,
                 "details": {},
@@ -219,13 +219,6 @@ def error_envelope(
             retryable,
         )
     if isinstance(error, Mapping):
-        envelope = {
-            "type": "TaskError",
-            "code": "task_error",
-            "message": "task failed",
-            "details": {},
-            **dict(error),
-        }
-        envelope["retryable"] = retryable
-        return envelope, retryable
+        # An envelope the caller built is stored as given.
+        return dict(error), retryable
     return TaskError(str(error), retryable=retryable).envelope(), retryable

@@ -26,14 +26,17 @@ import contextlib
 import inspect
 import random
 import signal
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import psycopg
+
 from .context import TaskContext
-from .errors import LostLease, SerializationError, StoreClosed, TaskError
+from .errors import DatabaseUnavailable, LostLease, SerializationError, StoreClosed, TaskError
 from .ids import new_worker_id
 from .jsoncodec import dump_json
 from .models import Task, TaskDef, task_name
@@ -108,6 +111,15 @@ def _wants_payload(fn: Handler) -> bool:
         if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
             positional += 1
     return positional >= 2
+
+
+def _derived_name(fn: Handler) -> str:
+    """The task name a bare `@worker.task` takes: the function's own name, which must
+    be an identifier (a lambda's `<lambda>` would collide across handlers)."""
+    name = getattr(fn, "__name__", "")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"cannot derive a task name from {fn!r}; pass one explicitly")
+    return name
 
 
 def _check_positive(value: Any, arg: str, *, allow_none: bool = False) -> None:
@@ -242,11 +254,11 @@ class Worker:
         """Register a handler: `@worker.task`, `@worker.task("name")`, or with a TaskDef."""
         if callable(name) and not isinstance(name, str | TaskDef):
             fn = name
-            self.register(fn.__name__, fn, batch=batch, resource=resource)
+            self.register(_derived_name(fn), fn, batch=batch, resource=resource)
             return fn
 
         def decorate(fn: Handler) -> Handler:
-            chosen = fn.__name__ if name is None else task_name(name)
+            chosen = _derived_name(fn) if name is None else task_name(name)
             self.register(chosen, fn, batch=batch, resource=resource)
             return fn
 
@@ -261,8 +273,8 @@ class Worker:
         resource: str | None = None,
     ) -> None:
         resolved = task_name(name)
-        if not isinstance(resolved, str) or not resolved or resolved.startswith("<"):
-            raise ValueError(f"task name must be a usable name, got {resolved!r}")
+        if not isinstance(resolved, str) or not resolved:
+            raise ValueError(f"task name must be a non-empty string, got {resolved!r}")
         if not callable(fn):
             raise ValueError(f"handler for {resolved!r} is not callable: {fn!r}")
         _check_positive(batch, "batch", allow_none=True)
@@ -335,17 +347,22 @@ class Worker:
             except Exception as worker_error:
                 if body_error is None:
                     raise
-                body_error.__cause__ = worker_error
+                if body_error.__cause__ is None:
+                    body_error.__cause__ = worker_error
             finally:
                 if self._owns_store:
                     await self.store.close()
 
     async def run(self, *, concurrency: int | None = None) -> None:
         limit = max(1, concurrency if concurrency is not None else self.concurrency)
-        self._stop = asyncio.Event()
-        self._freed = asyncio.Event()
+        # A stop() issued before this task first ran must still count, so the events
+        # are not reset here; they are cleared on the way out instead.
         await self.store.connect()
-        self._executor = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="cairnqd-sync")
+        # Threads a max_run_ms abandons keep running; headroom so they never hold the
+        # slots a retry needs. Threads are created lazily, so the cap costs nothing.
+        self._executor = ThreadPoolExecutor(
+            max_workers=limit + _ABANDONED_THREAD_HEADROOM, thread_name_prefix="cairnqd-sync"
+        )
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         try:
             await self._claim_loop(limit)
@@ -358,6 +375,8 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
             self._executor.shutdown(wait=False)
+            self._stop.clear()
+            self._freed.clear()
 
     # -- the claim loop ----------------------------------------------------------------
 
@@ -372,6 +391,9 @@ class Worker:
             if not self._handlers or not self.claiming:
                 await self._idle()
                 continue
+            # Cleared before the claim: a resource released (or stop()) while the claim
+            # runs must cut the idle wait that may follow it short.
+            self._freed.clear()
             try:
                 claimed = await self._claim(free)
             except Exception as exc:
@@ -391,7 +413,6 @@ class Worker:
         self._idling = True
         if self._settler.pending:
             self._settler.put_back([])  # nothing will claim soon: write results now
-        self._freed.clear()
         wake = asyncio.ensure_future(self.store.claim_wake(self.queues, self.poll_interval_ms))
         freed = asyncio.ensure_future(self._freed.wait())
         try:
@@ -532,23 +553,26 @@ class Worker:
             args = (contexts[0], contexts[0].payload)
         else:
             args = (contexts[0],)
+        if self.max_run_ms is None:
+            return await self._call_handler(handler, args)
+        # max_run_ms bounds the whole call, an awaitable a sync handler returns included.
+        running = asyncio.ensure_future(self._call_handler(handler, args))
+        done, _ = await asyncio.wait({running}, timeout=self.max_run_ms / 1000)
+        if not done:
+            # Flag lease-lost first, so the abandoned handler cannot write any more.
+            for ctx in contexts:
+                ctx._mark_lost()
+            running.cancel()
+            running.add_done_callback(_consume_outcome)
+            raise _MaxRunExceeded
+        return running.result()
+
+    async def _call_handler(self, handler: RegisteredHandler, args: tuple[Any, ...]) -> Any:
         if handler.is_async:
-            work: Awaitable[Any] = handler.fn(*args)
+            value = await handler.fn(*args)
         else:
             loop = asyncio.get_running_loop()
-            work = loop.run_in_executor(self._executor, lambda: handler.fn(*args))
-        if self.max_run_ms is None:
-            value = await work
-        else:
-            running = asyncio.ensure_future(work)
-            done, _ = await asyncio.wait({running}, timeout=self.max_run_ms / 1000)
-            if not done:
-                # Flag lease-lost first, so the abandoned handler cannot write any more.
-                for ctx in contexts:
-                    ctx._mark_lost()
-                running.cancel()
-                raise _MaxRunExceeded
-            value = running.result()
+            value = await loop.run_in_executor(self._executor, lambda: handler.fn(*args))
         if inspect.isawaitable(value):
             value = await value
         return value
@@ -636,6 +660,9 @@ class Worker:
             ctx._mark_lost()
         except Exception as exc:
             self._report(exc, {"phase": "execute", "task_id": ctx.task_id})
+            # Unwritten: stop renewing the lease so recovery hands the task on,
+            # rather than the heartbeat keeping it ours forever.
+            self._forget(ctx)
 
     # -- settlement (used by TaskContext too) --------------------------------------------
 
@@ -721,6 +748,23 @@ class _MaxRunExceeded(Exception):
     pass
 
 
+_ABANDONED_THREAD_HEADROOM = 32
+
+
+def _transient(exc: BaseException) -> bool:
+    """Errors worth retrying as they are: the database was busy or unreachable."""
+    return isinstance(
+        exc, sqlite3.OperationalError | psycopg.OperationalError | DatabaseUnavailable | OSError
+    )
+
+
+def _consume_outcome(task: asyncio.Future[Any]) -> None:
+    """An abandoned handler may still fail later; read its outcome so asyncio does not
+    log 'exception was never retrieved' for a result nobody can use."""
+    if not task.cancelled():
+        task.exception()
+
+
 class _CompleteBatcher:
     """Writes returned results as set-based `complete_many` statements.
 
@@ -738,6 +782,7 @@ class _CompleteBatcher:
         self._worker = worker
         self._pending: list[tuple[TaskContext, str | None]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._retrying = False
 
     def enqueue(self, ctx: TaskContext, encoded: str | None) -> None:
         """Queue a result; the handler's call slot is free as soon as this returns."""
@@ -755,7 +800,10 @@ class _CompleteBatcher:
             await asyncio.shield(self._flusher)
 
     def take(self) -> list[tuple[TaskContext, str | None]]:
-        """Hand the queued results to the claim loop, to write inside its claim."""
+        """Hand the queued results to the claim loop, to write inside its claim.
+        Not while a failed batch is being retried: the claim would fail with it."""
+        if self._retrying:
+            return []
         batch, self._pending = self._pending, []
         return batch
 
@@ -765,6 +813,8 @@ class _CompleteBatcher:
 
     def put_back(self, batch: list[tuple[TaskContext, str | None]]) -> None:
         """Return results to the queue (a claim failed) and make sure a writer runs."""
+        if batch:
+            self._retrying = True
         self._pending[:0] = batch
         if self._pending and self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
@@ -792,11 +842,13 @@ class _CompleteBatcher:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    statuses = await worker.store.complete_many(
-                        worker_id=worker.worker_id,
-                        items=[(ctx.task_id, encoded) for ctx, encoded in batch],
-                    )
+                    statuses = await self._write(batch)
                 except Exception as exc:
+                    if not _transient(exc):
+                        # One row the database refuses fails the whole statement:
+                        # write each result alone so only that task is affected.
+                        await self._write_each(batch)
+                        continue
                     # Not written: the leases stay ours and the heartbeat keeps them,
                     # so put the batch back and try again shortly. After a few seconds
                     # give up; the leases then expire and the tasks are redelivered.
@@ -813,6 +865,32 @@ class _CompleteBatcher:
                 self.finish(batch, statuses)
         finally:
             self._flusher = None
+            self._retrying = False
+
+    async def _write(self, batch: list[tuple[TaskContext, str | None]]) -> dict[str, str]:
+        return await self._worker.store.complete_many(
+            worker_id=self._worker.worker_id,
+            items=[(ctx.task_id, encoded) for ctx, encoded in batch],
+        )
+
+    async def _write_each(self, batch: list[tuple[TaskContext, str | None]]) -> None:
+        worker = self._worker
+        for ctx, encoded in batch:
+            try:
+                self.finish([(ctx, encoded)], await self._write([(ctx, encoded)]))
+            except Exception as exc:
+                worker._report(exc, {"phase": "execute", "task_id": ctx.task_id})
+                if _transient(exc):
+                    worker._forget(ctx)  # its lease expires and the task is redelivered
+                    continue
+                envelope = {
+                    "type": type(exc).__name__,
+                    "code": "unserializable_result",
+                    "message": f"the database refused the result: {exc}",
+                    "retryable": False,
+                    "details": {},
+                }
+                await worker._settle_quietly(worker._settle_fail(ctx, envelope, False), ctx)
 
 
 def _status_only(task: Task, status: str) -> Task:

@@ -90,6 +90,7 @@ class PostgresStore(TaskStore):
         self.connect_timeout_s = connect_timeout_s
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
         self._listener: _Listener | None = None
+        self._ever_connected = False
 
     # -- connect / close ---------------------------------------------------------------
 
@@ -123,6 +124,7 @@ class PostgresStore(TaskStore):
     async def connect(self) -> None:
         if self._pool is not None:
             return
+        self._ever_connected = True
         async with await self._open_connection() as conn:
             await self._check_installation(conn)
             await apply_postgres(conn)
@@ -152,6 +154,11 @@ class PostgresStore(TaskStore):
                 f"cannot open a connection pool to {redact_dsn(self.dsn)}: {exc}"
             ) from exc
         self._pool = pool
+        # Warm the LISTEN connection now, so the first wake-up is not lost to its
+        # connect (push is an accelerator; polling covers a listener still starting).
+        self._push()
+        assert self._listener is not None
+        self._listener.start()
         if self._retention is not None:
             self._retention.start()
 
@@ -184,6 +191,10 @@ class PostgresStore(TaskStore):
         if pool is not None:
             await pool.close()
 
+    async def _ensure_connected(self) -> None:
+        if self._pool is None and not self._ever_connected:
+            await self.connect()  # first use connects, as the public SDK does
+
     def _require_pool(self) -> AsyncConnectionPool[AsyncConn]:
         if self._pool is None:
             from ..errors import StoreClosed
@@ -196,12 +207,14 @@ class PostgresStore(TaskStore):
     async def _fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
+        await self._ensure_connected()
         stmt = statement("postgres", op, supplied)
         async with self._require_pool().connection() as conn:
             return await _run(conn, stmt, params)
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Session]:
+        await self._ensure_connected()
         async with self._require_pool().connection() as conn, conn.transaction():
             yield _PgSession(conn)
 

@@ -88,6 +88,8 @@ class SQLiteStore(TaskStore):
         self._last_optimize = 0.0
         # Bumped after each of our own commits; wakes this process's idle waiters.
         self._local_commits = 0
+        self._wake_baseline: tuple[int, int] | None = None
+        self._ever_connected = False
 
     # -- connect / close ---------------------------------------------------------------
 
@@ -99,6 +101,7 @@ class SQLiteStore(TaskStore):
                 "this in-memory store was closed and its data is gone; create a new store"
             )
         self._closing = False
+        self._ever_connected = True
         self._conn = await asyncio.to_thread(self._open)
         version = await self.protocol_version()
         if version != 1:
@@ -232,6 +235,8 @@ class SQLiteStore(TaskStore):
     async def _fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
+        if self._conn is None and not self._ever_connected:
+            await self.connect()  # first use connects, as the public SDK does
         stmt = statement("sqlite", op, supplied)
         if _is_read(stmt):
             return await self._read(stmt, params)
@@ -332,6 +337,8 @@ class SQLiteStore(TaskStore):
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Session]:
+        if self._conn is None and not self._ever_connected:
+            await self.connect()
         conn = await self._begin_immediate()
         try:
             yield _SQLiteSession(conn)
@@ -354,8 +361,10 @@ class SQLiteStore(TaskStore):
         Our own commits do not change it, so local writes wake waiters directly.
         """
         deadline = time.monotonic() + max(0, timeout_ms) / 1000
-        start_version = self._data_version()
-        local = self._local_commits
+        # The baseline taken before the claim's probe, if there was one: a commit that
+        # lands between the probe and this wait must still wake us.
+        baseline, self._wake_baseline = self._wake_baseline, None
+        start_version, local = baseline or (self._data_version(), self._local_commits)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -367,7 +376,11 @@ class SQLiteStore(TaskStore):
                 return
 
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
+        self._wake_baseline = None
         await self.claim_wake((), timeout_ms)
+
+    def _register_wakeable(self, queues: Sequence[str]) -> None:
+        self._wake_baseline = (self._data_version(), self._local_commits)
 
     def _data_version(self) -> int:
         conn = self._conn
