@@ -64,8 +64,13 @@ def _read(path: Path) -> str:
 
 
 def _statement_path(dialect: Dialect, name: str) -> Path:
+    """`name` is looked up in sql/ then extensions/sql/; `extensions/<name>` asks for
+    the extension file only (the ledger statements exist in both, one per ledger)."""
     root = protocol_root()
-    for folder in (root / "sql" / dialect, root / "extensions" / "sql" / dialect):
+    folders = [root / "sql" / dialect, root / "extensions" / "sql" / dialect]
+    if name.startswith("extensions/"):
+        name, folders = name.removeprefix("extensions/"), folders[1:]
+    for folder in folders:
         candidate = folder / f"{name}.sql"
         if candidate.is_file():
             return candidate

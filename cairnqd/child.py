@@ -30,7 +30,13 @@ from typing import Any
 
 from setproctitle import setproctitle
 
-from .errors import DatabaseUnavailable
+from .errors import (
+    DatabaseUnavailable,
+    MigrationsPending,
+    NotACairnqDatabase,
+    ProtocolVersionMismatch,
+    SchemaMismatch,
+)
 from .exitcodes import CONFIG, OK, TEMPFAIL
 from .models import Task
 from .pipes import PROTOCOL_VERSION, MessageReader, MessageWriter, read_one
@@ -162,7 +168,11 @@ class Child:
         if db["backend"] == "sqlite":
             from .store.sqlite import SQLiteStore
 
-            return SQLiteStore(db["path"], busy_timeout_ms=int(db.get("busy_timeout_ms", 5000)))
+            return SQLiteStore(
+                db["path"],
+                busy_timeout_ms=int(db.get("busy_timeout_ms", 5000)),
+                migrate=bool(db.get("auto_migrate", True)),
+            )
         from .store.postgres import PostgresStore
 
         return PostgresStore(
@@ -170,6 +180,7 @@ class Child:
             min_size=1,
             max_size=max(1, int(db.get("connections", 1))),
             connect_timeout_s=float(db.get("connect_timeout_s", 10)),
+            migrate=bool(db.get("auto_migrate", True)),
         )
 
     def _build_worker(self) -> Worker:
@@ -204,7 +215,19 @@ class Child:
         loop.add_signal_handler(signal.SIGUSR1, self._quiet)
         assert self._control is not None
         loop.add_reader(self.control_fd, self._on_control)
-        if not await self._connect(worker.store):
+        try:
+            connected = await self._connect(worker.store)
+        except (
+            MigrationsPending,
+            ProtocolVersionMismatch,
+            SchemaMismatch,
+            NotACairnqDatabase,
+        ) as exc:
+            # No restart can fix these; the group goes FATAL instead of looping.
+            self.events.send("fatal", error=str(exc))
+            log.error("cannot boot: %s", exc)
+            return CONFIG
+        if not connected:
             return OK if self.stop_requested else TEMPFAIL
         self.state = "run"
         self._title("ready")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import json
 import sqlite3
@@ -33,6 +32,7 @@ from .config import Config, ConfigError, PurgeRule, load_config, parse_duration,
 from .errors import (
     AlreadyExists,
     DatabaseUnavailable,
+    MigrationsPending,
     NotACairnqDatabase,
     ProtocolVersionMismatch,
     SchemaMismatch,
@@ -140,21 +140,29 @@ def _json(value: Any) -> str:
 # -- the store -----------------------------------------------------------------------------
 
 
-def open_store(config: Config) -> TaskStore:
+def open_store(config: Config, *, migrate: bool | None = None) -> TaskStore:
+    """A store on the configured database. Admin commands migrate only where
+    `database.auto_migrate` allows; `cairnqd migrate` always does."""
     db = config.database
+    apply = db.auto_migrate if migrate is None else migrate
     if db.path is not None:
-        return SQLiteStore(db.path, busy_timeout_ms=to_ms(db.busy_timeout))
+        return SQLiteStore(db.path, busy_timeout_ms=to_ms(db.busy_timeout), migrate=apply)
     assert db.dsn is not None  # the config guarantees exactly one of path and dsn
     # One connection: a CLI command runs one statement at a time.
     timeout = db.connect_timeout.total_seconds()
-    return PostgresStore(db.dsn, min_size=1, max_size=1, connect_timeout_s=timeout)
+    return PostgresStore(db.dsn, min_size=1, max_size=1, connect_timeout_s=timeout, migrate=apply)
 
 
-def with_store(config: Config, action: Callable[[TaskStore], Awaitable[T]]) -> T:
+def with_store(
+    config: Config,
+    action: Callable[[TaskStore], Awaitable[T]],
+    *,
+    migrate: bool | None = None,
+) -> T:
     """Connect, run `action`, close; database failures become CliError (69 or 65)."""
 
     async def session() -> T:
-        async with open_store(config) as store:
+        async with open_store(config, migrate=migrate) as store:
             return await action(store)
 
     try:
@@ -163,42 +171,28 @@ def with_store(config: Config, action: Callable[[TaskStore], Awaitable[T]]) -> T
         raise CliError(exitcodes.UNAVAILABLE, _one_line(exc)) from None
     except (psycopg.OperationalError, sqlite3.OperationalError) as exc:
         raise CliError(exitcodes.UNAVAILABLE, _unavailable(config, exc)) from None
-    except (NotACairnqDatabase, ProtocolVersionMismatch, SchemaMismatch) as exc:
+    except (
+        NotACairnqDatabase,
+        ProtocolVersionMismatch,
+        SchemaMismatch,
+        MigrationsPending,
+    ) as exc:
         raise CliError(exitcodes.DATAERR, _one_line(exc)) from None
-
-
-def _read_ledgers(config: Config) -> dict[str, list[tuple[str, int]]]:
-    """Both migration ledgers, oldest first.
-
-    The one SQL text outside protocol/ (STYLE.md keeps it there, run only by store/):
-    TaskStore has no ledger read yet. Once `protocol/extensions/sql/*/ledger_list.sql`
-    and `TaskStore.applied_migrations()` exist, this should call that instead."""
-    queries = {
-        table: f"select name, applied_at_ms from {table} order by applied_at_ms, name"
-        for table in ("cairnq_migrations", "cairnqd_migrations")
-    }
-    db = config.database
-    try:
-        if db.path is not None:
-            uri = Path(db.path).resolve().as_uri() + "?mode=ro"
-            with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
-                return {t: [(r[0], int(r[1])) for r in conn.execute(q)] for t, q in queries.items()}
-        timeout = max(1, int(db.connect_timeout.total_seconds()))
-        with psycopg.connect(db.dsn or "", connect_timeout=timeout) as pg:
-            return {t: [(r[0], int(r[1])) for r in pg.execute(q)] for t, q in queries.items()}
-    except (psycopg.OperationalError, sqlite3.OperationalError) as exc:
-        raise CliError(exitcodes.UNAVAILABLE, _unavailable(config, exc)) from None
 
 
 # -- migrate, stats ------------------------------------------------------------------------
 
 
+async def _migrate(store: TaskStore) -> tuple[int, dict[str, list[tuple[str, int]]]]:
+    return await store.protocol_version(), await store.applied_migrations()
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     config = load(args.config)
-    version = with_store(config, lambda store: store.protocol_version())
+    version, ledgers = with_store(config, _migrate, migrate=True)
     print(f"database: {describe_database(config)}")
     print(f"protocol_version: {version}")
-    for ledger, rows in _read_ledgers(config).items():
+    for ledger, rows in ledgers.items():
         print(f"{ledger}:")
         print(table(["  NAME", "APPLIED_AT"], [[f"  {n}", _when(at)] for n, at in rows]))
     return exitcodes.OK

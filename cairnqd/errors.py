@@ -18,6 +18,7 @@ written against the public cairnq SDK match on them, so they follow upstream exa
     ├── SerializationError       a value JSON cannot represent faithfully
     ├── ListenUnavailable        Postgres refused LISTEN for good
     ├── NotACairnqDatabase       the file holds something else (cairnqd only)
+    ├── MigrationsPending        migrations missing and auto-migrate is off (cairnqd)
     └── DatabaseUnavailable      the server cannot be reached (cairnqd only)
 """
 
@@ -150,6 +151,17 @@ class ListenUnavailable(CairnQError):
 
 class NotACairnqDatabase(CairnQError):
     """The target exists but is not (and cannot become) a cairnq database."""
+
+
+class MigrationsPending(CairnQError):
+    """The database lacks migrations and this process may not apply them."""
+
+    def __init__(self, where: str, names: list[str]) -> None:
+        self.names = names
+        super().__init__(
+            f"{where}: {len(names)} migration(s) pending ({', '.join(names)}); "
+            "run `cairnqd migrate` (or set database.auto_migrate: true)"
+        )
 
 
 class DatabaseUnavailable(CairnQError):

@@ -102,7 +102,7 @@ def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None =
         busy_ms = to_ms(database.busy_timeout)
         if statement_timeout_ms is not None:
             busy_ms = min(busy_ms, statement_timeout_ms)
-        return SQLiteStore(database.path, busy_timeout_ms=busy_ms)
+        return SQLiteStore(database.path, busy_timeout_ms=busy_ms, migrate=database.auto_migrate)
     assert database.dsn is not None
     dsn = database.dsn
     if statement_timeout_ms is not None:
@@ -112,6 +112,7 @@ def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None =
         min_size=1,
         max_size=1,
         connect_timeout_s=database.connect_timeout.total_seconds(),
+        migrate=database.auto_migrate,
     )
 
 

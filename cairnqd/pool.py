@@ -105,6 +105,7 @@ def boot_message(config: Config, group: GroupConfig, slot: int, generation: int)
             "busy_timeout_ms": to_ms(db.busy_timeout),
             "connect_timeout_s": db.connect_timeout.total_seconds(),
             "connections": db.connections_per_child,
+            "auto_migrate": db.auto_migrate,
         },
         "group_config": {
             "queues": list(group.queues),

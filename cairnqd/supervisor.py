@@ -15,6 +15,7 @@ so they are claimable in milliseconds instead of after the lease expires.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import selectors
@@ -87,6 +88,10 @@ class Supervisor:
             self.statefile.release()
 
     def _run(self) -> int:
+        refusal = check_connection_budget(self.config)
+        if refusal is not None:
+            log.error("%s", refusal)
+            return CONFIG
         wakeup_r = self._install_signals()
         listen = self.config.metrics.listen
         if listen is not None:
@@ -613,6 +618,56 @@ class Supervisor:
                     f"rss {child.rss >> 20}MiB in flight: {tasks or 'none'}"
                 )
         return "\n".join(lines)
+
+
+def connection_budget(config: Config) -> int:
+    """Postgres connections the configuration opens across all hosts: per child its
+    pool plus the LISTEN connection; per parent the maintenance and metrics
+    connections and the purge lock's session."""
+    per_child = config.database.connections_per_child + 1
+    children = sum(g.processes for g in config.groups.values())
+    parent = 3
+    return config.database.expected_hosts * (children * per_child + parent)
+
+
+def check_connection_budget(config: Config) -> str | None:
+    """A refusal message when the budget exceeds the server's limit and
+    `database.connection_check` is `refuse`; logs a warning for `warn`."""
+    db = config.database
+    if db.backend != "postgres" or db.connection_check == "off":
+        return None
+    try:
+        limit, reserved = asyncio.run(_connection_limits(config))
+    except Exception as exc:  # the children will wait for the database; say so and go on
+        log.warning("could not check the connection budget: %s", exc)
+        return None
+    available = limit - reserved
+    needed = connection_budget(config)
+    if needed <= available:
+        return None
+    message = (
+        f"the configuration opens up to {needed} Postgres connections "
+        f"({db.expected_hosts} host(s)) but the server allows {available} "
+        f"(max_connections {limit} - superuser_reserved_connections {reserved}); lower "
+        "groups.*.processes or database.connections_per_child, raise max_connections, "
+        "or set database.connection_check: warn"
+    )
+    if db.connection_check == "warn":
+        log.warning("%s", message)
+        return None
+    return message
+
+
+async def _connection_limits(config: Config) -> tuple[int, int]:
+    from .store.postgres import PostgresStore
+
+    assert config.database.dsn is not None
+    store = PostgresStore(
+        config.database.dsn,
+        max_size=1,
+        connect_timeout_s=config.database.connect_timeout.total_seconds(),
+    )
+    return await store.server_connection_limits()
 
 
 def restart_only_changes(old: Config, new: Config) -> list[str]:

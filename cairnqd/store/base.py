@@ -153,6 +153,18 @@ class TaskStore(ABC):
     def use_retention(self, sweeper: Any) -> None:
         self._retention = sweeper
 
+    async def applied_migrations(self) -> dict[str, builtins.list[tuple[str, int]]]:
+        """Both ledgers, oldest first: {"cairnq_migrations": [(name, applied_at_ms)],
+        "cairnqd_migrations": [...]}."""
+        out: dict[str, builtins.list[tuple[str, int]]] = {}
+        for table, op in (
+            ("cairnq_migrations", "ledger_list"),
+            ("cairnqd_migrations", "extensions/ledger_list"),
+        ):
+            rows = await self._fetch(op, {})
+            out[table] = [(r["name"], int(r["applied_at_ms"])) for r in rows]
+        return out
+
     async def protocol_version(self) -> int:
         rows = await self._fetch("protocol_version", {})
         return int(rows[0]["value"]) if rows else 0

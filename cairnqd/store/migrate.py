@@ -17,6 +17,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -28,6 +29,43 @@ _LEDGER_FOLDER = {"cairnq": "sql", "cairnqd": "extensions/sql"}
 def _ledger_sql(dialect: str, ledger: str, op: str) -> str:
     path = protocol_root() / _LEDGER_FOLDER[ledger] / dialect / f"{op}.sql"
     return strip_comments(Path(path).read_text(encoding="utf-8")).strip()
+
+
+_LEDGER_TABLE = {"cairnq": "cairnq_migrations", "cairnqd": "cairnqd_migrations"}
+
+
+def _pending(applied: dict[str, set[str]], dialect: str) -> list[str]:
+    return [m.name for m in migrations(dialect) if m.name not in applied[m.ledger]]  # type: ignore[arg-type]
+
+
+def pending_sqlite(conn: sqlite3.Connection) -> list[str]:
+    """Known migrations missing from the ledgers, without writing anything."""
+    applied: dict[str, set[str]] = {}
+    for ledger, table in _LEDGER_TABLE.items():
+        exists = conn.execute(
+            _ledger_sql("sqlite", "cairnq", "ledger_exists"), {"table_name": table}
+        ).fetchone()
+        applied[ledger] = set()
+        if exists and exists[0]:
+            rows = conn.execute(_ledger_sql("sqlite", ledger, "ledger_names")).fetchall()
+            applied[ledger] = {r[0] for r in rows}
+    return _pending(applied, "sqlite")
+
+
+async def pending_postgres(conn: psycopg.AsyncConnection[Any]) -> list[str]:
+    applied: dict[str, set[str]] = {}
+    for ledger, table in _LEDGER_TABLE.items():
+        cur = await conn.execute(
+            _pg_named(_ledger_sql("postgres", "cairnq", "ledger_exists")), {"table_name": table}
+        )
+        row = await cur.fetchone()
+        present = bool(row and (row["n"] if isinstance(row, dict) else row[0]))
+        names: set[str] = set()
+        if present:
+            cur = await conn.execute(_ledger_sql("postgres", ledger, "ledger_names"))
+            names = {r["name"] if isinstance(r, dict) else r[0] for r in await cur.fetchall()}
+        applied[ledger] = names
+    return _pending(applied, "postgres")
 
 
 def split_sqlite_script(sql: str) -> list[str]:

@@ -30,13 +30,14 @@ from .._protocol import Statement, statement
 from ..errors import (
     DatabaseUnavailable,
     LostLease,
+    MigrationsPending,
     ProtocolVersionMismatch,
     SchemaMismatch,
 )
 from ..jsoncodec import dump_json
 from ..models import Task
 from .base import Params, Row, Session, TaskStore
-from .migrate import apply_postgres
+from .migrate import apply_postgres, pending_postgres
 
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
@@ -77,8 +78,11 @@ class PostgresStore(TaskStore):
         max_size: int = 10,
         schema: str | None = None,
         connect_timeout_s: float = 10.0,
+        migrate: bool = True,
     ) -> None:
         super().__init__()
+        # False: refuse a database with pending migrations instead of applying them.
+        self.migrate = migrate
         if schema is not None and not _SCHEMA_NAME.match(schema):
             raise ValueError(f"schema must match {_SCHEMA_NAME.pattern}, got {schema!r}")
         if min_size < 1 or max_size < min_size:
@@ -127,7 +131,10 @@ class PostgresStore(TaskStore):
         self._ever_connected = True
         async with await self._open_connection() as conn:
             await self._check_installation(conn)
-            await apply_postgres(conn)
+            if self.migrate:
+                await apply_postgres(conn)
+            elif pending := await pending_postgres(conn):
+                raise MigrationsPending(redact_dsn(self.dsn), pending)
             version = await _run(conn, statement("postgres", "protocol_version"), {})
             found = int(version[0]["value"]) if version else 0
             if found != 1:
@@ -276,6 +283,13 @@ class PostgresStore(TaskStore):
             return self._task(rows[0]), value
 
     # -- daemon maintenance ------------------------------------------------------------
+
+    async def server_connection_limits(self) -> tuple[int, int]:
+        """(max_connections, superuser_reserved_connections) of the server. Works on a
+        store that is not connected: the daemon asks before anything is migrated."""
+        async with await self._open_connection() as conn:
+            rows = await _run(conn, statement("postgres", "connection_limits"), {})
+        return int(rows[0]["max_connections"]), int(rows[0]["reserved"])
 
     @asynccontextmanager
     async def session_lock(self, namespace: int, lock_id: int) -> AsyncIterator[bool]:

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from .._protocol import Statement, statement
-from ..errors import NotACairnqDatabase, ProtocolVersionMismatch, StoreClosed
+from ..errors import MigrationsPending, NotACairnqDatabase, ProtocolVersionMismatch, StoreClosed
 from .base import Params, Row, Session, TaskStore
-from .migrate import apply_sqlite
+from .migrate import apply_sqlite, pending_sqlite
 
 _OPTIMIZE_EVERY_S = 60.0
 _WAL_RETRY_S = 0.05
@@ -66,7 +66,12 @@ class SQLiteStore(TaskStore):
     json_is_text = True
 
     def __init__(
-        self, path: str | Path, *, busy_timeout_ms: int = 5000, synchronous: str = "full"
+        self,
+        path: str | Path,
+        *,
+        busy_timeout_ms: int = 5000,
+        synchronous: str = "full",
+        migrate: bool = True,
     ) -> None:
         """`synchronous="full"` (the default) fsyncs the WAL on every commit, so a
         submitted or finished task survives a power cut. `"normal"` skips that fsync
@@ -79,6 +84,8 @@ class SQLiteStore(TaskStore):
         self.path = str(path)
         self.busy_timeout_ms = busy_timeout_ms
         self.synchronous = synchronous
+        # False: refuse a database with pending migrations instead of applying them.
+        self.migrate = migrate
         self._conn: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
         self._pending: list[_Write] = []
@@ -130,7 +137,10 @@ class SQLiteStore(TaskStore):
                 self._enable_wal(conn)
             conn.execute("pragma foreign_keys = on")
             conn.execute(f"pragma synchronous = {self.synchronous}")
-            apply_sqlite(conn)
+            if self.migrate:
+                apply_sqlite(conn)
+            elif pending := pending_sqlite(conn):
+                raise MigrationsPending(self.path, pending)
             self._refresh_statistics(conn)
             conn.execute("pragma busy_timeout = 0")
         except sqlite3.DatabaseError as exc:

@@ -83,9 +83,26 @@ def sqlite_config(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def db_config(tmp_path: Path, dialect: str, db_target: str) -> Path:
-    """The same config on SQLite and on a fresh Postgres database."""
-    return write_config(tmp_path, database_line(dialect, db_target))
+def db_config(tmp_path: Path, dialect: str, db_target: str, run: Run) -> Path:
+    """The same config on SQLite and on a fresh Postgres database. Postgres does not
+    migrate on its own (database.auto_migrate defaults to false there), so the
+    fixture runs `cairnqd migrate` first, as an operator would."""
+    path = write_config(tmp_path, database_line(dialect, db_target))
+    if dialect == "postgres":
+        migrated = run("migrate")
+        assert migrated.returncode == 0, migrated.stderr
+    return path
+
+
+def test_postgres_commands_refuse_an_unmigrated_database(
+    tmp_path: Path, pg_dsn: str, run: Run
+) -> None:
+    write_config(tmp_path, database_line("postgres", pg_dsn))
+    refused = run("stats")
+    assert refused.returncode == 65
+    assert "migration(s) pending" in refused.stderr and "cairnqd migrate" in refused.stderr
+    assert run("migrate").returncode == 0
+    assert run("stats").returncode == 0
 
 
 # -- config ---------------------------------------------------------------------------

@@ -21,7 +21,10 @@ pytestmark = pytest.mark.slow
 
 
 def database_section(dialect: str, target: str) -> dict[str, Any]:
-    return {"path": target} if dialect == "sqlite" else {"dsn": target}
+    # Fresh test databases: let the daemon migrate them (Postgres defaults to off).
+    if dialect == "sqlite":
+        return {"path": target}
+    return {"dsn": target, "auto_migrate": True}
 
 
 def run(coro: Any) -> Any:

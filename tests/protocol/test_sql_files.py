@@ -713,6 +713,7 @@ def _params(dialect: str) -> dict[str, Any]:
         "items": json.dumps([{"id": "task_run", "r": '{"ok": true}'}]),
         "results": ['{"ok": true}'],
         "running": "running",
+        "table_name": "cairnq_migrations",
         # The daemon's session locks (two-int4 advisory key space).
         "lock_namespace": 1668378212,
         "lock_id": 1,
@@ -753,6 +754,9 @@ def _insert_many_arrays(row: dict[str, Any]) -> dict[str, Any]:
         "delays": [row["delay_ms"]],
     }
 
+
+# An expected row count of AT_LEAST_ONE: the ledgers hold one row per applied migration.
+AT_LEAST_ONE = -1
 
 # op -> (overrides, expected row count or None when the statement returns nothing)
 _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
@@ -796,6 +800,12 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/complete_many": ({}, 1),
     "extensions/insert_many": ({"ids": ["task_many"]}, 1),
     "extensions/purge_count": (dict.fromkeys(("status", "queue", "name")), 1),
+    "extensions/connection_limits": ({}, 1),
+    "sql/ledger_names": ({}, AT_LEAST_ONE),
+    "sql/ledger_list": ({}, AT_LEAST_ONE),
+    "sql/ledger_exists": ({"table_name": "cairnq_migrations"}, 1),
+    "extensions/ledger_names": ({}, AT_LEAST_ONE),
+    "extensions/ledger_list": ({}, AT_LEAST_ONE),
     "extensions/oldest_queued": ({}, 1),
     "extensions/leases_expired": ({}, 1),
     "extensions/try_session_lock": ({}, 1),
@@ -804,6 +814,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
 }
 
 _PG_ONLY = {
+    "extensions/connection_limits",
     "sql/installations",
     "sql/lock_key",
     "sql/ledger_lock",
@@ -864,6 +875,13 @@ def _seed(execute: Callable[[str, dict[str, Any]], Any]) -> None:
     )
 
 
+def _check_count(op: str, rows: list[Any] | None, expected: int | None) -> None:
+    if expected == AT_LEAST_ONE:
+        assert rows, op
+    else:
+        assert (None if rows is None else len(rows)) == expected, op
+
+
 def test_sqlite_statements_execute(tmp_path: Path) -> None:
     conn = sqlite_ours(tmp_path / "stmts.db")
     conn.execute("begin")
@@ -880,7 +898,7 @@ def test_sqlite_statements_execute(tmp_path: Path) -> None:
             raise AssertionError(f"sqlite {op}: {exc}") from exc
         finally:
             conn.execute("rollback")
-        assert (None if rows is None else len(rows)) == expected, op
+        _check_count(op, rows, expected)
 
 
 def test_postgres_statements_execute(pg: PgDatabases) -> None:
@@ -898,7 +916,7 @@ def test_postgres_statements_execute(pg: PgDatabases) -> None:
                 raise AssertionError(f"postgres {op}: {exc}") from exc
             finally:
                 conn.rollback()
-            assert (None if rows is None else len(rows)) == expected, op
+            _check_count(op, rows, expected)
             if op == "sql/installations":
                 assert rows == [{"current_schema": "public", "schema": "public"}]
 
