@@ -483,21 +483,25 @@ class Supervisor:
             self.rolls[name] = [s.index for s in group.slots if s.child is not None]
 
     def _advance_rolls(self) -> None:
-        """Replace one child per group at a time: spawn its successor, wait for ready,
-        TERM the old one (it drains with its old config), wait for it to exit."""
+        """Replace up to `reload.max_surge` children per group at a time: spawn each
+        successor, wait for it to be ready, TERM the old child (it drains with its old
+        config), and start the next once the old one has exited. Capacity never drops
+        below the configured size."""
+        surge = self.config.reload.max_surge
         for name in list(self.rolls):
             group = self.groups[name]
             pending = self.rolls[name]
-            if any(s.successor is not None for s in group.slots) or group.retired:
-                self._promote_ready_successors(group)
-                continue
-            while pending and group.slots[pending[0]].child is None:
-                pending.pop(0)  # the slot died meanwhile; it restarts with the new config
-            if not pending:
+            self._promote_ready_successors(group)
+            in_progress = sum(1 for s in group.slots if s.successor is not None)
+            in_progress += len(group.retired)
+            while pending and in_progress < surge:
+                slot = group.slots[pending.pop(0)]
+                if slot.child is None:
+                    continue  # the slot died meanwhile; it restarts with the new config
+                slot.successor = self._spawn(group.config, slot.index, self.generation)
+                in_progress += 1
+            if not pending and in_progress == 0:
                 del self.rolls[name]
-                continue
-            slot = group.slots[pending.pop(0)]
-            slot.successor = self._spawn(group.config, slot.index, self.generation)
         if not self.rolls and self.reload_in_flight:
             self._reload_finished(True, [])
         if not self.rolls and self.pending_reload is not None:

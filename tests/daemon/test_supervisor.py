@@ -308,3 +308,58 @@ def test_term_during_load_drains_and_exits_zero(
     assert "STOPPING=1" in daemon.messages or (
         daemon.poll_notify() or "STOPPING=1" in daemon.messages
     )
+
+
+def test_connection_budget_over_the_server_limit_refuses_to_start(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.daemon.daemon import REPO
+
+    config = base_config(
+        tmp_path,
+        {"dsn": pg_dsn, "auto_migrate": True, "expected_hosts": 100_000},
+        {"g": {"queues": ["q"], "processes": 2}},
+    )
+    (tmp_path / "run").mkdir(exist_ok=True)
+    path = tmp_path / "cairnq.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "cairnqd.cli", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 78, done.stderr
+    assert "Postgres connections" in done.stderr and "max_connections" in done.stderr
+
+
+def test_roll_with_max_surge_two_replaces_every_child(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
+) -> None:
+    config = base_config(
+        tmp_path,
+        database_section(dialect, db_target),
+        {"g": {"queues": ["q"], "processes": 4, "concurrency": 2}},
+    )
+    config["reload"] = {"max_surge": 2}
+    daemon = daemon_factory(config).start()
+    before = set(daemon.children("g"))
+    assert len(before) == 4
+    config["groups"]["g"]["lease"] = "45s"
+    daemon.write_config(config)
+    daemon.signal(signal.SIGHUP)
+
+    def rolled() -> bool:
+        now = set(daemon.children("g"))
+        # Capacity never drops below the pool size while it rolls.
+        assert len(now) >= 4, now
+        return len(now) == 4 and not now & before
+
+    wait_for("every child to be replaced", rolled, timeout=90)
+    assert daemon.stop() == 0
