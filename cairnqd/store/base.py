@@ -25,7 +25,7 @@ from .._protocol import Dialect
 from ..errors import AlreadyExists, LostLease, SerializationError, UnsupportedBackend
 from ..ids import new_task_id
 from ..jsoncodec import dump_json, dump_json_or_empty
-from ..models import CONFLICTS, STATUSES, TERMINAL_STATUSES, Task, TaskRef
+from ..models import CONFLICTS, STATUSES, TERMINAL_STATUSES, Task, TaskRef, task_name
 
 if TYPE_CHECKING:
     from ..backpressure import QueueDepthGate
@@ -208,6 +208,9 @@ class TaskStore(ABC):
             "queue": queue,
             "payload": dump_json_or_empty(payload, what="payload"),
             "metadata": dump_json_or_empty(metadata, what="metadata"),
+            # The values themselves, for tasks built without reading the row back.
+            "payload_value": {} if payload is None else payload,
+            "metadata_value": {} if metadata is None else metadata,
             "max_attempts": max_attempts,
             "priority": priority,
             "parent_id": parent_id,
@@ -313,8 +316,10 @@ class TaskStore(ABC):
         async def flush_run() -> None:
             if run:
                 rows = await session.fetch("insert_many", _insert_many_params(run))
-                by_id = {r["id"]: r for r in rows}
-                out.extend(self._task(by_id[p["id"]]) for p in run)
+                # Only the times come back; the rest is what we inserted, so the rows
+                # are not parsed back out of their JSON.
+                times = {r["id"]: (int(r["run_at_ms"]), int(r["created_at_ms"])) for r in rows}
+                out.extend(_new_task(p, *times[p["id"]]) for p in run)
                 run.clear()
 
         for params in prepared:
@@ -703,13 +708,32 @@ def _claim_variant(queues: list[str], names: Sequence[str] | None) -> tuple[str,
     return "claim", {"queues": queues, "names": name_list}
 
 
+def _new_task(params: Params, run_at_ms: int, created_at_ms: int) -> Task:
+    return Task(
+        id=params["id"],
+        name=params["name"],
+        queue=params["queue"],
+        status="queued",
+        payload=params["payload_value"],
+        metadata=params["metadata_value"],
+        max_attempts=params["max_attempts"],
+        priority=params["priority"],
+        parent_id=params["parent_id"],
+        root_id=params["root_id"],
+        correlation_id=params["correlation_id"],
+        run_at_ms=run_at_ms,
+        created_at_ms=created_at_ms,
+        updated_at_ms=created_at_ms,
+    )
+
+
 # Rows per insert_many statement: big enough to amortize, small enough for the
 # statement's JSON/array parameters to stay a few MB at most.
 _INSERT_MANY_CHUNK = 5000
 
 
 def _insert_many_params(run: Sequence[Params]) -> Params:
-    # Superset: SQLite reads one JSON array, Postgres parallel arrays.
+    """Both dialects read one JSON array of the new tasks."""
     return {
         "new_tasks": dump_json(
             [
@@ -728,29 +752,13 @@ def _insert_many_params(run: Sequence[Params]) -> Params:
                 }
                 for p in run
             ]
-        ),
-        "ids": [p["id"] for p in run],
-        "task_names": [p["name"] for p in run],
-        "task_queues": [p["queue"] for p in run],
-        "payloads": [p["payload"] for p in run],
-        "metadatas": [p["metadata"] for p in run],
-        "max_attempts_list": [p["max_attempts"] for p in run],
-        "priorities": [p["priority"] for p in run],
-        "parent_ids": [p["parent_id"] for p in run],
-        "root_ids": [p["root_id"] for p in run],
-        "correlation_ids": [p["correlation_id"] for p in run],
-        "delays": [p["delay_ms"] for p in run],
+        )
     }
 
 
 def _complete_many_params(worker_id: str, items: Sequence[tuple[str, str | None]]) -> Params:
-    # Superset: SQLite reads one JSON array, Postgres two parallel text arrays.
-    return {
-        "worker_id": worker_id,
-        "items": dump_json([{"id": i, "r": r} for i, r in items]),
-        "ids": [i for i, _ in items],
-        "results": [r for _, r in items],
-    }
+    # Both dialects read one JSON array; results travel as JSON text inside it.
+    return {"worker_id": worker_id, "items": dump_json([{"id": i, "r": r} for i, r in items])}
 
 
 def encode_error(error: Mapping[str, Any]) -> str:
@@ -783,13 +791,11 @@ _SUBMIT_ARGS = frozenset(
 
 
 def _submit_defaults(item: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = set(item) - _SUBMIT_ARGS
+    unknown = item.keys() - _SUBMIT_ARGS
     if unknown:
         raise TypeError(f"unknown submit argument(s): {', '.join(sorted(unknown))}")
     if "name" not in item:
         raise TypeError("missing 'name'")
-    from ..models import task_name
-
     return {
         "name": task_name(item["name"]),
         "payload": item.get("payload"),

@@ -711,7 +711,6 @@ def _params(dialect: str) -> dict[str, Any]:
         "error": HANDLER_ERROR,
         "max_depth": 5,
         "items": json.dumps([{"id": "task_run", "r": '{"ok": true}'}]),
-        "results": ['{"ok": true}'],
         "running": "running",
         "table_name": "cairnq_migrations",
         # The daemon's session locks (two-int4 advisory key space).
@@ -736,23 +735,8 @@ def _insert_many_params(sqlite: bool) -> dict[str, Any]:
         "correlation_id": None,
         "delay_ms": 0,
     }
-    del sqlite  # both shapes are supplied; each dialect binds the names it uses
-    return {"new_tasks": json.dumps([row]), **_insert_many_arrays(row)}
-
-
-def _insert_many_arrays(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "task_names": [row["name"]],
-        "task_queues": [row["queue"]],
-        "payloads": [row["p"]],
-        "metadatas": [row["m"]],
-        "max_attempts_list": [row["max_attempts"]],
-        "priorities": [row["priority"]],
-        "parent_ids": [row["parent_id"]],
-        "root_ids": [row["root_id"]],
-        "correlation_ids": [row["correlation_id"]],
-        "delays": [row["delay_ms"]],
-    }
+    del sqlite  # both dialects read the same JSON array
+    return {"new_tasks": json.dumps([row])}
 
 
 # An expected row count of AT_LEAST_ONE: the ledgers hold one row per applied migration.
@@ -798,7 +782,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/ledger_record": ({"name": "cairnqd_9999_test.sql"}, None),
     "extensions/release_worker": ({}, 1),
     "extensions/complete_many": ({}, 1),
-    "extensions/insert_many": ({"ids": ["task_many"]}, 1),
+    "extensions/insert_many": ({}, 1),
     "extensions/purge_count": (dict.fromkeys(("status", "queue", "name")), 1),
     "extensions/connection_limits": ({}, 1),
     "sql/ledger_names": ({}, AT_LEAST_ONE),
@@ -1486,8 +1470,15 @@ def test_postgres_semantics(pg: PgDatabases) -> None:
             "complete_many",
             extension=True,
             worker_id="w1",
-            ids=["task_m1", "task_m2", "task_m3", "task_m4", "task_nope"],
-            results=['"text"', None, '{"x": 1}', "1", None],
+            items=json.dumps(
+                [
+                    {"id": "task_m1", "r": '"text"'},
+                    {"id": "task_m2", "r": None},
+                    {"id": "task_m3", "r": '{"x": 1}'},
+                    {"id": "task_m4", "r": "1"},
+                    {"id": "task_nope", "r": None},
+                ]
+            ),
         )
         assert sorted((r["id"], r["status"]) for r in got) == [
             ("task_m1", "succeeded"),

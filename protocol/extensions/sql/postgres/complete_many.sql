@@ -1,10 +1,11 @@
--- complete for many tasks in one write. :ids and :results are parallel text arrays; each
--- result element is JSON text, and a NULL element stores SQL NULL, as in complete. Each
--- row gets exactly what complete would give it: ownership is checked per row (a missing
--- id lost its lease), a pending cancel wins (canceled, result and progress untouched),
--- otherwise succeeded with its result and progress 1.0. Only id and status come back.
--- The ownership test binds the running status as :running, like the other owned writes,
--- so a cached generic plan keeps probing the primary key per item.
+-- complete for many tasks in one write. :items is a JSON array of {"id": ..., "r": ...}
+-- where "r" is the result already encoded as JSON text (null for a SQL NULL result),
+-- unpacked by json_to_recordset. Each row gets exactly what complete would give it:
+-- ownership is checked per row (a missing id lost its lease), a pending cancel wins
+-- (canceled, result and progress untouched), otherwise succeeded with its result and
+-- progress 1.0. Only id and status come back.
+-- The ownership test binds the running status as :running, like the other owned
+-- writes, so a cached generic plan keeps probing the primary key per item.
 update cairnq_tasks as t
 set status = case
         when t.cancel_requested_at_ms is not null then 'canceled'
@@ -12,13 +13,13 @@ set status = case
     end,
     result = case
         when t.cancel_requested_at_ms is not null then t.result
-        else item.result::jsonb
+        else item.r::jsonb
     end,
     progress = case when t.cancel_requested_at_ms is not null then t.progress else 1.0 end,
     lease_until_ms = null,
     completed_at_ms = (extract(epoch from now()) * 1000)::bigint,
     updated_at_ms = (extract(epoch from now()) * 1000)::bigint
-from unnest(:ids::text[], :results::text[]) as item (id, result)
+from json_to_recordset(:items::json) as item (id text, r text)
 where t.id = item.id
   and t.status = :running and t.worker_id = :worker_id
   and t.lease_until_ms > (extract(epoch from now()) * 1000)::bigint

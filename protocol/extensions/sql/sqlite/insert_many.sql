@@ -22,4 +22,4 @@ select
     :now_ms,
     :now_ms
 from json_each(:new_tasks)
-returning *
+returning id, run_at_ms, created_at_ms
