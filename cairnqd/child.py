@@ -38,6 +38,7 @@ from .errors import (
     SchemaMismatch,
 )
 from .exitcodes import CONFIG, OK, TEMPFAIL
+from .logs import LoggingSetupError, configure_logging, reopen_logs
 from .models import Task
 from .pipes import PROTOCOL_VERSION, MessageReader, MessageWriter, read_one
 from .registry import resolve_handlers
@@ -136,10 +137,7 @@ class Child:
         if self.boot.get("v") != PROTOCOL_VERSION:
             self.events.send("fatal", error="pipe protocol mismatch: restart cairnqd")
             return CONFIG
-        logging.basicConfig(
-            level=self.boot.get("log_level", "INFO"),
-            format=f"%(asctime)s cairnqd[{os.getpid()}] {self._label()} %(levelname)s %(message)s",
-        )
+        self._configure_logging(self.boot.get("logging") or {"level": self.boot.get("log_level")})
         self._title("starting")
         try:
             worker = self._build_worker()
@@ -150,6 +148,16 @@ class Child:
         self.worker = worker
         threading.Thread(target=self._heartbeat_thread, name="cairnqd-hb", daemon=True).start()
         return asyncio.run(self._serve(worker))
+
+    def _configure_logging(self, settings: dict[str, Any]) -> None:
+        try:
+            configure_logging(settings, process_label=self._label())
+        except LoggingSetupError as exc:
+            # The parent opened the same file a moment ago, so this is a race with
+            # the operator (directory removed, permissions changed). Log to stderr
+            # rather than refuse to boot: losing the worker over its log is worse.
+            configure_logging({**settings, "file": None}, process_label=self._label())
+            log.error("%s; logging to stderr instead", exc)
 
     def _label(self) -> str:
         boot = self.boot
@@ -235,6 +243,7 @@ class Child:
             "ready", v=PROTOCOL_VERSION, pid=os.getpid(), worker_id=worker.worker_id,
             gen=self.boot.get("gen", 0), rss=_rss_bytes(),
         )  # fmt: skip
+        log.info("ready: worker %s, generation %s", worker.worker_id, self.boot.get("gen", 0))
         try:
             await worker.run()
         finally:
@@ -304,7 +313,14 @@ class Child:
         for message in self._control.read():
             kind = message.get("t")
             if kind == "log_level":
-                logging.getLogger().setLevel(str(message.get("level", "INFO")))
+                settings = message.get("logging")
+                if isinstance(settings, dict):
+                    # A reload: format, file and per-logger levels change in place too.
+                    self._configure_logging(settings)
+                elif "level" in message:
+                    logging.getLogger().setLevel(str(message["level"]).upper())
+            elif kind == "reopen_logs":
+                reopen_logs()  # logrotate renamed the file; the parent got SIGUSR1
         if self._control.closed:
             assert self.loop is not None
             self.loop.remove_reader(self.control_fd)

@@ -150,7 +150,9 @@ def open_store(config: Config, *, migrate: bool | None = None) -> TaskStore:
     assert db.dsn is not None  # the config guarantees exactly one of path and dsn
     # One connection: a CLI command runs one statement at a time.
     timeout = db.connect_timeout.total_seconds()
-    return PostgresStore(db.dsn, min_size=1, max_size=1, connect_timeout_s=timeout, migrate=apply)
+    return PostgresStore(
+        db.dsn, min_size=1, max_size=1, connect_timeout_s=timeout, migrate=apply, listen=False
+    )
 
 
 def with_store(

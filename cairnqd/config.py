@@ -1026,7 +1026,7 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("logging.format", _Enum("text", "json"), "text", _H,
             "text, or json: one object per line."),
     Setting("logging.file", _Path(), None, _H, nullable=True, doc=
-            "Also append logs to this file (SIGUSR1 reopens it); null: stderr only."),
+            "Append logs to this file instead of stderr (SIGUSR1 reopens it); null: stderr."),
     Setting("logging.loggers", _Map(_LOGGER, _Enum(*_LEVELS, fold=True)), {}, _H,
             "Levels of single loggers, e.g. {psycopg: warning}."),
     Setting("runtime_dir", _Path(), None, _R, nullable=True, doc=

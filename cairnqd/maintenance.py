@@ -113,6 +113,7 @@ def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None =
         max_size=1,
         connect_timeout_s=database.connect_timeout.total_seconds(),
         migrate=database.auto_migrate,
+        listen=False,
     )
 
 

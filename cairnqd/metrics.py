@@ -10,6 +10,16 @@ survive child restarts and no multiprocess mode (with its per-pid files) is need
   scrapes share the one query in flight; a scrape waits at most 2 s. On failure the DB
   families are left out (no stale numbers) and `cairnq_db_up` is 0. `describe()`
   answers without a query, so registering never touches the database.
+- **`metrics.queue_stats: leader`** (Postgres): only the host whose collector holds
+  the session advisory lock `(database.lock_namespace, 2)` exports `cairnq_tasks`,
+  the oldest-queued age and expired leases, so dashboards can `sum` without
+  double-counting and the database answers the statistics once, not once per host.
+  The lock lives on a session of the collector's own, taken with
+  `pg_try_advisory_lock` and kept while that session lives; a non-leader tries again
+  on each refresh, so when the leader stops or loses its connection another host
+  takes over within one `stats_ttl`. Non-leaders run no statistics query but still
+  export `cairnq_db_up` (did the lock's round trip succeed) and the scrape gauges.
+  SQLite has one host, which always leads.
 - **Cardinality.** Label values come from config or fixed enums. Queues this host does
   not configure keep their name for the first 20 seen; the rest are summed as
   `queue="_other"`. Known combinations start at 0; a dropped queue, group or rule has
@@ -51,6 +61,7 @@ from .config import Config, MetricsConfig
 from .maintenance import LoopThread, parent_store
 from .models import STATUSES
 from .store.base import TaskStore
+from .store.postgres import HeldSessionLock, PostgresStore
 
 __all__ = [
     "CHILD_STATES",
@@ -73,6 +84,10 @@ OTHER_QUEUE = "_other"
 #: Unconfigured queues that keep their own label value before `_other` takes over.
 MAX_UNKNOWN_QUEUES = 20
 DB_QUERY_TIMEOUT_S = 2.0
+#: Second key of the stats leader's advisory lock; the purge sweep uses 1 (DAEMON.md §5).
+STATS_LOCK_ID = 2
+#: `database.lock_namespace`'s default, for collectors built without a config.
+DEFAULT_LOCK_NAMESPACE = 0x63716E64
 
 FAILURE_REASONS = ("error", "max_run", "worker_lost", "lease_lost")
 RECOVERY_REASONS = ("expired", "worker_exit", "shutdown", "max_run")
@@ -183,6 +198,12 @@ class DatabaseSnapshot:
     tasks: Mapping[str, Mapping[str, int]]
     oldest_queued_age_ms: Mapping[str, int]
     leases_expired: Mapping[str, int]
+    #: False on a `queue_stats: leader` host that is not the leader: the refresh
+    #: succeeded, but the per-queue families are left to the leader.
+    exported: bool = True
+
+
+_NOT_LEADER = DatabaseSnapshot(tasks={}, oldest_queued_age_ms={}, leases_expired={}, exported=False)
 
 
 async def _query_snapshot(store: TaskStore) -> DatabaseSnapshot:
@@ -215,8 +236,15 @@ class DatabaseCollector:
         ttl_s: float,
         timeout_s: float = DB_QUERY_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        queue_stats: str = "all",
+        lock_namespace: int = DEFAULT_LOCK_NAMESPACE,
     ) -> None:
         self._store_factory = store_factory
+        # Read on the collector's loop, replaced whole from the supervisor's thread.
+        self._queue_stats = queue_stats
+        self._lock_namespace = lock_namespace
+        self._leader_lock: HeldSessionLock | None = None
+        self._leading: bool | None = None  # for logging changes only
         self._labels = queue_labels
         self._ttl_s = ttl_s
         self._timeout_s = timeout_s
@@ -238,6 +266,16 @@ class DatabaseCollector:
     def set_ttl(self, ttl_s: float) -> None:
         self._ttl_s = ttl_s
 
+    def set_queue_stats(self, queue_stats: str, lock_namespace: int) -> None:
+        """`metrics.queue_stats` (all, leader) and the lock's namespace; the next
+        refresh takes, keeps or gives up the lock accordingly."""
+        self._queue_stats, self._lock_namespace = queue_stats, lock_namespace
+
+    @property
+    def leading(self) -> bool | None:
+        """Whether the last refresh found this collector the leader (None: not yet)."""
+        return self._leading
+
     # -- prometheus_client collector protocol ----------------------------------------------
 
     def describe(self) -> Iterable[Metric]:
@@ -246,7 +284,7 @@ class DatabaseCollector:
     def collect(self) -> Iterable[Metric]:
         snapshot = self._current()
         families = self._status_families()
-        if snapshot is not None:
+        if snapshot is not None and snapshot.exported:
             families.extend(self._db_families(snapshot))
         return families
 
@@ -295,13 +333,45 @@ class DatabaseCollector:
             store = await self._connected_store()
             # Connecting has its own timeout (connect_timeout); scrapes stop waiting at
             # 2 s regardless, and share this refresh until it ends.
-            snapshot = await asyncio.wait_for(_query_snapshot(store), self._timeout_s)
+            snapshot = await asyncio.wait_for(self._query(store), self._timeout_s)
         except Exception as exc:
             self._finish(refresh, None)
             log.warning("database statistics query failed: %s", exc or type(exc).__name__)
             raise
         self._finish(refresh, snapshot)
         return snapshot
+
+    async def _query(self, store: TaskStore) -> DatabaseSnapshot:
+        if not await self._leads(store):
+            return _NOT_LEADER
+        return await _query_snapshot(store)
+
+    async def _leads(self, store: TaskStore) -> bool:
+        """Whether this host exports the per-queue families; with `leader` on Postgres,
+        checks or takes the leader lock on its own session."""
+        mode, key = self._queue_stats, (self._lock_namespace, STATS_LOCK_ID)
+        lock = self._leader_lock
+        if lock is not None and (mode != "leader" or lock.key != key):
+            # Reloaded away from `leader` (or to another namespace): end the session
+            # now, so another host need not wait for our restart to take over.
+            self._leader_lock = None
+            await lock.close()
+        if mode != "leader" or not isinstance(store, PostgresStore):
+            return True  # `all`, or SQLite, where this host is the only one
+        if self._leader_lock is None:
+            self._leader_lock = store.held_session_lock(*key)
+        try:
+            leading = await self._leader_lock.ensure()
+        except BaseException:
+            self._leading = None  # unknown; the failed refresh is logged by the caller
+            raise
+        if leading != self._leading:
+            if leading:
+                log.info("stats leader: this host now exports the per-queue gauges")
+            else:
+                log.info("not the stats leader: another host exports the per-queue gauges")
+        self._leading = leading
+        return leading
 
     def _finish(self, refresh: _Refresh, snapshot: DatabaseSnapshot | None) -> None:
         with self._lock:
@@ -335,6 +405,9 @@ class DatabaseCollector:
         self._thread.stop(timeout_s)
 
     async def _close_store(self) -> None:
+        lock, self._leader_lock = self._leader_lock, None
+        if lock is not None:
+            await lock.close()  # hand leadership over at once, not when the process ends
         store, self._store = self._store, None
         self._store_connected = False
         if store is not None:
@@ -530,6 +603,8 @@ class Metrics:
             factory,
             queue_labels=self.queue_labels,
             ttl_s=config.metrics.stats_ttl.total_seconds(),
+            queue_stats=config.metrics.queue_stats,
+            lock_namespace=config.database.lock_namespace,
         )
         self.registry.register(self.database)
         self.build_info.labels(
@@ -736,6 +811,7 @@ class Metrics:
             self._build_task_metrics(settings)
         self.queue_labels.configure(_configured_queues(config))
         self.database.set_ttl(settings.stats_ttl.total_seconds())
+        self.database.set_queue_stats(settings.queue_stats, config.database.lock_namespace)
         groups = set(config.groups)
         rules = {str(i) for i in range(len(config.retention.rules))}
         self._series.remove_where("queue", lambda queue: queue not in dropped_queues)

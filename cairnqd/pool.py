@@ -24,6 +24,7 @@ from ulid import ULID
 
 from .budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
 from .config import Config, GroupConfig, to_ms
+from .logs import logging_settings
 from .pipes import PROTOCOL_VERSION, MessageReader, MessageWriter
 from .systemd import child_environment
 
@@ -94,6 +95,9 @@ def boot_message(config: Config, group: GroupConfig, slot: int, generation: int)
         "nslots": group.processes,
         "gen": generation,
         "log_level": config.logging.level.upper(),
+        # The whole logging section: the child formats and writes (stderr or the
+        # file) exactly as the parent does; it never reads the YAML itself.
+        "logging": logging_settings(config.logging),
         "hb_interval_s": config.supervisor.heartbeat_interval.total_seconds(),
         "shutdown_timeout_s": config.shutdown_timeout_for(group.name).total_seconds(),
         "max_tasks": max_tasks,

@@ -30,6 +30,7 @@ from setproctitle import setproctitle
 from . import systemd
 from .config import Config, ConfigError, GroupConfig, load_config
 from .exitcodes import CONFIG, OK, SOFTWARE, TEMPFAIL
+from .logs import LoggingSetupError, configure_logging, logging_settings, reopen_logs
 from .maintenance import Maintenance
 from .metrics import Metrics
 from .pool import ChildProcess, GroupPool, Slot, spawn_child
@@ -41,6 +42,8 @@ _HANDLED = (
     signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1,
     signal.SIGUSR2, signal.SIGTSTP, signal.SIGTTIN, signal.SIGCHLD,
 )  # fmt: skip
+#: The parent's process label in log lines; a child's is `[group] slot/slots`.
+PARENT_LABEL = "master"
 _KILL_GRACE_S = 5.0
 _QUIT_GRACE_S = 2.0
 _TICK_S = 0.5
@@ -195,6 +198,11 @@ class Supervisor:
         self._request_reload(roll_all=True)
 
     def handle_sigusr1(self) -> None:
+        # logrotate's postrotate signal: reopen first, so the status lands in the new
+        # file, then have every child reopen its own handler (each opened the file).
+        reopen_logs()
+        for child in self._all_children():
+            child.control.send("reopen_logs")
         log.info("status:\n%s", self.status_dump())
 
     def handle_sigtstp(self) -> None:
@@ -440,7 +448,16 @@ class Supervisor:
                 log.error("reload refused: %s", line)
             self._reload_finished(False, errors)
             return
+        try:
+            # First of the changes: a log file that cannot be opened refuses the whole
+            # reload, and configure_logging leaves the old setup in place when it fails.
+            configure_logging(new.logging, process_label=PARENT_LABEL)
+        except LoggingSetupError as exc:
+            log.error("reload refused: %s", exc)
+            self._reload_finished(False, [str(exc)])
+            return
         old, self.config = self.config, new
+        self._forward_logging(new)
         self.generation += 1
         self.maintenance.reconfigure(new)
         self.metrics.apply_config(new)
@@ -454,6 +471,13 @@ class Supervisor:
             self.reload_in_flight = True
         else:
             self._reload_finished(True, [])
+
+    def _forward_logging(self, config: Config) -> None:
+        """Children apply the reloaded logging settings in place; children spawned
+        later get them in their boot message."""
+        settings = logging_settings(config.logging)
+        for child in self._all_children():
+            child.control.send("log_level", level=settings["level"], logging=settings)
 
     def _retire_group(self, name: str) -> None:
         group = self.groups.pop(name)
@@ -627,10 +651,13 @@ class Supervisor:
 def connection_budget(config: Config) -> int:
     """Postgres connections the configuration opens across all hosts: per child its
     pool plus the LISTEN connection; per parent the maintenance and metrics
-    connections and the purge lock's session."""
+    connections and the purge lock's session, plus the stats leader's session with
+    `metrics.queue_stats: leader`."""
     per_child = config.database.connections_per_child + 1
     children = sum(g.processes for g in config.groups.values())
     parent = 3
+    if config.metrics.queue_stats == "leader":
+        parent += 1  # the stats collector holds its leader lock on a session of its own
     return config.database.expected_hosts * (children * per_child + parent)
 
 
@@ -686,15 +713,11 @@ def restart_only_changes(old: Config, new: Config) -> list[str]:
     return changed
 
 
-def configure_logging(config: Config) -> None:
-    logging.basicConfig(
-        level=config.logging.level.upper(),
-        format="%(asctime)s cairnqd[%(process)d] %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def run_daemon(config_path: str, config: Config) -> int:
-    configure_logging(config)
+    try:
+        configure_logging(config.logging, process_label=PARENT_LABEL)
+    except LoggingSetupError as exc:
+        print(f"cairnqd: {exc}", file=sys.stderr)
+        return CONFIG
     setproctitle(f"cairnqd: master [{os.path.abspath(config_path)}] starting")
     return Supervisor(config_path, config).run()

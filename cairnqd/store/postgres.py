@@ -79,8 +79,12 @@ class PostgresStore(TaskStore):
         schema: str | None = None,
         connect_timeout_s: float = 10.0,
         migrate: bool = True,
+        listen: bool = True,
     ) -> None:
         super().__init__()
+        # False: no LISTEN connection (a process that never waits on wake-ups, such
+        # as the daemon's parent or the CLI, should not hold one).
+        self.listen = listen
         # False: refuse a database with pending migrations instead of applying them.
         self.migrate = migrate
         if schema is not None and not _SCHEMA_NAME.match(schema):
@@ -163,9 +167,9 @@ class PostgresStore(TaskStore):
         self._pool = pool
         # Warm the LISTEN connection now, so the first wake-up is not lost to its
         # connect (push is an accelerator; polling covers a listener still starting).
-        self._push()
-        assert self._listener is not None
-        self._listener.start()
+        listener = self._push()
+        if listener is not None:
+            listener.start()
         if self._retention is not None:
             self._retention.start()
 
@@ -228,7 +232,7 @@ class PostgresStore(TaskStore):
     # -- push wake-ups -------------------------------------------------------------------
 
     def _push(self) -> _Listener | None:
-        if self._pool is None:
+        if self._pool is None or not self.listen:
             return None
         if self._listener is None:
             self._listener = _Listener(self)
@@ -311,6 +315,73 @@ class PostgresStore(TaskStore):
                 if held and not conn.closed:
                     with contextlib.suppress(psycopg.Error):
                         await _run(conn, statement("postgres", "release_session_lock"), params)
+
+    def held_session_lock(self, namespace: int, lock_id: int) -> HeldSessionLock:
+        """A session lock to keep across many calls (the stats leader's); see
+        `HeldSessionLock`. Nothing is opened until its first `ensure()`."""
+        return HeldSessionLock(self, namespace, lock_id)
+
+
+class HeldSessionLock:
+    """`pg_try_advisory_lock(namespace, lock_id)` kept for as long as its own session
+    lives: leadership that lasts until the holder closes it or its connection dies,
+    when Postgres frees the lock for the next host that asks.
+
+    Not for a pool connection, for the reason `session_lock` gives. `ensure()` is
+    called once per unit of leader-only work: it proves a held lock's session is
+    still alive (a session lock cannot be lost any other way: only its own session
+    can unlock it), or tries to take the lock when not held. Any failure closes the
+    session, so "held" never outlives the session that took it. Not thread-safe:
+    use it from one event loop.
+    """
+
+    def __init__(self, store: PostgresStore, namespace: int, lock_id: int) -> None:
+        self._store = store
+        self.key = (namespace, lock_id)
+        self._conn: AsyncConn | None = None
+        self._held = False
+
+    async def ensure(self) -> bool:
+        """Whether this session holds the lock now; never waits for the lock. Raises
+        (with the session closed) when the database cannot be reached."""
+        try:
+            if self._held and self._conn is not None:
+                try:
+                    # A round trip on the holding session; no lock call, as a second
+                    # pg_try_advisory_lock would stack another hold on this one.
+                    await self._conn.execute("select 1")
+                    return True
+                except psycopg.Error:
+                    await self._drop()  # the session is gone, and the lock with it
+            if self._conn is None or self._conn.closed:
+                self._conn = await self._store._open_connection()
+            params = {"lock_namespace": self.key[0], "lock_id": self.key[1]}
+            rows = await _run(self._conn, statement("postgres", "try_session_lock"), params)
+        except BaseException:
+            # Also on cancellation (a timed-out caller): the lock may have been taken
+            # with its answer lost, and closing the session is the one sure release.
+            await self._drop()
+            raise
+        self._held = bool(rows and rows[0]["locked"])
+        return self._held
+
+    async def close(self) -> None:
+        """Give the lock up and end the session. Idempotent."""
+        await self._drop(unlock=True)
+
+    async def _drop(self, *, unlock: bool = False) -> None:
+        conn, self._conn, held, self._held = self._conn, None, self._held, False
+        if conn is None:
+            return
+        with contextlib.suppress(psycopg.Error, OSError):
+            if unlock and held and not conn.closed:
+                # The server frees a closed session's locks only once its backend has
+                # exited, a moment after we hang up; unlocking first lets the next
+                # host take over on its very next try.
+                params = {"lock_namespace": self.key[0], "lock_id": self.key[1]}
+                await _run(conn, statement("postgres", "release_session_lock"), params)
+        with contextlib.suppress(psycopg.Error, OSError):
+            await conn.close()
 
 
 class _PgSession:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +28,7 @@ from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
 from tests.conftest import make_store
+from tests.daemon.daemon import wait_for
 from tests.unit.test_monitoring import ALERTS, DASHBOARD, _dashboard_queries, metric_names
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -475,3 +477,131 @@ def test_dashboard_and_alert_names_exist_in_a_live_scrape(
     for query in _dashboard_queries(json.loads(DASHBOARD.read_text())):
         used |= metric_names(query)
     assert used and used <= exposed, used - exposed
+
+
+# -- metrics.queue_stats: leader --------------------------------------------------------------
+
+_DB_FAMILIES = (
+    "cairnq_tasks",
+    "cairnq_queue_oldest_queued_age_seconds",
+    "cairnq_leases_expired",
+)
+
+
+def _leader_config(tmp_path: Path, dialect: str, target: str, queue_stats: str) -> Config:
+    metrics = {"listen": "127.0.0.1:0", "stats_ttl": "0s", "queue_stats": queue_stats}
+    return daemon_config(tmp_path, dialect, target, metrics=metrics)
+
+
+def _exports_queue_stats(port: int) -> bool:
+    """Whether one scrape has the per-queue DB families; asserts the rest is there."""
+    status, text = scrape(port)
+    assert status == 200
+    names, found = family_names(text), samples(text)
+    assert value(found, "cairnq_db_up") == 1
+    assert "cairnq_db_scrape_duration_seconds" in names
+    assert value(found, "cairnq_db_scrape_errors_total") == 0
+    present = [name in names for name in _DB_FAMILIES]
+    assert all(present) or not any(present), names  # all three, or none
+    if present[0]:
+        assert value(found, "cairnq_tasks", queue="default", status="queued") == 1
+    return present[0]
+
+
+async def _seed_one_task(pg_dsn: str) -> None:
+    # Migrates the fresh database too (the daemon's Postgres default is auto_migrate off).
+    store = make_store("postgres", pg_dsn)
+    await store.connect()
+    try:
+        await store.submit(name="demo.echo", queue="default")
+    finally:
+        await store.close()
+
+
+def _stats_lock_sessions(pg_dsn: str, namespace: int) -> list[int]:
+    """Backend pids holding the stats lock, from pg_locks (two-int4 form: objsubid 2)."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "select pid from pg_locks where locktype = 'advisory' and granted "
+            "and database = (select oid from pg_database where datname = current_database()) "
+            "and classid = %s::bigint::oid and objid = 2 and objsubid = 2",
+            (namespace,),
+        ).fetchall()
+    return [int(row[0]) for row in rows]
+
+
+async def test_queue_stats_leader_one_host_exports_and_the_other_takes_over(
+    pg_dsn: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    await _seed_one_task(pg_dsn)
+    config = _leader_config(tmp_path, "postgres", pg_dsn, "leader")
+    first, second = Metrics(config), Metrics(config)
+    port_first, port_second = serve(served, first), serve(served, second)
+
+    # Whoever refreshes first takes the lock; the other only reports that it is up.
+    assert await asyncio.to_thread(_exports_queue_stats, port_first)
+    assert not await asyncio.to_thread(_exports_queue_stats, port_second)
+    # Leadership is sticky across refreshes: no flapping, one lock held once.
+    for _ in range(3):
+        assert await asyncio.to_thread(_exports_queue_stats, port_first)
+        assert not await asyncio.to_thread(_exports_queue_stats, port_second)
+    assert (first.database.leading, second.database.leading) == (True, False)
+    namespace = config.database.lock_namespace
+    assert len(await asyncio.to_thread(_stats_lock_sessions, pg_dsn, namespace)) == 1
+
+    first.close()  # the leader stops: its session ends and the lock with it
+    assert await asyncio.to_thread(_exports_queue_stats, port_second)  # the next refresh
+    assert second.database.leading is True
+
+
+async def test_queue_stats_leader_lost_with_its_connection(
+    pg_dsn: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    await _seed_one_task(pg_dsn)
+    config = _leader_config(tmp_path, "postgres", pg_dsn, "leader")
+    first, second = Metrics(config), Metrics(config)
+    port_first, port_second = serve(served, first), serve(served, second)
+    assert await asyncio.to_thread(_exports_queue_stats, port_first)
+    assert not await asyncio.to_thread(_exports_queue_stats, port_second)
+
+    namespace = config.database.lock_namespace
+    (holder,) = await asyncio.to_thread(_stats_lock_sessions, pg_dsn, namespace)
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as admin:
+        await admin.execute("select pg_terminate_backend(%s)", (holder,))
+    # The backend exits a moment after the signal; only then is the lock free.
+    await asyncio.to_thread(
+        wait_for, "the lock's session to end", lambda: not _stats_lock_sessions(pg_dsn, namespace)
+    )
+    # The other host asks first and wins; the old leader finds its session dead,
+    # reconnects, and the lock is taken.
+    assert await asyncio.to_thread(_exports_queue_stats, port_second)
+    assert not await asyncio.to_thread(_exports_queue_stats, port_first)
+    assert (first.database.leading, second.database.leading) == (False, True)
+
+
+async def test_queue_stats_reload_to_all_gives_the_lock_up(
+    pg_dsn: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    await _seed_one_task(pg_dsn)
+    leader = _leader_config(tmp_path, "postgres", pg_dsn, "leader")
+    first, second = Metrics(leader), Metrics(leader)
+    port_first, port_second = serve(served, first), serve(served, second)
+    assert await asyncio.to_thread(_exports_queue_stats, port_first)
+    assert not await asyncio.to_thread(_exports_queue_stats, port_second)
+
+    first.apply_config(_leader_config(tmp_path, "postgres", pg_dsn, "all"))
+    assert await asyncio.to_thread(_exports_queue_stats, port_first)  # `all`: exports anyway
+    assert await asyncio.to_thread(_exports_queue_stats, port_second)  # and let go of the lock
+
+
+def test_queue_stats_leader_on_sqlite_is_all(
+    sqlite_path: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    # One SQLite file means one host: it always leads, and no lock is involved.
+    config = _leader_config(tmp_path, "sqlite", sqlite_path, "leader")
+    first, second = Metrics(config), Metrics(config)
+    port_first, port_second = serve(served, first), serve(served, second)
+    for port in (port_first, port_second):
+        found = samples(scrape(port)[1])
+        assert value(found, "cairnq_tasks", queue="default", status="queued") == 0
+        assert value(found, "cairnq_db_up") == 1
