@@ -173,6 +173,8 @@ class QueueLabels:
             self._configured = frozenset(configured)
 
     def label(self, queue: str) -> str:
+        if queue in self._configured or queue in self._admitted:
+            return queue  # the common case, without the lock
         return self.labels([queue])[queue]
 
     def labels(self, queues: Iterable[str]) -> dict[str, str]:
@@ -546,16 +548,35 @@ class _SeriesBook:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seen: dict[int, tuple[MetricWrapperBase, tuple[str, ...], set[tuple[str, ...]]]] = {}
+        # The labelled child per (metric, values): task events hit the same few series
+        # thousands of times a second, and `labels()` re-validates every call.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def child(self, metric: MetricWrapperBase, labelnames: Sequence[str], *values: str) -> Any:
+        found = self._children.get((id(metric), values))
+        if found is not None:
+            return found
         with self._lock:
             entry = self._seen.setdefault(id(metric), (metric, tuple(labelnames), set()))
             entry[2].add(values)
-        return metric.labels(*values)
+            found = self._children[(id(metric), values)] = metric.labels(*values)
+        return found
 
     def forget(self, metric: MetricWrapperBase) -> None:
         with self._lock:
             self._seen.pop(id(metric), None)
+            for key in [k for k in self._children if k[0] == id(metric)]:
+                del self._children[key]
+
+    def remove(self, metric: MetricWrapperBase, *values: str) -> None:
+        """Drop one series (and the cached child that would otherwise outlive it)."""
+        with self._lock:
+            self._children.pop((id(metric), values), None)
+            entry = self._seen.get(id(metric))
+            if entry is not None:
+                entry[2].discard(values)
+            with contextlib.suppress(KeyError):
+                metric.remove(*values)
 
     def remove_where(self, label: str, keep: Callable[[str], bool]) -> None:
         """Remove every series whose `label` value fails `keep`."""
@@ -566,6 +587,7 @@ class _SeriesBook:
                 index = names.index(label)
                 for values in [v for v in seen if not keep(v[index])]:
                     seen.discard(values)
+                    self._children.pop((id(metric), values), None)
                     with contextlib.suppress(KeyError):
                         metric.remove(*values)
 
@@ -909,8 +931,7 @@ class Metrics:
 
     def remove_child(self, group: str, slot: int) -> None:
         """Drop a retired slot's RSS series."""
-        with contextlib.suppress(KeyError):
-            self.child_memory.remove(group, str(slot))
+        self._series.remove(self.child_memory, group, str(slot))
 
     def remove_group(self, group: str) -> None:
         self._series.remove_where("group", lambda g: g != group)

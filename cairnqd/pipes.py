@@ -42,6 +42,29 @@ class MessageWriter:
                 written = os.write(self.fd, view)
                 view = view[written:]
 
+    def send_lines(self, lines: list[bytes]) -> bool:
+        """Several encoded messages, packed into as few atomic writes as PIPE_BUF
+        allows (the parent then wakes once per batch, not once per task event)."""
+        chunk = b""
+        for line in lines:
+            if chunk and len(chunk) + len(line) > PIPE_BUF:
+                if not self._write(chunk):
+                    return False
+                chunk = b""
+            chunk += line
+        return self._write(chunk) if chunk else True
+
+    def _write(self, data: bytes) -> bool:
+        with self._lock:
+            if self.broken:
+                return False
+            try:
+                os.write(self.fd, data)
+            except OSError:
+                self.broken = True
+                return False
+        return True
+
     def send(self, kind: str, /, **fields: Any) -> bool:
         data = (json.dumps({"t": kind, **fields}, separators=(",", ":")) + "\n").encode()
         if len(data) > PIPE_BUF:
@@ -99,6 +122,14 @@ class MessageReader:
             else:
                 self.malformed += 1
         return messages
+
+
+def encode(kind: str, /, **fields: Any) -> bytes:
+    """One message as a line; oversized ones shrink to their type (never split)."""
+    data = (json.dumps({"t": kind, **fields}, separators=(",", ":")) + "\n").encode()
+    if len(data) > PIPE_BUF:
+        data = (json.dumps({"t": kind, "truncated": True}) + "\n").encode()
+    return data
 
 
 def read_one(fd: int, timeout_s: float) -> tuple[dict[str, Any], bytes]:

@@ -45,8 +45,10 @@ _HANDLED = (
 #: The parent's process label in log lines; a child's is `[group] slot/slots`.
 PARENT_LABEL = "master"
 _KILL_GRACE_S = 5.0
+# Child messages that change what the loop must do next (the rest are task events).
+_STATE_EVENTS = frozenset({"ready", "bye", "fatal"})
 _QUIT_GRACE_S = 2.0
-_TICK_S = 0.5
+_TICK_S = 0.1
 
 
 class Supervisor:
@@ -76,6 +78,7 @@ class Supervisor:
         self.statefile = StateFile(state_path(self.config_path, config.runtime_dir))
         self.state = initial_state(self.config_path)
         self.exit_causes: set[str] = set()
+        self._title = ""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -108,13 +111,23 @@ class Supervisor:
             "cairnqd started: %s, %d group(s), generation %d",
             self.config.database.backend, len(self.groups), self.generation,
         )  # fmt: skip
+        next_housekeeping = 0.0
         while True:
-            for key, _ in self.selector.select(self._select_timeout()):
+            urgent = False
+            timeout = max(0.0, next_housekeeping - time.monotonic())
+            for key, _ in self.selector.select(timeout):
                 if key.fd == wakeup_r:
                     self._drain_wakeup(wakeup_r)
+                    urgent = True
                 else:
-                    self._read_child(key.fd)
+                    urgent |= self._read_child(key.fd)
             self._dispatch_signals()
+            # Task events arrive thousands of times a second; the steps below only
+            # need to run on a signal, a child's change of state, or every tick.
+            now = time.monotonic()
+            if not urgent and now < next_housekeeping:
+                continue
+            next_housekeeping = now + _TICK_S
             self._reap()
             self._check_deadlines()
             if self.stopping:
@@ -236,10 +249,12 @@ class Supervisor:
         log.info("spawned %s/%d pid %d (gen %d)", group.name, slot, child.pid, generation)
         return child
 
-    def _read_child(self, fd: int) -> None:
+    def _read_child(self, fd: int) -> bool:
+        """Handle what a child sent; True if its state changed (ready, bye, fatal,
+        closed pipe), which the loop acts on at once rather than at the next tick."""
         child = self.by_fd.get(fd)
         if child is None:
-            return
+            return False
         try:
             messages = child.events.read()
         except Exception as exc:
@@ -247,10 +262,14 @@ class Supervisor:
             child.kill_reason = "protocol"
             child.signal(signal.SIGKILL)
             messages = []
+        changed = False
         for message in messages:
             self._on_event(child, message)
+            changed |= message.get("t") in _STATE_EVENTS
         if child.events.closed:
             self._forget_fd(child)
+            changed = True
+        return changed
 
     def _forget_fd(self, child: ChildProcess) -> None:
         if self.by_fd.pop(child.events.fd, None) is not None:
@@ -414,9 +433,6 @@ class Supervisor:
                     slot.child = self._spawn(group.config, slot.index, self.generation)
             self.metrics.set_children(group.name, group.state_counts())
             self.metrics.set_group_state(group.name, group.state)
-
-    def _select_timeout(self) -> float:
-        return _TICK_S
 
     # -- reload --------------------------------------------------------------------------
 
@@ -599,9 +615,12 @@ class Supervisor:
         self.last_tick = now
         total = sum(len(g.slots) for g in self.groups.values())
         ready = sum(1 for c in self._all_children() if c.state == "ready")
-        setproctitle(
+        title = (
             f"cairnqd: master [{self.config_path}] gen={self.generation} children={ready}/{total}"
         )
+        if title != self._title:
+            self._title = title
+            setproctitle(title)
         if not self.ready_sent and not self.stopping and self._pools_settled():
             self.ready_sent = True
             systemd.ready(f"generation {self.generation}: {ready}/{total} children ready")

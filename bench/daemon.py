@@ -1,0 +1,295 @@
+"""The daemon's own costs, measured against the bare worker in the same run.
+
+1. Drain: 20,000 pre-loaded no-op tasks drained by `cairnqd` with P children versus P
+   bare `Worker.serve()` processes with the same handler, concurrency and database
+   (SQLite file or Postgres). Ratio daemon / bare: the supervisor should cost nothing.
+2. Recovery: a child is SIGKILLed while running a task (lease 60 s); the time until the
+   task is running again on another child (the parent's hand-back, not lease expiry).
+3. Memory: resident size of the parent and of one child, idle and after the drain.
+
+    python -m bench.daemon --backend sqlite --repeats 3
+    python -m bench.daemon --backend postgres --dsn postgresql://postgres@127.0.0.1/postgres
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+HANDLERS = "bench.daemon_handlers:registry"
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def wait_for(
+    what: str, check: Callable[[], Any], timeout: float = 300, every: float = 0.005
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:.0f}s")
+        time.sleep(every)
+
+
+class Database:
+    """A fresh database per data point, and the few reads the bench needs."""
+
+    def __init__(self, backend: str, dsn: str, tmp: Path) -> None:
+        self.backend = backend
+        self.admin_dsn = dsn
+        if backend == "sqlite":
+            self.path = str(tmp / f"bench-{uuid.uuid4().hex[:8]}.db")
+            self.target: dict[str, Any] = {"path": self.path}
+        else:
+            self.name = f"bench_daemon_{uuid.uuid4().hex[:8]}"
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(f'create database "{self.name}"')  # type: ignore[arg-type]
+            self.dsn = psycopg.conninfo.make_conninfo(dsn, dbname=self.name)
+            self.target = {"dsn": self.dsn, "auto_migrate": True}
+
+    def scalar(self, sql: str) -> Any:
+        if self.backend == "sqlite":
+            with sqlite3.connect(self.path, timeout=5) as conn:
+                row = conn.execute(sql).fetchone()
+                return row[0] if row else None
+        with psycopg.connect(self.dsn) as conn:
+            row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
+            return row[0] if row else None
+
+    def drop(self) -> None:
+        if self.backend == "postgres":
+            with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+                conn.execute(f'drop database if exists "{self.name}" with (force)')  # type: ignore[arg-type]
+
+
+def helper(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bench.daemon_handlers", *args]
+
+
+def preload(db: Database, n: int) -> None:
+    subprocess.run(helper("preload", json.dumps(db.target), str(n)), check=True, env=ENV)
+
+
+def pending(db: Database) -> int:
+    return int(db.scalar("select count(*) from cairnq_tasks where status <> 'succeeded'"))
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+class Daemon:
+    def __init__(self, db: Database, tmp: Path, processes: int, lease: str = "30s") -> None:
+        config = {
+            "version": 1,
+            "database": db.target,
+            "handlers": [HANDLERS],
+            "runtime_dir": str(tmp / "run"),
+            "metrics": {"listen": "127.0.0.1:0"},
+            "retention": {"rules": []},
+            "groups": {
+                "bench": {
+                    "queues": ["default"],
+                    "processes": processes,
+                    "concurrency": 8,
+                    "lease": lease,
+                    "poll_interval": "500ms",
+                }
+            },
+        }
+        (tmp / "run").mkdir(exist_ok=True)
+        self.config = tmp / f"cairnq-{uuid.uuid4().hex[:6]}.yaml"
+        self.config.write_text(yaml.safe_dump(config))
+        self.log = open(tmp / "daemon.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cairnqd.cli", "-c", str(self.config)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=ENV,
+        )
+        self.processes = processes
+        wait_for("children", lambda: len(self.children()) == processes, timeout=60, every=0.05)
+
+    def children(self) -> list[int]:
+        return children_of(self.proc.pid)
+
+    def ready(self) -> int:
+        return sum(1 for pid in self.children() if _title(pid).endswith(" ready"))
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+        self.log.close()
+
+
+def bare_workers(db: Database, processes: int) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen(helper("worker", json.dumps(db.target)), env=ENV) for _ in range(processes)
+    ]
+
+
+def drain_once(
+    kind: str, backend: str, dsn: str, tmp: Path, processes: int, n: int
+) -> dict[str, float]:
+    """Workers start idle on an empty queue; all n tasks then appear in one commit, and
+    the clock runs from that commit to the last completion, so neither side pays for
+    its start-up inside the measurement."""
+    db = Database(backend, dsn, tmp)
+    try:
+        preload(db, 0)  # migrate before anyone connects
+        daemon: Daemon | None = None
+        workers: list[subprocess.Popen[bytes]] = []
+        if kind == "daemon":
+            daemon = Daemon(db, tmp, processes)
+            wait_for("children ready", lambda: daemon.ready() == processes, timeout=60)
+            pids = [daemon.proc.pid, *daemon.children()]
+        else:
+            workers = bare_workers(db, processes)
+            pids = [w.pid for w in workers]
+            time.sleep(3)  # a bare serve() has no readiness signal; imports take ~1 s
+        preload(db, n)
+        started = time.perf_counter()
+        wait_for("drain", lambda: pending(db) == 0, every=0.02)
+        elapsed = time.perf_counter() - started
+        rss = {f"rss_kib_{i}": float(rss_kib(pid)) for i, pid in enumerate(pids)}
+        if daemon is not None:
+            daemon.stop()
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            w.wait(60)
+        return {"tasks_per_s": n / elapsed, **rss}
+    finally:
+        db.drop()
+
+
+def recovery_once(backend: str, dsn: str, tmp: Path) -> dict[str, float]:
+    """SIGKILL the child running a task; seconds until the task runs again."""
+    db = Database(backend, dsn, tmp)
+    daemon = None
+    try:
+        daemon = Daemon(db, tmp, 2, lease="60s")
+        idle = {"parent_kib": rss_kib(daemon.proc.pid), "child_kib": rss_kib(daemon.children()[0])}
+        marker = tmp / f"release-{uuid.uuid4().hex[:6]}"
+        preload_block(db, str(marker))
+        running = "select worker_id from cairnq_tasks where status = 'running' and attempt = {}"
+        worker_id = wait_for("first attempt", lambda: db.scalar(running.format(1)), timeout=60)
+        slot = int(worker_id.split(":")[1].split(".")[1])
+        victim = next(p for p in daemon.children() if _slot_of(p) == slot)
+        killed = time.perf_counter()
+        os.kill(victim, signal.SIGKILL)
+        wait_for("second attempt", lambda: db.scalar(running.format(2)), timeout=60, every=0.002)
+        seconds = time.perf_counter() - killed
+        marker.touch()
+        return {"kill_to_running_s": seconds, **{f"idle_{k}": v for k, v in idle.items()}}
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        db.drop()
+
+
+def _title(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def _slot_of(pid: int) -> int | None:
+    """The slot in a child's process title (`cairnqd: worker [group] 2/4 ...`)."""
+    match = re.search(r"\] (\d+)/\d+", _title(pid))
+    return int(match.group(1)) - 1 if match else None
+
+
+def preload_block(db: Database, marker: str) -> None:
+    subprocess.run(helper("block", json.dumps(db.target), marker), check=True, env=ENV)
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--out", default=str(REPO / "bench/out"))
+    args = parser.parse_args()
+    results: dict[str, Any] = {
+        "backend": args.backend,
+        "tasks": args.tasks,
+        "repeats": args.repeats,
+    }
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        for processes in (1, 2):
+            for kind in ("bare", "daemon"):
+                runs = [
+                    drain_once(kind, args.backend, args.dsn, tmp, processes, args.tasks)
+                    for _ in range(args.repeats)
+                ]
+                med = median_of(runs)
+                results[f"drain_{kind}_{processes}"] = {"median": med, "runs": runs}
+                print(
+                    f"{args.backend} drain {kind:6} x{processes}: {med['tasks_per_s']:8.0f} tasks/s"
+                )
+            ratio = (
+                results[f"drain_daemon_{processes}"]["median"]["tasks_per_s"]
+                / results[f"drain_bare_{processes}"]["median"]["tasks_per_s"]
+            )
+            results[f"ratio_daemon_over_bare_{processes}"] = ratio
+            print(f"{args.backend} daemon / bare with {processes} process(es): {ratio:.2f}")
+        runs = [recovery_once(args.backend, args.dsn, tmp) for _ in range(max(3, args.repeats))]
+        results["recovery"] = {"median": median_of(runs), "runs": runs}
+        med = results["recovery"]["median"]
+        worst = max(r["kill_to_running_s"] for r in runs)
+        print(
+            f"{args.backend} SIGKILL -> running again: median "
+            f"{med['kill_to_running_s'] * 1000:.0f} ms, max {worst * 1000:.0f} ms; idle RSS "
+            f"parent {med['idle_parent_kib'] / 1024:.1f} MiB, "
+            f"child {med['idle_child_kib'] / 1024:.1f} MiB"
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"daemon-{args.backend}.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
