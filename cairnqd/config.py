@@ -234,6 +234,7 @@ class GroupConfig:
     handlers: tuple[str, ...]
     processes: int
     concurrency: int
+    prefetch: int
     lease: timedelta
     max_run: timedelta | None
     max_tasks_per_child: int | None
@@ -943,6 +944,8 @@ SCHEMA: tuple[Setting, ...] = (
             "Child processes in the pool."),
     Setting("groups.*.concurrency", _Int(1), 4, _L,
             "Tasks in flight per child."),
+    Setting("groups.*.prefetch", _Int(0), 0, _L,
+            "Tasks each child claims beyond its free slots, for bigger claim batches."),
     Setting("groups.*.lease", _Duration("1s"), "30s", _L,
             "Task lease; children renew it every lease/3."),
     Setting("groups.*.max_run", _Duration("1s"), None, _L, nullable=True, doc=

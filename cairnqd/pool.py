@@ -115,6 +115,7 @@ def boot_message(config: Config, group: GroupConfig, slot: int, generation: int)
             "queues": list(group.queues),
             "handlers": list(group.handlers),
             "concurrency": group.concurrency,
+            "prefetch": group.prefetch,
             "lease_ms": to_ms(group.lease),
             "max_run_ms": to_ms(group.max_run) if group.max_run else None,
             "poll_interval_ms": to_ms(group.poll_interval),

@@ -35,6 +35,7 @@ class CompleteBatcher:
     MAX_BACKLOG_PER_SLOT = 4
     MAX_WRITE_ATTEMPTS = 20
     PIGGYBACK_WAIT_S = 0.002
+    PREFETCH_WAIT_S = 0.01
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
@@ -49,7 +50,8 @@ class CompleteBatcher:
             self._flusher = asyncio.create_task(self._flush())
 
     async def backpressure(self) -> None:
-        limit = self.MAX_BACKLOG_PER_SLOT * max(1, self._worker.concurrency)
+        worker = self._worker
+        limit = self.MAX_BACKLOG_PER_SLOT * max(1, worker.concurrency + worker.prefetch)
         while len(self._pending) > limit and self._flusher is not None:
             await asyncio.shield(self._flusher)
 
@@ -96,7 +98,10 @@ class CompleteBatcher:
             # A busy claim loop carries queued results in its next claim transaction
             # (one commit instead of two); give it a moment before writing them alone.
             if not worker._idling:
-                await asyncio.sleep(self.PIGGYBACK_WAIT_S)
+                # A prefetching worker claims again every half backlog: worth waiting
+                # a little longer for, while results keep piling up behind it.
+                wait = self.PREFETCH_WAIT_S if worker.prefetch else self.PIGGYBACK_WAIT_S
+                await asyncio.sleep(wait)
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:

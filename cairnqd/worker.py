@@ -22,6 +22,7 @@ Design notes.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import random
@@ -69,6 +70,11 @@ class _Source:
     names: list[str]
     batch: int
     resource: str | None
+
+    @property
+    def shared(self) -> bool:
+        """The source of plain handlers (no batch, no resource): the one prefetch feeds."""
+        return self.batch == 1 and self.resource is None
 
 
 @dataclass
@@ -143,7 +149,13 @@ class Worker:
         max_queue_depth: int | Mapping[str, int] | None = None,
         max_queue_wait_ms: int = 600_000,
         on_error: OnError | None = None,
+        prefetch: int = 0,
     ) -> None:
+        """`prefetch` (cairnqd only, default 0 as in the public SDK): claim up to this
+        many tasks beyond the free call slots, for handlers without `batch` or
+        `resource`. They wait in the worker with their leases renewed and start as
+        slots free up, so a busy worker claims in bigger batches (fewer claim
+        transactions per task); a stopping worker still runs them."""
         if isinstance(queues, str):
             queues = [queues]
         self.queues = list(queues)
@@ -153,6 +165,8 @@ class Worker:
         _check_positive(lease_ms, "lease_ms")
         _check_positive(poll_interval_ms, "poll_interval_ms")
         _check_positive(max_run_ms, "max_run_ms", allow_none=True)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
         if retry_backoff_ms < 0 or retry_backoff_max_ms < 0:
             raise ValueError("retry_backoff_ms and retry_backoff_max_ms must be >= 0")
         self.store = store
@@ -167,6 +181,9 @@ class Worker:
             _check_positive(capacity, f"resources[{res!r}]")
             self.resources[res] = capacity
         self.on_error = on_error
+        self.prefetch = prefetch
+        # Claimed ahead of a free slot (prefetch): tracked, heartbeated, not started.
+        self._backlog: collections.deque[TaskContext] = collections.deque()
         self.observer: WorkerObserver | None = None
         if max_queue_depth is not None:
             store.use_backpressure(max_queue_depth, max_queue_wait_ms=max_queue_wait_ms)
@@ -365,9 +382,13 @@ class Worker:
         try:
             await self._claim_loop(limit)
         finally:
-            # Drain however the loop exited; heartbeats keep running meanwhile.
-            while self._calls:
-                await asyncio.wait(set(self._calls))
+            # Drain however the loop exited, prefetched tasks included; heartbeats
+            # keep running meanwhile.
+            while self._calls or self._backlog:
+                if self._backlog and len(self._calls) < limit:
+                    self._start_backlog(limit - len(self._calls))
+                    continue
+                await asyncio.wait(set(self._calls), return_when=asyncio.FIRST_COMPLETED)
             await self._settler.drain()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -381,7 +402,13 @@ class Worker:
     async def _claim_loop(self, limit: int) -> None:
         while not self._stop.is_set():
             free = limit - len(self._calls)
-            if free <= 0:
+            if self._backlog and free > 0:
+                self._start_backlog(free)
+                free = limit - len(self._calls)
+            # With prefetch, claim again once the backlog is half spent, even with
+            # every slot busy: the claim carries the finished results with it.
+            refill = self.prefetch > 0 and len(self._backlog) <= self.prefetch // 2
+            if free <= 0 and not refill:
                 self._freed.clear()
                 await self._freed.wait()
                 continue
@@ -400,7 +427,7 @@ class Worker:
             if not claimed:
                 await self._idle()
                 continue
-            self._dispatch(claimed)
+            self._dispatch(claimed, free)
             # Let the new calls start before the next claim.
             await asyncio.sleep(0)
 
@@ -439,14 +466,16 @@ class Worker:
         ordered = sources[start:] + sources[:start]
         names = [n for s in sources for n in s.names]
 
+        ahead = max(0, self.prefetch - len(self._backlog))
+
         async def plan(draw: Callable[[Sequence[str] | None, int], Awaitable[list[Task]]]) -> Any:
             remaining = free
             taken: dict[str, int] = {}
             claimed: list[Task] = []
             for source in ordered:
-                if remaining <= 0:
-                    break
-                quota = remaining
+                quota = remaining + (ahead if source.shared else 0)
+                if quota <= 0:
+                    continue
                 if source.resource is not None:
                     headroom = (
                         self.resources[source.resource]
@@ -458,7 +487,7 @@ class Worker:
                     continue
                 rows = await draw(source.names, source.batch * quota)
                 calls = -(-len(rows) // source.batch)
-                remaining -= calls
+                remaining = max(0, remaining - calls)
                 if source.resource is not None:
                     taken[source.resource] = taken.get(source.resource, 0) + calls
                 claimed.extend(rows)
@@ -480,10 +509,17 @@ class Worker:
             raise
         return result or []
 
-    def _dispatch(self, claimed: list[Task]) -> None:
+    def _dispatch(self, claimed: list[Task], free: int) -> None:
+        """Start calls for what was claimed; plain tasks beyond the `free` call slots
+        (prefetched) wait in the backlog."""
         by_name: dict[str, list[Task]] = {}
+        plain: list[Task] = []
         for task in claimed:
-            by_name.setdefault(task.name, []).append(task)
+            handler = self._handlers.get(task.name)
+            if handler is not None and handler.batch is None and handler.resource is None:
+                plain.append(task)
+            else:
+                by_name.setdefault(task.name, []).append(task)
         for name, tasks in by_name.items():
             handler = self._handlers.get(name)
             if handler is None:
@@ -498,6 +534,23 @@ class Worker:
                 if handler.resource is not None:
                     self._in_use[handler.resource] += 1
                 self._spawn(self._execute(_Call(handler, contexts)))
+                free -= 1
+        for task in plain:
+            self._backlog.append(self._track(task))
+        self._start_backlog(free)
+
+    def _start_backlog(self, free: int) -> None:
+        while self._backlog and free > 0:
+            ctx = self._backlog.popleft()
+            handler = self._handlers.get(ctx.name)
+            if ctx.lost_lease:
+                self._forget(ctx)  # recovered elsewhere while it waited
+                continue
+            if handler is None:
+                self._spawn(self._fail_no_handler(ctx))  # unregistered while it waited
+            else:
+                self._spawn(self._execute(_Call(handler, [ctx])))
+            free -= 1
 
     def _track(self, task: Task) -> TaskContext:
         ctx = TaskContext(self, task)
