@@ -570,7 +570,8 @@ class Supervisor:
     # -- stopping ------------------------------------------------------------------------
 
     def _begin_drain(self, why: str) -> None:
-        log.info("%s: draining (stop claiming, finish in-flight tasks)", why)
+        if why != "SIGQUIT":  # QUIT stops at once; its own line says so
+            log.info("%s: draining (stop claiming, finish in-flight tasks)", why)
         self.stopping = True
         systemd.stopping("draining")
         self.maintenance.pause_purge()
