@@ -204,6 +204,7 @@ def recovery_once(backend: str, dsn: str, tmp: Path) -> dict[str, float]:
     daemon = None
     try:
         daemon = Daemon(db, tmp, 2, lease="60s")
+        wait_for("children ready", lambda: daemon.ready() == 2, timeout=60)
         idle = {"parent_kib": rss_kib(daemon.proc.pid), "child_kib": rss_kib(daemon.children()[0])}
         marker = tmp / f"release-{uuid.uuid4().hex[:6]}"
         preload_block(db, str(marker))
