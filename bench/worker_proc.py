@@ -1,0 +1,211 @@
+"""One benchmark worker process: serves `bench.noop` with the chosen implementation.
+
+    python bench/worker_proc.py --impl ours|cairnq|procrastinate|pgqueuer \
+        --backend sqlite|postgres --target PATH_OR_DSN --concurrency 8
+
+Connects (running migrations if needed), prints `READY <worker-id>`, waits for a `GO`
+line on stdin, then works until SIGTERM (or `--max-seconds`), and prints
+`DONE handled=<n>` on the way out. The handler is an async no-op; with `--stamp` it
+returns `{"t": time.time()}` taken as the handler starts, for pickup latency.
+
+Self-contained on purpose (imports nothing from `bench`), so it starts as a plain
+script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import inspect
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+NOOP = "bench.noop"
+QUEUE = "default"
+
+
+class Stats:
+    handled = 0
+
+
+def announce(ident: str) -> None:
+    print(f"READY {ident}", flush=True)
+
+
+async def wait_for_go() -> bool:
+    """Block until the driver writes GO; False if stdin closed (the driver is gone)."""
+    line: str = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    return line.strip() == "GO"
+
+
+async def run_until_stopped(
+    start: Callable[[], Awaitable[None]], stop: Callable[[], object], max_seconds: float
+) -> None:
+    """Run `start()` until it returns; SIGTERM/SIGINT or the deadline call `stop()`."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    watchdog = loop.call_later(max_seconds, stop)
+    try:
+        await start()
+    finally:
+        watchdog.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+# -- cairnq protocol SDKs (ours and the public one) -------------------------------------
+
+
+async def serve_sdk(args: argparse.Namespace) -> None:
+    lib: Any
+    if args.impl == "ours":
+        import cairnqd as lib
+    else:
+        import cairnq as lib
+    worker_cls: Any = lib.Worker
+
+    store: Any = (
+        lib.SQLiteStore(args.target) if args.backend == "sqlite" else lib.PostgresStore(args.target)
+    )
+    options: dict[str, Any] = {"concurrency": args.concurrency}
+    if args.poll_interval_ms is not None:
+        options["poll_interval_ms"] = args.poll_interval_ms
+    if args.prefetch is not None:
+        if "prefetch" not in inspect.signature(worker_cls.__init__).parameters:
+            sys.exit(f"{args.impl} Worker takes no prefetch= argument")
+        options["prefetch"] = args.prefetch
+    worker = worker_cls(store, [QUEUE], **options)
+
+    if args.stamp:
+
+        async def handler(ctx: Any) -> Any:
+            started = time.time()
+            Stats.handled += 1
+            return {"t": started}
+    else:
+
+        async def handler(ctx: Any) -> Any:
+            Stats.handled += 1
+            return None
+
+    worker.task(NOOP)(handler)
+    await store.connect()
+    try:
+        announce(worker.worker_id)
+        if not await wait_for_go():
+            return
+        # run() starts before the signal handlers go in: early cairnqd versions reset
+        # the stop event on entry to run(), losing a stop() that came first.
+        runner = asyncio.create_task(worker.run())
+        await asyncio.sleep(0)
+        await run_until_stopped(lambda: runner, worker.stop, args.max_seconds)
+    finally:
+        await store.close()
+
+
+# -- procrastinate ----------------------------------------------------------------------
+
+
+async def serve_procrastinate(args: argparse.Namespace) -> None:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=args.target))
+
+    @app.task(name=NOOP, queue=QUEUE)
+    async def noop(**_: Any) -> None:
+        Stats.handled += 1
+
+    async with app.open_async():
+        name = f"procrastinate-{os.getpid()}"
+        announce(name)
+        if not await wait_for_go():
+            return
+        runner = asyncio.create_task(
+            app.run_worker_async(
+                queues=[QUEUE],
+                concurrency=args.concurrency,
+                name=name,
+                wait=True,
+                install_signal_handlers=False,
+                listen_notify=True,
+            )
+        )
+
+        async def until_done() -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+
+        # Cancelling run_worker_async is procrastinate's graceful stop.
+        await run_until_stopped(until_done, runner.cancel, args.max_seconds)
+
+
+# -- pgqueuer ---------------------------------------------------------------------------
+
+
+async def serve_pgqueuer(args: argparse.Namespace) -> None:
+    import asyncpg
+    from pgqueuer import PgQueuer
+    from pgqueuer.models import Job
+
+    conn = await asyncpg.connect(args.target)
+    try:
+        pgq = PgQueuer.from_asyncpg_connection(conn)
+
+        @pgq.entrypoint(NOOP)
+        async def noop(job: Job) -> None:
+            Stats.handled += 1
+
+        announce(f"pgqueuer-{os.getpid()}")
+        if not await wait_for_go():
+            return
+        await run_until_stopped(
+            lambda: pgq.run(batch_size=args.pgq_batch, max_concurrent_tasks=args.pgq_max_in_flight),
+            pgq.shutdown.set,
+            args.max_seconds,
+        )
+    finally:
+        await conn.close()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--impl", required=True, choices=["ours", "cairnq", "procrastinate", "pgqueuer"]
+    )
+    parser.add_argument("--backend", required=True, choices=["sqlite", "postgres"])
+    parser.add_argument("--target", required=True, help="SQLite file path or Postgres DSN")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--poll-interval-ms", type=int, default=None)
+    parser.add_argument("--prefetch", type=int, default=None)
+    parser.add_argument("--stamp", action="store_true", help="return {'t': time.time()}")
+    parser.add_argument("--max-seconds", type=float, default=600.0, help="stop on its own after")
+    parser.add_argument("--pgq-batch", type=int, default=10, help="pgqueuer dequeue batch")
+    parser.add_argument(
+        "--pgq-max-in-flight", type=int, default=None, help="pgqueuer max_concurrent_tasks"
+    )
+    args = parser.parse_args(argv)
+    if args.impl in ("procrastinate", "pgqueuer") and args.backend != "postgres":
+        parser.error(f"{args.impl} runs on Postgres only")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    serve = {
+        "ours": serve_sdk,
+        "cairnq": serve_sdk,
+        "procrastinate": serve_procrastinate,
+        "pgqueuer": serve_pgqueuer,
+    }[args.impl]
+    asyncio.run(serve(args))
+    print(f"DONE handled={Stats.handled}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
