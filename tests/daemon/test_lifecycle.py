@@ -13,26 +13,12 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import Daemon, base_config, wait_for
+from tests.daemon.daemon import base_config, wait_for
 from tests.daemon.test_supervisor import client_call, database_section, gauge, scrape, stats
 
 pytestmark = pytest.mark.slow
 
 SQLITE = "sqlite"
-
-
-@pytest.fixture
-def daemon_factory(tmp_path: Path) -> Any:
-    started: list[Daemon] = []
-
-    def make(config: dict[str, Any]) -> Daemon:
-        d = Daemon(tmp_path, config)
-        started.append(d)
-        return d
-
-    yield make
-    for d in started:
-        d.stop()
 
 
 def config_for(tmp_path: Path, db: str, groups: dict[str, Any]) -> dict[str, Any]:

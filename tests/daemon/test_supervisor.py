@@ -15,7 +15,7 @@ import pytest
 
 from cairnqd import CairnQ
 from tests.conftest import make_store
-from tests.daemon.daemon import Daemon, base_config, wait_for
+from tests.daemon.daemon import base_config, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -60,20 +60,6 @@ def gauge(text: str, name: str, **labels: str) -> float | None:
         if all(f'{k}="{v}"' in line for k, v in labels.items()):
             return float(line.rsplit(" ", 1)[1])
     return None
-
-
-@pytest.fixture
-def daemon_factory(tmp_path: Path) -> Any:
-    started: list[Daemon] = []
-
-    def make(config: dict[str, Any]) -> Daemon:
-        d = Daemon(tmp_path, config)
-        started.append(d)
-        return d
-
-    yield make
-    for d in started:
-        d.stop()
 
 
 def two_groups(tmp_path: Path, dialect: str, target: str, **extra: Any) -> dict[str, Any]:
