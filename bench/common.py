@@ -454,7 +454,7 @@ def worker_argv(
     *,
     concurrency: int = 8,
     poll_interval_ms: int | None = None,
-    prefetch: int | None = None,
+    prefetch: int | str | None = None,
     stamp: bool = False,
     extra: Sequence[str] = (),
 ) -> list[str]:

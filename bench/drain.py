@@ -166,7 +166,7 @@ def commands(
     target: str,
     procs: int,
     args: argparse.Namespace,
-    prefetch: int | None = None,
+    prefetch: int | str | None = None,
 ) -> list[tuple[str, list[str]]]:
     if impl in RAW:
         argv = [sys.executable, str(BENCH_DIR / "raw_proc.py"), "--backend", backend,
@@ -191,7 +191,7 @@ async def drain_once(
     impl: str,
     procs: int,
     args: argparse.Namespace,
-    prefetch: int | None = None,
+    prefetch: int | str | None = None,
 ) -> Run:
     n = args.tasks
     split: list[int] = []
@@ -272,6 +272,11 @@ async def sdk_split(table: Table, workers: Sequence[Child]) -> list[int]:
     return [int(counts.get(w.ident, 0)) for w in workers]
 
 
+def prefetch_arg(text: str) -> int | str:
+    """`--prefetch auto` or a count."""
+    return text if text == "auto" else int(text)
+
+
 def report(points: Sequence[Point]) -> None:
     for backend in ("sqlite", "postgres"):
         rows = []
@@ -326,8 +331,9 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--prefetch",
         action="append",
-        type=int,
-        help="repeatable; ours only (Worker(prefetch=N)); 0 = ours without it, as a baseline",
+        type=prefetch_arg,
+        help="repeatable; ours only: Worker(prefetch=N or auto). Without it ours runs with "
+        "its default (auto); 0 claims only free slots, like the public SDK",
     )
     parser.add_argument("--pgq-batch", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=300.0)
@@ -347,9 +353,9 @@ async def main(argv: Sequence[str] | None = None) -> None:
             if impl in peers.PEERS and not peers.available(impl):
                 print(f"skip {impl}: not installed")
                 continue
-            prefetches: list[int | None] = [None]
+            prefetches: list[int | str | None] = [None]
             if impl == "ours" and args.prefetch:
-                prefetches = [None if n == 0 else n for n in args.prefetch]
+                prefetches = list(args.prefetch)
             for procs in args.procs or (1, 2):
                 for prefetch in prefetches:
                     labels: dict[str, object] = {"backend": backend, "impl": impl, "procs": procs}
@@ -361,7 +367,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
                         impl: str = impl,
                         procs: int = procs,
                         b: Backend = backend,
-                        prefetch: int | None = prefetch,
+                        prefetch: int | str | None = prefetch,
                     ) -> Run:
                         return await drain_once(b, impl, procs, args, prefetch)
 

@@ -79,7 +79,7 @@ async def serve_sdk(args: argparse.Namespace) -> None:
     if args.prefetch is not None:
         if "prefetch" not in inspect.signature(worker_cls.__init__).parameters:
             sys.exit(f"{args.impl} Worker takes no prefetch= argument")
-        options["prefetch"] = args.prefetch
+        options["prefetch"] = args.prefetch if args.prefetch == "auto" else int(args.prefetch)
     worker = worker_cls(store, [QUEUE], **options)
 
     if args.stamp:
@@ -182,7 +182,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", required=True, help="SQLite file path or Postgres DSN")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--poll-interval-ms", type=int, default=None)
-    parser.add_argument("--prefetch", type=int, default=None)
+    parser.add_argument("--prefetch", default=None, help="auto or a count (ours only)")
     parser.add_argument("--stamp", action="store_true", help="return {'t': time.time()}")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="stop on its own after")
     parser.add_argument("--pgq-batch", type=int, default=10, help="pgqueuer dequeue batch")

@@ -218,7 +218,7 @@ class Child:
             self._make_store(),
             group["queues"],
             concurrency=int(group["concurrency"]),
-            prefetch=int(group.get("prefetch", 0)),
+            prefetch=group.get("prefetch", "auto"),
             lease_ms=int(group["lease_ms"]),
             poll_interval_ms=int(group["poll_interval_ms"]),
             retry_backoff_ms=int(group["retry_backoff_ms"]),

@@ -234,7 +234,8 @@ class GroupConfig:
     handlers: tuple[str, ...]
     processes: int
     concurrency: int
-    prefetch: int
+    #: "auto" (adaptive) or a fixed count; see `Worker(prefetch=...)`.
+    prefetch: int | str
     lease: timedelta
     max_run: timedelta | None
     max_tasks_per_child: int | None
@@ -686,6 +687,17 @@ class _Number(_Scalar):
         return float(value)
 
 
+class _Prefetch(_Scalar):
+    expected = "auto or an integer ≥ 0"
+
+    def convert(self, value: ScalarValue) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(_show(value))
+        return value
+
+
 class _Map(_Kind):
     def __init__(self, key: _Str, value: _Scalar) -> None:
         self.key, self.value = key, value
@@ -944,8 +956,9 @@ SCHEMA: tuple[Setting, ...] = (
             "Child processes in the pool."),
     Setting("groups.*.concurrency", _Int(1), 4, _L,
             "Tasks in flight per child."),
-    Setting("groups.*.prefetch", _Int(0), 0, _L,
-            "Tasks each child claims beyond its free slots, for bigger claim batches."),
+    Setting("groups.*.prefetch", _Prefetch(), "auto", _L,
+            "Tasks each child claims beyond its free slots: auto sizes it from the "
+            "handlers' pace; 0 claims only free slots."),
     Setting("groups.*.lease", _Duration("1s"), "30s", _L,
             "Task lease; children renew it every lease/3."),
     Setting("groups.*.max_run", _Duration("1s"), None, _L, nullable=True, doc=

@@ -1,16 +1,23 @@
 """Writing returned results: the worker's settlement batcher.
 
 Results a handler returns are queued here and written as set-based `complete_many`
-statements, with `complete`'s per-row rules. A busy claim loop carries them inside its
-next claim transaction (one commit per cycle instead of two); otherwise a flusher
-writes them at once. It never waits for a batch to fill: a result reaches the database
-as soon as the previous write ends.
+statements, with `complete`'s per-row rules.
+
+Who writes them: while the worker's claim loop is running, the claim loop does. Its
+next claim transaction carries every queued result, so a busy worker pays one commit
+per cycle for finishing the last tasks and claiming the next ones. A result never
+waits longer than `SETTLE_WAIT_S` (`PREFETCH_SETTLE_WAIT_S` for a worker claiming
+ahead, whose claims are further apart) for that: when it is due, the claim loop runs a
+cycle just for it, which also tops up the backlog. When no claim is coming (the worker
+is idle, stopping, or told not to claim) a flusher writes them at once instead, and it
+is also what retries a write that failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -34,28 +41,52 @@ class CompleteBatcher:
     # Queued-but-unwritten results beyond this many make handlers wait for the writer.
     MAX_BACKLOG_PER_SLOT = 4
     MAX_WRITE_ATTEMPTS = 20
-    PIGGYBACK_WAIT_S = 0.002
-    PREFETCH_WAIT_S = 0.01
+    SETTLE_WAIT_S = 0.002
+    PREFETCH_SETTLE_WAIT_S = 0.01
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
         self._pending: list[tuple[TaskContext, str | None]] = []
+        self._oldest = 0.0  # monotonic time the oldest pending result was queued
         self._flusher: asyncio.Task[None] | None = None
         self._retrying = False
 
     def enqueue(self, ctx: TaskContext, encoded: str | None) -> None:
         """Queue a result; the handler's call slot is free as soon as this returns."""
+        first = not self._pending
         self._pending.append((ctx, encoded))
-        if self._flusher is None:
+        if self._flusher is not None:
+            return  # the running writer picks it up
+        if not self._worker._claims_will_settle():
             self._flusher = asyncio.create_task(self._flush())
+        elif first:
+            self._oldest = time.monotonic()
+            # Wake the claim loop when this result is due, even if nothing else does.
+            asyncio.get_running_loop().call_later(self._wait_s(), self._worker._wake)
+
+    def _wait_s(self) -> float:
+        return self.PREFETCH_SETTLE_WAIT_S if self._worker._ahead else self.SETTLE_WAIT_S
+
+    def due(self) -> bool:
+        """Whether the claim loop should run a cycle now to write queued results."""
+        if not self._pending or self._flusher is not None or self._retrying:
+            return False
+        return time.monotonic() - self._oldest >= self._wait_s()
+
+    def backlogged(self) -> bool:
+        """More results queued than the writer is keeping up with."""
+        worker = self._worker
+        limit = self.MAX_BACKLOG_PER_SLOT * max(1, worker.concurrency + worker._ahead)
+        return len(self._pending) > limit
 
     async def backpressure(self) -> None:
-        worker = self._worker
-        limit = self.MAX_BACKLOG_PER_SLOT * max(1, worker.concurrency + worker.prefetch)
-        while len(self._pending) > limit and self._flusher is not None:
+        """Wait while `backlogged()` and a writer is working through it."""
+        while self.backlogged() and self._flusher is not None:
             await asyncio.shield(self._flusher)
 
     async def drain(self) -> None:
+        """Write everything queued (the claim loop has ended)."""
+        self.put_back([])
         while self._flusher is not None:
             await asyncio.shield(self._flusher)
 
@@ -72,7 +103,8 @@ class CompleteBatcher:
         return len(self._pending)
 
     def put_back(self, batch: list[tuple[TaskContext, str | None]]) -> None:
-        """Return results to the queue (a claim failed) and make sure a writer runs."""
+        """Return results to the queue (a claim failed) and make sure a writer runs;
+        with an empty batch: write what is queued now, no claim is coming."""
         if batch:
             self._retrying = True
         self._pending[:0] = batch
@@ -95,13 +127,6 @@ class CompleteBatcher:
         worker = self._worker
         failures = 0
         try:
-            # A busy claim loop carries queued results in its next claim transaction
-            # (one commit instead of two); give it a moment before writing them alone.
-            if not worker._idling:
-                # A prefetching worker claims again every half backlog: worth waiting
-                # a little longer for, while results keep piling up behind it.
-                wait = self.PREFETCH_WAIT_S if worker.prefetch else self.PIGGYBACK_WAIT_S
-                await asyncio.sleep(wait)
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:

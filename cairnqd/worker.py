@@ -38,6 +38,7 @@ from .errors import LostLease, SerializationError, TaskError
 from .ids import new_worker_id
 from .jsoncodec import dump_json
 from .models import Task, TaskDef, task_name
+from .prefetch import PrefetchSetting, PrefetchSizer
 from .settlement import CompleteBatcher
 from .store.base import TaskStore
 
@@ -77,7 +78,7 @@ class _Source:
         return self.batch == 1 and self.resource is None
 
 
-@dataclass
+@dataclass(eq=False)
 class _Call:
     handler: RegisteredHandler
     contexts: list[TaskContext]
@@ -149,13 +150,15 @@ class Worker:
         max_queue_depth: int | Mapping[str, int] | None = None,
         max_queue_wait_ms: int = 600_000,
         on_error: OnError | None = None,
-        prefetch: int = 0,
+        prefetch: PrefetchSetting = "auto",
     ) -> None:
-        """`prefetch` (cairnqd only, default 0 as in the public SDK): claim up to this
-        many tasks beyond the free call slots, for handlers without `batch` or
-        `resource`. They wait in the worker with their leases renewed and start as
-        slots free up, so a busy worker claims in bigger batches (fewer claim
-        transactions per task); a stopping worker still runs them."""
+        """`prefetch` (cairnqd only): how many tasks to claim beyond the free call
+        slots, for handlers without `batch` or `resource`. They wait in the worker with
+        their leases renewed and start as slots free up, so a busy worker claims in
+        bigger batches (fewer claim transactions per task); a stopping worker still
+        runs them. "auto" (the default) claims ahead only what the handlers' observed
+        pace will start within about 50 ms, so slow handlers never claim ahead; an
+        integer fixes the count, and 0 claims exactly like the public SDK."""
         if isinstance(queues, str):
             queues = [queues]
         self.queues = list(queues)
@@ -165,8 +168,7 @@ class Worker:
         _check_positive(lease_ms, "lease_ms")
         _check_positive(poll_interval_ms, "poll_interval_ms")
         _check_positive(max_run_ms, "max_run_ms", allow_none=True)
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+        self._prefetch = PrefetchSizer(prefetch)
         if retry_backoff_ms < 0 or retry_backoff_max_ms < 0:
             raise ValueError("retry_backoff_ms and retry_backoff_max_ms must be >= 0")
         self.store = store
@@ -181,7 +183,10 @@ class Worker:
             _check_positive(capacity, f"resources[{res!r}]")
             self.resources[res] = capacity
         self.on_error = on_error
-        self.prefetch = prefetch
+        self.prefetch = self._prefetch.setting
+        self._slots = concurrency
+        # Plain calls in flight, for auto prefetch's "is anything running slow?".
+        self._plain_calls: set[_Call] = set()
         # Claimed ahead of a free slot (prefetch): tracked, heartbeated, not started.
         self._backlog: collections.deque[TaskContext] = collections.deque()
         self.observer: WorkerObserver | None = None
@@ -200,6 +205,8 @@ class Worker:
         self._settler = CompleteBatcher(self)
         self.claiming = True
         self._idling = False
+        self._looping = False  # inside _claim_loop: its claims carry queued results
+        self._ahead = 0  # the prefetch target the claim loop last worked to
 
     # -- construction ------------------------------------------------------------------
 
@@ -370,6 +377,7 @@ class Worker:
 
     async def run(self, *, concurrency: int | None = None) -> None:
         limit = max(1, concurrency if concurrency is not None else self.concurrency)
+        self._slots = limit
         # A stop() issued before this task first ran must still count, so the events
         # are not reset here; they are cleared on the way out instead.
         await self.store.connect()
@@ -400,6 +408,27 @@ class Worker:
     # -- the claim loop ----------------------------------------------------------------
 
     async def _claim_loop(self, limit: int) -> None:
+        self._looping = True
+        try:
+            await self._claim_cycles(limit)
+        finally:
+            self._looping = False
+
+    def _claims_will_settle(self) -> bool:
+        """Whether a claim will soon carry queued results (else a flusher must)."""
+        return (
+            self._looping
+            and not self._idling
+            and self.claiming
+            and bool(self._handlers)
+            and not self._stop.is_set()
+        )
+
+    def _wake(self) -> None:
+        """Cut the claim loop's wait for a free slot short (a result is due)."""
+        self._freed.set()
+
+    async def _claim_cycles(self, limit: int) -> None:
         while not self._stop.is_set():
             free = limit - len(self._calls)
             if self._backlog and free > 0:
@@ -407,8 +436,9 @@ class Worker:
                 free = limit - len(self._calls)
             # With prefetch, claim again once the backlog is half spent, even with
             # every slot busy: the claim carries the finished results with it.
-            refill = self.prefetch > 0 and len(self._backlog) <= self.prefetch // 2
-            if free <= 0 and not refill:
+            ahead = self._ahead = self.prefetch_target()
+            refill = ahead > 0 and len(self._backlog) <= ahead // 2
+            if free <= 0 and not refill and not self._settler.due():
                 self._freed.clear()
                 await self._freed.wait()
                 continue
@@ -419,13 +449,15 @@ class Worker:
             # runs must cut the idle wait that may follow it short.
             self._freed.clear()
             try:
-                claimed = await self._claim(free)
+                claimed = await self._claim(free, ahead)
             except Exception as exc:
                 self._report(exc, {"phase": "claim"})
                 await self._sleep_unless_stopped(0.25)
                 continue
             if not claimed:
-                await self._idle()
+                if free > 0 or len(self._backlog) < ahead:
+                    await self._idle()  # asked for tasks and found none
+                # else: a cycle only to write due results; nothing was asked for
                 continue
             self._dispatch(claimed, free)
             # Let the new calls start before the next claim.
@@ -457,7 +489,16 @@ class Worker:
                 sources.append(_Source([h.name], h.batch or 1, h.resource))
         return sources
 
-    async def _claim(self, free: int) -> list[Task]:
+    def prefetch_target(self) -> int:
+        """Tasks to hold claimed beyond the free slots right now."""
+        if not self._prefetch.adaptive:
+            return self._prefetch.target(self._slots)
+        longest = 0.0
+        if self._plain_calls:
+            longest = time.monotonic() - min(c.started for c in self._plain_calls)
+        return self._prefetch.target(self._slots, longest)
+
+    async def _claim(self, free: int, ahead_target: int) -> list[Task]:
         sources = self._sources()
         if not sources:
             return []
@@ -466,7 +507,7 @@ class Worker:
         ordered = sources[start:] + sources[:start]
         names = [n for s in sources for n in s.names]
 
-        ahead = max(0, self.prefetch - len(self._backlog))
+        ahead = max(0, ahead_target - len(self._backlog))
 
         async def plan(draw: Callable[[Sequence[str] | None, int], Awaitable[list[Task]]]) -> Any:
             remaining = free
@@ -575,25 +616,40 @@ class Worker:
 
     async def _execute(self, call: _Call) -> None:
         handler, contexts = call.handler, call.contexts
+        plain = handler.batch is None and handler.resource is None
+        if plain:
+            call.started = time.monotonic()  # the handler's own time, not the queueing
+            self._plain_calls.add(call)
         try:
             try:
                 value = await self._invoke(handler, contexts)
             except asyncio.CancelledError:
                 raise
             except _MaxRunExceeded:
+                self._call_ended(call, plain)
                 await self._settle_leftovers_timeout(call)
                 return
             except BaseException as exc:
+                self._call_ended(call, plain)
                 await self._settle_leftovers_error(contexts, exc)
                 return
+            self._call_ended(call, plain)
             await self._settle_leftovers_value(handler, contexts, value)
         finally:
+            self._plain_calls.discard(call)
             if handler.resource is not None:
                 self._in_use[handler.resource] -= 1
             for ctx in contexts:
                 # A result still queued for writing keeps its lease renewed until then.
                 if ctx.settled or ctx.lost_lease:
                     self._contexts.pop(ctx.task_id, None)
+
+    def _call_ended(self, call: _Call, plain: bool) -> None:
+        """The handler returned or raised: feed its run time to auto prefetch (the
+        settlement that follows is the database's pace, not the handler's)."""
+        if plain:
+            self._plain_calls.discard(call)
+            self._prefetch.observe(time.monotonic() - call.started)
 
     async def _invoke(self, handler: RegisteredHandler, contexts: list[TaskContext]) -> Any:
         if handler.batch is not None:
@@ -603,6 +659,11 @@ class Worker:
         else:
             args = (contexts[0],)
         if self.max_run_ms is None:
+            if handler.is_async:  # the hot path: no extra coroutine layer
+                value = await handler.fn(*args)
+                if value is not None and inspect.isawaitable(value):
+                    value = await value
+                return value
             return await self._call_handler(handler, args)
         # max_run_ms bounds the whole call, an awaitable a sync handler returns included.
         running = asyncio.ensure_future(self._call_handler(handler, args))
@@ -622,7 +683,7 @@ class Worker:
         else:
             loop = asyncio.get_running_loop()
             value = await loop.run_in_executor(self._executor, lambda: handler.fn(*args))
-        if inspect.isawaitable(value):
+        if value is not None and inspect.isawaitable(value):
             value = await value
         return value
 
@@ -654,7 +715,8 @@ class Worker:
                 await self._settle_quietly(self._settle_fail(ctx, envelope, False), ctx)
                 continue
             self._settler.enqueue(ctx, encoded)
-        await self._settler.backpressure()
+        if self._settler.backlogged():
+            await self._settler.backpressure()
 
     async def _settle_leftovers_error(
         self, contexts: list[TaskContext], exc: BaseException

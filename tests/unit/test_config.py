@@ -936,3 +936,15 @@ async def test_demo_handlers() -> None:
     with pytest.raises(TaskError) as info:
         await handlers["demo.fail"].fn(ctx, {"retryable": True})
     assert info.value.retryable and info.value.code == "demo_failure"
+
+
+def test_prefetch_is_auto_by_default_or_a_count(load: Loader, errors: Errors) -> None:
+    assert load(BASE).groups["default"].prefetch == "auto"
+    assert load(BASE + "    prefetch: 0\n").groups["default"].prefetch == 0
+    assert load(BASE + "    prefetch: 64\n").groups["default"].prefetch == 64
+    assert errors(BASE + "    prefetch: fast\n") == [
+        "cairnq.yaml:8:15: groups.default.prefetch: expected auto or an integer ≥ 0, got 'fast'"
+    ]
+    assert errors(BASE + "    prefetch: -1\n") == [
+        "cairnq.yaml:8:15: groups.default.prefetch: expected auto or an integer ≥ 0, got -1"
+    ]

@@ -1,5 +1,6 @@
 """cairnqd's `prefetch`: claim ahead of free slots, run everything, never more than
-`concurrency` calls at once, and finish prefetched tasks when stopped."""
+`concurrency` calls at once, and finish prefetched tasks when stopped. `auto` (the
+default) claims ahead only for handlers that have shown they are fast."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from tests.worker.helpers import ErrorLog, eventually, running, wait_all
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_prefetch_must_be_a_non_negative_int(store: TaskStore) -> None:
-    for bad in (-1, 1.5, True):
-        with pytest.raises(ValueError, match="prefetch"):
+def test_prefetch_must_be_auto_or_a_non_negative_int(store: TaskStore) -> None:
+    for bad in (-1, 1.5, True, "AUTO", None):
+        with pytest.raises(ValueError, match="prefetch must be"):
             Worker(store, ["default"], prefetch=bad)  # type: ignore[arg-type]
+    assert Worker(store, ["default"]).prefetch == "auto"
+    assert Worker(store, ["default"], prefetch=0).prefetch == 0
 
 
 async def test_prefetch_claims_ahead_but_runs_at_most_concurrency(
@@ -77,4 +80,54 @@ async def test_stop_runs_prefetched_tasks_instead_of_stranding_them(
         gate.set()
     done = await wait_all(store, [t.id for t in tasks], "succeeded")
     assert all(t.attempt == 1 for t in done)
+    assert not errors.calls
+
+
+async def test_auto_never_claims_ahead_for_slow_handlers(
+    store: TaskStore, client: CairnQ, errors: ErrorLog
+) -> None:
+    worker = Worker(store, ["default"], concurrency=2, poll_interval_ms=50, on_error=errors)
+    peak_running = 0
+
+    @worker.task("slow")
+    async def slow(ctx: Any) -> None:
+        nonlocal peak_running
+        rows = await client.list(status="running", limit=100)
+        peak_running = max(peak_running, len(rows))
+        await asyncio.sleep(0.2)
+
+    tasks = await client.submit_many([{"name": "slow"} for _ in range(6)])
+    async with running(worker):
+        await wait_all(store, [t.id for t in tasks], "succeeded")
+    # 200 ms calls at 2 slots start 10 per second: nothing fits a 50 ms horizon.
+    assert peak_running == 2
+    assert not errors.calls
+
+
+async def test_auto_claims_ahead_once_handlers_prove_fast(
+    store: TaskStore, client: CairnQ, errors: ErrorLog
+) -> None:
+    worker = Worker(store, ["default"], concurrency=2, poll_interval_ms=50, on_error=errors)
+    gate = asyncio.Event()
+
+    @worker.task("quick")
+    async def quick(ctx: Any) -> None:
+        return None
+
+    @worker.task("held")
+    async def held(ctx: Any) -> None:
+        await gate.wait()
+
+    warmup = await client.submit_many([{"name": "quick"} for _ in range(20)])
+    async with running(worker):
+        await wait_all(store, [t.id for t in warmup], "succeeded")
+        tasks = await client.submit_many([{"name": "held"} for _ in range(30)])
+
+        async def prefetched() -> bool:
+            return len(await client.list(status="running", limit=100)) > 2
+
+        # Microsecond calls: the next claim takes far more than the 2 free slots.
+        await eventually(prefetched, what="auto prefetch claiming ahead")
+        gate.set()
+        await wait_all(store, [t.id for t in tasks], "succeeded")
     assert not errors.calls
