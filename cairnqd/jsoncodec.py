@@ -15,6 +15,7 @@ from typing import Any
 from .errors import SerializationError
 
 _encoder = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+_decoder = json.JSONDecoder()
 
 
 def dump_json(value: Any, *, what: str = "value") -> str:
@@ -32,5 +33,14 @@ def dump_json_or_empty(value: Any, *, what: str) -> str:
     return dump_json(value, what=what)
 
 
-def load_json(text: str) -> Any:
-    return json.loads(text)
+def load_json(text: str | bytes | bytearray | memoryview) -> Any:
+    """Decode JSON text or UTF-8 bytes (psycopg hands its loader bytes).
+
+    `{}` (the stored form of an absent payload or metadata) skips the parser; a new
+    dict each time, since the caller may mutate it.
+    """
+    if not isinstance(text, str):
+        text = bytes(text).decode()
+    if text == "{}":
+        return {}
+    return _decoder.decode(text)
