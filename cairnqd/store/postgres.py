@@ -98,7 +98,7 @@ class PostgresStore(TaskStore):
         self.max_size = max_size
         self.connect_timeout_s = connect_timeout_s
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
-        self._listener: _Listener | None = None
+        self._listeners: dict[str, _Listener] = {}
         self._ever_connected = False
 
     # -- connect / close ---------------------------------------------------------------
@@ -169,11 +169,6 @@ class PostgresStore(TaskStore):
                 f"cannot open a connection pool to {redact_dsn(self.dsn)}: {exc}"
             ) from exc
         self._pool = pool
-        # Warm the LISTEN connection now, so the first wake-up is not lost to its
-        # connect (push is an accelerator; polling covers a listener still starting).
-        listener = self._push()
-        if listener is not None:
-            listener.start()
         if self._retention is not None:
             self._retention.start()
 
@@ -199,8 +194,8 @@ class PostgresStore(TaskStore):
     async def close(self) -> None:
         if self._retention is not None:
             await self._retention.stop()
-        listener, self._listener = self._listener, None
-        if listener is not None:
+        listeners, self._listeners = list(self._listeners.values()), {}
+        for listener in listeners:
             await listener.stop()
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -235,28 +230,34 @@ class PostgresStore(TaskStore):
 
     # -- push wake-ups -------------------------------------------------------------------
 
-    def _push(self) -> _Listener | None:
+    def _push(self, channel: str) -> _Listener | None:
+        """The listener for `channel`, started on first use; None when push is off."""
         if self._pool is None or not self.listen:
             return None
-        if self._listener is None:
-            self._listener = _Listener(self)
-        return None if self._listener.disabled else self._listener
+        listener = self._listeners.get(channel)
+        if listener is None:
+            listener = self._listeners[channel] = _Listener(self, channel)
+            listener.start()
+        return None if listener.disabled else listener
 
     def _register_wakeable(self, queues: Sequence[str]) -> None:
-        listener = self._push()
+        listener = self._push("cairnq_queued")
         if listener is not None:
-            listener.watch_queues(queues)
+            listener.sticky(queues)
 
     async def claim_wake(self, queues: Sequence[str], timeout_ms: int) -> None:
-        listener = self._push()
+        timeout_s = max(0, timeout_ms) / 1000
+        listener = self._push("cairnq_queued")
         if listener is None:
-            await asyncio.sleep(max(0, timeout_ms) / 1000)
+            await asyncio.sleep(timeout_s)
             return
-        events = listener.watch_queues(queues)
+        events = listener.sticky(queues)
+        if not await listener.until_listening(timeout_s):
+            return
         if not any(e.is_set() for e in events):
             waits = [asyncio.ensure_future(e.wait()) for e in events]
             try:
-                await asyncio.wait(waits, timeout=max(0, timeout_ms) / 1000)
+                await asyncio.wait(waits, timeout=timeout_s)
             finally:
                 for w in waits:
                     w.cancel()
@@ -264,11 +265,13 @@ class PostgresStore(TaskStore):
             event.clear()
 
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
-        listener = self._push()
+        timeout_s = max(0, timeout_ms) / 1000
+        listener = self._push("cairnq_done")
         if listener is None:
-            await asyncio.sleep(max(0, timeout_ms) / 1000)
+            await asyncio.sleep(timeout_s)
             return
-        await listener.wait_done(task_id, max(0, timeout_ms) / 1000)
+        if await listener.until_listening(timeout_s):
+            await listener.wait_once(task_id, timeout_s)
 
     async def _lock_key(self, session: Session, key: str) -> None:
         await session.fetch("lock_key", {"key": key})
@@ -417,27 +420,32 @@ class UserSession:
 
 
 class _Listener:
-    """One LISTEN connection per store, opened straight from the DSN.
+    """One LISTEN connection for one channel, opened straight from the DSN.
 
-    `cairnq_queued` payloads (queue names) are kept only for queues a local caller
-    registered, so per-tenant queue names cannot grow the buffer; a wake that arrives
-    while nobody waits stays set until the next `claim_wake`. `cairnq_done` payloads
-    (task ids) wake that task's waiters. Push is an accelerator only: every waiter
-    also has its poll timeout. A refused LISTEN (e.g. behind a transaction pooler)
-    turns push off for good; a dropped connection reconnects with backoff.
+    A store opens a channel's listener only when something first waits on it: the
+    `cairnq_queued` one when a worker first claims, the `cairnq_done` one when a
+    caller first waits for a task. So a worker that never waits is not sent a
+    notification for every task it completes, and an API process that never claims
+    is not sent one for every submit.
+
+    Push is an accelerator only: every waiter also has its poll timeout. Until the
+    LISTEN is in place (and after a drop), a wait returns as soon as it is, so the
+    caller re-reads the database instead of trusting a channel that may have missed
+    the event. A refused LISTEN (e.g. behind a transaction pooler) turns push off
+    for good; a dropped connection reconnects with backoff.
     """
 
-    def __init__(self, store: PostgresStore) -> None:
+    def __init__(self, store: PostgresStore, channel: str) -> None:
         self._store = store
-        self._queue_events: dict[str, asyncio.Event] = {}
-        self._done_events: dict[str, list[asyncio.Event]] = {}
+        self.channel = channel
+        # Payload -> waiters. For cairnq_queued the payload is a queue name and only
+        # registered queues are kept, so per-tenant queue names cannot grow this; a
+        # wake that arrives while nobody waits stays set until the next wait.
+        self._events: dict[str, asyncio.Event] = {}
+        self._waiters: dict[str, list[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
         self.disabled = False
         self.connected = asyncio.Event()
-
-    def watch_queues(self, queues: Sequence[str]) -> list[asyncio.Event]:
-        self.start()
-        return [self._queue_events.setdefault(q, asyncio.Event()) for q in queues]
 
     def start(self) -> None:
         if self._task is None and not self.disabled:
@@ -451,28 +459,43 @@ class _Listener:
                 await task
         self._release_all()
 
-    def _release_all(self) -> None:
-        for events in self._done_events.values():
-            for event in events:
-                event.set()
-        for event in self._queue_events.values():
-            event.set()
-
-    async def wait_done(self, task_id: str, timeout_s: float) -> None:
+    async def until_listening(self, timeout_s: float) -> bool:
+        """True if the LISTEN is in place; else waits for it (up to `timeout_s`) and
+        returns False, telling the caller to re-read before waiting on a wake."""
         self.start()
+        if self.connected.is_set():
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.connected.wait(), timeout_s)
+        return False
+
+    def sticky(self, keys: Sequence[str]) -> list[asyncio.Event]:
+        """Wake flags for `keys` that stay set until cleared (claim wake-ups)."""
+        return [self._events.setdefault(k, asyncio.Event()) for k in keys]
+
+    async def wait_once(self, key: str, timeout_s: float) -> None:
+        """Wait for one notification with payload `key` (a task finishing)."""
         event = asyncio.Event()
-        self._done_events.setdefault(task_id, []).append(event)
+        self._waiters.setdefault(key, []).append(event)
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout_s)
         finally:
-            waiters = self._done_events.get(task_id, [])
+            waiters = self._waiters.get(key, [])
             with contextlib.suppress(ValueError):
                 waiters.remove(event)
             if not waiters:
-                self._done_events.pop(task_id, None)
+                self._waiters.pop(key, None)
+
+    def _release_all(self) -> None:
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
+        for event in self._events.values():
+            event.set()
 
     async def _run(self) -> None:
+        listen = sql.SQL("listen {}").format(sql.Identifier(self.channel))
         backoff = 1.0
         while True:
             try:
@@ -486,15 +509,15 @@ class _Listener:
             try:
                 async with conn:
                     try:
-                        await conn.execute("listen cairnq_queued")
-                        await conn.execute("listen cairnq_done")
+                        await conn.execute(listen)
                     except psycopg.errors.FeatureNotSupported:
                         self.disabled = True
+                        self._release_all()
                         return
                     backoff = 1.0
                     self.connected.set()
                     async for note in conn.notifies():
-                        self._dispatch(note.channel, note.payload)
+                        self._dispatch(note.payload)
             except psycopg.Error:
                 pass
             # Dropped: let every waiter fall back to its own poll, then reconnect.
@@ -503,11 +526,9 @@ class _Listener:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
 
-    def _dispatch(self, channel: str, payload: str) -> None:
-        if channel == "cairnq_queued":
-            event = self._queue_events.get(payload)
-            if event is not None:
-                event.set()
-        elif channel == "cairnq_done":
-            for event in self._done_events.get(payload, ()):
-                event.set()
+    def _dispatch(self, payload: str) -> None:
+        event = self._events.get(payload)
+        if event is not None:
+            event.set()
+        for waiter in self._waiters.get(payload, ()):
+            waiter.set()

@@ -1,0 +1,130 @@
+"""Postgres push wake-ups: one LISTEN connection per channel, opened on first need.
+
+A worker listens on `cairnq_queued` only, so it is not sent a notification for
+every task it completes; a waiter listens on `cairnq_done` only. A dropped LISTEN
+connection reconnects and pushes again; while it is down, waits fall back to
+their own poll timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from cairnqd.client import CairnQ
+from cairnqd.store.postgres import PostgresStore
+from cairnqd.worker import Worker
+from tests.conftest import require_postgres
+from tests.worker.helpers import eventually, running, wait_all
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def listen_queries(dsn: str) -> list[str]:
+    """The LISTEN statements other sessions on this database last ran."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "select query from pg_stat_activity where datname = current_database() "
+            "and pid <> pg_backend_pid() and query ilike 'listen %' order by query"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def terminate_listeners(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "select pg_terminate_backend(pid) from pg_stat_activity "
+            "where datname = current_database() and pid <> pg_backend_pid() "
+            "and query ilike 'listen %'"
+        ).fetchall()
+    return len(rows)
+
+
+@pytest.fixture
+async def pg_store(pg_dsn: str) -> Any:
+    require_postgres()
+    store = PostgresStore(pg_dsn, max_size=4)
+    await store.connect()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def test_a_worker_listens_for_queued_work_only(pg_store: PostgresStore, pg_dsn: str) -> None:
+    client = CairnQ(pg_store)
+    worker = Worker(pg_store, ["default"], concurrency=4, poll_interval_ms=5000)
+
+    @worker.task
+    async def job(ctx: Any) -> None:
+        return None
+
+    tasks = await client.submit_many([{"name": "job"} for _ in range(50)])
+    async with running(worker):
+        await wait_all(pg_store, [t.id for t in tasks], "succeeded")
+        await eventually(
+            lambda: asyncio.to_thread(listen_queries, pg_dsn), what="the worker's LISTEN"
+        )
+        assert await asyncio.to_thread(listen_queries, pg_dsn) == ['listen "cairnq_queued"']
+
+
+async def test_a_waiter_listens_for_done_and_wakes_at_once(
+    pg_store: PostgresStore, pg_dsn: str
+) -> None:
+    client = CairnQ(pg_store)
+    other = PostgresStore(pg_dsn, max_size=2, listen=False)
+    await other.connect()
+    try:
+        task = await client.submit("job")
+        claimed = await other.claim(queues=["default"], worker_id="w1", lease_ms=30_000)
+        assert [t.id for t in claimed] == [task.id]
+
+        async def finish_soon() -> None:
+            await asyncio.sleep(0.5)
+            await other.complete(task_id=task.id, worker_id="w1", result={"ok": True})
+
+        finisher = asyncio.create_task(finish_soon())
+        started = time.monotonic()
+        # A 20 s poll: only the push can make this quick.
+        done = await client.wait(task.id, timeout_ms=30_000, poll_ms=20_000, max_poll_ms=20_000)
+        waited = time.monotonic() - started
+        await finisher
+    finally:
+        await other.close()
+    assert done.status == "succeeded" and done.result == {"ok": True}
+    assert waited < 5.0
+    assert await asyncio.to_thread(listen_queries, pg_dsn) == ['listen "cairnq_done"']
+
+
+async def test_a_dropped_listen_connection_reconnects_and_pushes_again(
+    pg_store: PostgresStore, pg_dsn: str
+) -> None:
+    client = CairnQ(pg_store)
+    started: dict[str, float] = {}
+    worker = Worker(pg_store, ["default"], poll_interval_ms=20_000)
+
+    @worker.task
+    async def job(ctx: Any) -> None:
+        started[ctx.task_id] = time.monotonic()
+
+    async with running(worker):
+        await eventually(
+            lambda: asyncio.to_thread(listen_queries, pg_dsn), what="the worker's LISTEN"
+        )
+        assert await asyncio.to_thread(terminate_listeners, pg_dsn) == 1
+
+        async def relistening() -> bool:
+            return bool(await asyncio.to_thread(listen_queries, pg_dsn))
+
+        await eventually(relistening, what="the LISTEN connection to come back")
+        # Let the worker's wait (cut short by the drop) settle back onto the channel.
+        await asyncio.sleep(0.5)
+        submitted = time.monotonic()
+        task = await client.submit("job")
+        await wait_all(pg_store, [task.id], "succeeded")
+    # Well before the 20 s poll: the push works again.
+    assert started[task.id] - submitted < 5.0
