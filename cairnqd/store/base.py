@@ -528,7 +528,7 @@ class TaskStore(ABC):
         _require_int(lease_ms, "lease_ms", minimum=1)
         name_list = None if names is None else list(names)
         self._register_wakeable(queue_list)
-        if not settle:
+        if not settle and not self._take_push_hint():
             probe = await self._fetch("claimable_probe", {"queues": queue_list, "names": name_list})
             if not probe or not probe[0]["has_work"]:
                 return None
@@ -686,6 +686,11 @@ class TaskStore(ABC):
 
     async def claim_wake(self, queues: Sequence[str], timeout_ms: int) -> None:
         await _sleep_ms(timeout_ms)
+
+    def _take_push_hint(self) -> bool:
+        """True (once) when the last `claim_wake` ended on a notification that work
+        was queued, so the next claim may skip its read-only probe."""
+        return False
 
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
         await _sleep_ms(timeout_ms)

@@ -19,7 +19,7 @@ from cairnqd.client import CairnQ
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.worker import Worker
 from tests.conftest import require_postgres
-from tests.worker.helpers import eventually, running, wait_all
+from tests.worker.helpers import eventually, running, wait_all, wrap_method
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -128,3 +128,33 @@ async def test_a_dropped_listen_connection_reconnects_and_pushes_again(
         await wait_all(pg_store, [task.id], "succeeded")
     # Well before the 20 s poll: the push works again.
     assert started[task.id] - submitted < 5.0
+
+
+async def test_a_pushed_wake_claims_without_the_probe(pg_store: PostgresStore, pg_dsn: str) -> None:
+    """The notification already says work was queued: the claim that follows skips its
+    read-only probe (one round trip less between submit and handler)."""
+    client = CairnQ(pg_store)
+    ops: list[str] = []
+
+    async def record(original: Any, op: str, *args: Any, **kwargs: Any) -> Any:
+        ops.append(op)
+        return await original(op, *args, **kwargs)
+
+    wrap_method(pg_store, "_fetch", record)
+    worker = Worker(pg_store, ["default"], poll_interval_ms=20_000)
+
+    @worker.task
+    async def job(ctx: Any) -> None:
+        ops.append("handler")
+
+    async with running(worker):
+        await eventually(
+            lambda: asyncio.to_thread(listen_queries, pg_dsn), what="the worker's LISTEN"
+        )
+        await eventually(lambda: "claimable_probe" in ops, what="the first, empty, claim")
+        await asyncio.sleep(0.2)  # into the idle wait
+        ops.clear()
+        task = await client.submit("job")
+        await wait_all(pg_store, [task.id], "succeeded")
+    # (The loop probes again after the task, on its way back to idle.)
+    assert "claimable_probe" not in ops[: ops.index("handler")], ops
