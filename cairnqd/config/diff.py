@@ -1,0 +1,58 @@
+"""The reload diff: which settings changed between two configs, and what a reload
+does about each."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .root import Config
+from .schema import _BY_PATH, Reload, _dump
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """One changed setting and what a reload does about it."""
+
+    path: str
+    reload: Reload
+
+    def __str__(self) -> str:
+        return f"{self.path} ({self.reload.value})"
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            yield from _flatten(value, path)
+        else:
+            yield path, value
+
+
+def _reload_of(path: str) -> Reload:
+    parts = path.split(".")
+    if parts[0] == "groups" and len(parts) > 2:
+        parts[1] = "*"
+    while parts:
+        setting = _BY_PATH.get(".".join(parts))
+        if setting is not None and setting.reload is not None:
+            return setting.reload
+        parts.pop()
+    return Reload.RESTART
+
+
+def diff_configs(old: Config, new: Config) -> list[ConfigChange]:
+    """Changed settings, in schema order; an added or removed group is one change."""
+    before, after = dict(_flatten(_dump(old, ""))), dict(_flatten(_dump(new, "")))
+    moved = [g for g in (*old.groups, *new.groups) if (g in old.groups) != (g in new.groups)]
+    changes = [ConfigChange(f"groups.{name}", Reload.ROLL) for name in moved]
+    missing = object()
+    for path in dict.fromkeys([*before, *after]):
+        parts = path.split(".")
+        if parts[0] == "groups" and parts[1] in moved:
+            continue
+        if before.get(path, missing) != after.get(path, missing):
+            changes.append(ConfigChange(path, _reload_of(path)))
+    return changes

@@ -1,0 +1,81 @@
+"""Cross-field checks, run once a section's own settings are read: what one setting
+means depends on another, or on the backend, known only then."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ..yamlload import YamlPath
+from .kinds import _INVALID
+from .sections import DatabaseConfig, RetentionConfig
+from .shadowing import _check_rule_shadowing
+from .units import format_duration
+
+if TYPE_CHECKING:
+    from .checker import _Checker
+
+
+def _finish_database(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+    sources = [k for k in ("path", "dsn", "dsn_file") if v[k] is not None]
+    if not sources:
+        ck.error_at(path, "set one of path (SQLite), dsn or dsn_file (Postgres)")
+        v["path"] = _INVALID
+    for extra in sources[1:]:
+        ck.error_at((*path, extra), f"{sources[0]} and {extra} are both set; keep one")
+        v[extra] = _INVALID
+    if isinstance(v["dsn_file"], str):
+        v["dsn"] = ck.read_secret((*path, "dsn_file"), v["dsn_file"])
+    if isinstance(v["path"], str):
+        ck.check_sqlite_dir((*path, "path"), v["path"])
+    if v["auto_migrate"] is None:
+        v["auto_migrate"] = v["path"] is not None
+    return v
+
+
+def _finish_group(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+    low, high = v["retry_backoff"], v["retry_backoff_max"]
+    if _INVALID not in (low, high) and high < low:
+        message = f"must be at least retry_backoff ({format_duration(low)})"
+        ck.error_at((*path, "retry_backoff_max"), message)
+        v["retry_backoff_max"] = _INVALID
+    return v
+
+
+def _finish_retention(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+    rules = v["rules"]
+    if rules is not _INVALID:
+        if not rules:
+            ck.warn_at((*path, "rules"), "is empty: finished tasks are never purged")
+        _check_rule_shadowing(ck, rules, (*path, "rules"))
+    return v
+
+
+def _finish_root(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+    database, groups = v["database"], v["groups"]
+    if groups is not _INVALID and v["handlers"] is not _INVALID:
+        groups = v["groups"] = ck.inherit_handlers(groups, v["handlers"])
+    if groups is not _INVALID and v["shutdown_timeout"] is not _INVALID:
+        ck.warn_max_run(groups, v["shutdown_timeout"])
+    retention = v["retention"]
+    # The default batch depends on the backend, known only now.
+    no_batch = isinstance(retention, RetentionConfig) and retention.batch is None
+    if no_batch and isinstance(database, DatabaseConfig):
+        batch = 500 if database.backend == "sqlite" else 1000
+        v["retention"] = replace(retention, batch=batch)
+    if v["runtime_dir"] is None:
+        v["runtime_dir"] = _default_runtime_dir(ck.env)
+    metrics = v["metrics"]
+    if metrics is not _INVALID and metrics.listen is not None and not metrics.listen.is_loopback:
+        ck.warn_at(("metrics", "listen"), f"serves metrics beyond this host on {metrics.listen}")
+    return v
+
+
+def _default_runtime_dir(env: Mapping[str, str]) -> str:
+    if env.get("RUNTIME_DIRECTORY"):  # systemd's RuntimeDirectory=, maybe several
+        return env["RUNTIME_DIRECTORY"].split(":")[0]
+    if env.get("XDG_RUNTIME_DIR"):
+        return os.path.join(env["XDG_RUNTIME_DIR"], "cairnqd")
+    return f"/tmp/cairnqd-{os.getuid()}"

@@ -1,0 +1,349 @@
+"""Kinds: how one setting is read from a YAML node and written back.
+
+A kind raises `_Invalid` for a bad value; the checker reports it at the node and
+stores `_INVALID` instead, so checks that depend on the value can skip it."""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from ..registry import parse_handler_path
+from ..yamlload import ScalarValue, YamlMapping, YamlNode, YamlPath, YamlScalar, YamlSequence
+from .dsn import _dsn_problem
+from .sections import ListenAddress
+from .units import format_duration, format_size, parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from .checker import _Checker
+
+
+class _InvalidType:
+    def __repr__(self) -> str:
+        return "<invalid>"
+
+
+#: Stands in for a value that failed its check, so dependent checks can skip it.
+_INVALID: Any = _InvalidType()
+
+
+class _Invalid(Exception):
+    def __init__(self, message: str, node: YamlNode | None = None, suffix: YamlPath = ()):
+        super().__init__(message)
+        self.message = message
+        self.node = node
+        self.suffix = suffix
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+def _show_node(node: YamlNode) -> str:
+    if isinstance(node, YamlMapping):
+        return "a mapping"
+    if isinstance(node, YamlSequence):
+        return "a list"
+    return _show(node.value)
+
+
+def _suggest(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class _Kind:
+    expected = "a value"
+
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        raise NotImplementedError
+
+    def dump(self, value: Any) -> Any:
+        return value
+
+    def fail(self, got: str, hint: str = "") -> _Invalid:
+        return _Invalid(f"expected {self.expected}, got {got}{hint}")
+
+
+class _Scalar(_Kind):
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        if not isinstance(node, YamlScalar):
+            raise self.fail(_show_node(node))
+        return self.convert(node.value)
+
+    def convert(self, value: ScalarValue) -> Any:
+        raise NotImplementedError
+
+
+class _Str(_Scalar):
+    expected = "a string"
+
+    def __init__(self, pattern: str | None = None, what: str = "") -> None:
+        self.pattern = re.compile(pattern) if pattern else None
+        self.what = what
+
+    def convert(self, value: ScalarValue) -> Any:
+        if not isinstance(value, str):
+            hint = f' (quote it: "{_show(value)}")' if value is not None else ""
+            raise self.fail(_show(value), hint)
+        if not value.strip():
+            raise _Invalid("must not be empty")
+        if self.pattern is not None and not self.pattern.fullmatch(value):
+            raise _Invalid(f"expected {self.what}, got {value!r}")
+        return value
+
+
+class _HandlerPath(_Str):
+    def convert(self, value: ScalarValue) -> Any:
+        text = super().convert(value)
+        try:
+            parse_handler_path(text)
+        except ValueError as exc:
+            raise _Invalid(str(exc)) from None
+        return text
+
+
+class _Path(_Str):
+    expected = "a file path"
+
+
+class _Int(_Scalar):
+    def __init__(self, minimum: int | None = None, maximum: int | None = None) -> None:
+        self.minimum, self.maximum = minimum, maximum
+        bounds = [f"≥ {minimum}"] if minimum is not None else []
+        bounds += [f"≤ {maximum}"] if maximum is not None else []
+        self.expected = " ".join(["an integer", *bounds])
+
+    def convert(self, value: ScalarValue) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            hint = ""
+            if isinstance(value, str) and re.fullmatch(r"0[0-9]+", value):
+                hint = f" (a leading zero reads as octal in YAML 1.1; write {int(value)})"
+            raise self.fail(_show(value), hint)
+        if (self.minimum is not None and value < self.minimum) or (
+            self.maximum is not None and value > self.maximum
+        ):
+            raise self.fail(str(value))
+        return value
+
+
+class _Version(_Scalar):
+    expected = "1"
+
+    def convert(self, value: ScalarValue) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int) or value != 1:
+            raise self.fail(_show(value), " (this cairnqd reads config version 1)")
+        return value
+
+
+_YAML11_BOOLS = {"yes", "no", "on", "off", "y", "n"}
+
+
+class _Bool(_Scalar):
+    expected = "true or false"
+
+    def convert(self, value: ScalarValue) -> Any:
+        if not isinstance(value, bool):
+            hint = ""
+            if isinstance(value, str) and value.lower() in _YAML11_BOOLS:
+                hint = " (YAML 1.2 reads yes/no/on/off as strings)"
+            raise self.fail(_show(value), hint)
+        return value
+
+
+class _Enum(_Scalar):
+    def __init__(self, *choices: str, fold: bool = False) -> None:
+        self.choices = choices
+        self.fold = fold
+        self.expected = "one of " + ", ".join(c.lower() if fold else c for c in choices)
+
+    def convert(self, value: ScalarValue) -> Any:
+        key = value.upper() if self.fold and isinstance(value, str) else value
+        if isinstance(key, str) and key in self.choices:
+            return key
+        word = str(value).lower() if self.fold else str(value)
+        raise self.fail(_show(value), _suggest(word, [c.lower() for c in self.choices]))
+
+    def dump(self, value: Any) -> Any:
+        return value.lower() if self.fold else value
+
+
+class _Duration(_Scalar):
+    expected = "a duration like 30s, 5m, 1h"
+
+    def __init__(self, minimum: str = "0s") -> None:
+        self.minimum = parse_duration(minimum)
+
+    def convert(self, value: ScalarValue) -> Any:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise self.fail(_show(value), f": add a unit, e.g. {value}s")
+        if not isinstance(value, str):
+            raise self.fail(_show(value))
+        try:
+            duration = parse_duration(value)
+        except ValueError:
+            hint = ""
+            if re.fullmatch(r"\d+:\d+(:\d+)?", value):
+                hint = " (YAML 1.1 reads 1:30 as 90 seconds; write 1m30s)"
+            raise self.fail(_show(value), hint) from None
+        if duration < self.minimum:
+            raise _Invalid(f"must be at least {format_duration(self.minimum)}, got {value}")
+        return duration
+
+    def dump(self, value: Any) -> Any:
+        return format_duration(value)
+
+
+class _Size(_Scalar):
+    expected = "a size like 512MiB, 1GiB, 500MB"
+
+    def __init__(self, minimum: str = "1MiB") -> None:
+        self.minimum = parse_size(minimum)
+
+    def convert(self, value: ScalarValue) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            raise self.fail(_show(value), ": add a unit, e.g. 512MiB")
+        if not isinstance(value, str):
+            raise self.fail(_show(value))
+        try:
+            size = parse_size(value)
+        except ValueError:
+            raise self.fail(_show(value)) from None
+        if size < self.minimum:
+            raise _Invalid(f"must be at least {format_size(self.minimum)}, got {value}")
+        return size
+
+    def dump(self, value: Any) -> Any:
+        return format_size(value)
+
+
+_HOSTNAME = re.compile(
+    r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"
+)
+
+
+class _Listen(_Scalar):
+    expected = "host:port (e.g. 127.0.0.1:9464) or off"
+
+    def convert(self, value: ScalarValue) -> Any:
+        if value == "off":
+            return None
+        if not isinstance(value, str):
+            raise self.fail(_show(value))
+        host, sep, port = value.rpartition(":")
+        bracketed = host.startswith("[") and host.endswith("]")
+        host = host[1:-1] if bracketed else host
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise self.fail(_show(value))
+        if bracketed or ":" in host:
+            if not bracketed or not _is_ipv6(host):
+                raise self.fail(_show(value), " (write an IPv6 address as [::1]:9464)")
+        elif not _HOSTNAME.fullmatch(host):
+            raise self.fail(_show(value))
+        return ListenAddress(host, int(port))
+
+    def dump(self, value: Any) -> Any:
+        return "off" if value is None else str(value)
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address)
+    except ValueError:
+        return False
+
+
+class _Dsn(_Str):
+    def convert(self, value: ScalarValue) -> Any:
+        if not isinstance(value, str):  # do not echo: it may be a secret
+            raise _Invalid("expected a string")
+        text = super().convert(value)
+        problem = _dsn_problem(text)
+        if problem:
+            raise _Invalid(problem)
+        return text
+
+
+class _List(_Kind):
+    def __init__(self, item: _Scalar, *, non_empty: bool = False) -> None:
+        self.item = item
+        self.non_empty = non_empty
+        self.expected = f"a list of {item.expected.removeprefix('a ').removeprefix('an ')}s"
+
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        if not isinstance(node, YamlSequence):
+            raise self.fail(_show_node(node))
+        if self.non_empty and not node.items:
+            raise _Invalid("must list at least one entry")
+        values = [ck.value(self.item, item, (*path, i)) for i, item in enumerate(node.items)]
+        for i, value in enumerate(values):
+            if value is not _INVALID and value in values[:i]:
+                raise _Invalid(f"{_show(value)} is listed twice", node.items[i], (i,))
+        return _INVALID if _INVALID in values else tuple(values)
+
+    def dump(self, value: Any) -> Any:
+        return [self.item.dump(v) for v in value]
+
+
+class _Buckets(_List):
+    def __init__(self) -> None:
+        super().__init__(_Number())
+
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        values = super().check(ck, node, path)
+        if values is not _INVALID and list(values) != sorted(set(values)):
+            raise _Invalid("bucket bounds must increase")
+        return values
+
+
+class _Number(_Scalar):
+    expected = "a number > 0"
+
+    def convert(self, value: ScalarValue) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise self.fail(_show(value))
+        return float(value)
+
+
+class _Prefetch(_Scalar):
+    expected = "auto or an integer ≥ 0"
+
+    def convert(self, value: ScalarValue) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(_show(value))
+        return value
+
+
+class _Map(_Kind):
+    def __init__(self, key: _Str, value: _Scalar) -> None:
+        self.key, self.value = key, value
+        self.expected = "a mapping"
+
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        if not isinstance(node, YamlMapping):
+            raise self.fail(_show_node(node))
+        result: dict[str, Any] = {}
+        for name, entry in node.entries.items():
+            try:
+                self.key.convert(name)
+            except _Invalid as exc:
+                ck.error(entry.key_position, (*path, name), exc.message)
+                result[name] = _INVALID
+                continue
+            result[name] = ck.value(self.value, entry.node, (*path, name))
+        return _INVALID if _INVALID in result.values() else MappingProxyType(result)
+
+    def dump(self, value: Any) -> Any:
+        return {k: self.value.dump(v) for k, v in value.items()}

@@ -1,0 +1,52 @@
+"""`load_config`: read, interpolate and validate a file into a `Config`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+
+from ..yamlload import YamlSyntaxError, interpolate, load_yaml
+from .checker import _Checker
+from .finish import _finish_root
+from .kinds import _INVALID
+from .problems import ConfigError, ConfigProblem
+from .root import Config
+from .schema import _Section
+
+# The top level is a section too; built here, since `root` imports the schema.
+_ROOT = _Section(Config, _finish_root)
+
+
+def _by_position(problem: ConfigProblem) -> tuple[str, int, int]:
+    return problem.file, problem.line, problem.col
+
+
+def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
+    """Read, interpolate and validate a config file.
+
+    Raises ConfigError with every problem found. `env` (default `os.environ`) feeds
+    `${VAR}` interpolation and the default `runtime_dir`."""
+    filename = os.fspath(path)
+    environ = os.environ if env is None else env
+    try:
+        document = load_yaml(filename)
+    except OSError as exc:
+        message = f"cannot read the config file: {exc.strerror or exc}"
+        raise ConfigError([ConfigProblem(filename, 0, 0, "", message)]) from None
+    except YamlSyntaxError as exc:
+        at = exc.position
+        raise ConfigError([ConfigProblem(at.file, at.line, at.col, "", exc.message)]) from None
+    root, interpolation_problems = interpolate(document.root, environ)
+    ck = _Checker(root, environ)
+    for problem in (*document.problems, *interpolation_problems):
+        ck.error(problem.position, problem.path, problem.message)
+        if problem.value_lost:
+            ck.lost.add(problem.path)
+    config = ck.guard(_ROOT.check, root, ())
+    # Stable, so problems at one position keep schema order.
+    warnings = sorted(ck.warnings, key=_by_position)
+    if ck.problems or config is _INVALID:
+        raise ConfigError(sorted(ck.problems, key=_by_position), warnings)
+    assert isinstance(config, Config)
+    return replace(config, source=filename, warnings=tuple(warnings))

@@ -1,0 +1,82 @@
+"""`Config`, the whole validated config, with the views the schema drives: the
+redacted dump and the per-group fingerprints a reload compares."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from .dsn import redact_dsn
+from .problems import ConfigProblem
+from .schema import Reload, _children, _dump
+from .sections import (
+    DatabaseConfig,
+    GroupConfig,
+    LoggingConfig,
+    MetricsConfig,
+    ReaperConfig,
+    ReloadConfig,
+    RetentionConfig,
+    SupervisorConfig,
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    version: int
+    database: DatabaseConfig
+    handlers: tuple[str, ...]
+    groups: Mapping[str, GroupConfig]
+    shutdown_timeout: timedelta
+    metrics: MetricsConfig
+    retention: RetentionConfig
+    reaper: ReaperConfig
+    supervisor: SupervisorConfig
+    reload: ReloadConfig
+    logging: LoggingConfig
+    runtime_dir: str
+    #: The file it was loaded from.
+    source: str = field(default="", compare=False)
+    #: Suspicious but usable settings, for `check` and the startup log.
+    warnings: tuple[ConfigProblem, ...] = field(default=(), compare=False)
+
+    def shutdown_timeout_for(self, group: str) -> timedelta:
+        return self.groups[group].shutdown_timeout or self.shutdown_timeout
+
+    def to_dict(self, *, redact: bool = True) -> dict[str, Any]:
+        """The effective config as YAML-ready values. Unredacted, it loads back equal;
+        redacted (`config dump`), DSN passwords and dsn_file contents read `***`."""
+        data = _dump(self, "")
+        database = data["database"]
+        if self.database.dsn_file is not None:
+            database["dsn"] = "***" if redact else None
+        elif redact and self.database.dsn is not None:
+            database["dsn"] = redact_dsn(self.database.dsn)
+        return data
+
+    def redacted(self) -> dict[str, Any]:
+        return self.to_dict(redact=True)
+
+    def group_fingerprint(self, name: str) -> str:
+        """SHA-256 of the canonical JSON of everything group `name`'s children start
+        with, except `processes` (a size-only change). Equal fingerprints: no roll."""
+        group = _dump(self.groups[name])
+        del group["processes"]
+        database = _dump(self.database)
+        child_db = {
+            s.key: database[s.key] for s in _children("database") if s.reload is Reload.ROLL
+        }
+        canonical = json.dumps(
+            {"group": group, "database": child_db},
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def fingerprints(self) -> dict[str, str]:
+        return {name: self.group_fingerprint(name) for name in self.groups}

@@ -1,0 +1,373 @@
+"""The `Setting` registry: every setting once, with its kind, default, doc comment
+and reload class, plus the section kinds that give the settings their tree shape.
+
+Validation, defaults, the canonical dump, the reload diff and the example file are
+all driven from `SCHEMA`, so none of them can drift from the others."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from ..yamlload import YamlMapping, YamlNode, YamlPath, YamlScalar, YamlSequence
+from .finish import _finish_database, _finish_group, _finish_retention
+from .kinds import (
+    _INVALID,
+    _Bool,
+    _Buckets,
+    _Dsn,
+    _Duration,
+    _Enum,
+    _HandlerPath,
+    _Int,
+    _Invalid,
+    _Kind,
+    _List,
+    _Listen,
+    _Map,
+    _Path,
+    _Prefetch,
+    _show_node,
+    _Size,
+    _Str,
+    _Version,
+)
+from .sections import (
+    DatabaseConfig,
+    GroupConfig,
+    LoggingConfig,
+    MetricsConfig,
+    PurgeRule,
+    ReaperConfig,
+    ReloadConfig,
+    RetentionConfig,
+    SupervisorConfig,
+)
+
+if TYPE_CHECKING:
+    from .checker import _Checker
+
+
+class Reload(enum.Enum):
+    """What a reload does with a changed setting (DAEMON.md §4)."""
+
+    RESTART = "restart-only"
+    HOT = "parent-hot"
+    SIZE = "size-only"
+    ROLL = "roll"
+
+
+_REQUIRED: Any = object()
+_SAME: Any = object()
+
+
+@dataclass(frozen=True)
+class Setting:
+    #: Dotted YAML path; `*` stands for any group name, `[]` for any list item.
+    path: str
+    kind: _Kind
+    #: The default as written in YAML (`"30s"`), parsed like user input.
+    default: Any
+    reload: Reload | None
+    #: One sentence for the example file.
+    doc: str = ""
+    nullable: bool = False
+    #: What the example file shows, when not the default.
+    example: Any = _SAME
+    #: Shown commented out in the example: an alternative to a sibling.
+    alternative: bool = False
+
+    @property
+    def key(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+    @property
+    def parent(self) -> str:
+        return self.path.rpartition(".")[0]
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+
+class _Section(_Kind):
+    """A mapping of settings, built into a dataclass."""
+
+    expected = "a mapping"
+
+    def __init__(self, cls: type, finish: _Finish | None = None) -> None:
+        self.cls = cls
+        self.finish = finish
+        self.pattern = ""  # set when SCHEMA is indexed
+
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        return self.build(ck, node, path, {})
+
+    def build(self, ck: _Checker, node: YamlNode, path: YamlPath, extra: dict[str, Any]) -> Any:
+        if isinstance(node, YamlScalar) and node.value is None:  # `metrics:` left empty
+            node = YamlMapping({}, node.position)
+        if not isinstance(node, YamlMapping):
+            raise self.fail(_show_node(node))
+        values = {**extra, **ck.section(node, self.pattern, path)}
+        if self.finish is not None:
+            values = self.finish(ck, values, path)
+        if _INVALID in values.values():
+            return _INVALID
+        return self.cls(**values)
+
+    def dump(self, value: Any) -> Any:
+        return _dump(value, self.pattern)
+
+
+class _Groups(_Section):
+    """Named sections: `groups: {name: {...}}`, in file order."""
+
+    NAME = re.compile(r"[a-z][a-z0-9_-]*")
+
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        if isinstance(node, YamlScalar) and node.value is None:
+            node = YamlMapping({}, node.position)
+        if not isinstance(node, YamlMapping):
+            raise self.fail(_show_node(node))
+        if not node.entries:
+            raise _Invalid("define at least one group")
+        groups: dict[str, Any] = {}
+        for name, entry in node.entries.items():
+            groups[name] = ck.guard(self.build, entry.node, (*path, name), {"name": name})
+            if not self.NAME.fullmatch(name):
+                message = f"group name {name!r} must match ^[a-z][a-z0-9_-]*$"
+                ck.error(entry.key_position, (*path, name), message)
+                groups[name] = _INVALID
+        return _INVALID if _INVALID in groups.values() else MappingProxyType(groups)
+
+    def dump(self, value: Any) -> Any:
+        return {name: _dump(group, self.pattern) for name, group in value.items()}
+
+
+class _Rules(_Section):
+    """A list of sections: `rules: [{...}, ...]`."""
+
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        if not isinstance(node, YamlSequence):
+            raise _Invalid(f"expected a list, got {_show_node(node)}")
+        rules = [ck.guard(self.build, item, (*path, i), {}) for i, item in enumerate(node.items)]
+        return _INVALID if _INVALID in rules else tuple(rules)
+
+    def dump(self, value: Any) -> Any:
+        return [_dump(rule, self.pattern) for rule in value]
+
+
+_Finish = Callable[["_Checker", dict[str, Any], YamlPath], dict[str, Any]]
+
+_QUEUE = _Str(r"[^\s\x00-\x1f]+", "a queue name without spaces")
+_RESOURCE = _Str(r"[A-Za-z_][A-Za-z0-9_.-]*", "a name like gpu or db_writer")
+_LOGGER = _Str(r"[A-Za-z0-9_.-]+", "a logger name")
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_R, _H, _S, _L = Reload.RESTART, Reload.HOT, Reload.SIZE, Reload.ROLL
+_DEFAULT_RULES = [
+    {"status": "succeeded", "older_than": "7d"},
+    {"status": "canceled", "older_than": "7d"},
+    {"status": "failed", "older_than": "30d"},
+]
+# DAEMON.md §6 buckets, in seconds.
+_DURATION_BUCKETS = [
+    0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600
+]  # fmt: skip
+_WAIT_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800]
+_EXAMPLE_GROUPS = {
+    "default": {"queues": ["default"]},
+    "slow": {"queues": ["slow"], "concurrency": 2, "lease": "1m", "max_run": "30s"},
+}
+
+# One line of facts, one of documentation (rendered into the example file).
+# fmt: off
+SCHEMA: tuple[Setting, ...] = (
+    Setting("version", _Version(), _REQUIRED, None, example=1, doc=
+            "Config format version; required."),
+    Setting("database", _Section(DatabaseConfig, _finish_database), {}, None,
+            "Where the tasks live."),
+    Setting("database.path", _Path(), None, _R, nullable=True, example="./cairnq.db", doc=
+            "SQLite database file (created if missing); set exactly one of path, dsn, dsn_file."),
+    Setting("database.dsn", _Dsn(), None, _R, nullable=True, alternative=True,
+            example="postgresql://cairnq@localhost/cairnq", doc=
+            "Postgres connection string (postgresql://user:pass@host/db or key=value pairs); "
+            "its password is never logged."),
+    Setting("database.dsn_file", _Path(), None, _R, nullable=True, alternative=True,
+            example="${CREDENTIALS_DIRECTORY}/cairnq-dsn", doc=
+            "File holding the Postgres DSN, read by the parent, trailing newline stripped; "
+            "with systemd's LoadCredential= use ${CREDENTIALS_DIRECTORY}/<name>."),
+    Setting("database.connect_timeout", _Duration("1s"), "10s", _L,
+            "Give up on one connection attempt after this long."),
+    Setting("database.busy_timeout", _Duration("1ms"), "5s", _L,
+            "SQLite: how long a writer waits for the database lock."),
+    Setting("database.connections_per_child", _Int(1), 1, _L,
+            "Database connections each child opens."),
+    Setting("database.expected_hosts", _Int(1), 1, _H,
+            "Hosts running cairnqd on this database, for the Postgres connection budget."),
+    Setting("database.connection_check", _Enum("refuse", "warn", "off"), "refuse", _H,
+            "When the Postgres connection budget exceeds the server's limits: refuse to "
+            "start, warn, or off (behind a pooler)."),
+    Setting("database.auto_migrate", _Bool(), None, _H, nullable=True, doc=
+            "Apply pending migrations at startup; null: true on SQLite, false on Postgres."),
+    Setting("database.lock_namespace", _Int(-(2**31), 2**31 - 1), 0x63716E64, _R,
+            "First key of the Postgres advisory locks for purge and stats leadership "
+            "(0x63716e64); the same on every host."),
+    Setting("handlers", _List(_HandlerPath()), [], _L, example=["cairnqd.demo:registry"], doc=
+            "Handler registries for every group: module:attribute of a cairnqd TaskRegistry "
+            "or of a cairnq Worker."),
+    Setting("groups", _Groups(GroupConfig, _finish_group), _REQUIRED, None,
+            example=_EXAMPLE_GROUPS, doc=
+            "Pools of identical worker processes, by name (^[a-z][a-z0-9_-]*$); at least one."),
+    Setting("groups.*.queues", _List(_QUEUE, non_empty=True), _REQUIRED, _L,
+            "Queues this group claims from; groups may share a queue."),
+    Setting("groups.*.handlers", _List(_HandlerPath()), None, _L, nullable=True, doc=
+            "Handler registries for this group, replacing the top-level list; null inherits it."),
+    Setting("groups.*.processes", _Int(1), 1, _S,
+            "Child processes in the pool."),
+    Setting("groups.*.concurrency", _Int(1), 4, _L,
+            "Tasks in flight per child."),
+    Setting("groups.*.prefetch", _Prefetch(), "auto", _L,
+            "Tasks each child claims beyond its free slots: auto sizes it from the "
+            "handlers' pace; 0 claims only free slots."),
+    Setting("groups.*.lease", _Duration("1s"), "30s", _L,
+            "Task lease; children renew it every lease/3."),
+    Setting("groups.*.max_run", _Duration("1s"), None, _L, nullable=True, doc=
+            "Abort an attempt that runs longer than this; null: no limit."),
+    Setting("groups.*.max_tasks_per_child", _Int(1), None, _L, nullable=True, doc=
+            "Replace a child after about this many tasks (up to 10% jitter); null: never."),
+    Setting("groups.*.max_memory", _Size(), None, _L, nullable=True, doc=
+            "Replace a child whose RSS exceeds this, checked between tasks; null: no limit."),
+    Setting("groups.*.shutdown_timeout", _Duration(), None, _L, nullable=True, doc=
+            "How long this group's children may drain; null: the top-level shutdown_timeout."),
+    Setting("groups.*.poll_interval", _Duration("10ms"), "1s", _L,
+            "Idle children look for new tasks this often."),
+    Setting("groups.*.retry_backoff", _Duration(), "1s", _L,
+            "Retry delay after a first failed attempt; doubles per attempt, with jitter."),
+    Setting("groups.*.retry_backoff_max", _Duration(), "30s", _L,
+            "Ceiling of the retry delay."),
+    Setting("groups.*.resources", _Map(_RESOURCE, _Int(1)), {}, _L,
+            "Shared ceilings that handlers registered with resource= draw from, e.g. {gpu: 1}."),
+    Setting("shutdown_timeout", _Duration(), "30s", _H,
+            "On TERM, how long children may finish in-flight tasks before they are stopped "
+            "and their tasks handed back."),
+    Setting("metrics", _Section(MetricsConfig), {}, None,
+            "Prometheus metrics, served by the parent."),
+    Setting("metrics.listen", _Listen(), "127.0.0.1:9464", _R,
+            "host:port to serve /metrics on (port 0 picks a free one), or off."),
+    Setting("metrics.stats_ttl", _Duration(), "10s", _H,
+            "Reuse the database statistics for this long across scrapes."),
+    Setting("metrics.queue_stats", _Enum("all", "leader"), "all", _H,
+            "Hosts that export per-queue database gauges: all, or one leader (Postgres)."),
+    Setting("metrics.task_name_label", _Bool(), False, _H,
+            "Label task counters with the task name too."),
+    Setting("metrics.duration_buckets", _Buckets(), _DURATION_BUCKETS, _H,
+            "Histogram bounds of task durations, in seconds."),
+    Setting("metrics.wait_buckets", _Buckets(), _WAIT_BUCKETS, _H,
+            "Histogram bounds of queue waits, in seconds."),
+    Setting("retention", _Section(RetentionConfig, _finish_retention), {}, None,
+            "Purging of finished tasks."),
+    Setting("retention.interval", _Duration("1s"), "10m", _H,
+            "Time between purge sweeps; the first runs one interval after startup."),
+    Setting("retention.batch", _Int(1), None, _H, nullable=True, doc=
+            "Tasks deleted per purge transaction; null: 500 on SQLite, 1000 on Postgres."),
+    Setting("retention.max_batches", _Int(1), 100, _H,
+            "Batches per rule per sweep; the rest waits for the next sweep."),
+    Setting("retention.rules", _Rules(PurgeRule), _DEFAULT_RULES, _H,
+            "Purge rules. A task is kept for the shortest rule that matches it, so a rule "
+            "inside a shorter one is an error; [] disables purging."),
+    Setting("retention.rules[].older_than", _Duration(), _REQUIRED, _H,
+            "delete tasks finished longer ago than this (required)"),
+    Setting("retention.rules[].status", _Enum("succeeded", "failed", "canceled"), None, _H,
+            nullable=True, doc="only tasks that ended so"),
+    Setting("retention.rules[].queue", _QUEUE, None, _H, nullable=True, doc=
+            "only this queue"),
+    Setting("retention.rules[].name", _Str(), None, _H, nullable=True, doc=
+            "only this task name"),
+    Setting("reaper", _Section(ReaperConfig), {}, None,
+            "Recovery of expired leases."),
+    Setting("reaper.interval", _Duration("1s"), "15s", _H,
+            "Recover expired leases this often, also on queues no child polls."),
+    Setting("supervisor", _Section(SupervisorConfig), {}, None,
+            "How the parent restarts children that die."),
+    Setting("supervisor.restart_budget", _Int(1), 10, _H,
+            "Crash restarts a group may spend per restart_window before crashloop."),
+    Setting("supervisor.restart_window", _Duration("1s"), "5m", _H,
+            "The sliding window restart_budget is counted over."),
+    Setting("supervisor.backoff_max", _Duration("100ms"), "60s", _H,
+            "Cap of a slot's restart delay (1s doubling per consecutive crash, jittered)."),
+    Setting("supervisor.boot_timeout", _Duration("1s"), "60s", _H,
+            "A child not ready this long after spawning is killed (db_wait excluded)."),
+    Setting("supervisor.heartbeat_timeout", _Duration("1s"), "30s", _H,
+            "A ready child silent this long is aborted (SIGABRT, then SIGKILL)."),
+    Setting("supervisor.heartbeat_interval", _Duration("100ms"), "5s", _H,
+            "How often each child reports its state and memory."),
+    Setting("reload", _Section(ReloadConfig), {}, None,
+            "Rolling restarts on reload."),
+    Setting("reload.max_surge", _Int(1), 1, _H,
+            "Extra children a group may run while it rolls."),
+    Setting("logging", _Section(LoggingConfig), {}, None,
+            "Logs go to stderr (the journal under systemd)."),
+    Setting("logging.level", _Enum(*_LEVELS, fold=True), "info", _H,
+            "debug, info, warning, error or critical."),
+    Setting("logging.format", _Enum("text", "json"), "text", _H,
+            "text, or json: one object per line."),
+    Setting("logging.file", _Path(), None, _H, nullable=True, doc=
+            "Append logs to this file instead of stderr (SIGUSR1 reopens it); null: stderr."),
+    Setting("logging.loggers", _Map(_LOGGER, _Enum(*_LEVELS, fold=True)), {}, _H,
+            "Levels of single loggers, e.g. {psycopg: warning}."),
+    Setting("runtime_dir", _Path(), None, _R, nullable=True, doc=
+            "Directory of the state file; null: $RUNTIME_DIRECTORY, else "
+            "$XDG_RUNTIME_DIR/cairnqd, else /tmp/cairnqd-<uid>."),
+)
+# fmt: on
+
+
+def _section_pattern(setting: Setting) -> str:
+    if isinstance(setting.kind, _Groups):
+        return setting.path + ".*"
+    if isinstance(setting.kind, _Rules):
+        return setting.path + "[]"
+    return setting.path
+
+
+def _index_schema() -> tuple[dict[str, list[Setting]], dict[str, Setting]]:
+    children: dict[str, list[Setting]] = {"": []}
+    by_path: dict[str, Setting] = {}
+    for setting in SCHEMA:
+        by_path[setting.path] = setting
+        children.setdefault(setting.parent, []).append(setting)
+        if isinstance(setting.kind, _Section):
+            setting.kind.pattern = _section_pattern(setting)
+            children.setdefault(setting.kind.pattern, [])
+    return children, by_path
+
+
+_CHILDREN, _BY_PATH = _index_schema()
+
+
+def _children(pattern: str) -> list[Setting]:
+    return _CHILDREN[pattern]
+
+
+def _dump(obj: Any, pattern: str | None = None) -> dict[str, Any]:
+    """A built section as YAML-level values, driven by the schema. Without a pattern,
+    the section's own; `Config` passes the top level's, `""`, as it is defined in
+    `root`, which imports this module."""
+    if pattern is None:
+        pattern = _PATTERN_OF[type(obj)]
+    data: dict[str, Any] = {}
+    for setting in _children(pattern):
+        value = getattr(obj, setting.key)
+        # None is "not set" for a nullable setting, but may mean more (listen: off).
+        null = value is None and setting.nullable
+        data[setting.key] = None if null else setting.kind.dump(value)
+    return data
+
+
+_PATTERN_OF: dict[type, str] = {
+    s.kind.cls: s.kind.pattern for s in SCHEMA if isinstance(s.kind, _Section)
+}

@@ -1,0 +1,133 @@
+"""The frozen dataclass of each config section, as `load_config` builds them."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal
+
+from .units import format_duration
+
+
+@dataclass(frozen=True)
+class ListenAddress:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    path: str | None
+    #: The DSN, read from `dsn_file` when that is set. Never log it: see `redact_dsn`.
+    dsn: str | None = field(repr=False)
+    dsn_file: str | None
+    connect_timeout: timedelta
+    busy_timeout: timedelta
+    connections_per_child: int
+    expected_hosts: int
+    connection_check: str
+    auto_migrate: bool
+    lock_namespace: int
+
+    @property
+    def backend(self) -> Literal["sqlite", "postgres"]:
+        return "sqlite" if self.path is not None else "postgres"
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    name: str
+    queues: tuple[str, ...]
+    #: Effective handler registries: the group's own list, or the top-level one.
+    handlers: tuple[str, ...]
+    processes: int
+    concurrency: int
+    #: "auto" (adaptive) or a fixed count; see `Worker(prefetch=...)`.
+    prefetch: int | str
+    lease: timedelta
+    max_run: timedelta | None
+    max_tasks_per_child: int | None
+    #: Bytes of RSS.
+    max_memory: int | None
+    #: None: the top-level `shutdown_timeout` (see `Config.shutdown_timeout_for`).
+    shutdown_timeout: timedelta | None
+    poll_interval: timedelta
+    retry_backoff: timedelta
+    retry_backoff_max: timedelta
+    resources: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    #: None when `listen: off`.
+    listen: ListenAddress | None
+    stats_ttl: timedelta
+    queue_stats: str
+    task_name_label: bool
+    duration_buckets: tuple[float, ...]
+    wait_buckets: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class PurgeRule:
+    older_than: timedelta
+    status: str | None
+    queue: str | None
+    name: str | None
+
+    def describe(self) -> str:
+        filters = ", ".join(f"{k}={v}" for k, v in self.filters() if v is not None)
+        return f"{filters or 'all finished tasks'}, older than {format_duration(self.older_than)}"
+
+    def filters(self) -> tuple[tuple[str, str | None], ...]:
+        return (("status", self.status), ("queue", self.queue), ("name", self.name))
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    interval: timedelta
+    #: Rows per purge call; the backend's default when not set.
+    batch: int
+    max_batches: int
+    rules: tuple[PurgeRule, ...]
+
+
+@dataclass(frozen=True)
+class ReaperConfig:
+    interval: timedelta
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    restart_budget: int
+    restart_window: timedelta
+    backoff_max: timedelta
+    boot_timeout: timedelta
+    heartbeat_timeout: timedelta
+    heartbeat_interval: timedelta
+
+
+@dataclass(frozen=True)
+class ReloadConfig:
+    max_surge: int
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str
+    format: str
+    file: str | None
+    loggers: Mapping[str, str]
