@@ -232,6 +232,13 @@ class Child:
         worker.worker_id = self.boot["worker_id"]
         self.reporter = ChildReporter(self)
         worker.observer = self.reporter
+        # Retire on the limits before claiming, not only after a task ends: a claim
+        # (prefetch included) made after the limit is work the retiring child must
+        # still finish.
+        if self.boot.get("max_tasks"):
+            worker.claim_budget = int(self.boot["max_tasks"])
+        if self.boot.get("max_memory"):
+            worker.before_claim = self._memory_allows_claim
         return worker
 
     # -- running -----------------------------------------------------------------------
@@ -306,6 +313,15 @@ class Child:
         self._title("draining")
         if self.worker is not None:
             self.worker.stop()
+
+    def _memory_allows_claim(self) -> bool:
+        # Only once this child has finished something: one that boots above the
+        # limit must still make progress rather than be replaced forever.
+        worker = self.worker
+        if worker and worker.handled and _rss_bytes() > int(self.boot["max_memory"]):
+            self.request_stop("max_memory")
+            return False
+        return True
 
     def after_task(self, finished: int) -> None:
         limit = self.boot.get("max_tasks")

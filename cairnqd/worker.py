@@ -207,6 +207,13 @@ class Worker:
         self._idling = False
         self._looping = False  # inside _claim_loop: its claims carry queued results
         self._ahead = 0  # the prefetch target the claim loop last worked to
+        # Hooks for a host process (the daemon's child) that retires a worker:
+        # at most this many more tasks are claimed, then the worker stops once they
+        # are done; and a check run before every claim, False to stop claiming.
+        self.claim_budget: int | None = None
+        #: Tasks whose handler call has ended (returned, raised or was abandoned).
+        self.handled = 0
+        self.before_claim: Callable[[], bool] | None = None
 
     # -- construction ------------------------------------------------------------------
 
@@ -424,6 +431,11 @@ class Worker:
             and not self._stop.is_set()
         )
 
+    def _may_claim(self) -> bool:
+        if self.claim_budget is not None and self.claim_budget <= 0:
+            return False
+        return self.before_claim is None or self.before_claim()
+
     def _wake(self) -> None:
         """Cut the claim loop's wait for a free slot short (a result is due)."""
         self._freed.set()
@@ -445,6 +457,14 @@ class Worker:
             if not self._handlers or not self.claiming:
                 await self._idle()
                 continue
+            if not self._may_claim():
+                self.stop()
+                break
+            if self.claim_budget is not None:
+                # Never claim past the budget, prefetch included: a retiring worker
+                # would otherwise carry a backlog it must still run.
+                free = min(free, self.claim_budget)
+                ahead = min(ahead, self.claim_budget - free + len(self._backlog))
             # Cleared before the claim: a resource released (or stop()) while the claim
             # runs must cut the idle wait that may follow it short.
             self._freed.clear()
@@ -454,6 +474,8 @@ class Worker:
                 self._report(exc, {"phase": "claim"})
                 await self._sleep_unless_stopped(0.25)
                 continue
+            if self.claim_budget is not None:
+                self.claim_budget -= len(claimed)
             if not claimed:
                 if free > 0 or len(self._backlog) < ahead:
                     await self._idle()  # asked for tasks and found none
@@ -636,6 +658,7 @@ class Worker:
             self._call_ended(call, plain)
             await self._settle_leftovers_value(handler, contexts, value)
         finally:
+            self.handled += len(contexts)
             self._plain_calls.discard(call)
             if handler.resource is not None:
                 self._in_use[handler.resource] -= 1

@@ -131,3 +131,43 @@ async def test_auto_claims_ahead_once_handlers_prove_fast(
         gate.set()
         await wait_all(store, [t.id for t in tasks], "succeeded")
     assert not errors.calls
+
+
+async def test_claim_budget_caps_claims_prefetch_included(
+    store: TaskStore, client: CairnQ, errors: ErrorLog
+) -> None:
+    """The daemon's max_tasks_per_child: a retiring worker claims no more than its
+    budget, even when auto prefetch would take far more, and stops by itself."""
+    worker = Worker(
+        store, ["default"], concurrency=2, prefetch=50, poll_interval_ms=50, on_error=errors
+    )
+    worker.claim_budget = 7
+
+    @worker.task
+    async def quick(ctx: Any) -> None:
+        return None
+
+    tasks = await client.submit_many([{"name": "quick"} for _ in range(30)])
+    await asyncio.wait_for(worker.run(), timeout=30)
+    finished = [t for t in [await client.get(t.id) for t in tasks] if t and t.status != "queued"]
+    assert len(finished) == 7
+    assert all(t.status == "succeeded" for t in finished)
+    assert worker.handled == 7
+    assert not errors.calls
+
+
+async def test_before_claim_false_stops_claiming(
+    store: TaskStore, client: CairnQ, errors: ErrorLog
+) -> None:
+    worker = Worker(store, ["default"], concurrency=1, prefetch=0, on_error=errors)
+    worker.before_claim = lambda: worker.handled < 3
+
+    @worker.task
+    async def quick(ctx: Any) -> None:
+        return None
+
+    tasks = await client.submit_many([{"name": "quick"} for _ in range(10)])
+    await asyncio.wait_for(worker.run(), timeout=30)
+    statuses = [t.status for t in [await client.get(t.id) for t in tasks] if t]
+    assert statuses.count("succeeded") == 3 and statuses.count("queued") == 7
+    assert not errors.calls
