@@ -1,0 +1,69 @@
+"""The Postgres connection budget: what the configuration opens across all hosts,
+checked once against the server's limit before the parent starts any child.
+
+`database.connection_check` decides what going over does: refuse to start, warn, or
+nothing (`off`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .config import Config
+
+# Logged as the supervisor's start-up, which is where this runs.
+log = logging.getLogger("cairnqd.supervisor")
+
+
+def connection_budget(config: Config) -> int:
+    """Postgres connections the configuration opens across all hosts: per child its
+    pool plus the LISTEN connection; per parent the maintenance and metrics
+    connections and the purge lock's session, plus the stats leader's session with
+    `metrics.queue_stats: leader`."""
+    per_child = config.database.connections_per_child + 1
+    children = sum(g.processes for g in config.groups.values())
+    parent = 3
+    if config.metrics.queue_stats == "leader":
+        parent += 1  # the stats collector holds its leader lock on a session of its own
+    return config.database.expected_hosts * (children * per_child + parent)
+
+
+def check_connection_budget(config: Config) -> str | None:
+    """A refusal message when the budget exceeds the server's limit and
+    `database.connection_check` is `refuse`; logs a warning for `warn`."""
+    db = config.database
+    if db.backend != "postgres" or db.connection_check == "off":
+        return None
+    try:
+        limit, reserved = asyncio.run(_connection_limits(config))
+    except Exception as exc:  # the children will wait for the database; say so and go on
+        log.warning("could not check the connection budget: %s", exc)
+        return None
+    available = limit - reserved
+    needed = connection_budget(config)
+    if needed <= available:
+        return None
+    message = (
+        f"the configuration opens up to {needed} Postgres connections "
+        f"({db.expected_hosts} host(s)) but the server allows {available} "
+        f"(max_connections {limit} - superuser_reserved_connections {reserved}); lower "
+        "groups.*.processes or database.connections_per_child, raise max_connections, "
+        "or set database.connection_check: warn"
+    )
+    if db.connection_check == "warn":
+        log.warning("%s", message)
+        return None
+    return message
+
+
+async def _connection_limits(config: Config) -> tuple[int, int]:
+    from .store.postgres import PostgresStore
+
+    assert config.database.dsn is not None
+    store = PostgresStore(
+        config.database.dsn,
+        max_size=1,
+        connect_timeout_s=config.database.connect_timeout.total_seconds(),
+    )
+    return await store.server_connection_limits()

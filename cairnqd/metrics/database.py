@@ -1,0 +1,330 @@
+"""The database gauges: a custom collector that reads `stats` from the store.
+
+Design note (DAEMON.md §6).
+
+- `DatabaseCollector` has its own thread, asyncio loop and store (opened in that
+  thread on first use; never in a scrape thread, never on the supervisor's loop).
+  Results are reused for `stats_ttl`; concurrent scrapes share the one query in
+  flight; a scrape waits at most 2 s. On failure the DB families are left out (no
+  stale numbers) and `cairnq_db_up` is 0. `describe()` answers without a query, so
+  registering never touches the database.
+- **`metrics.queue_stats: leader`** (Postgres): only the host whose collector holds
+  the session advisory lock `(database.lock_namespace, 2)` exports `cairnq_tasks`,
+  the oldest-queued age and expired leases, so dashboards can `sum` without
+  double-counting and the database answers the statistics once, not once per host.
+  The lock lives on a session of the collector's own, taken with
+  `pg_try_advisory_lock` and kept while that session lives; a non-leader tries again
+  on each refresh, so when the leader stops or loses its connection another host
+  takes over within one `stats_ttl`. Non-leaders run no statistics query but still
+  export `cairnq_db_up` (did the lock's round trip succeed) and the scrape gauges.
+  SQLite has one host, which always leads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..maintenance import LoopThread
+from ..models import STATUSES
+from ..store.base import TaskStore
+from ..store.postgres import HeldSessionLock, PostgresStore
+from .labels import QueueLabels
+
+# The name it had before the package was split, so log lines and filters stay the same.
+log = logging.getLogger("cairnqd.metrics")
+
+DB_QUERY_TIMEOUT_S = 2.0
+#: Second key of the stats leader's advisory lock; the purge sweep uses 1 (DAEMON.md §5).
+STATS_LOCK_ID = 2
+#: `database.lock_namespace`'s default, for collectors built without a config.
+DEFAULT_LOCK_NAMESPACE = 0x63716E64
+
+
+_TASKS_HELP = "Tasks per queue and status (protocol stats; cached up to stats_ttl)."
+_OLDEST_HELP = "Age of the oldest claimable queued task, database clock; 0 if none."
+_EXPIRED_HELP = "Running tasks whose lease expired and that await recovery."
+_UP_HELP = "1 if the last statistics query succeeded."
+_DURATION_HELP = "Duration of the last statistics query."
+_ERRORS_HELP = "Statistics queries that failed or timed out."
+
+
+@dataclass(frozen=True)
+class DatabaseSnapshot:
+    """One refresh of the database gauges, by raw queue name."""
+
+    tasks: Mapping[str, Mapping[str, int]]
+    oldest_queued_age_ms: Mapping[str, int]
+    leases_expired: Mapping[str, int]
+    #: False on a `queue_stats: leader` host that is not the leader: the refresh
+    #: succeeded, but the per-queue families are left to the leader.
+    exported: bool = True
+
+
+_NOT_LEADER = DatabaseSnapshot(tasks={}, oldest_queued_age_ms={}, leases_expired={}, exported=False)
+
+
+async def _query_snapshot(store: TaskStore) -> DatabaseSnapshot:
+    return DatabaseSnapshot(
+        tasks=await store.stats(),
+        oldest_queued_age_ms=await store.oldest_queued_age_ms(),
+        leases_expired=await store.expired_leases(),
+    )
+
+
+@dataclass
+class _Refresh:
+    started: float
+    future: concurrent.futures.Future[DatabaseSnapshot] | None = None
+    error_counted: bool = False
+
+
+class DatabaseCollector:
+    """`cairnq_tasks`, oldest-queued age and expired leases, plus the query's health.
+
+    Scrapes run on the HTTP server's threads; the query runs on this collector's own
+    thread and store. See the module docstring for the caching and failure rules.
+    """
+
+    def __init__(
+        self,
+        store_factory: Callable[[], TaskStore],
+        *,
+        queue_labels: QueueLabels,
+        ttl_s: float,
+        timeout_s: float = DB_QUERY_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+        queue_stats: str = "all",
+        lock_namespace: int = DEFAULT_LOCK_NAMESPACE,
+    ) -> None:
+        self._store_factory = store_factory
+        # Read on the collector's loop, replaced whole from the supervisor's thread.
+        self._queue_stats = queue_stats
+        self._lock_namespace = lock_namespace
+        self._leader_lock: HeldSessionLock | None = None
+        self._leading: bool | None = None  # for logging changes only
+        self._labels = queue_labels
+        self._ttl_s = ttl_s
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._thread = LoopThread("cairnqd-metrics-db")
+        self._store: TaskStore | None = None
+        self._store_connected = False
+        self._lock = threading.Lock()
+        self._snapshot: DatabaseSnapshot | None = None
+        self._fetched_at: float | None = None
+        self._inflight: _Refresh | None = None
+        self._up = False
+        self._duration_s = 0.0
+        self._errors = 0
+        self._closed = False
+        #: Statistics queries started; tests count them to prove the cache works.
+        self.queries = 0
+
+    def set_ttl(self, ttl_s: float) -> None:
+        self._ttl_s = ttl_s
+
+    def set_queue_stats(self, queue_stats: str, lock_namespace: int) -> None:
+        """`metrics.queue_stats` (all, leader) and the lock's namespace; the next
+        refresh takes, keeps or gives up the lock accordingly."""
+        self._queue_stats, self._lock_namespace = queue_stats, lock_namespace
+
+    @property
+    def leading(self) -> bool | None:
+        """Whether the last refresh found this collector the leader (None: not yet)."""
+        return self._leading
+
+    # -- prometheus_client collector protocol ----------------------------------------------
+
+    def describe(self) -> Iterable[Metric]:
+        return [*self._status_families(), *self._db_families(None)]
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self._current()
+        families = self._status_families()
+        if snapshot is not None and snapshot.exported:
+            families.extend(self._db_families(snapshot))
+        return families
+
+    # -- one query shared by concurrent scrapes ------------------------------------------
+
+    def _current(self) -> DatabaseSnapshot | None:
+        with self._lock:
+            if self._closed:
+                return None
+            if self._inflight is None and self._is_fresh():
+                return self._snapshot
+            refresh = self._inflight or self._start_refresh()
+        assert refresh.future is not None
+        try:
+            return refresh.future.result(timeout=self._timeout_s)
+        except TimeoutError:
+            self._timed_out(refresh)
+        except Exception:
+            pass  # recorded (and logged) by the refresh itself
+        return None
+
+    def _is_fresh(self) -> bool:
+        fetched = self._fetched_at
+        return fetched is not None and self._clock() - fetched < self._ttl_s
+
+    def _start_refresh(self) -> _Refresh:
+        # Called with the lock held; the refresh's own bookkeeping waits for it.
+        self._thread.start()
+        refresh = _Refresh(started=self._clock())
+        refresh.future = self._thread.submit(self._refresh(refresh))
+        self._inflight = refresh
+        self.queries += 1
+        return refresh
+
+    def _timed_out(self, refresh: _Refresh) -> None:
+        with self._lock:
+            if not refresh.error_counted:
+                refresh.error_counted = True
+                self._errors += 1
+                log.warning("database statistics query exceeded %.1fs", self._timeout_s)
+            self._up = False
+            self._duration_s = self._clock() - refresh.started
+
+    async def _refresh(self, refresh: _Refresh) -> DatabaseSnapshot:
+        try:
+            store = await self._connected_store()
+            # Connecting has its own timeout (connect_timeout); scrapes stop waiting at
+            # 2 s regardless, and share this refresh until it ends.
+            snapshot = await asyncio.wait_for(self._query(store), self._timeout_s)
+        except Exception as exc:
+            self._finish(refresh, None)
+            log.warning("database statistics query failed: %s", exc or type(exc).__name__)
+            raise
+        self._finish(refresh, snapshot)
+        return snapshot
+
+    async def _query(self, store: TaskStore) -> DatabaseSnapshot:
+        if not await self._leads(store):
+            return _NOT_LEADER
+        return await _query_snapshot(store)
+
+    async def _leads(self, store: TaskStore) -> bool:
+        """Whether this host exports the per-queue families; with `leader` on Postgres,
+        checks or takes the leader lock on its own session."""
+        mode, key = self._queue_stats, (self._lock_namespace, STATS_LOCK_ID)
+        lock = self._leader_lock
+        if lock is not None and (mode != "leader" or lock.key != key):
+            # Reloaded away from `leader` (or to another namespace): end the session
+            # now, so another host need not wait for our restart to take over.
+            self._leader_lock = None
+            await lock.close()
+        if mode != "leader" or not isinstance(store, PostgresStore):
+            return True  # `all`, or SQLite, where this host is the only one
+        if self._leader_lock is None:
+            self._leader_lock = store.held_session_lock(*key)
+        try:
+            leading = await self._leader_lock.ensure()
+        except BaseException:
+            self._leading = None  # unknown; the failed refresh is logged by the caller
+            raise
+        if leading != self._leading:
+            if leading:
+                log.info("stats leader: this host now exports the per-queue gauges")
+            else:
+                log.info("not the stats leader: another host exports the per-queue gauges")
+        self._leading = leading
+        return leading
+
+    def _finish(self, refresh: _Refresh, snapshot: DatabaseSnapshot | None) -> None:
+        with self._lock:
+            now = self._clock()
+            # A failure is cached too: a struggling database is asked once per ttl.
+            self._snapshot, self._fetched_at = snapshot, now
+            self._up = snapshot is not None
+            self._duration_s = now - refresh.started
+            if snapshot is None and not refresh.error_counted:
+                refresh.error_counted = True
+                self._errors += 1
+            if self._inflight is refresh:
+                self._inflight = None
+
+    async def _connected_store(self) -> TaskStore:
+        if self._store is None:
+            self._store = self._store_factory()
+        if not self._store_connected:
+            await self._store.connect()
+            self._store_connected = True
+        return self._store
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Close the store on its own thread, then end the thread. Idempotent."""
+        with self._lock:
+            self._closed = True
+        if not self._thread.running():
+            return
+        with contextlib.suppress(Exception):
+            self._thread.submit(self._close_store()).result(timeout=timeout_s)
+        self._thread.stop(timeout_s)
+
+    async def _close_store(self) -> None:
+        lock, self._leader_lock = self._leader_lock, None
+        if lock is not None:
+            await lock.close()  # hand leadership over at once, not when the process ends
+        store, self._store = self._store, None
+        self._store_connected = False
+        if store is not None:
+            await store.close()
+
+    # -- families --------------------------------------------------------------------------
+
+    def _status_families(self) -> list[Metric]:
+        with self._lock:
+            up, duration, errors = self._up, self._duration_s, self._errors
+        return [
+            GaugeMetricFamily("cairnq_db_up", _UP_HELP, value=1.0 if up else 0.0),
+            GaugeMetricFamily("cairnq_db_scrape_duration_seconds", _DURATION_HELP, value=duration),
+            CounterMetricFamily("cairnq_db_scrape_errors", _ERRORS_HELP, value=errors),
+        ]
+
+    def _db_families(self, snapshot: DatabaseSnapshot | None) -> list[Metric]:
+        tasks = GaugeMetricFamily("cairnq_tasks", _TASKS_HELP, labels=["queue", "status"])
+        oldest = GaugeMetricFamily(
+            "cairnq_queue_oldest_queued_age_seconds", _OLDEST_HELP, labels=["queue"]
+        )
+        expired = GaugeMetricFamily("cairnq_leases_expired", _EXPIRED_HELP, labels=["queue"])
+        if snapshot is not None:
+            self._fill(snapshot, tasks, oldest, expired)
+        return [tasks, oldest, expired]
+
+    def _fill(
+        self,
+        snapshot: DatabaseSnapshot,
+        tasks: GaugeMetricFamily,
+        oldest: GaugeMetricFamily,
+        expired: GaugeMetricFamily,
+    ) -> None:
+        queues = (
+            set(snapshot.tasks) | set(snapshot.oldest_queued_age_ms) | set(snapshot.leases_expired)
+        )
+        label = self._labels.labels(queues)
+        # Configured queues always show, at 0 when empty: absent is not zero to an alert.
+        shown = sorted(self._labels.configured | set(label.values()))
+        counts: dict[str, dict[str, int]] = {q: dict.fromkeys(STATUSES, 0) for q in shown}
+        ages_ms = dict.fromkeys(shown, 0)
+        leases = dict.fromkeys(shown, 0)
+        for queue, by_status in snapshot.tasks.items():
+            for status, n in by_status.items():
+                counts[label[queue]][status] = counts[label[queue]].get(status, 0) + n
+        for queue, age_ms in snapshot.oldest_queued_age_ms.items():
+            ages_ms[label[queue]] = max(ages_ms[label[queue]], age_ms)
+        for queue, n in snapshot.leases_expired.items():
+            leases[label[queue]] += n
+        for queue in shown:
+            for status, n in counts[queue].items():
+                tasks.add_metric([queue, status], n)
+            oldest.add_metric([queue], ages_ms[queue] / 1000)
+            expired.add_metric([queue], leases[queue])

@@ -1,0 +1,289 @@
+"""`Metrics`: every §6 family in the parent's one registry, and the updates made to it.
+
+Known label combinations start at 0 (a rate() over a series that appears only on its
+first increment misses that increment); a dropped queue, group or rule has its series
+removed on reload. `disable_created_metrics()` drops the `_created` series
+(process-wide, which is what the daemon wants).
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import disable_created_metrics
+from prometheus_client.metrics import MetricWrapperBase
+
+from .. import __version__
+from ..config import Config
+from ..maintenance import parent_store
+from ..store.base import TaskStore
+from .database import DB_QUERY_TIMEOUT_S, DatabaseCollector
+from .families import Families
+from .labels import (
+    CHILD_STATES,
+    DB_ERROR_COMPONENTS,
+    DB_ERROR_KINDS,
+    FAILURE_REASONS,
+    GROUP_STATES,
+    RECOVERY_REASONS,
+    RESTART_REASONS,
+    QueueLabels,
+    check_enum,
+    configured_queues,
+    failure_reason,
+)
+from .series import SeriesBook
+from .server import HttpServer
+
+# The name it had before the package was split, so log lines and filters stay the same.
+log = logging.getLogger("cairnqd.metrics")
+
+
+class Metrics(Families):
+    """Every §6 family in one registry, and the updates the supervisor makes.
+
+    Updates are thread-safe (the maintenance thread reports recoveries and purges);
+    label values are bounded as `labels` says.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store_factory: Callable[[], TaskStore] | None = None,
+        generation: int = 1,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped upstream
+        super().__init__(config.metrics)
+        self._config = config
+        self._wall_clock = wall_clock
+        self._series = SeriesBook()
+        self.queue_labels = QueueLabels(configured_queues(config))
+        self._server: HttpServer | None = None
+        factory = store_factory or (
+            lambda: parent_store(
+                config.database, statement_timeout_ms=int(DB_QUERY_TIMEOUT_S * 1000)
+            )
+        )
+        self.database = DatabaseCollector(
+            factory,
+            queue_labels=self.queue_labels,
+            ttl_s=config.metrics.stats_ttl.total_seconds(),
+            queue_stats=config.metrics.queue_stats,
+            lock_namespace=config.database.lock_namespace,
+        )
+        self.registry.register(self.database)
+        self.build_info.labels(
+            __version__, "1", platform.python_version(), config.database.backend
+        ).set(1)
+        # Baseline: a fresh daemon is not "stale"; its first sweep is an interval away.
+        self.purge_last_success.set(wall_clock())
+        self.reload_result(True, generation)
+        self._zero_known(config)
+
+    # -- known series ---------------------------------------------------------------------
+
+    def _zero_known(self, config: Config) -> None:
+        """Create every combination config makes known, at 0: a rate() over a series
+        that appears only on its first increment misses that increment."""
+        for component in DB_ERROR_COMPONENTS:
+            for kind in DB_ERROR_KINDS:
+                self.db_errors.labels(component, kind)
+        for queue in self.queue_labels.configured:
+            self._zero_queue(queue)
+        for name, group in config.groups.items():
+            self.set_children_desired(name, group.processes)
+            self.set_children(name, {})
+            for reason in RESTART_REASONS:
+                self._child(self.child_restarts, ("group", "reason"), name, reason)
+        for index in range(len(config.retention.rules)):
+            self._child(self.purge_deleted_total, ("rule",), str(index))
+
+    def _zero_queue(self, queue: str) -> None:
+        for reason in RECOVERY_REASONS:
+            self._child(self.lease_recoveries_total, ("queue", "reason"), queue, reason)
+        self._child(self.task_duration, ("queue",), queue)
+        self._child(self.task_queue_wait, ("queue",), queue)
+        if self._name_label:
+            return  # names are not known in advance
+        for counter in (
+            self.tasks_started,
+            self.tasks_succeeded,
+            self.tasks_retried,
+            self.tasks_canceled,
+        ):
+            self._child(counter, ("queue",), queue)
+        for reason in FAILURE_REASONS:
+            self._child(self.tasks_failed, ("queue", "reason"), queue, reason)
+
+    def _child(self, metric: MetricWrapperBase, labelnames: Sequence[str], *values: str) -> Any:
+        return self._series.child(metric, labelnames, *values)
+
+    # -- reload ---------------------------------------------------------------------------
+
+    def apply_config(self, config: Config) -> None:
+        """Parent-hot `metrics.*` and the known combinations after a reload: new queues,
+        groups and rules start at 0, dropped ones lose their series."""
+        dropped_queues = set(configured_queues(self._config)) - set(configured_queues(config))
+        self._config = config
+        settings = config.metrics
+        shape = (settings.task_name_label, (settings.duration_buckets, settings.wait_buckets))
+        if shape != (self._name_label, self._buckets):
+            # A family's label names and buckets are fixed at creation: replace them.
+            for metric in self._task_metrics():
+                self.registry.unregister(metric)
+                self._series.forget(metric)
+            self._build_task_metrics(settings)
+        self.queue_labels.configure(configured_queues(config))
+        self.database.set_ttl(settings.stats_ttl.total_seconds())
+        self.database.set_queue_stats(settings.queue_stats, config.database.lock_namespace)
+        groups = set(config.groups)
+        rules = {str(i) for i in range(len(config.retention.rules))}
+        self._series.remove_where("queue", lambda queue: queue not in dropped_queues)
+        self._series.remove_where("group", lambda group: group in groups)
+        self._series.remove_where("rule", lambda rule: rule in rules)
+        self._zero_known(config)
+
+    # -- updates from the supervisor --------------------------------------------------------
+
+    def record_event(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
+        """Count one decoded pipe message from child `group`/`slot` (`t` names it, as
+        pipes.py writes it). Malformed or unknown messages are ignored."""
+        kind = event.get("t")
+        handler = self._event_handlers.get(str(kind))
+        if handler is None:
+            return
+        try:
+            handler(self, group, slot, event)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.debug("ignoring malformed %s event from %s/%s: %s", kind, group, slot, exc)
+
+    def _on_start(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
+        queue = self.queue_labels.label(str(event["queue"]))
+        self._task_counter(self.tasks_started, queue, event).inc()
+        wait_s = max(0.0, float(event.get("wait_s", 0.0)))
+        self._child(self.task_queue_wait, ("queue",), queue).observe(wait_s)
+
+    def _on_end(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
+        queue = self.queue_labels.label(str(event["queue"]))
+        outcome = str(event["outcome"])
+        if outcome == "succeeded":
+            self._task_counter(self.tasks_succeeded, queue, event).inc()
+        elif outcome == "canceled":
+            self._task_counter(self.tasks_canceled, queue, event).inc()
+        elif outcome in ("failed", "retried", "lease_lost"):
+            reason = failure_reason(outcome, str(event.get("reason") or ""))
+            self._task_counter(self.tasks_failed, queue, event, reason).inc()
+            if outcome == "retried":
+                self._task_counter(self.tasks_retried, queue, event).inc()
+        else:
+            raise ValueError(f"unknown outcome {outcome!r}")
+        duration_s = max(0.0, float(event.get("dur_s", 0.0)))
+        self._child(self.task_duration, ("queue",), queue).observe(duration_s)
+
+    def _on_dberr(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
+        self.db_error("child", str(event.get("kind", "other")))
+
+    def _on_rss(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
+        if "rss" in event:
+            labels = ("group", "slot")
+            self._child(self.child_memory, labels, group, str(slot)).set(float(event["rss"]))
+
+    _event_handlers: Mapping[str, Callable[[Metrics, str, int, Mapping[str, Any]], None]] = {
+        "start": _on_start,
+        "end": _on_end,
+        "dberr": _on_dberr,
+        "hb": _on_rss,
+        "ready": _on_rss,
+    }
+
+    def _task_counter(
+        self, counter: MetricWrapperBase, queue: str, event: Mapping[str, Any], *extra: str
+    ) -> Any:
+        labelnames = self._failed_labels if extra else self._task_labels
+        values = (queue, *extra, str(event["name"])) if self._name_label else (queue, *extra)
+        return self._child(counter, labelnames, *values)
+
+    def db_error(self, component: str, kind: str) -> None:
+        if component not in DB_ERROR_COMPONENTS:
+            raise ValueError(f"component must be one of {', '.join(DB_ERROR_COMPONENTS)}")
+        self.db_errors.labels(component, kind if kind in DB_ERROR_KINDS else "other").inc()
+
+    def set_children(self, group: str, state_counts: Mapping[str, int]) -> None:
+        """Children of `group` per state; states outside CHILD_STATES are not shown."""
+        for state in CHILD_STATES:
+            child = self._child(self.children, ("group", "state"), group, state)
+            child.set(state_counts.get(state, 0))
+
+    def set_children_desired(self, group: str, n: int) -> None:
+        self._child(self.children_desired, ("group",), group).set(n)
+
+    def child_restart(self, group: str, reason: str) -> None:
+        """Count a replaced child. A reason outside RESTART_REASONS counts as `crash`
+        (logged): a new kill path must not take the supervisor's loop down."""
+        if reason not in RESTART_REASONS:
+            log.warning("restart reason %r is not a metric label; counted as crash", reason)
+            reason = "crash"
+        self._child(self.child_restarts, ("group", "reason"), group, reason).inc()
+
+    def set_group_state(self, group: str, state: str) -> None:
+        check_enum("state", state, GROUP_STATES)
+        for candidate in GROUP_STATES:
+            child = self._child(self.group_state, ("group", "state"), group, candidate)
+            child.set(1 if candidate == state else 0)
+
+    def remove_child(self, group: str, slot: int) -> None:
+        """Drop a retired slot's RSS series."""
+        self._series.remove(self.child_memory, group, str(slot))
+
+    def remove_group(self, group: str) -> None:
+        self._series.remove_where("group", lambda g: g != group)
+
+    def reload_result(self, ok: bool, generation: int) -> None:
+        self.config_reload_successful.set(1 if ok else 0)
+        if ok:
+            self.config_reload_success_time.set(self._wall_clock())
+            self.config_generation.set(generation)
+
+    def lease_recoveries(self, queue: str, reason: str, n: int) -> None:
+        check_enum("reason", reason, RECOVERY_REASONS)
+        label = self.queue_labels.label(queue)
+        self._child(self.lease_recoveries_total, ("queue", "reason"), label, reason).inc(n)
+
+    def purge_started(self) -> None:
+        self.purge_runs.inc()
+
+    def purge_deleted(self, rule: str, n: int) -> None:
+        self._child(self.purge_deleted_total, ("rule",), rule).inc(n)
+
+    def purge_failed(self) -> None:
+        self.purge_failures.inc()
+
+    def purge_succeeded(self, at: float) -> None:
+        self.purge_last_success.set(at)
+
+    # -- serving ------------------------------------------------------------------------
+
+    def serve(self, listen_host: str, port: int, health: Callable[[], bool] | None = None) -> int:
+        """Serve `/metrics` and `/healthz` (200 while `health()` is true, else 503) on a
+        daemon thread; returns the bound port (`port=0` picks a free one)."""
+        if self._server is not None:
+            raise RuntimeError(f"metrics already served on port {self._server.port}")
+        self._server = HttpServer(self.registry, listen_host, port, health or (lambda: True))
+        return self._server.port
+
+    @property
+    def port(self) -> int | None:
+        return None if self._server is None else self._server.port
+
+    def close(self) -> None:
+        """Stop the HTTP server and the database collector. Idempotent."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        self.database.close()

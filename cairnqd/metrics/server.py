@@ -1,0 +1,86 @@
+"""The HTTP endpoint: `/metrics` from the registry and `/healthz` from the supervisor."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+# The name it had before the package was split, so log lines and filters stay the same.
+log = logging.getLogger("cairnqd.metrics")
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not worth a log line each."""
+
+
+class HttpServer:
+    """`/metrics` and `/healthz` on a daemon thread; `close()` stops and joins it."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        health: Callable[[], bool],
+    ) -> None:
+        self._metrics_app = make_wsgi_app(registry)
+        self._health = health
+        server_class, address = _server_class(host, port)
+        self._httpd = make_server(
+            address, port, self._app, server_class=server_class, handler_class=_QuietHandler
+        )
+        self.port: int = self._httpd.server_port
+        # serve_forever notices shutdown() once per poll: keep close() quick.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="cairnqd-metrics-http",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _app(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            body: Iterable[bytes] = self._metrics_app(environ, start_response)
+            return body
+        if path == "/healthz":
+            healthy = self._healthy()
+            status = "200 OK" if healthy else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"ok\n" if healthy else b"unhealthy\n"]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found: try /metrics or /healthz\n"]
+
+    def _healthy(self) -> bool:
+        try:
+            return bool(self._health())
+        except Exception:
+            log.exception("health check failed")
+            return False
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+
+def _server_class(host: str, port: int) -> tuple[type[WSGIServer], str]:
+    # wsgiref binds AF_INET unless told otherwise; pick the family of the address given.
+    family, _, _, _, sockaddr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    return Server, str(sockaddr[0])

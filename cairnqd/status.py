@@ -1,0 +1,85 @@
+"""What the parent says about itself: its process title, systemd READY and WATCHDOG,
+`/healthz`, and the status dump SIGUSR1 logs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterable
+
+from setproctitle import setproctitle
+
+from . import systemd
+from .pool import ChildProcess, GroupPool
+
+#: `/healthz` fails once the loop has not ticked for this long.
+_STALE_LOOP_S = 5.0
+
+
+class StatusReport:
+    """`tick()` runs once per tick of the supervisor's loop; `healthy()` answers
+    `/healthz` from the metrics server's threads."""
+
+    def __init__(self, config_path: str) -> None:
+        self._config_path = config_path
+        self._title = ""
+        self.ready_sent = False
+        self.last_tick = time.monotonic()
+        self.watchdog_every = systemd.watchdog_interval()
+        self.last_watchdog = 0.0
+
+    def tick(
+        self,
+        groups: Collection[GroupPool],
+        children: Iterable[ChildProcess],
+        *,
+        generation: int,
+        stopping: bool,
+    ) -> None:
+        now = time.monotonic()
+        self.last_tick = now
+        total = sum(len(g.slots) for g in groups)
+        ready = sum(1 for c in children if c.state == "ready")
+        title = f"cairnqd: master [{self._config_path}] gen={generation} children={ready}/{total}"
+        if title != self._title:
+            self._title = title
+            setproctitle(title)
+        if not self.ready_sent and not stopping and _pools_settled(groups):
+            self.ready_sent = True
+            systemd.ready(f"generation {generation}: {ready}/{total} children ready")
+        if self.watchdog_every is not None and now - self.last_watchdog >= self.watchdog_every:
+            self.last_watchdog = now
+            systemd.watchdog()
+
+    def healthy(self, groups: Iterable[GroupPool]) -> bool:
+        fresh = time.monotonic() - self.last_tick < _STALE_LOOP_S
+        return fresh and any(g.state != "fatal" for g in groups)
+
+
+def _pools_settled(groups: Iterable[GroupPool]) -> bool:
+    for group in groups:
+        if group.state == "fatal":
+            continue
+        if any(s.child is None or s.child.state != "ready" for s in group.slots):
+            return False
+    return True
+
+
+def status_dump(groups: Iterable[GroupPool], *, generation: int, stopping: bool) -> str:
+    lines = [f"generation {generation}, stopping={stopping}"]
+    now = time.monotonic()
+    for group in groups:
+        lines.append(f"group {group.name}: {group.state} {group.fatal_error or ''}".rstrip())
+        for slot in group.slots:
+            child = slot.child
+            if child is None:
+                wait = max(0.0, slot.restart_at - now)
+                lines.append(f"  slot {slot.index}: empty (restart in {wait:.1f}s)")
+                continue
+            tasks = ", ".join(
+                f"{tid} ({now - t['seen']:.1f}s)" for tid, t in child.in_flight.items()
+            )
+            lines.append(
+                f"  slot {slot.index}: pid {child.pid} {child.state} gen {child.generation} "
+                f"rss {child.rss >> 20}MiB in flight: {tasks or 'none'}"
+            )
+    return "\n".join(lines)
