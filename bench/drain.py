@@ -311,7 +311,7 @@ def report(points: Sequence[Point]) -> None:
         by_key = {
             (p.labels["impl"], p.labels["procs"]): p
             for p in points
-            if p.labels["backend"] == backend and p.labels.get("prefetch") is None
+            if p.labels["backend"] == backend and p.labels.get("prefetch") in (None, "auto")
         }
         for procs in (1, 2):
             ours, theirs = by_key.get(("ours", procs)), by_key.get(("cairnq", procs))
