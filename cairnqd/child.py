@@ -76,7 +76,9 @@ class ChildReporter:
 
     Task events are buffered for a few milliseconds and written together: at
     thousands of tasks a second, one parent wake-up per event cost more CPU in the
-    parent than the events themselves."""
+    parent than the events themselves. A task that starts and ends within one such
+    window goes out as a single `task` message instead of `start` + `end`: the parent
+    then decodes half as many messages and never tracks it as in flight."""
 
     FLUSH_AFTER_S = 0.01
 
@@ -85,41 +87,47 @@ class ChildReporter:
         self.started: dict[str, float] = {}
         self.finished = 0
         self._buffer: list[bytes] = []
+        # Starts not yet written, by task id: an end arriving first merges with them.
+        self._unsent_starts: dict[str, dict[str, Any]] = {}
+        self._flush_armed = False
 
-    def _queue(self, kind: str, **fields: Any) -> None:
-        if not self._buffer and self.child.loop is not None:
+    def _arm(self) -> None:
+        if not self._flush_armed and self.child.loop is not None:
+            self._flush_armed = True
             self.child.loop.call_later(self.FLUSH_AFTER_S, self.flush)
-        self._buffer.append(encode(kind, **fields))
 
     def flush(self) -> None:
+        self._flush_armed = False
+        starts, self._unsent_starts = self._unsent_starts, {}
         lines, self._buffer = self._buffer, []
+        lines.extend(encode("start", **fields) for fields in starts.values())
         if lines:
             self.child.events.send_lines(lines)
 
     def task_started(self, task: Task) -> None:
         self.started[task.id] = time.monotonic()
         wait_s = max(0.0, (task.updated_at_ms - task.run_at_ms) / 1000)
-        self._queue(
-            "start",
-            id=task.id,
-            queue=task.queue,
-            name=task.name,
-            attempt=task.attempt,
-            wait_s=round(wait_s, 6),
-        )
+        self._unsent_starts[task.id] = {
+            "id": task.id,
+            "queue": task.queue,
+            "name": task.name,
+            "attempt": task.attempt,
+            "wait_s": round(wait_s, 6),
+        }
+        self._arm()
 
     def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None:
         began = self.started.pop(task.id, None)
         dur = time.monotonic() - began if began is not None else duration_s
-        self._queue(
-            "end",
-            id=task.id,
-            queue=task.queue,
-            name=task.name,
-            outcome=outcome,
-            reason=reason,
-            dur_s=round(dur, 6),
-        )
+        ending = {"outcome": outcome, "reason": reason, "dur_s": round(dur, 6)}
+        start = self._unsent_starts.pop(task.id, None)
+        if start is not None:
+            self._buffer.append(encode("task", **start, **ending))
+        else:
+            self._buffer.append(
+                encode("end", id=task.id, queue=task.queue, name=task.name, **ending)
+            )
+        self._arm()
         self.finished += 1
         self.child.after_task(self.finished)
 

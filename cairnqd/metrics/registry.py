@@ -194,9 +194,15 @@ class Metrics(Families):
             labels = ("group", "slot")
             self._child(self.child_memory, labels, group, str(slot)).set(float(event["rss"]))
 
+    def _on_task(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
+        """A task that started and ended between two of the child's flushes."""
+        self._on_start(group, slot, event)
+        self._on_end(group, slot, event)
+
     _event_handlers: Mapping[str, Callable[[Metrics, str, int, Mapping[str, Any]], None]] = {
         "start": _on_start,
         "end": _on_end,
+        "task": _on_task,
         "dberr": _on_dberr,
         "hb": _on_rss,
         "ready": _on_rss,

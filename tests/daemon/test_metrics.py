@@ -284,6 +284,9 @@ def _task_events(metrics: Metrics) -> None:
          "reason": "", "dur_s": 1},
         {"t": "end", "id": "t5", "queue": "email", "name": "b", "outcome": "canceled",
          "reason": "", "dur_s": 1},
+        # Started and ended between two flushes: one message for both.
+        {"t": "task", "id": "t6", "queue": "default", "name": "a", "attempt": 1, "wait_s": 0.1,
+         "outcome": "succeeded", "reason": "", "dur_s": 0.02},
         {"t": "dberr", "kind": "busy"},
         {"t": "dberr", "kind": "something-new"},
         {"t": "hb", "busy": 1, "rss": 123456789, "state": "run"},
@@ -298,9 +301,9 @@ def test_task_counters_from_events(sqlite_path: str, tmp_path: Path, served: lis
     metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
     _task_events(metrics)
     found = samples(scrape(serve(served, metrics))[1])
-    assert value(found, "cairnq_tasks_started_total", queue="default") == 2
+    assert value(found, "cairnq_tasks_started_total", queue="default") == 3
     assert value(found, "cairnq_tasks_started_total", queue="email") == 3
-    assert value(found, "cairnq_tasks_succeeded_total", queue="default") == 1
+    assert value(found, "cairnq_tasks_succeeded_total", queue="default") == 2
     assert value(found, "cairnq_tasks_retried_total", queue="default") == 1
     # A handler's own code is no label value: it counts as "error".
     assert value(found, "cairnq_tasks_failed_total", queue="default", reason="error") == 1
@@ -312,8 +315,8 @@ def test_task_counters_from_events(sqlite_path: str, tmp_path: Path, served: lis
     # Buckets are cumulative: the 700 s attempt lands above 600.
     assert value(found, "cairnq_task_duration_seconds_bucket", queue="email", le="600.0") == 2
     assert value(found, "cairnq_task_duration_seconds_bucket", queue="email", le="1800.0") == 3
-    assert value(found, "cairnq_task_queue_wait_seconds_bucket", queue="default", le="30.0") == 1
-    assert value(found, "cairnq_task_queue_wait_seconds_count", queue="default") == 2
+    assert value(found, "cairnq_task_queue_wait_seconds_bucket", queue="default", le="30.0") == 2
+    assert value(found, "cairnq_task_queue_wait_seconds_count", queue="default") == 3
     assert value(found, "cairnq_db_errors_total", component="child", kind="busy") == 1
     assert value(found, "cairnq_db_errors_total", component="child", kind="other") == 1
     assert value(found, "cairnq_db_errors_total", component="maintenance", kind="busy") == 0
