@@ -143,7 +143,7 @@ class TaskContext:
         if self._settled:
             return None
         self._check_writable()
-        return await self._worker._settle_complete(self, result)
+        return await self._worker._runner.settle_complete(self, result)
 
     async def succeed_in(self, write: Callable[[Any], Awaitable[Any]]) -> Task | None:
         """Postgres: run `write(session)` and the settlement in one transaction; the
@@ -159,7 +159,7 @@ class TaskContext:
             self._mark_lost()
             raise
         self._mark_settled()
-        self._worker._report_end(self, task)
+        self._worker._runner.report_end(self, task)
         return task
 
     async def fail(
@@ -173,7 +173,7 @@ class TaskContext:
             return None
         self._check_writable()
         envelope, retry = error_envelope(error, retryable)
-        return await self._worker._settle_fail(self, envelope, retry)
+        return await self._worker._runner.settle_fail(self, envelope, retry)
 
     async def submit(
         self, name: str | TaskDef[Any, Any], payload: Any = None, **kwargs: Any

@@ -120,7 +120,7 @@ class CompleteBatcher:
             else:
                 ctx._mark_settled()
                 if worker.observer is not None:
-                    worker._report_end(ctx, _status_only(ctx.task, status))
+                    worker._runner.report_end(ctx, _status_only(ctx.task, status))
             worker._forget(ctx)
 
     async def _flush(self) -> None:
@@ -178,7 +178,8 @@ class CompleteBatcher:
                     "retryable": False,
                     "details": {},
                 }
-                await worker._settle_quietly(worker._settle_fail(ctx, envelope, False), ctx)
+                runner = worker._runner
+                await runner.settle_quietly(runner.settle_fail(ctx, envelope, False), ctx)
 
 
 def _status_only(task: Task, status: str) -> Task:

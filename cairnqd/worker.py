@@ -3,17 +3,15 @@ cairnq `Worker`, built to spend as little as possible per task.
 
 Design notes.
 
-- The loop claims up to the free call slots in one claim transaction (a draw per
-  *source*: every name with `batch=` or `resource=` is its own source, the rest share
-  one), served in rotating order so no name starves. `concurrency` counts handler
-  calls, not tasks.
-- One heartbeat loop per worker renews every in-flight lease with a single
-  `heartbeat_batch` per beat (`max(50, lease_ms // 3)` ms). An id missing from the reply
-  marks that context lease-lost; a cancel flag marks it cancel-seen.
-- Returned results are settled through a batcher: completes that arrive while a
-  settlement is being written are written together by the next one, as one set-based
-  `complete_many` statement with `complete`'s per-row semantics. It never waits for a
-  batch to fill, so a result reaches the database as soon as the previous write ends.
+- The loop claims up to the free call slots in one claim transaction, one draw per
+  source in rotating order so no name starves (`claims`). `concurrency` counts handler
+  calls, not tasks. Registration lives in `handlers`.
+- Handler calls run in `calls.CallRunner`, which settles whatever a call leaves.
+- One heartbeat loop per worker (`heartbeat`) renews every in-flight lease with a single
+  `heartbeat_batch` per beat, marking contexts lease-lost or cancel-seen from the reply.
+- Returned results are settled through a batcher (`settlement.CompleteBatcher`): written
+  as set-based `complete_many` statements, carried by the next claim transaction while
+  the claim loop runs. It never waits for a batch to fill.
 - Sync handlers run in a thread pool sized to `concurrency`, so a blocking handler can
   never starve the heartbeat.
 - `run()` drains in-flight calls in `finally`, however the loop exits.
@@ -24,26 +22,39 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import inspect
-import random
 import signal
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .calls import Call, CallRunner, backoff_delay_ms
+from .claims import ClaimPlan, claim_sources
 from .context import TaskContext
-from .errors import LostLease, SerializationError, TaskError
+from .handlers import (
+    Handler,
+    RegisteredHandler,
+    check_positive,
+    derived_name,
+    make_handler,
+)
+from .heartbeat import heartbeat_loop
 from .ids import new_worker_id
-from .jsoncodec import dump_json
 from .models import Task, TaskDef, task_name
 from .prefetch import PrefetchSetting, PrefetchSizer
 from .settlement import CompleteBatcher
 from .store.base import TaskStore
 
+# Names callers import from here, as they did before the split.
+__all__ = [
+    "Handler",
+    "OnError",
+    "RegisteredHandler",
+    "Worker",
+    "WorkerObserver",
+    "backoff_delay_ms",
+]
+
 OnError = Callable[[BaseException, dict[str, Any]], None]
-Handler = Callable[..., Any]
 
 
 class WorkerObserver(Protocol):
@@ -52,86 +63,6 @@ class WorkerObserver(Protocol):
     def task_started(self, task: Task) -> None: ...
 
     def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None: ...
-
-
-@dataclass
-class RegisteredHandler:
-    name: str
-    fn: Handler
-    batch: int | None
-    resource: str | None
-    is_async: bool
-    wants_payload: bool
-
-
-@dataclass
-class _Source:
-    """One claim draw per poll: the names it covers and their batch size."""
-
-    names: list[str]
-    batch: int
-    resource: str | None
-
-    @property
-    def shared(self) -> bool:
-        """The source of plain handlers (no batch, no resource): the one prefetch feeds."""
-        return self.batch == 1 and self.resource is None
-
-
-@dataclass(eq=False)
-class _Call:
-    handler: RegisteredHandler
-    contexts: list[TaskContext]
-    started: float = field(default_factory=time.monotonic)
-
-
-def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, rand: float | None = None) -> int:
-    """Capped exponential backoff with equal jitter: uniform in [w/2, w), so a fleet
-    retrying at the cap stops moving in lockstep."""
-    if base_ms <= 0:
-        return 0
-    window: int = min(max_ms, base_ms * 2 ** max(0, attempt - 1))
-    half = window // 2
-    r = random.random() if rand is None else rand
-    return half + int(r * (window - half))
-
-
-def _is_async(fn: Handler) -> bool:
-    if inspect.iscoroutinefunction(fn):
-        return True
-    call = getattr(type(fn), "__call__", None)  # noqa: B004 - a callable object's own method
-    return call is not None and inspect.iscoroutinefunction(call)
-
-
-def _wants_payload(fn: Handler) -> bool:
-    """(ctx, payload) when the handler takes two positional parameters or *args."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return True
-    positional = 0
-    for p in params:
-        if p.kind is inspect.Parameter.VAR_POSITIONAL:
-            return True
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
-            positional += 1
-    return positional >= 2
-
-
-def _derived_name(fn: Handler) -> str:
-    """The task name a bare `@worker.task` takes: the function's own name, which must
-    be an identifier (a lambda's `<lambda>` would collide across handlers)."""
-    name = getattr(fn, "__name__", "")
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"cannot derive a task name from {fn!r}; pass one explicitly")
-    return name
-
-
-def _check_positive(value: Any, arg: str, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{arg} must be an integer >= 1, got {value!r}")
 
 
 class Worker:
@@ -164,10 +95,10 @@ class Worker:
         self.queues = list(queues)
         if not self.queues:
             raise ValueError("queues must name at least one queue")
-        _check_positive(concurrency, "concurrency")
-        _check_positive(lease_ms, "lease_ms")
-        _check_positive(poll_interval_ms, "poll_interval_ms")
-        _check_positive(max_run_ms, "max_run_ms", allow_none=True)
+        check_positive(concurrency, "concurrency")
+        check_positive(lease_ms, "lease_ms")
+        check_positive(poll_interval_ms, "poll_interval_ms")
+        check_positive(max_run_ms, "max_run_ms", allow_none=True)
         self._prefetch = PrefetchSizer(prefetch)
         if retry_backoff_ms < 0 or retry_backoff_max_ms < 0:
             raise ValueError("retry_backoff_ms and retry_backoff_max_ms must be >= 0")
@@ -180,13 +111,11 @@ class Worker:
         self.max_run_ms = max_run_ms
         self.resources: dict[str, int] = {}
         for res, capacity in (resources or {}).items():
-            _check_positive(capacity, f"resources[{res!r}]")
+            check_positive(capacity, f"resources[{res!r}]")
             self.resources[res] = capacity
         self.on_error = on_error
         self.prefetch = self._prefetch.setting
         self._slots = concurrency
-        # Plain calls in flight, for auto prefetch's "is anything running slow?".
-        self._plain_calls: set[_Call] = set()
         # Claimed ahead of a free slot (prefetch): tracked, heartbeated, not started.
         self._backlog: collections.deque[TaskContext] = collections.deque()
         self.observer: WorkerObserver | None = None
@@ -207,6 +136,7 @@ class Worker:
         self._idling = False
         self._looping = False  # inside _claim_loop: its claims carry queued results
         self._ahead = 0  # the prefetch target the claim loop last worked to
+        self._runner = CallRunner(self)
         # Hooks for a host process (the daemon's child) that retires a worker:
         # at most this many more tasks are claimed, then the worker stops once they
         # are done; and a check run before every claim, False to stop claiming.
@@ -283,11 +213,11 @@ class Worker:
         """Register a handler: `@worker.task`, `@worker.task("name")`, or with a TaskDef."""
         if callable(name) and not isinstance(name, str | TaskDef):
             fn = name
-            self.register(_derived_name(fn), fn, batch=batch, resource=resource)
+            self.register(derived_name(fn), fn, batch=batch, resource=resource)
             return fn
 
         def decorate(fn: Handler) -> Handler:
-            chosen = _derived_name(fn) if name is None else task_name(name)
+            chosen = derived_name(fn) if name is None else task_name(name)
             self.register(chosen, fn, batch=batch, resource=resource)
             return fn
 
@@ -301,26 +231,8 @@ class Worker:
         batch: int | None = None,
         resource: str | None = None,
     ) -> None:
-        resolved = task_name(name)
-        if not isinstance(resolved, str) or not resolved:
-            raise ValueError(f"task name must be a non-empty string, got {resolved!r}")
-        if not callable(fn):
-            raise ValueError(f"handler for {resolved!r} is not callable: {fn!r}")
-        _check_positive(batch, "batch", allow_none=True)
-        if resource is not None and resource not in self.resources:
-            declared = ", ".join(sorted(self.resources)) or "none"
-            raise ValueError(
-                f"resource {resource!r} for task {resolved!r} is not declared in "
-                f"Worker(resources=...); declared: {declared}"
-            )
-        self._handlers[resolved] = RegisteredHandler(
-            name=resolved,
-            fn=fn,
-            batch=batch,
-            resource=resource,
-            is_async=_is_async(fn),
-            wants_payload=batch is None and _wants_payload(fn),
-        )
+        handler = make_handler(name, fn, batch=batch, resource=resource, resources=self.resources)
+        self._handlers[handler.name] = handler
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -393,7 +305,7 @@ class Worker:
         self._executor = ThreadPoolExecutor(
             max_workers=limit + _ABANDONED_THREAD_HEADROOM, thread_name_prefix="cairnqd-sync"
         )
-        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        heartbeat = asyncio.create_task(heartbeat_loop(self))
         try:
             await self._claim_loop(limit)
         finally:
@@ -503,59 +415,23 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
-    def _sources(self) -> list[_Source]:
-        shared = [h.name for h in self._handlers.values() if h.batch is None and not h.resource]
-        sources = [_Source(shared, 1, None)] if shared else []
-        for h in self._handlers.values():
-            if h.batch is not None or h.resource:
-                sources.append(_Source([h.name], h.batch or 1, h.resource))
-        return sources
-
     def prefetch_target(self) -> int:
         """Tasks to hold claimed beyond the free slots right now."""
         if not self._prefetch.adaptive:
             return self._prefetch.target(self._slots)
-        longest = 0.0
-        if self._plain_calls:
-            longest = time.monotonic() - min(c.started for c in self._plain_calls)
-        return self._prefetch.target(self._slots, longest)
+        return self._prefetch.target(self._slots, self._runner.longest_plain_call())
 
     async def _claim(self, free: int, ahead_target: int) -> list[Task]:
-        sources = self._sources()
+        sources = claim_sources(self._handlers)
         if not sources:
             return []
         start = self._rotation % len(sources)
         self._rotation += 1
         ordered = sources[start:] + sources[:start]
         names = [n for s in sources for n in s.names]
-
         ahead = max(0, ahead_target - len(self._backlog))
 
-        async def plan(draw: Callable[[Sequence[str] | None, int], Awaitable[list[Task]]]) -> Any:
-            remaining = free
-            taken: dict[str, int] = {}
-            claimed: list[Task] = []
-            for source in ordered:
-                quota = remaining + (ahead if source.shared else 0)
-                if quota <= 0:
-                    continue
-                if source.resource is not None:
-                    headroom = (
-                        self.resources[source.resource]
-                        - self._in_use[source.resource]
-                        - taken.get(source.resource, 0)
-                    )
-                    quota = min(quota, headroom)
-                if quota <= 0:
-                    continue
-                rows = await draw(source.names, source.batch * quota)
-                calls = -(-len(rows) // source.batch)
-                remaining = max(0, remaining - calls)
-                if source.resource is not None:
-                    taken[source.resource] = taken.get(source.resource, 0) + calls
-                claimed.extend(rows)
-            return claimed
-
+        plan = ClaimPlan(ordered, free, ahead, self.resources, self._in_use)
         settle = self._settler.take()
         try:
             result = await self.store.claim_session(
@@ -589,20 +465,21 @@ class Worker:
                 # Unregistered between claim and dispatch: fail permanently, never run.
                 for task in tasks:
                     ctx = self._track(task)
-                    self._spawn(self._fail_no_handler(ctx))
+                    self._spawn(self._runner.fail_no_handler(ctx))
                 continue
             size = handler.batch or 1
             for i in range(0, len(tasks), size):
                 contexts = [self._track(t) for t in tasks[i : i + size]]
                 if handler.resource is not None:
                     self._in_use[handler.resource] += 1
-                self._spawn(self._execute(_Call(handler, contexts)))
+                self._spawn(self._runner.execute(Call(handler, contexts)))
                 free -= 1
         for task in plain:
             self._backlog.append(self._track(task))
         self._start_backlog(free)
 
     def _start_backlog(self, free: int) -> None:
+        runner = self._runner
         while self._backlog and free > 0:
             ctx = self._backlog.popleft()
             handler = self._handlers.get(ctx.name)
@@ -610,9 +487,9 @@ class Worker:
                 self._forget(ctx)  # recovered elsewhere while it waited
                 continue
             if handler is None:
-                self._spawn(self._fail_no_handler(ctx))  # unregistered while it waited
+                self._spawn(runner.fail_no_handler(ctx))  # unregistered while it waited
             else:
-                self._spawn(self._execute(_Call(handler, [ctx])))
+                self._spawn(runner.execute(Call(handler, [ctx])))
             free -= 1
 
     def _track(self, task: Task) -> TaskContext:
@@ -634,243 +511,6 @@ class Worker:
         self._calls.discard(call)
         self._freed.set()
 
-    # -- running a call ----------------------------------------------------------------
-
-    async def _execute(self, call: _Call) -> None:
-        handler, contexts = call.handler, call.contexts
-        plain = handler.batch is None and handler.resource is None
-        if plain:
-            call.started = time.monotonic()  # the handler's own time, not the queueing
-            self._plain_calls.add(call)
-        try:
-            try:
-                value = await self._invoke(handler, contexts)
-            except asyncio.CancelledError:
-                raise
-            except _MaxRunExceeded:
-                self._call_ended(call, plain)
-                await self._settle_leftovers_timeout(call)
-                return
-            except BaseException as exc:
-                self._call_ended(call, plain)
-                await self._settle_leftovers_error(contexts, exc)
-                return
-            self._call_ended(call, plain)
-            await self._settle_leftovers_value(handler, contexts, value)
-        finally:
-            self.handled += len(contexts)
-            self._plain_calls.discard(call)
-            if handler.resource is not None:
-                self._in_use[handler.resource] -= 1
-            for ctx in contexts:
-                # A result still queued for writing keeps its lease renewed until then.
-                if ctx.settled or ctx.lost_lease:
-                    self._contexts.pop(ctx.task_id, None)
-
-    def _call_ended(self, call: _Call, plain: bool) -> None:
-        """The handler returned or raised: feed its run time to auto prefetch (the
-        settlement that follows is the database's pace, not the handler's)."""
-        if plain:
-            self._plain_calls.discard(call)
-            self._prefetch.observe(time.monotonic() - call.started)
-
-    async def _invoke(self, handler: RegisteredHandler, contexts: list[TaskContext]) -> Any:
-        if handler.batch is not None:
-            args: tuple[Any, ...] = (contexts,)
-        elif handler.wants_payload:
-            args = (contexts[0], contexts[0].payload)
-        else:
-            args = (contexts[0],)
-        if self.max_run_ms is None:
-            if handler.is_async:  # the hot path: no extra coroutine layer
-                value = await handler.fn(*args)
-                if value is not None and inspect.isawaitable(value):
-                    value = await value
-                return value
-            return await self._call_handler(handler, args)
-        # max_run_ms bounds the whole call, an awaitable a sync handler returns included.
-        running = asyncio.ensure_future(self._call_handler(handler, args))
-        done, _ = await asyncio.wait({running}, timeout=self.max_run_ms / 1000)
-        if not done:
-            # Flag lease-lost first, so the abandoned handler cannot write any more.
-            for ctx in contexts:
-                ctx._mark_lost()
-            running.cancel()
-            running.add_done_callback(_consume_outcome)
-            raise _MaxRunExceeded
-        return running.result()
-
-    async def _call_handler(self, handler: RegisteredHandler, args: tuple[Any, ...]) -> Any:
-        if handler.is_async:
-            value = await handler.fn(*args)
-        else:
-            loop = asyncio.get_running_loop()
-            value = await loop.run_in_executor(self._executor, lambda: handler.fn(*args))
-        if value is not None and inspect.isawaitable(value):
-            value = await value
-        return value
-
-    async def _settle_leftovers_value(
-        self, handler: RegisteredHandler, contexts: list[TaskContext], value: Any
-    ) -> None:
-        pending = [c for c in contexts if not c.settled and not c.lost_lease]
-        results: Mapping[str, Any] | None = None
-        if handler.batch is not None and isinstance(value, Mapping):
-            results = value
-        for ctx in pending:
-            result = (
-                results.get(ctx.task_id)
-                if results is not None
-                else value
-                if not handler.batch
-                else None
-            )
-            try:
-                encoded = None if result is None else dump_json(result, what="result")
-            except SerializationError as exc:
-                envelope = {
-                    "type": "SerializationError",
-                    "code": "unserializable_result",
-                    "message": str(exc),
-                    "retryable": False,
-                    "details": {},
-                }
-                await self._settle_quietly(self._settle_fail(ctx, envelope, False), ctx)
-                continue
-            self._settler.enqueue(ctx, encoded)
-        if self._settler.backlogged():
-            await self._settler.backpressure()
-
-    async def _settle_leftovers_error(
-        self, contexts: list[TaskContext], exc: BaseException
-    ) -> None:
-        if isinstance(exc, LostLease):
-            return
-        if isinstance(exc, TaskError):
-            envelope, retryable = exc.envelope(), exc.retryable
-        else:
-            envelope = {
-                "type": type(exc).__name__,
-                "code": "handler_error",
-                "message": str(exc),
-                "retryable": True,
-                "details": {},
-            }
-            retryable = True
-        for ctx in contexts:
-            if not ctx.settled and not ctx.lost_lease:
-                await self._settle_quietly(self._settle_fail(ctx, envelope, retryable), ctx)
-
-    async def _settle_leftovers_timeout(self, call: _Call) -> None:
-        envelope = {
-            "type": "HandlerTimeout",
-            "code": "handler_timeout",
-            "message": f"handler ran longer than max_run_ms={self.max_run_ms}",
-            "retryable": True,
-            "details": {},
-        }
-        for ctx in call.contexts:
-            if not ctx.settled:
-                # Straight to the store: the context is already flagged lost.
-                await self._settle_quietly(self._settle_fail(ctx, envelope, True, force=True), ctx)
-
-    async def _fail_no_handler(self, ctx: TaskContext) -> None:
-        envelope = {
-            "type": "NoHandler",
-            "code": "no_handler",
-            "message": f"no handler registered for {ctx.name!r}",
-            "retryable": False,
-            "details": {},
-        }
-        try:
-            await self._settle_quietly(self._settle_fail(ctx, envelope, False), ctx)
-        finally:
-            self._contexts.pop(ctx.task_id, None)
-
-    async def _settle_quietly(self, settle: Awaitable[Any], ctx: TaskContext) -> None:
-        try:
-            await settle
-        except LostLease:
-            ctx._mark_lost()
-        except Exception as exc:
-            self._report(exc, {"phase": "execute", "task_id": ctx.task_id})
-            # Unwritten: stop renewing the lease so recovery hands the task on,
-            # rather than the heartbeat keeping it ours forever.
-            self._forget(ctx)
-
-    # -- settlement (used by TaskContext too) --------------------------------------------
-
-    async def _settle_complete(self, ctx: TaskContext, result: Any) -> Task | None:
-        try:
-            task = await self.store.complete(
-                task_id=ctx.task_id, worker_id=self._worker_id, result=result
-            )
-        except LostLease:
-            ctx._mark_lost()
-            raise
-        ctx._mark_settled()
-        self._report_end(ctx, task)
-        return task
-
-    async def _settle_fail(
-        self, ctx: TaskContext, envelope: dict[str, Any], retryable: bool, *, force: bool = False
-    ) -> Task | None:
-        delay = (
-            backoff_delay_ms(ctx.attempt, self.retry_backoff_ms, self.retry_backoff_max_ms)
-            if retryable
-            else 0
-        )
-        try:
-            task = await self.store.fail(
-                task_id=ctx.task_id,
-                worker_id=self._worker_id,
-                error=envelope,
-                retryable=retryable,
-                delay_ms=delay,
-            )
-        except LostLease:
-            ctx._mark_lost()
-            raise
-        ctx._mark_settled()
-        self._report_end(ctx, task, reason=str(envelope.get("code", "")))
-        return task
-
-    def _report_end(self, ctx: TaskContext, task: Task | None, reason: str = "") -> None:
-        if self.observer is None:
-            return
-        status = task.status if task is not None else "lease_lost"
-        outcome = "retried" if status == "queued" else status
-        duration = time.time() - (
-            ctx.task.updated_at_ms / 1000 if ctx.task.updated_at_ms else time.time()
-        )
-        self.observer.task_ended(ctx.task, outcome, reason, max(0.0, duration))
-
-    # -- heartbeats --------------------------------------------------------------------
-
-    async def _heartbeat_loop(self) -> None:
-        interval = max(50, self.lease_ms // 3) / 1000
-        while True:
-            await asyncio.sleep(interval)
-            live = [c for c in self._contexts.values() if not c.settled and not c.lost_lease]
-            if not live:
-                continue
-            try:
-                beats = await self.store.heartbeat_batch(
-                    task_ids=[c.task_id for c in live],
-                    worker_id=self._worker_id,
-                    lease_ms=self.lease_ms,
-                )
-            except Exception as exc:
-                self._report(exc, {"phase": "heartbeat"})
-                continue
-            for ctx in live:
-                seen = beats.get(ctx.task_id)
-                if seen is None:
-                    if not ctx.settled:
-                        ctx._mark_lost()
-                elif seen:
-                    ctx._mark_cancel_seen()
-
     def _report(self, exc: BaseException, info: dict[str, Any]) -> None:
         if self.on_error is None:
             return
@@ -878,15 +518,4 @@ class Worker:
             self.on_error(exc, info)
 
 
-class _MaxRunExceeded(Exception):
-    pass
-
-
 _ABANDONED_THREAD_HEADROOM = 32
-
-
-def _consume_outcome(task: asyncio.Future[Any]) -> None:
-    """An abandoned handler may still fail later; read its outcome so asyncio does not
-    log 'exception was never retrieved' for a result nobody can use."""
-    if not task.cancelled():
-        task.exception()
