@@ -456,6 +456,7 @@ def worker_argv(
     poll_interval_ms: int | None = None,
     prefetch: int | str | None = None,
     stamp: bool = False,
+    stamp_file: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     argv = [
@@ -476,6 +477,8 @@ def worker_argv(
         argv += ["--prefetch", str(prefetch)]
     if stamp:
         argv.append("--stamp")
+    if stamp_file is not None:
+        argv += ["--stamp-file", stamp_file]
     return [*argv, *extra]
 
 

@@ -6,7 +6,9 @@
 Connects (running migrations if needed), prints `READY <worker-id>`, waits for a `GO`
 line on stdin, then works until SIGTERM (or `--max-seconds`), and prints
 `DONE handled=<n>` on the way out. The handler is an async no-op; with `--stamp` it
-returns `{"t": time.time()}` taken as the handler starts, for pickup latency.
+returns `{"t": time.time()}` taken as the handler starts, for pickup latency. The peers
+(procrastinate, pgqueuer) keep no result, so with `--stamp-file PATH` their handler
+appends `<i> <time.time()>` to PATH instead, `i` being the job's payload.
 
 Self-contained on purpose (imports nothing from `bench`), so it starts as a plain
 script.
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import inspect
+import json
 import os
 import signal
 import sys
@@ -31,6 +34,18 @@ QUEUE = "default"
 
 class Stats:
     handled = 0
+
+
+def stamper(path: str | None) -> Callable[[Any], None]:
+    """Record a handler start for job number `i` (a no-op without `--stamp-file`)."""
+    if path is None:
+        return lambda i: None
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
+
+    def stamp(i: Any) -> None:
+        out.write(f"{i} {time.time()!r}\n")
+
+    return stamp
 
 
 def announce(ident: str) -> None:
@@ -117,8 +132,11 @@ async def serve_procrastinate(args: argparse.Namespace) -> None:
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=args.target))
 
+    stamp = stamper(args.stamp_file)
+
     @app.task(name=NOOP, queue=QUEUE)
-    async def noop(**_: Any) -> None:
+    async def noop(**kwargs: Any) -> None:
+        stamp(kwargs.get("i"))
         Stats.handled += 1
 
     async with app.open_async():
@@ -156,9 +174,12 @@ async def serve_pgqueuer(args: argparse.Namespace) -> None:
     conn = await asyncpg.connect(args.target)
     try:
         pgq = PgQueuer.from_asyncpg_connection(conn)
+        stamp = stamper(args.stamp_file)
 
         @pgq.entrypoint(NOOP)
         async def noop(job: Job) -> None:
+            if args.stamp_file is not None:
+                stamp(json.loads(job.payload or b"{}").get("i"))
             Stats.handled += 1
 
         announce(f"pgqueuer-{os.getpid()}")
@@ -184,6 +205,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--poll-interval-ms", type=int, default=None)
     parser.add_argument("--prefetch", default=None, help="auto or a count (ours only)")
     parser.add_argument("--stamp", action="store_true", help="return {'t': time.time()}")
+    parser.add_argument("--stamp-file", default=None, help="peers: append '<i> <time>' here")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="stop on its own after")
     parser.add_argument("--pgq-batch", type=int, default=10, help="pgqueuer dequeue batch")
     parser.add_argument(
