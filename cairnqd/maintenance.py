@@ -42,6 +42,7 @@ import psycopg_pool
 from .config import Config, DatabaseConfig, PurgeRule, to_ms
 from .errors import DatabaseUnavailable, LostLease, StoreClosed
 from .store.base import Row, TaskStore
+from .store.lazy import LazyStore
 from .store.postgres import PostgresStore
 from .store.sqlite import SQLiteStore
 
@@ -239,11 +240,11 @@ class Maintenance:
     ) -> None:
         self._config = config
         self._metrics = metrics
-        self._store_factory = store_factory or (lambda: parent_store(config.database))
+        # Opened lazily on the loop that first needs it: the maintenance thread's, or
+        # a test's when a duty is awaited directly. A failed connect is retried next use.
+        self._store = LazyStore(store_factory or (lambda: parent_store(config.database)))
         self._clock = clock
         self._wall_clock = wall_clock
-        self._store: TaskStore | None = None
-        self._store_connected = False
         self._jobs: collections.deque[_Job] = collections.deque()
         self._jobs_lock = threading.Lock()
         self._retry_at = 0.0
@@ -432,7 +433,7 @@ class Maintenance:
 
     async def release_worker(self, worker_id: str, reason: str) -> list[Row]:
         """Hand back every task `worker_id` holds, with recovery's outcomes, now."""
-        store = await self._connected_store()
+        store = await self._store.get()
         message = (
             f"task lease released and max attempts reached: {_HAND_BACK_CAUSES[reason]} ({reason})"
         )
@@ -447,7 +448,7 @@ class Maintenance:
     async def fail_max_run(self, task_id: str, worker_id: str, max_run_s: float) -> bool:
         """Fail an overrun attempt (retryable; cancel-wins and max_attempts apply).
         False if the task was no longer that worker's."""
-        store = await self._connected_store()
+        store = await self._store.get()
         error = {
             "type": "MaxRunExceeded",
             "code": "max_run_exceeded",
@@ -465,7 +466,7 @@ class Maintenance:
 
     async def reap_once(self) -> int:
         """Recover every expired lease now; returns how many tasks were recovered."""
-        store = await self._connected_store()
+        store = await self._store.get()
         rows = await store.recover_leases()
         self._count_recoveries(rows, "expired")
         if rows:
@@ -482,7 +483,7 @@ class Maintenance:
         rules = self._config.retention.rules
         if not rules or self._purge_halted():
             return None
-        store = await self._connected_store()
+        store = await self._store.get()
         async with self._sweep_lock(store) as held:
             if not held:
                 log.debug("another host is purging; skipping this interval")
@@ -543,20 +544,7 @@ class Maintenance:
 
     # -- the store -------------------------------------------------------------------------------
 
-    async def _connected_store(self) -> TaskStore:
-        # Opened lazily on the loop that first needs it: the maintenance thread's, or a
-        # test's when a duty is awaited directly. A failed connect is retried next use.
-        if self._store is None:
-            self._store = self._store_factory()
-        if not self._store_connected:
-            await self._store.connect()
-            self._store_connected = True
-        return self._store
-
     async def aclose(self) -> None:
         """Close the store (done by `stop()`; call it after awaiting duties directly)."""
-        store, self._store = self._store, None
-        self._store_connected = False
-        if store is not None:
-            with contextlib.suppress(StoreClosed, psycopg.Error, OSError):
-                await store.close()
+        with contextlib.suppress(StoreClosed, psycopg.Error, OSError):
+            await self._store.close()

@@ -36,6 +36,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from ..maintenance import LoopThread
 from ..models import STATUSES
 from ..store.base import TaskStore
+from ..store.lazy import LazyStore
 from ..store.postgres import HeldSessionLock, PostgresStore
 from .labels import QueueLabels
 
@@ -105,7 +106,7 @@ class DatabaseCollector:
         queue_stats: str = "all",
         lock_namespace: int = DEFAULT_LOCK_NAMESPACE,
     ) -> None:
-        self._store_factory = store_factory
+        self._store = LazyStore(store_factory)
         # Read on the collector's loop, replaced whole from the supervisor's thread.
         self._queue_stats = queue_stats
         self._lock_namespace = lock_namespace
@@ -116,8 +117,6 @@ class DatabaseCollector:
         self._timeout_s = timeout_s
         self._clock = clock
         self._thread = LoopThread("cairnqd-metrics-db")
-        self._store: TaskStore | None = None
-        self._store_connected = False
         self._lock = threading.Lock()
         self._snapshot: DatabaseSnapshot | None = None
         self._fetched_at: float | None = None
@@ -196,7 +195,7 @@ class DatabaseCollector:
 
     async def _refresh(self, refresh: _Refresh) -> DatabaseSnapshot:
         try:
-            store = await self._connected_store()
+            store = await self._store.get()
             # Connecting has its own timeout (connect_timeout); scrapes stop waiting at
             # 2 s regardless, and share this refresh until it ends.
             snapshot = await asyncio.wait_for(self._query(store), self._timeout_s)
@@ -252,14 +251,6 @@ class DatabaseCollector:
             if self._inflight is refresh:
                 self._inflight = None
 
-    async def _connected_store(self) -> TaskStore:
-        if self._store is None:
-            self._store = self._store_factory()
-        if not self._store_connected:
-            await self._store.connect()
-            self._store_connected = True
-        return self._store
-
     def close(self, timeout_s: float = 5.0) -> None:
         """Close the store on its own thread, then end the thread. Idempotent."""
         with self._lock:
@@ -274,10 +265,7 @@ class DatabaseCollector:
         lock, self._leader_lock = self._leader_lock, None
         if lock is not None:
             await lock.close()  # hand leadership over at once, not when the process ends
-        store, self._store = self._store, None
-        self._store_connected = False
-        if store is not None:
-            await store.close()
+        await self._store.close()
 
     # -- families --------------------------------------------------------------------------
 
