@@ -77,20 +77,20 @@ class CallRunner:
             call.started = time.monotonic()  # the handler's own time, not the queueing
             self._plain_calls.add(call)
         try:
+            error: BaseException | None = None
             try:
                 value = await self._invoke(handler, contexts)
             except asyncio.CancelledError:
                 raise
-            except _MaxRunExceeded:
-                self._call_ended(call, plain)
-                await self._settle_timeout(call)
-                return
             except BaseException as exc:
-                self._call_ended(call, plain)
-                await self._settle_error(contexts, exc)
-                return
+                value, error = None, exc
             self._call_ended(call, plain)
-            await self._settle_value(handler, contexts, value)
+            if error is None:
+                await self._settle_value(handler, contexts, value)
+            elif isinstance(error, _MaxRunExceeded):
+                await self._settle_timeout(call)
+            else:
+                await self._settle_error(contexts, error)
         finally:
             self._worker.handled += len(contexts)
             self._plain_calls.discard(call)

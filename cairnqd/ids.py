@@ -19,17 +19,19 @@ _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 # Every 10-bit value as its two base32 characters.
 _PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
 
-_last_ms = -1
-_last_chars = ""
+# (ms, its characters), replaced as one object so threads never pair one millisecond
+# with another's characters.
+_last: tuple[int, str] = (-1, "")
 
 
 def _timestamp_chars(ms: int) -> str:
     """48 bits as 10 characters (50 bits: the first character holds the top 3)."""
-    global _last_ms, _last_chars
-    if ms != _last_ms:
-        _last_chars = "".join(_CROCKFORD[(ms >> shift) & 31] for shift in range(45, -5, -5))
-        _last_ms = ms
-    return _last_chars
+    global _last
+    last_ms, chars = _last
+    if ms != last_ms:
+        chars = "".join(_CROCKFORD[(ms >> shift) & 31] for shift in range(45, -5, -5))
+        _last = (ms, chars)
+    return chars
 
 
 def new_ulid() -> str:

@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 class CompleteBatcher:
     """Writes returned results as set-based `complete_many` statements.
 
-    A complete that arrives while a write is in flight joins the next write; the first
-    one after an idle spell is written at once. Same per-row rules as `complete`: a row
+    Results queue here until the claim loop takes them into its next claim (`take`),
+    or, when no claim is coming, until the flusher writes them; a result queued while
+    the flusher writes joins its next write. Same per-row rules as `complete`: a row
     missing from the reply lost its lease.
     """
 

@@ -400,8 +400,7 @@ class Worker:
     async def _idle(self) -> None:
         """Wait for a wake-up from the store, a freed resource, stop, or the poll."""
         self._idling = True
-        if self._settler.pending:
-            self._settler.put_back([])  # nothing will claim soon: write results now
+        self._settler.put_back([])  # nothing will claim soon: write any results now
         wake = asyncio.ensure_future(self.store.claim_wake(self.queues, self.poll_interval_ms))
         freed = asyncio.ensure_future(self._freed.wait())
         try:

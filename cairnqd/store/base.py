@@ -528,7 +528,9 @@ class TaskStore(ABC):
         _require_int(lease_ms, "lease_ms", minimum=1)
         name_list = None if names is None else list(names)
         self._register_wakeable(queue_list)
-        if not settle and not self._take_push_hint():
+        # Taken on every claim, so a hint never outlives the wake-up that set it.
+        pushed = self._take_push_hint()
+        if not settle and not pushed:
             probe = await self._fetch("claimable_probe", {"queues": queue_list, "names": name_list})
             if not probe or not probe[0]["has_work"]:
                 return None
