@@ -19,19 +19,16 @@ from cairnqd.client import CairnQ
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.worker import Worker
 from tests.conftest import require_postgres
-from tests.worker.helpers import eventually, running, wait_all, wrap_method
+from tests.worker.helpers import (
+    IdleProbe,
+    eventually,
+    pg_listen_queries,
+    running,
+    wait_all,
+    wrap_method,
+)
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def listen_queries(dsn: str) -> list[str]:
-    """The LISTEN statements other sessions on this database last ran."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "select query from pg_stat_activity where datname = current_database() "
-            "and pid <> pg_backend_pid() and query ilike 'listen %' order by query"
-        ).fetchall()
-    return [r[0] for r in rows]
 
 
 def terminate_listeners(dsn: str) -> int:
@@ -42,6 +39,14 @@ def terminate_listeners(dsn: str) -> int:
             "and query ilike 'listen %'"
         ).fetchall()
     return len(rows)
+
+
+async def queued_listener_connected(store: PostgresStore) -> None:
+    """Open the store's cairnq_queued listener (as a worker's first claim would) and
+    wait until its LISTEN is in place."""
+    listener = store._push("cairnq_queued")
+    assert listener is not None
+    await eventually(listener.connected.is_set, what="the cairnq_queued LISTEN")
 
 
 @pytest.fixture
@@ -67,9 +72,9 @@ async def test_a_worker_listens_for_queued_work_only(pg_store: PostgresStore, pg
     async with running(worker):
         await wait_all(pg_store, [t.id for t in tasks], "succeeded")
         await eventually(
-            lambda: asyncio.to_thread(listen_queries, pg_dsn), what="the worker's LISTEN"
+            lambda: asyncio.to_thread(pg_listen_queries, pg_dsn), what="the worker's LISTEN"
         )
-        assert await asyncio.to_thread(listen_queries, pg_dsn) == ['listen "cairnq_queued"']
+        assert await asyncio.to_thread(pg_listen_queries, pg_dsn) == ['listen "cairnq_queued"']
 
 
 async def test_a_waiter_listens_for_done_and_wakes_at_once(
@@ -83,11 +88,15 @@ async def test_a_waiter_listens_for_done_and_wakes_at_once(
         claimed = await other.claim(queues=["default"], worker_id="w1", lease_ms=30_000)
         assert [t.id for t in claimed] == [task.id]
 
-        async def finish_soon() -> None:
-            await asyncio.sleep(0.5)
+        async def finish_while_waited_on() -> None:
+            def waiting() -> bool:
+                done = pg_store._listeners.get("cairnq_done")
+                return done is not None and task.id in done._waiters
+
+            await eventually(waiting, what="the waiter on the cairnq_done channel")
             await other.complete(task_id=task.id, worker_id="w1", result={"ok": True})
 
-        finisher = asyncio.create_task(finish_soon())
+        finisher = asyncio.create_task(finish_while_waited_on())
         started = time.monotonic()
         # A 20 s poll: only the push can make this quick.
         done = await client.wait(task.id, timeout_ms=30_000, poll_ms=20_000, max_poll_ms=20_000)
@@ -97,7 +106,7 @@ async def test_a_waiter_listens_for_done_and_wakes_at_once(
         await other.close()
     assert done.status == "succeeded" and done.result == {"ok": True}
     assert waited < 5.0
-    assert await asyncio.to_thread(listen_queries, pg_dsn) == ['listen "cairnq_done"']
+    assert await asyncio.to_thread(pg_listen_queries, pg_dsn) == ['listen "cairnq_done"']
 
 
 async def test_a_dropped_listen_connection_reconnects_and_pushes_again(
@@ -113,16 +122,18 @@ async def test_a_dropped_listen_connection_reconnects_and_pushes_again(
 
     async with running(worker):
         await eventually(
-            lambda: asyncio.to_thread(listen_queries, pg_dsn), what="the worker's LISTEN"
+            lambda: asyncio.to_thread(pg_listen_queries, pg_dsn), what="the worker's LISTEN"
         )
         assert await asyncio.to_thread(terminate_listeners, pg_dsn) == 1
 
         async def relistening() -> bool:
-            return bool(await asyncio.to_thread(listen_queries, pg_dsn))
+            return bool(await asyncio.to_thread(pg_listen_queries, pg_dsn))
 
         await eventually(relistening, what="the LISTEN connection to come back")
-        # Let the worker's wait (cut short by the drop) settle back onto the channel.
-        await asyncio.sleep(0.5)
+        # From here a NOTIFY reaches the worker's sticky wake flag wherever it is.
+        await eventually(
+            pg_store._listeners["cairnq_queued"].connected.is_set, what="the listener to reconnect"
+        )
         submitted = time.monotonic()
         task = await client.submit("job")
         await wait_all(pg_store, [task.id], "succeeded")
@@ -141,18 +152,17 @@ async def test_a_pushed_wake_claims_without_the_probe(pg_store: PostgresStore, p
         return await original(op, *args, **kwargs)
 
     wrap_method(pg_store, "_fetch", record)
+    probe = IdleProbe(pg_store)
     worker = Worker(pg_store, ["default"], poll_interval_ms=20_000)
 
     @worker.task
     async def job(ctx: Any) -> None:
         ops.append("handler")
 
+    # Listening before the worker starts: its first idle wait is already a push wait.
+    await queued_listener_connected(pg_store)
     async with running(worker):
-        await eventually(
-            lambda: asyncio.to_thread(listen_queries, pg_dsn), what="the worker's LISTEN"
-        )
-        await eventually(lambda: "claimable_probe" in ops, what="the first, empty, claim")
-        await asyncio.sleep(0.2)  # into the idle wait
+        await eventually(probe.idle.is_set, what="the worker's idle wait")
         ops.clear()
         task = await client.submit("job")
         await wait_all(pg_store, [task.id], "succeeded")

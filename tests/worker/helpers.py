@@ -222,14 +222,18 @@ def caught_signals(pid: int) -> int:
     raise AssertionError(f"no SigCgt line for pid {pid}")
 
 
-def pg_listening(dsn: str) -> bool:
-    """True when some session on this database is LISTENing (its last statement)."""
+def pg_listen_queries(dsn: str) -> list[str]:
+    """The LISTEN statements other sessions on this database last ran, sorted."""
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "select count(*) from pg_stat_activity "
-            "where datname = current_database() and pid <> pg_backend_pid() "
-            "and query ilike 'listen %'"
-        ).fetchone()
-    return bool(row and row[0])
+        rows = conn.execute(
+            "select query from pg_stat_activity where datname = current_database() "
+            "and pid <> pg_backend_pid() and query ilike 'listen %' order by query"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def pg_listening(dsn: str) -> bool:
+    """True when some session on this database is LISTENing (its last statement)."""
+    return bool(pg_listen_queries(dsn))
