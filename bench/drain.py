@@ -41,8 +41,8 @@ from typing import Any
 
 import psycopg
 
-from . import peers
-from .common import (
+from bench import peers
+from bench.common import (
     BENCH_DIR,
     Backend,
     Case,

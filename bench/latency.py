@@ -28,8 +28,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from . import peers
-from .common import (
+from bench import peers
+from bench.common import (
     NOOP,
     Backend,
     Case,

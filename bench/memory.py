@@ -18,7 +18,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from .common import (
+from bench.common import (
     NOOP,
     Backend,
     Point,
@@ -37,7 +37,7 @@ from .common import (
     wait_for_quiet,
     worker_argv,
 )
-from .drain import CAIRNQ_PENDING, Table
+from bench.drain import CAIRNQ_PENDING, Table
 
 CHUNK = 1000
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from .common import NOOP, QUEUE
+from bench.common import NOOP, QUEUE
 
 PEERS = ("procrastinate", "pgqueuer")
 

@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import drain, latency, memory, submit
-from .common import OUT_DIR, Point, Run
+from bench import drain, latency, memory, submit
+from bench.common import OUT_DIR, Point, Run
 
 
 def load(path: Path) -> tuple[str, dict[str, Any], dict[str, Any], list[Point]]:

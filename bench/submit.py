@@ -19,8 +19,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import peers
-from .common import (
+from bench import peers
+from bench.common import (
     UNCLAIMED,
     Backend,
     Case,

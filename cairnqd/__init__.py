@@ -6,9 +6,9 @@ A drop-in for the public `cairnq` Python SDK: `import cairnqd as cairnq`.
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
-from .client import CairnQ
-from .context import TaskContext
-from .errors import (
+from cairnqd.client import CairnQ
+from cairnqd.context import TaskContext
+from cairnqd.errors import (
     AlreadyExists,
     CairnQError,
     DatabaseUnavailable,
@@ -26,10 +26,18 @@ from .errors import (
     TaskTimeout,
     UnsupportedBackend,
 )
-from .models import STATUSES, Conflict, Task, TaskDef, TaskRef, TaskStatus, is_terminal_status
-from .retention import Retention, RetentionRule
-from .store import PostgresStore, SQLiteStore, TaskStore
-from .worker import Worker
+from cairnqd.models import (
+    STATUSES,
+    Conflict,
+    Task,
+    TaskDef,
+    TaskRef,
+    TaskStatus,
+    is_terminal_status,
+)
+from cairnqd.retention import Retention, RetentionRule
+from cairnqd.store import PostgresStore, SQLiteStore, TaskStore
+from cairnqd.worker import Worker
 
 try:
     __version__ = _version("cairnqd")

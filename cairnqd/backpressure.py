@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import QueueFull
+from cairnqd.errors import QueueFull
 
 if TYPE_CHECKING:
-    from .store.base import TaskStore
+    from cairnqd.store.base import TaskStore
 
 MAX_GRANT = 64
 _FIRST_BACKOFF_S = 0.25

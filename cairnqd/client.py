@@ -11,10 +11,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import TaskCanceled, TaskFailed, TaskTimeout
-from .models import Task, TaskDef, TaskRef, task_name
-from .retention import Retention, RetentionSweeper
-from .store.base import TaskStore
+from cairnqd.errors import TaskCanceled, TaskFailed, TaskTimeout
+from cairnqd.models import Task, TaskDef, TaskRef, task_name
+from cairnqd.retention import Retention, RetentionSweeper
+from cairnqd.store.base import TaskStore
 
 
 class CairnQ:
@@ -37,7 +37,7 @@ class CairnQ:
 
     @classmethod
     def sqlite(cls, path: str, *, busy_timeout_ms: int = 5000, **client_kwargs: Any) -> CairnQ:
-        from .store.sqlite import SQLiteStore
+        from cairnqd.store.sqlite import SQLiteStore
 
         return cls(SQLiteStore(path, busy_timeout_ms=busy_timeout_ms), **client_kwargs)
 
@@ -51,7 +51,7 @@ class CairnQ:
         schema: str | None = None,
         **client_kwargs: Any,
     ) -> CairnQ:
-        from .store.postgres import PostgresStore
+        from cairnqd.store.postgres import PostgresStore
 
         store = PostgresStore(source, min_size=min_size, max_size=max_size, schema=schema)
         return cls(store, **client_kwargs)

@@ -13,11 +13,11 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .errors import LostLease, TaskError
-from .models import Task, TaskDef, task_name
+from cairnqd.errors import LostLease, TaskError
+from cairnqd.models import Task, TaskDef, task_name
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from cairnqd.worker import Worker
 
 
 class TaskContext:
@@ -190,7 +190,7 @@ class TaskContext:
         return await self._worker.store.submit(name=task_name(name), payload=payload, **kwargs)
 
     async def wait(self, task_id: str, *, timeout_ms: int = 30_000, poll_ms: int = 100) -> Task:
-        from .client import wait_for_task
+        from cairnqd.client import wait_for_task
 
         return await wait_for_task(
             self._worker.store, task_id, None, timeout_ms=timeout_ms, poll_ms=poll_ms,

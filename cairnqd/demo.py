@@ -12,8 +12,8 @@ import asyncio
 import math
 from typing import Any, Protocol
 
-from .errors import TaskError
-from .registry import TaskRegistry
+from cairnqd.errors import TaskError
+from cairnqd.registry import TaskRegistry
 
 __all__ = ["registry"]
 

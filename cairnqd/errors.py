@@ -28,7 +28,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .models import Task
+    from cairnqd.models import Task
 
 
 class CairnQError(Exception):

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, get_args
 
-from .jsoncodec import load_json
+from cairnqd._jsoncodec import load_json
 
 TaskStatus = Literal["queued", "running", "succeeded", "failed", "canceled"]
 STATUSES: tuple[TaskStatus, ...] = get_args(TaskStatus)

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, overload
 
-from .errors import CairnQError
-from .models import TaskDef, task_name
+from cairnqd.errors import CairnQError
+from cairnqd.models import TaskDef, task_name
 
 __all__ = [
     "Handler",

@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .models import TERMINAL_STATUSES
+from cairnqd.models import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
-    from .store.base import TaskStore
+    from cairnqd.store.base import TaskStore
 
 OnError = Callable[[BaseException, dict[str, Any]], None]
 

@@ -27,22 +27,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from .calls import Call, CallRunner, backoff_delay_ms
-from .claims import ClaimPlan, claim_sources
-from .context import TaskContext
-from .handlers import (
+from cairnqd._calls import Call, CallRunner, backoff_delay_ms
+from cairnqd._claims import ClaimPlan, claim_sources
+from cairnqd._handlers import (
     Handler,
     RegisteredHandler,
     check_positive,
     derived_name,
     make_handler,
 )
-from .heartbeat import heartbeat_loop
-from .ids import new_worker_id
-from .models import Task, TaskDef, task_name
-from .prefetch import PrefetchSetting, PrefetchSizer
-from .settlement import CompleteBatcher
-from .store.base import TaskStore
+from cairnqd._heartbeat import heartbeat_loop
+from cairnqd._ids import new_worker_id
+from cairnqd._prefetch import PrefetchSetting, PrefetchSizer
+from cairnqd._settlement import CompleteBatcher
+from cairnqd.context import TaskContext
+from cairnqd.models import Task, TaskDef, task_name
+from cairnqd.store.base import TaskStore
 
 # Names callers import from here, as they did before the split.
 __all__ = [
@@ -158,7 +158,7 @@ class Worker:
         busy_timeout_ms: int = 5000,
         **kw: Any,
     ) -> Worker:
-        from .store.sqlite import SQLiteStore
+        from cairnqd.store.sqlite import SQLiteStore
 
         worker = cls(
             SQLiteStore(path, busy_timeout_ms=busy_timeout_ms),
@@ -183,7 +183,7 @@ class Worker:
         schema: str | None = None,
         **kw: Any,
     ) -> Worker:
-        from .store.postgres import PostgresStore
+        from cairnqd.store.postgres import PostgresStore
 
         store = PostgresStore(source, min_size=min_size, max_size=max_size, schema=schema)
         worker = cls(store, queues, concurrency=concurrency, lease_ms=lease_ms, **kw)

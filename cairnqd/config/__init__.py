@@ -36,17 +36,17 @@ checker's type in annotations aside):
 - `diff`, `example`: the reload diff, and `render_example()` (`python -m cairnqd.config`).
 """
 
-from .diff import ConfigChange, diff_configs
-from .dsn import redact_dsn
-from .example import render_example
+from cairnqd.config.diff import ConfigChange, diff_configs
+from cairnqd.config.dsn import redact_dsn
+from cairnqd.config.example import render_example
 
 # `x as x`: re-exported for cairnqd's own modules (mypy --strict) but not in __all__.
-from .finish import _default_runtime_dir as _default_runtime_dir
-from .load import load_config
-from .problems import ConfigError, ConfigProblem
-from .root import Config
-from .schema import SCHEMA, Reload, Setting
-from .sections import (
+from cairnqd.config.finish import _default_runtime_dir as _default_runtime_dir
+from cairnqd.config.load import load_config
+from cairnqd.config.problems import ConfigError, ConfigProblem
+from cairnqd.config.root import Config
+from cairnqd.config.schema import SCHEMA, Reload, Setting
+from cairnqd.config.sections import (
     DatabaseConfig,
     GroupConfig,
     ListenAddress,
@@ -57,8 +57,8 @@ from .sections import (
     ReloadConfig,
     RetentionConfig,
 )
-from .sections import SupervisorConfig as SupervisorConfig  # `x as x`: as above
-from .units import format_duration, format_size, parse_duration, parse_size, to_ms
+from cairnqd.config.sections import SupervisorConfig as SupervisorConfig  # `x as x`: as above
+from cairnqd.config.units import format_duration, format_size, parse_duration, parse_size, to_ms
 
 __all__ = [
     "SCHEMA",

@@ -1,5 +1,5 @@
 """`python -m cairnqd.config > config/cairnq.example.yaml` regenerates the example."""
 
-from . import render_example
+from cairnqd.config import render_example
 
 print(render_example(), end="")

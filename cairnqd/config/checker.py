@@ -10,7 +10,13 @@ from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
-from ..yamlload import (
+from cairnqd.config.dsn import _dsn_problem
+from cairnqd.config.kinds import _INVALID, _Invalid, _Kind, _suggest
+from cairnqd.config.problems import ConfigProblem
+from cairnqd.config.schema import Setting, _children
+from cairnqd.config.sections import GroupConfig
+from cairnqd.config.units import format_duration
+from cairnqd.config.yamlload import (
     Position,
     YamlEntry,
     YamlMapping,
@@ -21,12 +27,6 @@ from ..yamlload import (
     format_path,
     locate,
 )
-from .dsn import _dsn_problem
-from .kinds import _INVALID, _Invalid, _Kind, _suggest
-from .problems import ConfigProblem
-from .schema import Setting, _children
-from .sections import GroupConfig
-from .units import format_duration
 
 
 def _synthetic(value: Any, position: Position) -> YamlNode:

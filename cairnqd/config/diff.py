@@ -7,8 +7,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .root import Config
-from .schema import _BY_PATH, Reload, _dump
+from cairnqd.config.root import Config
+from cairnqd.config.schema import _BY_PATH, Reload, _dump
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,18 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any
 
-from ..yamlload import resolve_plain
-from .kinds import _YAML11_BOOLS, _show
-from .schema import _REQUIRED, _SAME, Reload, Setting, _children, _Groups, _Rules, _Section
+from cairnqd.config.kinds import _YAML11_BOOLS, _show
+from cairnqd.config.schema import (
+    _REQUIRED,
+    _SAME,
+    Reload,
+    Setting,
+    _children,
+    _Groups,
+    _Rules,
+    _Section,
+)
+from cairnqd.config.yamlload import resolve_plain
 
 _TAGS = {Reload.RESTART: "restart", Reload.HOT: "hot", Reload.SIZE: "resize", Reload.ROLL: "roll"}
 _HEADER = """\

@@ -8,14 +8,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..yamlload import YamlPath
-from .kinds import _INVALID
-from .sections import DatabaseConfig, RetentionConfig
-from .shadowing import _check_rule_shadowing
-from .units import format_duration
+from cairnqd.config.kinds import _INVALID
+from cairnqd.config.sections import DatabaseConfig, RetentionConfig
+from cairnqd.config.shadowing import _check_rule_shadowing
+from cairnqd.config.units import format_duration
+from cairnqd.config.yamlload import YamlPath
 
 if TYPE_CHECKING:
-    from .checker import _Checker
+    from cairnqd.config.checker import _Checker
 
 
 def _finish_database(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:

@@ -12,14 +12,21 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ..registry import parse_handler_path
-from ..yamlload import ScalarValue, YamlMapping, YamlNode, YamlPath, YamlScalar, YamlSequence
-from .dsn import _dsn_problem
-from .sections import ListenAddress
-from .units import format_duration, format_size, parse_duration, parse_size
+from cairnqd.config.dsn import _dsn_problem
+from cairnqd.config.sections import ListenAddress
+from cairnqd.config.units import format_duration, format_size, parse_duration, parse_size
+from cairnqd.config.yamlload import (
+    ScalarValue,
+    YamlMapping,
+    YamlNode,
+    YamlPath,
+    YamlScalar,
+    YamlSequence,
+)
+from cairnqd.registry import parse_handler_path
 
 if TYPE_CHECKING:
-    from .checker import _Checker
+    from cairnqd.config.checker import _Checker
 
 
 class _InvalidType:

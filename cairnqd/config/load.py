@@ -6,13 +6,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..yamlload import YamlSyntaxError, interpolate, load_yaml
-from .checker import _Checker
-from .finish import _finish_root
-from .kinds import _INVALID
-from .problems import ConfigError, ConfigProblem
-from .root import Config
-from .schema import _Section
+from cairnqd.config.checker import _Checker
+from cairnqd.config.finish import _finish_root
+from cairnqd.config.kinds import _INVALID
+from cairnqd.config.problems import ConfigError, ConfigProblem
+from cairnqd.config.root import Config
+from cairnqd.config.schema import _Section
+from cairnqd.config.yamlload import YamlSyntaxError, interpolate, load_yaml
 
 # The top level is a section too; built here, since `root` imports the schema.
 _ROOT = _Section(Config, _finish_root)

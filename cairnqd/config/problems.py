@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import CairnQError
+from cairnqd.errors import CairnQError
 
 
 @dataclass(frozen=True, order=True)

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from .dsn import redact_dsn
-from .problems import ConfigProblem
-from .schema import Reload, _children, _dump
-from .sections import (
+from cairnqd.config.dsn import redact_dsn
+from cairnqd.config.problems import ConfigProblem
+from cairnqd.config.schema import Reload, _children, _dump
+from cairnqd.config.sections import (
     DatabaseConfig,
     GroupConfig,
     LoggingConfig,

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ..yamlload import YamlMapping, YamlNode, YamlPath, YamlScalar, YamlSequence
-from .finish import _finish_database, _finish_group, _finish_retention
-from .kinds import (
+from cairnqd.config.finish import _finish_database, _finish_group, _finish_retention
+from cairnqd.config.kinds import (
     _INVALID,
     _Bool,
     _Buckets,
@@ -36,7 +35,7 @@ from .kinds import (
     _Str,
     _Version,
 )
-from .sections import (
+from cairnqd.config.sections import (
     DatabaseConfig,
     GroupConfig,
     LoggingConfig,
@@ -47,9 +46,10 @@ from .sections import (
     RetentionConfig,
     SupervisorConfig,
 )
+from cairnqd.config.yamlload import YamlMapping, YamlNode, YamlPath, YamlScalar, YamlSequence
 
 if TYPE_CHECKING:
-    from .checker import _Checker
+    from cairnqd.config.checker import _Checker
 
 
 class Reload(enum.Enum):

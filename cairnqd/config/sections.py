@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal
 
-from .units import format_duration
+from cairnqd.config.units import format_duration
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..yamlload import YamlPath, format_path
-from .sections import PurgeRule
-from .units import format_duration
+from cairnqd.config.sections import PurgeRule
+from cairnqd.config.units import format_duration
+from cairnqd.config.yamlload import YamlPath, format_path
 
 if TYPE_CHECKING:
-    from .checker import _Checker
+    from cairnqd.config.checker import _Checker
 
 
 def _covers(a: PurgeRule, b: PurgeRule) -> bool:

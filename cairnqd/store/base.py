@@ -21,14 +21,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._protocol import Dialect
-from ..errors import AlreadyExists, LostLease, SerializationError, UnsupportedBackend
-from ..ids import new_task_id
-from ..jsoncodec import dump_json, dump_json_or_empty
-from ..models import CONFLICTS, STATUSES, TERMINAL_STATUSES, Task, TaskRef, task_name
+from cairnqd._ids import new_task_id
+from cairnqd._jsoncodec import dump_json, dump_json_or_empty
+from cairnqd._protocol import Dialect
+from cairnqd.errors import AlreadyExists, LostLease, SerializationError, UnsupportedBackend
+from cairnqd.models import CONFLICTS, STATUSES, TERMINAL_STATUSES, Task, TaskRef, task_name
 
 if TYPE_CHECKING:
-    from ..backpressure import QueueDepthGate
+    from cairnqd.backpressure import QueueDepthGate
 
 Row = Mapping[str, Any]
 Params = dict[str, Any]
@@ -146,7 +146,7 @@ class TaskStore(ABC):
     def use_backpressure(
         self, max_queue_depth: int | Mapping[str, int], *, max_queue_wait_ms: int = 600_000
     ) -> None:
-        from ..backpressure import QueueDepthGate
+        from cairnqd.backpressure import QueueDepthGate
 
         self._gate = QueueDepthGate(self, max_queue_depth, max_queue_wait_ms=max_queue_wait_ms)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .base import TaskStore
+from cairnqd.store.base import TaskStore
 
 
 class LazyStore:

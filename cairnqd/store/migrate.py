@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from .._protocol import Migration, migrations, protocol_root, strip_comments
+from cairnqd._protocol import Migration, migrations, protocol_root, strip_comments
 
 _LEDGER_FOLDER = {"cairnq": "sql", "cairnqd": "extensions/sql"}
 
@@ -145,6 +145,6 @@ async def apply_postgres(conn: psycopg.AsyncConnection[object]) -> list[str]:
 
 
 def _pg_named(sql: str) -> str:
-    from .._protocol import _to_psycopg
+    from cairnqd._protocol import _to_psycopg
 
     return _to_psycopg(sql)

@@ -27,18 +27,18 @@ from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
-from .._protocol import Statement, statement
-from ..errors import (
+from cairnqd._jsoncodec import dump_json, load_json
+from cairnqd._protocol import Statement, statement
+from cairnqd.errors import (
     DatabaseUnavailable,
     LostLease,
     MigrationsPending,
     ProtocolVersionMismatch,
     SchemaMismatch,
 )
-from ..jsoncodec import dump_json, load_json
-from ..models import Task
-from .base import Params, Row, Session, TaskStore
-from .migrate import apply_postgres, pending_postgres
+from cairnqd.models import Task
+from cairnqd.store.base import Params, Row, Session, TaskStore
+from cairnqd.store.migrate import apply_postgres, pending_postgres
 
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
@@ -208,7 +208,7 @@ class PostgresStore(TaskStore):
 
     def _require_pool(self) -> AsyncConnectionPool[AsyncConn]:
         if self._pool is None:
-            from ..errors import StoreClosed
+            from cairnqd.errors import StoreClosed
 
             raise StoreClosed("Postgres store is not connected (call connect())")
         return self._pool

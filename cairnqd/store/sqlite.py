@@ -30,10 +30,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from .._protocol import Statement, statement
-from ..errors import MigrationsPending, NotACairnqDatabase, ProtocolVersionMismatch, StoreClosed
-from .base import Params, Row, Session, TaskStore
-from .migrate import apply_sqlite, pending_sqlite
+from cairnqd._protocol import Statement, statement
+from cairnqd.errors import (
+    MigrationsPending,
+    NotACairnqDatabase,
+    ProtocolVersionMismatch,
+    StoreClosed,
+)
+from cairnqd.store.base import Params, Row, Session, TaskStore
+from cairnqd.store.migrate import apply_sqlite, pending_sqlite
 
 _OPTIMIZE_EVERY_S = 60.0
 _WAL_RETRY_S = 0.05

@@ -8,7 +8,6 @@ the supervisor does, so these tests do not depend on the supervisor.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cairnqd.statefile import AlreadyRunning, StateFile, state_path
+from cairnqd.daemon.statefile import AlreadyRunning, StateFile, state_path
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -379,7 +378,7 @@ def test_submit_wait_without_a_worker_times_out(sqlite_config: Path, run: Run) -
 
 FAKE_DAEMON = """\
 import signal, sys
-from cairnqd.statefile import StateFile, after_reload, initial_state, state_path
+from cairnqd.daemon.statefile import StateFile, after_reload, initial_state, state_path
 
 config, runtime_dir, mode, log = sys.argv[1:5]
 statefile = StateFile(state_path(config, runtime_dir))
@@ -527,8 +526,6 @@ def test_reload_refuses_a_stale_state_file(
 
 
 def test_run_starts_reloads_and_stops(sqlite_config: Path, tmp_path: Path, run: Run) -> None:
-    if importlib.util.find_spec("cairnqd.supervisor") is None:
-        pytest.skip("cairnqd.supervisor is not written yet")
     statefile = StateFile(state_path(sqlite_config, str(tmp_path / "run")))
     with subprocess.Popen(
         [sys.executable, "-m", "cairnqd.cli", "-c", str(sqlite_config)],

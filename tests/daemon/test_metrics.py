@@ -1,4 +1,4 @@
-"""cairnqd.metrics over real HTTP: scrapes of a live registry against real databases.
+"""cairnqd.daemon.metrics over real HTTP: scrapes of a live registry against real databases.
 
 Every test serves on 127.0.0.1 port 0 and reads `/metrics` with urllib, as Prometheus
 would; the database collector runs its own thread and store, so the test's store only
@@ -23,7 +23,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from cairnqd.config import Config, load_config
-from cairnqd.metrics import METRIC_NAMES, OTHER_QUEUE, Metrics
+from cairnqd.daemon.metrics import METRIC_NAMES, OTHER_QUEUE, Metrics
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore

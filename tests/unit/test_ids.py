@@ -8,7 +8,7 @@ import time
 
 from ulid import ULID
 
-from cairnqd.ids import _timestamp_chars, new_task_id, new_ulid, new_worker_id
+from cairnqd._ids import _timestamp_chars, new_task_id, new_ulid, new_worker_id
 
 CROCKFORD_ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 

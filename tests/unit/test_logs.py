@@ -1,4 +1,4 @@
-"""cairnqd.logs: formats, the file and its reopen after logrotate, per-logger levels."""
+"""cairnqd.daemon.logs: formats, the file and its reopen after logrotate, per-logger levels."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cairnqd.config import LoggingConfig
-from cairnqd.logs import (
+from cairnqd.daemon.logs import (
     LoggingSetupError,
     configure_logging,
     logging_settings,
@@ -23,8 +23,8 @@ from cairnqd.logs import (
 
 
 def _ours() -> list[logging.Handler]:
-    """The handlers cairnqd.logs installed (pytest keeps its own on the root too)."""
-    return [h for h in logging.getLogger().handlers if type(h).__module__ == "cairnqd.logs"]
+    """The handlers cairnqd.daemon.logs installed (pytest keeps its own on the root too)."""
+    return [h for h in logging.getLogger().handlers if type(h).__module__ == "cairnqd.daemon.logs"]
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cairnqd.metrics import METRIC_NAMES
+from cairnqd.daemon.metrics import METRIC_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "monitoring" / "alerts.yaml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cairnqd.prefetch import PrefetchSizer, check_prefetch
+from cairnqd._prefetch import PrefetchSizer, check_prefetch
 
 
 def test_a_fixed_count_is_used_as_is() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cairnqd.statefile import (
+from cairnqd.daemon.statefile import (
     AlreadyRunning,
     StateFile,
     StateFileError,
@@ -129,7 +129,7 @@ def test_lock_held_by_another_process(tmp_path: Path) -> None:
     path = tmp_path / "cairnqd-x.json"
     code = (
         "import sys, time\n"
-        "from cairnqd.statefile import StateFile\n"
+        "from cairnqd.daemon.statefile import StateFile\n"
         f"StateFile({str(path)!r}).acquire()\n"
         "print('locked', flush=True)\n"
         "time.sleep(30)\n"

@@ -1,4 +1,4 @@
-"""cairnqd.systemd against a real AF_UNIX datagram socket standing in for the service manager."""
+"""cairnqd.daemon.systemd against a real AF_UNIX datagram socket standing in for systemd."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cairnqd import systemd
+from cairnqd.daemon import systemd
 
 
 def _receive(sock: socket.socket) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cairnqd.yamlload import (
+from cairnqd.config.yamlload import (
     Position,
     YamlDocument,
     YamlMapping,

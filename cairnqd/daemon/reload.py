@@ -15,14 +15,14 @@ import logging
 import signal
 from typing import TYPE_CHECKING
 
-from . import systemd
-from .config import Config, ConfigError, GroupConfig, load_config
-from .logs import LoggingSetupError, configure_logging, logging_settings
-from .pool import GroupPool
-from .statefile import after_reload
+from cairnqd.config import Config, ConfigError, GroupConfig, load_config
+from cairnqd.daemon import systemd
+from cairnqd.daemon.logs import LoggingSetupError, configure_logging, logging_settings
+from cairnqd.daemon.pool import GroupPool
+from cairnqd.daemon.statefile import after_reload
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from cairnqd.daemon.supervisor import Supervisor
 
 # The reload is part of the parent's story in the log: same logger as the supervisor.
 log = logging.getLogger("cairnqd.supervisor")

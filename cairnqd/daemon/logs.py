@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from .config import LoggingConfig
+from cairnqd.config import LoggingConfig
 
 __all__ = [
     "LoggingSetupError",

@@ -3,7 +3,7 @@
 A `ChildProcess` is one incarnation: its Popen, its two pipes and what its events
 told us (ready, in-flight tasks, memory). A `GroupPool` owns a group's slots and
 decides, per tick, what each needs: spawn now, wait out a backoff, or stay empty
-(crashloop, FATAL, stopping). Spawning is fork+exec of `python -m cairnqd.child`, so
+(crashloop, FATAL, stopping). Spawning is fork+exec of `python -m cairnqd.daemon.child`, so
 nothing of the parent (threads, connections, locks) reaches a child.
 """
 
@@ -22,11 +22,11 @@ from typing import Any
 
 from ulid import ULID
 
-from .budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
-from .config import Config, GroupConfig, to_ms
-from .logs import logging_settings
-from .pipes import PROTOCOL_VERSION, MessageReader, MessageWriter
-from .systemd import child_environment
+from cairnqd.config import Config, GroupConfig, to_ms
+from cairnqd.daemon.logs import logging_settings
+from cairnqd.daemon.pipes import PROTOCOL_VERSION, MessageReader, MessageWriter
+from cairnqd.daemon.restart_budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
+from cairnqd.daemon.systemd import child_environment
 
 log = logging.getLogger("cairnqd.supervisor")
 
@@ -132,7 +132,7 @@ def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) 
     try:
         proc = subprocess.Popen(
             [
-                sys.executable, "-m", "cairnqd.child",
+                sys.executable, "-m", "cairnqd.daemon.child",
                 "--parent-pid", str(os.getpid()),
                 "--events", str(events_w),
                 "--control", str(control_r),

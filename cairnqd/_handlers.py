@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .models import TaskDef, task_name
+from cairnqd.models import TaskDef, task_name
 
 Handler = Callable[..., Any]
 

@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Mapping
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("cairnqd.systemd")
 
 # A full receive queue would block a blocking send; the loop also pings the watchdog, so bound
 # the stall instead of hanging on it.

@@ -8,8 +8,8 @@ from collections.abc import Collection, Iterable
 
 from setproctitle import setproctitle
 
-from . import systemd
-from .pool import ChildProcess, GroupPool
+from cairnqd.daemon import systemd
+from cairnqd.daemon.pool import ChildProcess, GroupPool
 
 #: `/healthz` fails once the loop has not ticked for this long.
 _STALE_LOOP_S = 5.0

@@ -33,12 +33,12 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..maintenance import LoopThread
-from ..models import STATUSES
-from ..store.base import TaskStore
-from ..store.lazy import LazyStore
-from ..store.postgres import HeldSessionLock, PostgresStore
-from .labels import QueueLabels
+from cairnqd.daemon.maintenance import LoopThread
+from cairnqd.daemon.metrics.labels import QueueLabels
+from cairnqd.models import STATUSES
+from cairnqd.store.base import TaskStore
+from cairnqd.store.lazy import LazyStore
+from cairnqd.store.postgres import HeldSessionLock, PostgresStore
 
 # The name it had before the package was split, so log lines and filters stay the same.
 log = logging.getLogger("cairnqd.metrics")

@@ -39,15 +39,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 import psycopg_pool
 
-from .config import Config, DatabaseConfig, PurgeRule, to_ms
-from .errors import DatabaseUnavailable, LostLease, StoreClosed
-from .store.base import Row, TaskStore
-from .store.lazy import LazyStore
-from .store.postgres import PostgresStore
-from .store.sqlite import SQLiteStore
+from cairnqd.config import Config, DatabaseConfig, PurgeRule, to_ms
+from cairnqd.errors import DatabaseUnavailable, LostLease, StoreClosed
+from cairnqd.store.base import Row, TaskStore
+from cairnqd.store.lazy import LazyStore
+from cairnqd.store.postgres import PostgresStore
+from cairnqd.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
-    from .metrics import Metrics
+    from cairnqd.daemon.metrics import Metrics
 
 __all__ = [
     "HAND_BACK_REASONS",

@@ -30,12 +30,20 @@ from typing import Any, NoReturn
 import psycopg
 import yaml
 
-from . import __version__, cli_admin, exitcodes
-from .cli_admin import CliError, describe_database, duration, load
-from .config import Config, GroupConfig, format_duration
-from .registry import HandlerError, resolve_handlers
-from .statefile import DaemonState, StateFile, StateFileError, state_path
-from .yamlload import YamlDocument, YamlScalar, YamlSyntaxError, interpolate, load_yaml
+from cairnqd import __version__
+from cairnqd.cli import admin as cli_admin
+from cairnqd.cli.admin import CliError, describe_database, duration, load
+from cairnqd.config import Config, GroupConfig, format_duration
+from cairnqd.config.yamlload import (
+    YamlDocument,
+    YamlScalar,
+    YamlSyntaxError,
+    interpolate,
+    load_yaml,
+)
+from cairnqd.daemon import exitcodes
+from cairnqd.daemon.statefile import DaemonState, StateFile, StateFileError, state_path
+from cairnqd.registry import HandlerError, resolve_handlers
 
 __all__ = ["main"]
 
@@ -63,7 +71,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(
             config, logging=dataclasses.replace(config.logging, level=level)
         )
-    from .supervisor import run_daemon  # the daemon's imports are not every command's cost
+    from cairnqd.daemon.supervisor import (
+        run_daemon,  # the daemon's imports are not every command's cost
+    )
 
     return run_daemon(args.config, config)
 
@@ -186,7 +196,7 @@ def _runtime_dir(config_path: str) -> tuple[str, str]:
     must still reach the daemon, whose refusal (`reload --wait` exit 78) is how the
     operator learns what is wrong with it. Also a note for "not found" messages when
     the file does not even parse, so the default directory was used."""
-    from .config import _default_runtime_dir  # the config's own fallback, not a copy
+    from cairnqd.config import _default_runtime_dir  # the config's own fallback, not a copy
 
     try:
         root, _ = interpolate(load_yaml(config_path).root, os.environ)

@@ -23,14 +23,14 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import LostLease, SerializationError, TaskError
-from .handlers import RegisteredHandler
-from .jsoncodec import dump_json
-from .models import Task
+from cairnqd._handlers import RegisteredHandler
+from cairnqd._jsoncodec import dump_json
+from cairnqd.errors import LostLease, SerializationError, TaskError
+from cairnqd.models import Task
 
 if TYPE_CHECKING:
-    from .context import TaskContext
-    from .worker import Worker
+    from cairnqd.context import TaskContext
+    from cairnqd.worker import Worker
 
 
 @dataclass(eq=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .config import Config
+from cairnqd.config import Config
 
 # Logged as the supervisor's start-up, which is where this runs.
 log = logging.getLogger("cairnqd.supervisor")
@@ -58,7 +58,7 @@ def check_connection_budget(config: Config) -> str | None:
 
 
 async def _connection_limits(config: Config) -> tuple[int, int]:
-    from .store.postgres import PostgresStore
+    from cairnqd.store.postgres import PostgresStore
 
     assert config.database.dsn is not None
     store = PostgresStore(

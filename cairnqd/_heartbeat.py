@@ -14,7 +14,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from cairnqd.worker import Worker
 
 
 async def heartbeat_loop(worker: Worker) -> None:

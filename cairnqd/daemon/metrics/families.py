@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-from ..config import MetricsConfig
+from cairnqd.config import MetricsConfig
 
 
 class Families:

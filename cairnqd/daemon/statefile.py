@@ -28,7 +28,7 @@ import time
 from types import TracebackType
 from typing import Any, TypedDict, cast
 
-from .errors import CairnQError
+from cairnqd.errors import CairnQError
 
 __all__ = [
     "AlreadyRunning",

@@ -17,13 +17,12 @@ from typing import Any
 from prometheus_client import disable_created_metrics
 from prometheus_client.metrics import MetricWrapperBase
 
-from .. import __version__
-from ..config import Config
-from ..maintenance import parent_store
-from ..store.base import TaskStore
-from .database import DB_QUERY_TIMEOUT_S, DatabaseCollector
-from .families import Families
-from .labels import (
+from cairnqd import __version__
+from cairnqd.config import Config
+from cairnqd.daemon.maintenance import parent_store
+from cairnqd.daemon.metrics.database import DB_QUERY_TIMEOUT_S, DatabaseCollector
+from cairnqd.daemon.metrics.families import Families
+from cairnqd.daemon.metrics.labels import (
     CHILD_STATES,
     DB_ERROR_COMPONENTS,
     DB_ERROR_KINDS,
@@ -36,8 +35,9 @@ from .labels import (
     configured_queues,
     failure_reason,
 )
-from .series import SeriesBook
-from .server import HttpServer
+from cairnqd.daemon.metrics.series import SeriesBook
+from cairnqd.daemon.metrics.server import HttpServer
+from cairnqd.store.base import TaskStore
 
 # The name it had before the package was split, so log lines and filters stay the same.
 log = logging.getLogger("cairnqd.metrics")

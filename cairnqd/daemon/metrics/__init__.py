@@ -15,8 +15,8 @@ survive child restarts and no multiprocess mode (with its per-pid files) is need
 
 from __future__ import annotations
 
-from .database import DatabaseCollector, DatabaseSnapshot
-from .labels import (
+from cairnqd.daemon.metrics.database import DatabaseCollector, DatabaseSnapshot
+from cairnqd.daemon.metrics.labels import (
     CHILD_STATES,
     DB_ERROR_KINDS,
     FAILURE_REASONS,
@@ -27,7 +27,7 @@ from .labels import (
     RESTART_REASONS,
     QueueLabels,
 )
-from .registry import Metrics
+from cairnqd.daemon.metrics.registry import Metrics
 
 __all__ = [
     "CHILD_STATES",

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from .errors import DatabaseUnavailable, StoreClosed
-from .models import Task
+from cairnqd.errors import DatabaseUnavailable, StoreClosed
+from cairnqd.models import Task
 
 if TYPE_CHECKING:
-    from .context import TaskContext
-    from .worker import Worker
+    from cairnqd.context import TaskContext
+    from cairnqd.worker import Worker
 
 
 class CompleteBatcher:

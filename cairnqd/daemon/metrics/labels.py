@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 
-from ..config import Config
+from cairnqd.config import Config
 
 OTHER_QUEUE = "_other"
 #: Unconfigured queues that keep their own label value before `_other` takes over.

@@ -13,8 +13,8 @@ import signal
 import time
 from collections.abc import Iterable
 
-from .config import SupervisorConfig
-from .pool import ChildProcess, GroupPool
+from cairnqd.config import SupervisorConfig
+from cairnqd.daemon.pool import ChildProcess, GroupPool
 
 # Enforced by the supervisor's loop, and logged as such.
 log = logging.getLogger("cairnqd.supervisor")

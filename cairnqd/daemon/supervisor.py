@@ -30,18 +30,18 @@ from typing import Any
 
 from setproctitle import setproctitle
 
-from . import systemd
-from .config import Config, GroupConfig
-from .connection_budget import check_connection_budget
-from .deadlines import check_deadlines
-from .exitcodes import CONFIG, OK, SOFTWARE, TEMPFAIL
-from .logs import LoggingSetupError, configure_logging, reopen_logs
-from .maintenance import Maintenance
-from .metrics import Metrics
-from .pool import ChildProcess, GroupPool, Slot, spawn_child
-from .reload import ConfigReload
-from .statefile import AlreadyRunning, StateFile, initial_state, state_path
-from .status import StatusReport, status_dump
+from cairnqd.config import Config, GroupConfig
+from cairnqd.daemon import systemd
+from cairnqd.daemon.connection_budget import check_connection_budget
+from cairnqd.daemon.deadlines import check_deadlines
+from cairnqd.daemon.exitcodes import CONFIG, OK, SOFTWARE, TEMPFAIL
+from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
+from cairnqd.daemon.maintenance import Maintenance
+from cairnqd.daemon.metrics import Metrics
+from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot, spawn_child
+from cairnqd.daemon.reload import ConfigReload
+from cairnqd.daemon.statefile import AlreadyRunning, StateFile, initial_state, state_path
+from cairnqd.daemon.status import StatusReport, status_dump
 
 log = logging.getLogger("cairnqd.supervisor")
 

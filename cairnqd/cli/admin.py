@@ -26,10 +26,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from . import exitcodes
-from .client import wait_for_task
-from .config import Config, ConfigError, PurgeRule, load_config, parse_duration, redact_dsn, to_ms
-from .errors import (
+from cairnqd.client import wait_for_task
+from cairnqd.config import (
+    Config,
+    ConfigError,
+    PurgeRule,
+    load_config,
+    parse_duration,
+    redact_dsn,
+    to_ms,
+)
+from cairnqd.daemon import exitcodes
+from cairnqd.errors import (
     AlreadyExists,
     DatabaseUnavailable,
     MigrationsPending,
@@ -39,10 +47,10 @@ from .errors import (
     SerializationError,
     TaskTimeout,
 )
-from .models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, TERMINAL_STATUSES, Task
-from .store.base import TaskStore
-from .store.postgres import PostgresStore
-from .store.sqlite import SQLiteStore
+from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, TERMINAL_STATUSES, Task
+from cairnqd.store.base import TaskStore
+from cairnqd.store.postgres import PostgresStore
+from cairnqd.store.sqlite import SQLiteStore
 
 __all__ = ["CliError", "add_parsers", "duration", "load", "table"]
 

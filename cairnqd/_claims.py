@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .handlers import RegisteredHandler
-from .models import Task
-from .store.base import ClaimDraw
+from cairnqd._handlers import RegisteredHandler
+from cairnqd.models import Task
+from cairnqd.store.base import ClaimDraw
 
 
 @dataclass

@@ -1,0 +1,5 @@
+import sys
+
+from cairnqd.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,410 @@
+"""A worker child: `python -m cairnqd.daemon.child --parent-pid P --events FD --control FD`.
+
+Started by the supervisor with fork+exec, so it inherits no thread, connection, lock
+or logging handler from the parent. Boot, in order: tie our life to the parent's
+(PR_SET_PDEATHSIG, then a getppid check for the race), set signal dispositions, read
+the `boot` message from the control pipe, import handlers (failure: `fatal`, exit 78),
+connect (an unreachable database is `db_wait` and retried, never a crash), send
+`ready`, run the SDK worker. The parent learns everything through the events pipe:
+`ready`, `hb` every few seconds from a thread (so a wedged loop shows as silence),
+`start`/`end` per task, `dberr`, and `bye`/`fatal` before exiting.
+
+Exit codes: 0 planned (drain, max_tasks, max_memory), 78 cannot boot (the group goes
+FATAL instead of crash-looping), 75 aborted (QUIT, or the parent vanished).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from setproctitle import setproctitle
+
+from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
+from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
+from cairnqd.daemon.pipes import PROTOCOL_VERSION, MessageReader, MessageWriter, encode, read_one
+from cairnqd.errors import (
+    DatabaseUnavailable,
+    MigrationsPending,
+    NotACairnqDatabase,
+    ProtocolVersionMismatch,
+    SchemaMismatch,
+)
+from cairnqd.models import Task
+from cairnqd.registry import resolve_handlers
+from cairnqd.store.base import TaskStore
+from cairnqd.worker import Worker
+
+log = logging.getLogger("cairnqd.child")
+
+_PR_SET_PDEATHSIG = 1
+_BOOT_TIMEOUT_S = 10.0
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel for SIGTERM when the spawning thread of the parent dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl failed")
+    except (OSError, AttributeError) as exc:
+        # The control pipe's EOF and the getppid check still catch a dead parent.
+        log.warning("PR_SET_PDEATHSIG unavailable (%s); relying on the control pipe", exc)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class ChildReporter:
+    """The worker's observer: turns task events into pipe messages and decides when
+    this incarnation has done enough (max_tasks) or grown too big (max_memory).
+
+    Task events are buffered for a few milliseconds and written together: at
+    thousands of tasks a second, one parent wake-up per event cost more CPU in the
+    parent than the events themselves. A task that starts and ends within one such
+    window goes out as a single `task` message instead of `start` + `end`: the parent
+    then decodes half as many messages and never tracks it as in flight."""
+
+    FLUSH_AFTER_S = 0.01
+
+    def __init__(self, child: Child) -> None:
+        self.child = child
+        self.started: dict[str, float] = {}
+        self.finished = 0
+        self._buffer: list[bytes] = []
+        # Starts not yet written, by task id: an end arriving first merges with them.
+        self._unsent_starts: dict[str, dict[str, Any]] = {}
+        self._flush_armed = False
+
+    def _arm(self) -> None:
+        if not self._flush_armed and self.child.loop is not None:
+            self._flush_armed = True
+            self.child.loop.call_later(self.FLUSH_AFTER_S, self.flush)
+
+    def flush(self) -> None:
+        self._flush_armed = False
+        starts, self._unsent_starts = self._unsent_starts, {}
+        lines, self._buffer = self._buffer, []
+        lines.extend(encode("start", **fields) for fields in starts.values())
+        if lines:
+            self.child.events.send_lines(lines)
+
+    def task_started(self, task: Task) -> None:
+        self.started[task.id] = time.monotonic()
+        wait_s = max(0.0, (task.updated_at_ms - task.run_at_ms) / 1000)
+        self._unsent_starts[task.id] = {
+            "id": task.id,
+            "queue": task.queue,
+            "name": task.name,
+            "attempt": task.attempt,
+            "wait_s": round(wait_s, 6),
+        }
+        self._arm()
+
+    def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None:
+        began = self.started.pop(task.id, None)
+        dur = time.monotonic() - began if began is not None else duration_s
+        ending = {"outcome": outcome, "reason": reason, "dur_s": round(dur, 6)}
+        start = self._unsent_starts.pop(task.id, None)
+        if start is not None:
+            self._buffer.append(encode("task", **start, **ending))
+        else:
+            self._buffer.append(
+                encode("end", id=task.id, queue=task.queue, name=task.name, **ending)
+            )
+        self._arm()
+        self.finished += 1
+        self.child.after_task(self.finished)
+
+
+class Child:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.parent_pid: int = args.parent_pid
+        self.events = MessageWriter(args.events)
+        self.control_fd: int = args.control
+        self.boot: dict[str, Any] = {}
+        self.state = "starting"
+        self.worker: Worker | None = None
+        self.bye_reason = "drain"
+        self.stop_requested = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.reporter = ChildReporter(self)
+        self._control: MessageReader | None = None
+
+    # -- boot --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        _die_with_parent()
+        if os.getppid() != self.parent_pid:
+            return TEMPFAIL  # the parent died before we got here
+        self._ignore_orchestrated_signals()
+        faulthandler.enable()
+        try:
+            self.boot, rest = read_one(self.control_fd, _BOOT_TIMEOUT_S)
+        except Exception as exc:
+            self.events.send("fatal", error=f"no boot message from the parent: {exc}")
+            return TEMPFAIL
+        self._control = MessageReader(self.control_fd, rest)
+        if self.boot.get("v") != PROTOCOL_VERSION:
+            self.events.send("fatal", error="pipe protocol mismatch: restart cairnqd")
+            return CONFIG
+        self._configure_logging(self.boot.get("logging") or {"level": self.boot.get("log_level")})
+        self._title("starting")
+        try:
+            worker = self._build_worker()
+        except Exception as exc:
+            self.events.send("fatal", error=f"{type(exc).__name__}: {exc}")
+            log.error("cannot boot: %s", exc)
+            return CONFIG
+        self.worker = worker
+        threading.Thread(target=self._heartbeat_thread, name="cairnqd-hb", daemon=True).start()
+        return asyncio.run(self._serve(worker))
+
+    def _configure_logging(self, settings: dict[str, Any]) -> None:
+        try:
+            configure_logging(settings, process_label=self._label())
+        except LoggingSetupError as exc:
+            # The parent opened the same file a moment ago, so this is a race with
+            # the operator (directory removed, permissions changed). Log to stderr
+            # rather than refuse to boot: losing the worker over its log is worse.
+            configure_logging({**settings, "file": None}, process_label=self._label())
+            log.error("%s; logging to stderr instead", exc)
+
+    def _label(self) -> str:
+        boot = self.boot
+        return f"[{boot.get('group')}] {boot.get('slot', 0) + 1}/{boot.get('nslots', 1)}"
+
+    def _title(self, state: str) -> None:
+        setproctitle(f"cairnqd: worker {self._label()} gen={self.boot.get('gen', 0)} {state}")
+
+    def _ignore_orchestrated_signals(self) -> None:
+        # The parent orchestrates; Ctrl-C on the terminal reaches the whole group.
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTOU, signal.SIGWINCH):
+            signal.signal(sig, signal.SIG_IGN)
+
+    def _make_store(self) -> TaskStore:
+        db = self.boot["database"]
+        if db["backend"] == "sqlite":
+            from cairnqd.store.sqlite import SQLiteStore
+
+            return SQLiteStore(
+                db["path"],
+                busy_timeout_ms=int(db.get("busy_timeout_ms", 5000)),
+                migrate=bool(db.get("auto_migrate", True)),
+            )
+        from cairnqd.store.postgres import PostgresStore
+
+        return PostgresStore(
+            db["dsn"],
+            min_size=1,
+            max_size=max(1, int(db.get("connections", 1))),
+            connect_timeout_s=float(db.get("connect_timeout_s", 10)),
+            migrate=bool(db.get("auto_migrate", True)),
+        )
+
+    def _build_worker(self) -> Worker:
+        group = self.boot["group_config"]
+        handlers = resolve_handlers(group["handlers"])
+        if not handlers:
+            raise ValueError(f"no handlers found in {', '.join(group['handlers'])}")
+        worker = Worker(
+            self._make_store(),
+            group["queues"],
+            concurrency=int(group["concurrency"]),
+            prefetch=group.get("prefetch", "auto"),
+            lease_ms=int(group["lease_ms"]),
+            poll_interval_ms=int(group["poll_interval_ms"]),
+            retry_backoff_ms=int(group["retry_backoff_ms"]),
+            retry_backoff_max_ms=int(group["retry_backoff_max_ms"]),
+            max_run_ms=group.get("max_run_ms"),
+            resources=group.get("resources") or None,
+            on_error=self._on_error,
+        )
+        for spec in handlers.values():
+            worker.register(spec.name, spec.fn, batch=spec.batch, resource=spec.resource)
+        worker.worker_id = self.boot["worker_id"]
+        self.reporter = ChildReporter(self)
+        worker.observer = self.reporter
+        # Retire on the limits before claiming, not only after a task ends: a claim
+        # (prefetch included) made after the limit is work the retiring child must
+        # still finish.
+        if self.boot.get("max_tasks"):
+            worker.claim_budget = int(self.boot["max_tasks"])
+        if self.boot.get("max_memory"):
+            worker.before_claim = self._memory_allows_claim
+        return worker
+
+    # -- running -----------------------------------------------------------------------
+
+    async def _serve(self, worker: Worker) -> int:
+        self.loop = loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop, "drain")
+        loop.add_signal_handler(signal.SIGQUIT, self._abort)
+        loop.add_signal_handler(signal.SIGUSR1, self._quiet)
+        assert self._control is not None
+        loop.add_reader(self.control_fd, self._on_control)
+        try:
+            connected = await self._connect(worker.store)
+        except (
+            MigrationsPending,
+            ProtocolVersionMismatch,
+            SchemaMismatch,
+            NotACairnqDatabase,
+        ) as exc:
+            # No restart can fix these; the group goes FATAL instead of looping.
+            self.events.send("fatal", error=str(exc))
+            log.error("cannot boot: %s", exc)
+            return CONFIG
+        if not connected:
+            return OK if self.stop_requested else TEMPFAIL
+        self.state = "run"
+        self._title("ready")
+        self.events.send(
+            "ready", v=PROTOCOL_VERSION, pid=os.getpid(), worker_id=worker.worker_id,
+            gen=self.boot.get("gen", 0), rss=_rss_bytes(),
+        )  # fmt: skip
+        log.info("ready: worker %s, generation %s", worker.worker_id, self.boot.get("gen", 0))
+        try:
+            await worker.run()
+        finally:
+            with contextlib.suppress(Exception):
+                await worker.store.close()
+            # Past this point a second TERM (a process-group signal from a terminal or
+            # a wrapper) must not kill us mid-goodbye; asyncio would otherwise restore
+            # the default action when the loop closes.
+            loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self.reporter.flush()
+        if self.state == "orphaned":
+            return TEMPFAIL
+        self.events.send("bye", reason=self.bye_reason)
+        return OK
+
+    async def _connect(self, store: TaskStore) -> bool:
+        delay = 0.5
+        while not self.stop_requested:
+            try:
+                await store.connect()
+                return True
+            except DatabaseUnavailable as exc:
+                if self.state != "db_wait":
+                    log.warning("database unavailable, retrying: %s", exc)
+                self.state = "db_wait"
+                self.events.send("dberr", kind="connect")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        return False
+
+    def request_stop(self, reason: str) -> None:
+        """Stop claiming, finish in-flight work (leases keep renewing), then exit."""
+        if self.stop_requested:
+            return
+        self.stop_requested = True
+        self.bye_reason = reason
+        if self.state == "run":
+            self.state = "draining"
+        self._title("draining")
+        if self.worker is not None:
+            self.worker.stop()
+
+    def _memory_allows_claim(self) -> bool:
+        # Only once this child has finished something: one that boots above the
+        # limit must still make progress rather than be replaced forever.
+        worker = self.worker
+        if worker and worker.handled and _rss_bytes() > int(self.boot["max_memory"]):
+            self.request_stop("max_memory")
+            return False
+        return True
+
+    def after_task(self, finished: int) -> None:
+        limit = self.boot.get("max_tasks")
+        if limit and finished >= int(limit):
+            self.request_stop("max_tasks")
+            return
+        max_memory = self.boot.get("max_memory")
+        if max_memory and _rss_bytes() > int(max_memory):
+            self.request_stop("max_memory")
+
+    def _quiet(self) -> None:
+        if self.worker is not None:
+            self.worker.claiming = False
+        self.state = "quiet"
+        self._title("quiet")
+
+    def _abort(self) -> None:
+        # No database write here: a commit torn by os._exit is worse than a lease
+        # left to the parent's hand-back.
+        in_flight = list(self.worker._contexts) if self.worker else []
+        log.warning("QUIT: aborting with %d task(s) in flight: %s", len(in_flight), in_flight)
+        self.reporter.flush()
+        os._exit(TEMPFAIL)
+
+    def _on_control(self) -> None:
+        assert self._control is not None
+        for message in self._control.read():
+            kind = message.get("t")
+            if kind == "log_level":
+                settings = message.get("logging")
+                if isinstance(settings, dict):
+                    # A reload: format, file and per-logger levels change in place too.
+                    self._configure_logging(settings)
+                elif "level" in message:
+                    logging.getLogger().setLevel(str(message["level"]).upper())
+            elif kind == "reopen_logs":
+                reopen_logs()  # logrotate renamed the file; the parent got SIGUSR1
+        if self._control.closed:
+            assert self.loop is not None
+            self.loop.remove_reader(self.control_fd)
+            self._orphaned()
+
+    def _orphaned(self) -> None:
+        """The parent is gone: finish what we hold, then leave; leases left over
+        expire for the reapers of other hosts."""
+        log.warning("parent went away; draining and exiting")
+        self.request_stop("orphaned")
+        self.state = "orphaned"
+        assert self.loop is not None
+        timeout = float(self.boot.get("shutdown_timeout_s", 30))
+        self.loop.call_later(timeout, os._exit, TEMPFAIL)
+
+    def _on_error(self, exc: BaseException, info: dict[str, Any]) -> None:
+        kind = "busy" if "locked" in str(exc) or "busy" in str(exc) else "other"
+        self.events.send("dberr", kind=kind, phase=str(info.get("phase", "")))
+        log.warning("%s error: %s", info.get("phase", "worker"), exc)
+
+    def _heartbeat_thread(self) -> None:
+        interval = float(self.boot.get("hb_interval_s", 5.0))
+        while True:
+            time.sleep(interval)
+            if os.getppid() != self.parent_pid and self.loop is not None:
+                self.loop.call_soon_threadsafe(self._orphaned)
+            busy = len(self.worker._contexts) if self.worker is not None else 0
+            if not self.events.send("hb", busy=busy, rss=_rss_bytes(), state=self.state):
+                return
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cairnqd.daemon.child")
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--events", type=int, required=True)
+    parser.add_argument("--control", type=int, required=True)
+    return Child(parser.parse_args(argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
