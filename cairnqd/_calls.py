@@ -4,33 +4,34 @@ Design notes.
 
 - This is the per-task path, tuned: an async handler without `max_run_ms` is awaited
   directly by `execute` (no extra coroutine layer), and a returned result is queued on
-  the worker's `CompleteBatcher`, which frees the call slot at once.
+  the worker's `Settlement` batcher, which frees the call slot at once.
 - Whatever the handler leaves unsettled is settled here: a returned value completes
   it, a raised error fails it (a `TaskError` carries its own envelope and
   retryability), a `LostLease` settles nothing, and a call past `max_run_ms` is
   abandoned and failed as `handler_timeout`.
-- Failures are written one task at a time, straight to the store, with capped
-  exponential backoff. `TaskContext` and the batcher settle through the same methods.
+- A call starts only the contexts whose lease is still ours (`InFlight.begin`); the
+  others are released without running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import random
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cairnqd._handlers import RegisteredHandler
+from cairnqd._inflight import InFlight
 from cairnqd._jsoncodec import dump_json
+from cairnqd._prefetch import PrefetchSizer
+from cairnqd._settlement import Settlement, envelope
 from cairnqd.errors import LostLease, SerializationError, TaskError
-from cairnqd.models import Task
 
 if TYPE_CHECKING:
     from cairnqd.context import TaskContext
-    from cairnqd.worker import Worker
 
 
 @dataclass(eq=False)
@@ -40,27 +41,23 @@ class Call:
     started: float = field(default_factory=time.monotonic)
 
 
-def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, rand: float | None = None) -> int:
-    """Capped exponential backoff with equal jitter: uniform in [w/2, w), so a fleet
-    retrying at the cap stops moving in lockstep."""
-    if base_ms <= 0:
-        return 0
-    window: int = min(max_ms, base_ms * 2 ** max(0, attempt - 1))
-    half = window // 2
-    r = random.random() if rand is None else rand
-    return half + int(r * (window - half))
-
-
 class CallRunner:
     """Runs a worker's handler calls and settles what they leave."""
 
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
-        # The worker's own tables, held directly: `execute` touches them on every task.
-        self._contexts = worker._contexts
-        self._in_use = worker._in_use
-        self._prefetch = worker._prefetch
-        self._settler = worker._settler
+    def __init__(
+        self,
+        inflight: InFlight,
+        settlement: Settlement,
+        prefetch: PrefetchSizer,
+        *,
+        max_run_ms: int | None,
+        executor: Callable[[], Executor | None],
+    ) -> None:
+        self._inflight = inflight
+        self._settlement = settlement
+        self._prefetch = prefetch
+        self._max_run_ms = max_run_ms
+        self._executor = executor
         # Plain calls in flight, for auto prefetch's "is anything running slow?".
         self._plain_calls: set[Call] = set()
 
@@ -71,7 +68,14 @@ class CallRunner:
         return time.monotonic() - min(c.started for c in self._plain_calls)
 
     async def execute(self, call: Call) -> None:
-        handler, contexts = call.handler, call.contexts
+        handler = call.handler
+        inflight = self._inflight
+        call.contexts = [ctx for ctx in call.contexts if inflight.begin(ctx)]
+        contexts = call.contexts
+        if not contexts:
+            if handler.resource is not None:
+                inflight.in_use[handler.resource] -= 1
+            return
         plain = handler.batch is None and handler.resource is None
         if plain:
             call.started = time.monotonic()  # the handler's own time, not the queueing
@@ -88,18 +92,18 @@ class CallRunner:
             if error is None:
                 await self._settle_value(handler, contexts, value)
             elif isinstance(error, _MaxRunExceeded):
-                await self._settle_timeout(call)
+                await self._settle_timeout(contexts)
             else:
                 await self._settle_error(contexts, error)
         finally:
-            self._worker.handled += len(contexts)
+            inflight.handled += len(contexts)
             self._plain_calls.discard(call)
             if handler.resource is not None:
-                self._in_use[handler.resource] -= 1
+                inflight.in_use[handler.resource] -= 1
             for ctx in contexts:
                 # A result still queued for writing keeps its lease renewed until then.
-                if ctx.settled or ctx.lost_lease:
-                    self._contexts.pop(ctx.task_id, None)
+                if ctx.lost_lease and not ctx.settled:
+                    inflight.release(ctx, "lease_lost", "lease lost while the handler ran")
 
     def _call_ended(self, call: Call, plain: bool) -> None:
         """The handler returned or raised: feed its run time to auto prefetch (the
@@ -115,7 +119,7 @@ class CallRunner:
             args = (contexts[0], contexts[0].payload)
         else:
             args = (contexts[0],)
-        max_run_ms = self._worker.max_run_ms
+        max_run_ms = self._max_run_ms
         if max_run_ms is None:
             if handler.is_async:  # the hot path: no extra coroutine layer
                 value = await handler.fn(*args)
@@ -140,7 +144,7 @@ class CallRunner:
             value = await handler.fn(*args)
         else:
             loop = asyncio.get_running_loop()
-            value = await loop.run_in_executor(self._worker._executor, lambda: handler.fn(*args))
+            value = await loop.run_in_executor(self._executor(), lambda: handler.fn(*args))
         if value is not None and inspect.isawaitable(value):
             value = await value
         return value
@@ -150,119 +154,51 @@ class CallRunner:
     async def _settle_value(
         self, handler: RegisteredHandler, contexts: list[TaskContext], value: Any
     ) -> None:
-        pending = [c for c in contexts if not c.settled and not c.lost_lease]
+        settlement = self._settlement
         results: Mapping[str, Any] | None = None
         if handler.batch is not None and isinstance(value, Mapping):
             results = value
-        for ctx in pending:
-            result = (
-                results.get(ctx.task_id)
-                if results is not None
-                else value
-                if not handler.batch
-                else None
-            )
+        for ctx in contexts:
+            if ctx.settled or ctx.lost_lease:
+                continue
+            if results is not None:
+                result = results.get(ctx.task_id)
+            else:
+                result = None if handler.batch else value
             try:
                 encoded = None if result is None else dump_json(result, what="result")
             except SerializationError as exc:
-                envelope = _envelope("SerializationError", "unserializable_result", str(exc))
-                await self.settle_quietly(self.settle_fail(ctx, envelope, False), ctx)
+                error = envelope("SerializationError", "unserializable_result", str(exc))
+                await settlement.settle_quietly(ctx, error, False)
                 continue
-            self._settler.enqueue(ctx, encoded)
-        if self._settler.backlogged():
-            await self._settler.backpressure()
+            settlement.enqueue(ctx, encoded)
+        if settlement.backlogged():
+            await settlement.backpressure()
 
     async def _settle_error(self, contexts: list[TaskContext], exc: BaseException) -> None:
         if isinstance(exc, LostLease):
             return
         if isinstance(exc, TaskError):
-            envelope, retryable = exc.envelope(), exc.retryable
+            error, retryable = exc.envelope(), exc.retryable
         else:
-            envelope = _envelope(type(exc).__name__, "handler_error", str(exc), retryable=True)
+            error = envelope(type(exc).__name__, "handler_error", str(exc), retryable=True)
             retryable = True
         for ctx in contexts:
             if not ctx.settled and not ctx.lost_lease:
-                await self.settle_quietly(self.settle_fail(ctx, envelope, retryable), ctx)
+                await self._settlement.settle_quietly(ctx, error, retryable)
 
-    async def _settle_timeout(self, call: Call) -> None:
-        message = f"handler ran longer than max_run_ms={self._worker.max_run_ms}"
-        envelope = _envelope("HandlerTimeout", "handler_timeout", message, retryable=True)
-        for ctx in call.contexts:
+    async def _settle_timeout(self, contexts: list[TaskContext]) -> None:
+        message = f"handler ran longer than max_run_ms={self._max_run_ms}"
+        error = envelope("HandlerTimeout", "handler_timeout", message, retryable=True)
+        for ctx in contexts:
             if not ctx.settled:
-                # Straight to the store: the context is already flagged lost.
-                await self.settle_quietly(self.settle_fail(ctx, envelope, True, force=True), ctx)
+                # Straight to the store although flagged lost: the flag only stops the
+                # abandoned handler's own writes, the lease is still ours.
+                await self._settlement.settle_quietly(ctx, error, True)
 
     async def fail_no_handler(self, ctx: TaskContext) -> None:
-        envelope = _envelope("NoHandler", "no_handler", f"no handler registered for {ctx.name!r}")
-        try:
-            await self.settle_quietly(self.settle_fail(ctx, envelope, False), ctx)
-        finally:
-            self._contexts.pop(ctx.task_id, None)
-
-    async def settle_quietly(self, settle: Awaitable[Any], ctx: TaskContext) -> None:
-        try:
-            await settle
-        except LostLease:
-            ctx._mark_lost()
-        except Exception as exc:
-            self._worker._report(exc, {"phase": "execute", "task_id": ctx.task_id})
-            # Unwritten: stop renewing the lease so recovery hands the task on,
-            # rather than the heartbeat keeping it ours forever.
-            self._worker._forget(ctx)
-
-    # -- settlement (used by TaskContext and the batcher too) ----------------------------
-
-    async def settle_complete(self, ctx: TaskContext, result: Any) -> Task | None:
-        worker = self._worker
-        try:
-            task = await worker.store.complete(
-                task_id=ctx.task_id, worker_id=worker.worker_id, result=result
-            )
-        except LostLease:
-            ctx._mark_lost()
-            raise
-        ctx._mark_settled()
-        self.report_end(ctx, task)
-        return task
-
-    async def settle_fail(
-        self, ctx: TaskContext, envelope: dict[str, Any], retryable: bool, *, force: bool = False
-    ) -> Task | None:
-        worker = self._worker
-        delay = (
-            backoff_delay_ms(ctx.attempt, worker.retry_backoff_ms, worker.retry_backoff_max_ms)
-            if retryable
-            else 0
-        )
-        try:
-            task = await worker.store.fail(
-                task_id=ctx.task_id,
-                worker_id=worker.worker_id,
-                error=envelope,
-                retryable=retryable,
-                delay_ms=delay,
-            )
-        except LostLease:
-            ctx._mark_lost()
-            raise
-        ctx._mark_settled()
-        self.report_end(ctx, task, reason=str(envelope.get("code", "")))
-        return task
-
-    def report_end(self, ctx: TaskContext, task: Task | None, reason: str = "") -> None:
-        observer = self._worker.observer
-        if observer is None:
-            return
-        status = task.status if task is not None else "lease_lost"
-        outcome = "retried" if status == "queued" else status
-        duration = time.time() - (
-            ctx.task.updated_at_ms / 1000 if ctx.task.updated_at_ms else time.time()
-        )
-        observer.task_ended(ctx.task, outcome, reason, max(0.0, duration))
-
-
-def _envelope(type_: str, code: str, message: str, *, retryable: bool = False) -> dict[str, Any]:
-    return {"type": type_, "code": code, "message": message, "retryable": retryable, "details": {}}
+        error = envelope("NoHandler", "no_handler", f"no handler registered for {ctx.name!r}")
+        await self._settlement.settle_quietly(ctx, error, False)
 
 
 class _MaxRunExceeded(Exception):

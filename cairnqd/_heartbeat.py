@@ -4,44 +4,41 @@ tasks held.
 
 An id missing from the reply marks that context lease-lost (recovered elsewhere; its
 handler may no longer write), and a cancel flag marks it cancel-seen, so
-`ctx.canceled()` answers without a round trip. A failed beat is reported and the next
-one tries again (a lease outlasts about three beats).
+`ctx.canceled()` answers without a round trip. A renewal moves the task's local lease
+deadline to the moment the beat was sent plus the lease; a task whose deadline passes
+without one is never renewed again (`InFlight.renewable`). A failed beat is reported
+and the next one tries again (a lease outlasts about three beats).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import time
 
-if TYPE_CHECKING:
-    from cairnqd.worker import Worker
+from cairnqd._inflight import InFlight
+from cairnqd.store.base import TaskStore
 
 
-async def heartbeat_loop(worker: Worker) -> None:
-    interval = max(50, worker.lease_ms // 3) / 1000
+async def heartbeat_loop(store: TaskStore, inflight: InFlight) -> None:
+    interval = max(50, inflight.lease_ms // 3) / 1000
     while True:
         await asyncio.sleep(interval)
-        await beat(worker)
+        await beat(store, inflight)
 
 
-async def beat(worker: Worker) -> None:
+async def beat(store: TaskStore, inflight: InFlight) -> None:
     """Renew every live lease the worker holds, in one statement."""
-    live = [c for c in worker._contexts.values() if not c.settled and not c.lost_lease]
+    live = inflight.renewable()
     if not live:
         return
+    sent_at = time.monotonic()
     try:
-        beats = await worker.store.heartbeat_batch(
+        reply = await store.renew_leases(
             task_ids=[c.task_id for c in live],
-            worker_id=worker.worker_id,
-            lease_ms=worker.lease_ms,
+            worker_id=inflight.worker_id,
+            lease_ms=inflight.lease_ms,
         )
     except Exception as exc:
-        worker._report(exc, {"phase": "heartbeat"})
+        inflight.report(exc, {"phase": "heartbeat"})
         return
-    for ctx in live:
-        seen = beats.get(ctx.task_id)
-        if seen is None:
-            if not ctx.settled:
-                ctx._mark_lost()
-        elif seen:
-            ctx._mark_cancel_seen()
+    inflight.renewed(live, sent_at, reply)

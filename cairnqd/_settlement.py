@@ -1,43 +1,60 @@
-"""Writing returned results: the worker's settlement batcher.
+"""Writing outcomes: single-task settlements, and the batcher for returned results.
 
-Results a handler returns are queued here and written as set-based `complete_many`
-statements, with `complete`'s per-row rules.
+Failures and explicit `ctx.succeed()`s are written one task at a time, straight to the
+store, with capped exponential backoff for retryable failures.
 
-Who writes them: while the worker's claim loop is running, the claim loop does. Its
-next claim transaction carries every queued result, so a busy worker pays one commit
-per cycle for finishing the last tasks and claiming the next ones. A result never
-waits longer than `SETTLE_WAIT_S` (`PREFETCH_SETTLE_WAIT_S` for a worker claiming
-ahead, whose claims are further apart) for that: when it is due, the claim loop runs a
-cycle just for it, which also tops up the backlog. When no claim is coming (the worker
-is idle, stopping, or told not to claim) a flusher writes them at once instead, and it
-is also what retries a write that failed.
+Results a handler returns are queued instead and written as set-based
+`complete_many` statements, with `complete`'s per-row rules. Who writes them: while
+the claim loop runs, the claim loop does. Its next claim transaction carries every
+queued result, so a busy worker pays one commit per cycle for finishing the last
+tasks and claiming the next ones. A result never waits longer than `SETTLE_WAIT_S`
+(`PREFETCH_SETTLE_WAIT_S` for a worker claiming ahead, whose claims are further apart)
+for that: when it is due, the claim loop runs a cycle just for it. When no claim is
+coming (idle, stopping, or told not to claim) a flusher writes them at once instead;
+it is also what retries a write that failed.
+
+A result is written only while its lease is ours by the worker's own clock (see
+`_inflight`): one whose lease may have passed is dropped and logged, never written
+over a later attempt of the same task.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
+import random
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-
-from cairnqd.errors import DatabaseUnavailable, StoreClosed
+from cairnqd._inflight import InFlight, LoopState
+from cairnqd.errors import LostLease, StoreClosed
 from cairnqd.models import Task
+from cairnqd.store.base import TaskStore
+from cairnqd.store.errors import is_transient
 
 if TYPE_CHECKING:
     from cairnqd.context import TaskContext
-    from cairnqd.worker import Worker
+
+Pending = tuple["TaskContext", str | None]
 
 
-class CompleteBatcher:
-    """Writes returned results as set-based `complete_many` statements.
+def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, rand: float | None = None) -> int:
+    """Capped exponential backoff with equal jitter: uniform in [w/2, w), so a fleet
+    retrying at the cap stops moving in lockstep."""
+    if base_ms <= 0:
+        return 0
+    window: int = min(max_ms, base_ms * 2 ** max(0, attempt - 1))
+    half = window // 2
+    r = random.random() if rand is None else rand
+    return half + int(r * (window - half))
 
-    Results queue here until the claim loop takes them into its next claim (`take`),
-    or, when no claim is coming, until the flusher writes them; a result queued while
-    the flusher writes joins its next write. Same per-row rules as `complete`: a row
-    missing from the reply lost its lease.
-    """
+
+def envelope(type_: str, code: str, message: str, *, retryable: bool = False) -> dict[str, Any]:
+    return {"type": type_, "code": code, "message": message, "retryable": retryable, "details": {}}
+
+
+class Settlement:
+    """A worker's writes of task outcomes. `TaskContext` settles through it too."""
 
     # Queued-but-unwritten results beyond this many make handlers wait for the writer.
     MAX_BACKLOG_PER_SLOT = 4
@@ -45,12 +62,80 @@ class CompleteBatcher:
     SETTLE_WAIT_S = 0.002
     PREFETCH_SETTLE_WAIT_S = 0.01
 
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
-        self._pending: list[tuple[TaskContext, str | None]] = []
+    def __init__(
+        self,
+        store: TaskStore,
+        inflight: InFlight,
+        loop: LoopState,
+        *,
+        concurrency: int,
+        retry_backoff_ms: int,
+        retry_backoff_max_ms: int,
+    ) -> None:
+        self.store = store
+        self.inflight = inflight
+        self._loop = loop
+        self._concurrency = concurrency
+        self._retry_backoff = (retry_backoff_ms, retry_backoff_max_ms)
+        self._pending: list[Pending] = []
         self._oldest = 0.0  # monotonic time the oldest pending result was queued
         self._flusher: asyncio.Task[None] | None = None
         self._retrying = False
+
+    @property
+    def worker_id(self) -> str:
+        return self.inflight.worker_id
+
+    # -- single-task writes --------------------------------------------------------------
+
+    async def complete_now(self, ctx: TaskContext, result: Any) -> Task | None:
+        try:
+            task = await self.store.complete(
+                task_id=ctx.task_id, worker_id=self.worker_id, result=result
+            )
+        except LostLease:
+            ctx._mark_lost()
+            raise
+        ctx._mark_settled()
+        self.inflight.release_settled(ctx, task)
+        return task
+
+    async def fail_now(
+        self, ctx: TaskContext, error: Mapping[str, Any], retryable: bool
+    ) -> Task | None:
+        base, cap = self._retry_backoff
+        delay = backoff_delay_ms(ctx.attempt, base, cap) if retryable else 0
+        try:
+            task = await self.store.fail(
+                task_id=ctx.task_id,
+                worker_id=self.worker_id,
+                error=error,
+                retryable=retryable,
+                delay_ms=delay,
+            )
+        except LostLease:
+            ctx._mark_lost()
+            raise
+        ctx._mark_settled()
+        self.inflight.release_settled(ctx, task, str(error.get("code", "")))
+        return task
+
+    async def settle_quietly(
+        self, ctx: TaskContext, error: Mapping[str, Any], retryable: bool
+    ) -> None:
+        """`fail_now` for the worker's own settlements: a lost lease or a failed write
+        is reported and the task released, never raised into the call."""
+        try:
+            await self.fail_now(ctx, error, retryable)
+        except LostLease:
+            self.inflight.release(ctx, "lease_lost", "the database refused the failure")
+        except Exception as exc:
+            self.inflight.report(exc, {"phase": "execute", "task_id": ctx.task_id})
+            # Unwritten: stop renewing the lease so recovery hands the task on, rather
+            # than the heartbeat keeping it ours forever.
+            self.inflight.release(ctx, "lease_lost", f"the failure could not be written: {exc}")
+
+    # -- returned results, batched -------------------------------------------------------
 
     def enqueue(self, ctx: TaskContext, encoded: str | None) -> None:
         """Queue a result; the handler's call slot is free as soon as this returns."""
@@ -58,15 +143,15 @@ class CompleteBatcher:
         self._pending.append((ctx, encoded))
         if self._flusher is not None:
             return  # the running writer picks it up
-        if not self._worker._claims_will_settle():
+        if not self._loop.claims_will_settle():
             self._flusher = asyncio.create_task(self._flush())
         elif first:
             self._oldest = time.monotonic()
             # Wake the claim loop when this result is due, even if nothing else does.
-            asyncio.get_running_loop().call_later(self._wait_s(), self._worker._wake)
+            asyncio.get_running_loop().call_later(self._wait_s(), self._loop.wake)
 
     def _wait_s(self) -> float:
-        return self.PREFETCH_SETTLE_WAIT_S if self._worker._ahead else self.SETTLE_WAIT_S
+        return self.PREFETCH_SETTLE_WAIT_S if self._loop.ahead else self.SETTLE_WAIT_S
 
     def due(self) -> bool:
         """Whether the claim loop should run a cycle now to write queued results."""
@@ -76,8 +161,7 @@ class CompleteBatcher:
 
     def backlogged(self) -> bool:
         """More results queued than the writer is keeping up with."""
-        worker = self._worker
-        limit = self.MAX_BACKLOG_PER_SLOT * max(1, worker.concurrency + worker._ahead)
+        limit = self.MAX_BACKLOG_PER_SLOT * max(1, self._concurrency + self._loop.ahead)
         return len(self._pending) > limit
 
     async def backpressure(self) -> None:
@@ -91,19 +175,19 @@ class CompleteBatcher:
         while self._flusher is not None:
             await asyncio.shield(self._flusher)
 
-    def take(self) -> list[tuple[TaskContext, str | None]]:
-        """Hand the queued results to the claim loop, to write inside its claim.
-        Not while a failed batch is being retried: the claim would fail with it."""
-        if self._retrying:
-            return []
-        batch, self._pending = self._pending, []
-        return batch
-
     @property
     def pending(self) -> int:
         return len(self._pending)
 
-    def put_back(self, batch: list[tuple[TaskContext, str | None]]) -> None:
+    def take(self) -> list[Pending]:
+        """Hand the queued results to the claim loop, to write inside its claim.
+        Not while a failed batch is being retried: the claim would fail with it."""
+        if self._retrying:
+            return []
+        batch, self._pending = self._writable(self._pending), []
+        return batch
+
+    def put_back(self, batch: list[Pending]) -> None:
         """Return results to the queue (a claim failed) and make sure a writer runs;
         with an empty batch: write what is queued now, no claim is coming."""
         if batch:
@@ -112,28 +196,42 @@ class CompleteBatcher:
         if self._pending and self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
 
-    def finish(self, batch: list[tuple[TaskContext, str | None]], statuses: dict[str, str]) -> None:
-        worker = self._worker
+    def finish(self, batch: list[Pending], statuses: Mapping[str, str]) -> None:
+        """Apply a write's reply: {task id: new status}; a missing id lost its lease."""
         for ctx, _ in batch:
             status = statuses.get(ctx.task_id)
             if status is None:
                 ctx._mark_lost()
+                self.inflight.release(ctx, "lease_lost", "the database refused the result")
             else:
                 ctx._mark_settled()
-                if worker.observer is not None:
-                    worker._runner.report_end(ctx, _status_only(ctx.task, status))
-            worker._forget(ctx)
+                self.inflight.release(ctx, "retried" if status == "queued" else status)
+
+    def _writable(self, batch: list[Pending]) -> list[Pending]:
+        """Drop results whose lease may be gone: writing one could settle a later
+        attempt of the same task with this attempt's result."""
+        now = time.monotonic()
+        keep: list[Pending] = []
+        for item in batch:
+            ctx = item[0]
+            if ctx.lost_lease or ctx.lease_deadline <= now:
+                ctx._mark_lost()
+                self.inflight.release(ctx, "lease_lost", "result not written: lease expired")
+            else:
+                keep.append(item)
+        return keep
 
     async def _flush(self) -> None:
-        worker = self._worker
         failures = 0
         try:
             while self._pending:
-                batch, self._pending = self._pending, []
+                batch, self._pending = self._writable(self._pending), []
+                if not batch:
+                    continue
                 try:
                     statuses = await self._write(batch)
                 except Exception as exc:
-                    if not _transient(exc):
+                    if not is_transient(exc):
                         # One row the database refuses fails the whole statement:
                         # write each result alone so only that task is affected.
                         await self._write_each(batch)
@@ -141,14 +239,14 @@ class CompleteBatcher:
                     # Not written: the leases stay ours and the heartbeat keeps them,
                     # so put the batch back and try again shortly. After a few seconds
                     # give up; the leases then expire and the tasks are redelivered.
-                    worker._report(exc, {"phase": "execute", "tasks": len(batch)})
+                    self.inflight.report(exc, {"phase": "execute", "tasks": len(batch)})
                     failures += 1
                     if failures < self.MAX_WRITE_ATTEMPTS and not isinstance(exc, StoreClosed):
                         self._pending[:0] = batch
                         await asyncio.sleep(0.25)
                     else:
                         for ctx, _ in batch:
-                            worker._forget(ctx)
+                            self.inflight.release(ctx, "lease_lost", f"result not written: {exc}")
                     continue
                 failures = 0
                 self.finish(batch, statuses)
@@ -156,41 +254,25 @@ class CompleteBatcher:
             self._flusher = None
             self._retrying = False
 
-    async def _write(self, batch: list[tuple[TaskContext, str | None]]) -> dict[str, str]:
-        return await self._worker.store.complete_many(
-            worker_id=self._worker.worker_id,
-            items=[(ctx.task_id, encoded) for ctx, encoded in batch],
+    async def _write(self, batch: list[Pending]) -> dict[str, str]:
+        return await self.store.complete_many(
+            worker_id=self.worker_id,
+            items=[(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in batch],
         )
 
-    async def _write_each(self, batch: list[tuple[TaskContext, str | None]]) -> None:
-        worker = self._worker
+    async def _write_each(self, batch: list[Pending]) -> None:
         for ctx, encoded in batch:
             try:
                 self.finish([(ctx, encoded)], await self._write([(ctx, encoded)]))
             except Exception as exc:
-                worker._report(exc, {"phase": "execute", "task_id": ctx.task_id})
-                if _transient(exc):
-                    worker._forget(ctx)  # its lease expires and the task is redelivered
+                self.inflight.report(exc, {"phase": "execute", "task_id": ctx.task_id})
+                if is_transient(exc):
+                    # Its lease expires and the task is redelivered.
+                    self.inflight.release(ctx, "lease_lost", f"result not written: {exc}")
                     continue
-                envelope = {
-                    "type": type(exc).__name__,
-                    "code": "unserializable_result",
-                    "message": f"the database refused the result: {exc}",
-                    "retryable": False,
-                    "details": {},
-                }
-                runner = worker._runner
-                await runner.settle_quietly(runner.settle_fail(ctx, envelope, False), ctx)
-
-
-def _status_only(task: Task, status: str) -> Task:
-    copy = Task(**{**task.__dict__})
-    copy.status = status  # type: ignore[assignment]
-    return copy
-
-
-def _transient(exc: BaseException) -> bool:
-    """Errors worth retrying as they are: the database was busy or unreachable."""
-    return isinstance(
-        exc, sqlite3.OperationalError | psycopg.OperationalError | DatabaseUnavailable | OSError
-    )
+                error = envelope(
+                    type(exc).__name__,
+                    "unserializable_result",
+                    f"the database refused the result: {exc}",
+                )
+                await self.settle_quietly(ctx, error, False)

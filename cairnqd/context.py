@@ -1,15 +1,17 @@
 """`TaskContext`: what a handler holds for one claimed task.
 
-Every owned write is gated locally: once the lease is known lost, or the task is
-settled, the context refuses to write (`LostLease`) without a round trip. That stops a
-zombie handler (one abandoned at `max_run_ms`, or whose heartbeat failed) from writing
-against a re-claim of the same task by the same worker id. `succeed` and `fail` after
-settlement return None, so settling twice is a no-op.
+Every owned write is gated locally: once the lease is known lost (or its local
+deadline has passed, see `_inflight`), or the task is settled, the context refuses to
+write (`LostLease`) without a round trip. That stops a zombie handler (one abandoned
+at `max_run_ms`, or whose heartbeat failed) from writing against a re-claim of the
+same task by the same worker id. `succeed` and `fail` after settlement return None, so
+settling twice is a no-op.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -17,18 +19,36 @@ from cairnqd.errors import LostLease, TaskError
 from cairnqd.models import Task, TaskDef, task_name
 
 if TYPE_CHECKING:
-    from cairnqd.worker import Worker
+    from cairnqd._settlement import Settlement
 
 
 class TaskContext:
-    __slots__ = ("_cancel_seen", "_lease_lost", "_settled", "_task", "_worker")
+    __slots__ = (
+        "_cancel_seen",
+        "_host",
+        "_lease_lost",
+        "_settled",
+        "_task",
+        "identity",
+        "lease_deadline",
+        "released",
+        "started_at",
+    )
 
-    def __init__(self, worker: Worker, task: Task) -> None:
-        self._worker = worker
+    def __init__(self, host: Settlement, task: Task) -> None:
+        self._host = host
         self._task = task
         self._settled = False
         self._cancel_seen = task.cancel_requested_at_ms is not None
         self._lease_lost: asyncio.Event | None = None
+        #: (task id, attempt): two attempts of one task are two contexts.
+        self.identity = (task.id, task.attempt)
+        #: Monotonic time the lease may end; see `_inflight`.
+        self.lease_deadline = 0.0
+        #: Monotonic time the handler was called; None while it waits to start.
+        self.started_at: float | None = None
+        #: Set once the worker let go of it and reported its end.
+        self.released = False
 
     # -- what the handler reads ----------------------------------------------------------
 
@@ -54,7 +74,7 @@ class TaskContext:
 
     @property
     def worker_id(self) -> str:
-        return self._worker.worker_id
+        return self._host.worker_id
 
     @property
     def payload(self) -> Any:
@@ -103,13 +123,16 @@ class TaskContext:
     def _check_writable(self) -> None:
         if self._settled or self.lost_lease:
             raise LostLease(self.task_id)
+        if self.lease_deadline <= time.monotonic():
+            self._mark_lost()
+            raise LostLease(self.task_id)
 
     # -- owned writes ----------------------------------------------------------------------
 
     async def progress(self, value: float | None, message: str | None = None) -> Task:
         self._check_writable()
         try:
-            return await self._worker.store.progress(
+            return await self._host.store.progress(
                 task_id=self.task_id, worker_id=self.worker_id, progress=value, message=message
             )
         except LostLease:
@@ -119,8 +142,10 @@ class TaskContext:
     async def heartbeat(self) -> Task:
         self._check_writable()
         try:
-            task = await self._worker.store.heartbeat(
-                task_id=self.task_id, worker_id=self.worker_id, lease_ms=self._worker.lease_ms
+            task = await self._host.store.heartbeat(
+                task_id=self.task_id,
+                worker_id=self.worker_id,
+                lease_ms=self._host.inflight.lease_ms,
             )
         except LostLease:
             self._mark_lost()
@@ -133,7 +158,7 @@ class TaskContext:
         """True once a cancel was requested. Free when a heartbeat already saw it."""
         if self._cancel_seen:
             return True
-        current = await self._worker.store.get(self.task_id)
+        current = await self._host.store.get(self.task_id)
         if current is None or current.status == "canceled" or current.cancel_requested:
             self._cancel_seen = True
         return self._cancel_seen
@@ -143,7 +168,7 @@ class TaskContext:
         if self._settled:
             return None
         self._check_writable()
-        return await self._worker._runner.settle_complete(self, result)
+        return await self._host.complete_now(self, result)
 
     async def succeed_in(self, write: Callable[[Any], Awaitable[Any]]) -> Task | None:
         """Postgres: run `write(session)` and the settlement in one transaction; the
@@ -152,14 +177,14 @@ class TaskContext:
             return None
         self._check_writable()
         try:
-            task, _ = await self._worker.store.complete_in(
+            task, _ = await self._host.store.complete_in(
                 task_id=self.task_id, worker_id=self.worker_id, write=write
             )
         except LostLease:
             self._mark_lost()
             raise
         self._mark_settled()
-        self._worker._runner.report_end(self, task)
+        self._host.inflight.release_settled(self, task)
         return task
 
     async def fail(
@@ -173,7 +198,7 @@ class TaskContext:
             return None
         self._check_writable()
         envelope, retry = error_envelope(error, retryable)
-        return await self._worker._runner.settle_fail(self, envelope, retry)
+        return await self._host.fail_now(self, envelope, retry)
 
     async def submit(
         self, name: str | TaskDef[Any, Any], payload: Any = None, **kwargs: Any
@@ -187,13 +212,13 @@ class TaskContext:
         kwargs.setdefault("parent_id", self.task_id)
         kwargs.setdefault("root_id", self._task.root_id or self.task_id)
         kwargs.setdefault("correlation_id", self._task.correlation_id)
-        return await self._worker.store.submit(name=task_name(name), payload=payload, **kwargs)
+        return await self._host.store.submit(name=task_name(name), payload=payload, **kwargs)
 
     async def wait(self, task_id: str, *, timeout_ms: int = 30_000, poll_ms: int = 100) -> Task:
         from cairnqd.client import wait_for_task
 
         return await wait_for_task(
-            self._worker.store, task_id, None, timeout_ms=timeout_ms, poll_ms=poll_ms,
+            self._host.store, task_id, None, timeout_ms=timeout_ms, poll_ms=poll_ms,
             max_poll_ms=500,
         )  # fmt: skip
 

@@ -349,7 +349,7 @@ class Child:
     def _abort(self) -> None:
         # No database write here: a commit torn by os._exit is worse than a lease
         # left to the parent's hand-back.
-        in_flight = list(self.worker._contexts) if self.worker else []
+        in_flight = [c.task_id for c in self.worker.in_flight.contexts()] if self.worker else []
         log.warning("QUIT: aborting with %d task(s) in flight: %s", len(in_flight), in_flight)
         self.reporter.flush()
         os._exit(TEMPFAIL)
@@ -393,7 +393,7 @@ class Child:
             time.sleep(interval)
             if os.getppid() != self.parent_pid and self.loop is not None:
                 self.loop.call_soon_threadsafe(self._orphaned)
-            busy = len(self.worker._contexts) if self.worker is not None else 0
+            busy = len(self.worker.in_flight) if self.worker is not None else 0
             if not self.events.send("hb", busy=busy, rss=_rss_bytes(), state=self.state):
                 return
 

@@ -504,7 +504,7 @@ class TaskStore(ABC):
         lease_ms: int = 30_000,
         names: Sequence[str] | None,
         plan: Callable[[ClaimDraw], Awaitable[Any]],
-        settle: Sequence[tuple[str, str | None]] = (),
+        settle: Sequence[SettleItem] = (),
         on_settled: Callable[[dict[str, str]], None] | None = None,
     ) -> Any:
         """One claim transaction: recover expired leases, then let `plan` draw.
@@ -598,13 +598,22 @@ class TaskStore(ABC):
     async def heartbeat_batch(
         self, *, task_ids: Sequence[str], worker_id: str, lease_ms: int = 30_000
     ) -> dict[str, bool]:
+        renewed = await self.renew_leases(task_ids=task_ids, worker_id=worker_id, lease_ms=lease_ms)
+        return {task_id: cancel for task_id, (_, cancel) in renewed.items()}
+
+    async def renew_leases(
+        self, *, task_ids: Sequence[str], worker_id: str, lease_ms: int = 30_000
+    ) -> dict[str, tuple[int, bool]]:
+        """`heartbeat_batch` with each renewed row's attempt: {task id: (attempt,
+        cancel requested)}. A worker holding two attempts of one task (the first
+        lapsed, it claimed the task again) learns which of them the lease is now for."""
         ids = list(task_ids)
         if not ids:
             return {}
         rows = await self._fetch(
             "heartbeat_batch", {"ids": ids, "worker_id": worker_id, "lease_ms": lease_ms}
         )
-        return {r["id"]: r["cancel_requested_at_ms"] is not None for r in rows}
+        return {r["id"]: (int(r["attempt"]), r["cancel_requested_at_ms"] is not None) for r in rows}
 
     async def progress(
         self,
@@ -662,9 +671,7 @@ class TaskStore(ABC):
             },
         )
 
-    async def complete_many(
-        self, *, worker_id: str, items: Sequence[tuple[str, str | None]]
-    ) -> dict[str, str]:
+    async def complete_many(self, *, worker_id: str, items: Sequence[SettleItem]) -> dict[str, str]:
         """Complete many owned tasks in one statement, each with `complete`'s rules.
 
         `items` pairs a task id with its result already encoded as JSON text (None
@@ -763,9 +770,20 @@ def _insert_many_params(run: Sequence[Params]) -> Params:
     }
 
 
-def _complete_many_params(worker_id: str, items: Sequence[tuple[str, str | None]]) -> Params:
+#: A result to write: (task id, result as JSON text or None), optionally with the
+#: attempt it belongs to, so it cannot settle a later attempt of the same task.
+SettleItem = tuple[str, str | None] | tuple[str, str | None, int]
+
+
+def _complete_many_params(worker_id: str, items: Sequence[SettleItem]) -> Params:
     # Both dialects read one JSON array; results travel as JSON text inside it.
-    return {"worker_id": worker_id, "items": dump_json([{"id": i, "r": r} for i, r in items])}
+    rows = [
+        {"id": item[0], "r": item[1]}
+        if len(item) == 2
+        else {"id": item[0], "r": item[1], "a": item[2]}
+        for item in items
+    ]
+    return {"worker_id": worker_id, "items": dump_json(rows)}
 
 
 def encode_error(error: Mapping[str, Any]) -> str:

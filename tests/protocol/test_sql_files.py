@@ -1197,7 +1197,7 @@ def test_owned_writes_need_a_live_lease(lite: Lite) -> None:
     beat = lite.run("heartbeat", now=t0 + 100, id="task_own", worker_id="w1")
     assert beat[0]["lease_until_ms"] == t0 + 100 + 30_000
     both = lite.run("heartbeat_batch", now=t0 + 200, ids=["task_own", "nope"], worker_id="w1")
-    assert both == [{"id": "task_own", "cancel_requested_at_ms": None}]
+    assert both == [{"id": "task_own", "attempt": 1, "cancel_requested_at_ms": None}]
     kept = lite.run(
         "progress",
         now=t0 + 300,

@@ -117,9 +117,9 @@ async def test_heartbeat_carries_the_cancel_flag(store: TaskStore, client: Cairn
     reads_by_handler: list[int] = []
     outcome: dict[str, Any] = {}
 
-    async def heartbeat_batch(original: Any, *args: Any, **kwargs: Any) -> Any:
+    async def renew_leases(original: Any, *args: Any, **kwargs: Any) -> Any:
         reply = await original(*args, **kwargs)
-        if any(reply.values()):
+        if any(cancel for _, cancel in reply.values()):
             beat_saw_cancel.set()
         return reply
 
@@ -129,7 +129,7 @@ async def test_heartbeat_carries_the_cancel_flag(store: TaskStore, client: Cairn
         return await original(task_id)
 
     handler_task: list[asyncio.Task[Any] | None] = [None]
-    wrap_method(store, "heartbeat_batch", heartbeat_batch)
+    wrap_method(store, "renew_leases", renew_leases)
     wrap_method(store, "get", get)
 
     @worker.task
@@ -384,7 +384,7 @@ async def test_stolen_lease_is_noticed_and_writes_are_refused(
         await expire_and_steal(second_store, dialect, db_target, task.id)
         stolen.set()
         await eventually(lambda: "fail" in seen, what="the victim to finish its writes")
-        await eventually(lambda: not worker._calls, what="the victim's call to end")
+        await eventually(lambda: not worker.in_flight.executing, what="the victim's call to end")
     assert seen == {
         "lost_lease": True,
         "submit": "LostLease",

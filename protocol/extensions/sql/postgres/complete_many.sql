@@ -1,6 +1,8 @@
--- complete for many tasks in one write. :items is a JSON array of {"id": ..., "r": ...}
--- where "r" is the result already encoded as JSON text (null for a SQL NULL result),
--- unpacked by json_to_recordset. Each row gets exactly what complete would give it:
+-- complete for many tasks in one write. :items is a JSON array of {"id": ..., "r": ...,
+-- "a": ...} where "r" is the result already encoded as JSON text (null for a SQL NULL
+-- result), unpacked by json_to_recordset, and "a", when given, the attempt the result
+-- belongs to: a row that has moved on to another attempt (its lease lapsed, the same
+-- worker claimed it again) is left alone, so one attempt's result never settles another. Each row gets exactly what complete would give it:
 -- ownership is checked per row (a missing id lost its lease), a pending cancel wins
 -- (canceled, result and progress untouched), otherwise succeeded with its result and
 -- progress 1.0. Only id and status come back.
@@ -19,8 +21,9 @@ set status = case
     lease_until_ms = null,
     completed_at_ms = (extract(epoch from now()) * 1000)::bigint,
     updated_at_ms = (extract(epoch from now()) * 1000)::bigint
-from json_to_recordset(:items::json) as item (id text, r text)
+from json_to_recordset(:items::json) as item (id text, r text, a integer)
 where t.id = item.id
   and t.status = :running and t.worker_id = :worker_id
   and t.lease_until_ms > (extract(epoch from now()) * 1000)::bigint
+  and (item.a is null or t.attempt = item.a)
 returning t.id, t.status

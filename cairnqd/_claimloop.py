@@ -1,0 +1,251 @@
+"""The claim loop: claim what the free call slots (and prefetch) allow, start it.
+
+Each cycle claims up to the free call slots in one claim transaction, one draw per
+source in rotating order so no name starves (`_claims`), plus, for plain handlers,
+the prefetch target beyond them. Plain tasks claimed beyond the free slots wait in the
+in-flight backlog and start, in claim order, as slots free up; a task whose lease
+passed while it waited is dropped there, never started. The claim transaction also
+carries the results queued since the last one (`_settlement`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from cairnqd._calls import Call, CallRunner
+from cairnqd._claims import ClaimPlan, claim_sources
+from cairnqd._handlers import RegisteredHandler
+from cairnqd._inflight import InFlight, LoopState
+from cairnqd._prefetch import PrefetchSizer
+from cairnqd._settlement import Settlement
+from cairnqd.context import TaskContext
+from cairnqd.models import Task
+from cairnqd.store.base import TaskStore
+
+
+def claim_order(task: Task) -> tuple[int, int, str]:
+    """The order the claim statements pick in: priority first, then due time, then id.
+    The rows come back in table order, so a batch is sorted before it starts."""
+    return (-task.priority, task.run_at_ms, task.id)
+
+
+class ClaimLoop:
+    def __init__(
+        self,
+        store: TaskStore,
+        queues: Sequence[str],
+        handlers: Mapping[str, RegisteredHandler],
+        inflight: InFlight,
+        state: LoopState,
+        settlement: Settlement,
+        runner: CallRunner,
+        prefetch: PrefetchSizer,
+        *,
+        poll_interval_ms: int,
+        resources: Mapping[str, int],
+    ) -> None:
+        self._store = store
+        self._queues = list(queues)
+        self._handlers = handlers
+        self._inflight = inflight
+        self._state = state
+        self._settlement = settlement
+        self._runner = runner
+        self._prefetch = prefetch
+        self._poll_interval_ms = poll_interval_ms
+        self._resources = resources
+        self._calls: set[asyncio.Task[None]] = set()
+        self._rotation = 0
+        self._slots = 1
+        self._claim_sent_at = 0.0
+        # Hooks for a host process that retires a worker (see `Worker`).
+        self.claim_budget: int | None = None
+        self.before_claim: Callable[[], bool] | None = None
+
+    @property
+    def calls(self) -> set[asyncio.Task[None]]:
+        return self._calls
+
+    async def run(self, slots: int) -> None:
+        self._slots = slots
+        state = self._state
+        state.looping = True
+        try:
+            await self._cycles(slots)
+        finally:
+            state.looping = False
+
+    async def drain(self, slots: int) -> None:
+        """Run what is held, backlog included, until no call is left."""
+        backlog = self._inflight.backlog
+        while self._calls or backlog:
+            if backlog and len(self._calls) < slots:
+                self.start_backlog(slots - len(self._calls))
+                continue
+            await asyncio.wait(set(self._calls), return_when=asyncio.FIRST_COMPLETED)
+
+    def prefetch_target(self) -> int:
+        """Tasks to hold claimed beyond the free slots right now."""
+        if not self._prefetch.adaptive:
+            return self._prefetch.target(self._slots)
+        return self._prefetch.target(self._slots, self._runner.longest_plain_call())
+
+    def _may_claim(self) -> bool:
+        if self.claim_budget is not None and self.claim_budget <= 0:
+            return False
+        return self.before_claim is None or self.before_claim()
+
+    async def _cycles(self, limit: int) -> None:
+        state, backlog = self._state, self._inflight.backlog
+        while not state.stop.is_set():
+            free = limit - len(self._calls)
+            if backlog and free > 0:
+                self.start_backlog(free)
+                free = limit - len(self._calls)
+            # With prefetch, claim again once the backlog is half spent, even with
+            # every slot busy: the claim carries the finished results with it.
+            ahead = state.ahead = self.prefetch_target()
+            refill = ahead > 0 and len(backlog) <= ahead // 2
+            if free <= 0 and not refill and not self._settlement.due():
+                state.freed.clear()
+                await state.freed.wait()
+                continue
+            if not self._handlers or not state.claiming:
+                await self._idle()
+                continue
+            if not self._may_claim():
+                state.stop.set()
+                break
+            if self.claim_budget is not None:
+                # Never claim past the budget, prefetch included: a retiring worker
+                # would otherwise carry a backlog it must still run.
+                free = min(free, self.claim_budget)
+                ahead = min(ahead, self.claim_budget - free + len(backlog))
+            # Cleared before the claim: a resource released (or stop()) while the claim
+            # runs must cut the idle wait that may follow it short.
+            state.freed.clear()
+            try:
+                claimed = await self._claim(free, ahead)
+            except Exception as exc:
+                self._inflight.report(exc, {"phase": "claim"})
+                await self._sleep_unless_stopped(0.25)
+                continue
+            if self.claim_budget is not None:
+                self.claim_budget -= len(claimed)
+            if not claimed:
+                if free > 0 or len(backlog) < ahead:
+                    await self._idle()  # asked for tasks and found none
+                # else: a cycle only to write due results; nothing was asked for
+                continue
+            self._dispatch(claimed, free)
+            # Let the new calls start before the next claim.
+            await asyncio.sleep(0)
+
+    async def _idle(self) -> None:
+        """Wait for a wake-up from the store, a freed resource, stop, or the poll."""
+        state = self._state
+        state.idling = True
+        self._settlement.put_back([])  # nothing will claim soon: write any results now
+        wake = asyncio.ensure_future(self._store.claim_wake(self._queues, self._poll_interval_ms))
+        freed = asyncio.ensure_future(state.freed.wait())
+        try:
+            await asyncio.wait({wake, freed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            state.idling = False
+            for fut in (wake, freed):
+                fut.cancel()
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._state.stop.wait(), seconds)
+
+    async def _claim(self, free: int, ahead_target: int) -> list[Task]:
+        sources = claim_sources(self._handlers)
+        if not sources:
+            return []
+        start = self._rotation % len(sources)
+        self._rotation += 1
+        ordered = sources[start:] + sources[:start]
+        names = [n for s in sources for n in s.names]
+        ahead = max(0, ahead_target - len(self._inflight.backlog))
+
+        plan = ClaimPlan(ordered, free, ahead, self._resources, self._inflight.in_use)
+        settlement = self._settlement
+        settle = settlement.take()
+        # The lease deadline of what this claim takes counts from before it is sent.
+        self._claim_sent_at = time.monotonic()
+        try:
+            result = await self._store.claim_session(
+                queues=self._queues,
+                worker_id=self._inflight.worker_id,
+                lease_ms=self._inflight.lease_ms,
+                names=names,
+                plan=plan,
+                settle=[(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in settle],
+                on_settled=lambda statuses: settlement.finish(settle, statuses),
+            )
+        except BaseException:
+            settlement.put_back(settle)
+            raise
+        return result or []
+
+    def _dispatch(self, claimed: list[Task], free: int) -> None:
+        """Start calls for what was claimed; plain tasks beyond the `free` call slots
+        (prefetched) wait in the backlog."""
+        claimed.sort(key=claim_order)
+        by_name: dict[str, list[Task]] = {}
+        plain: list[Task] = []
+        for task in claimed:
+            handler = self._handlers.get(task.name)
+            if handler is not None and handler.batch is None and handler.resource is None:
+                plain.append(task)
+            else:
+                by_name.setdefault(task.name, []).append(task)
+        for name, tasks in by_name.items():
+            handler = self._handlers.get(name)
+            if handler is None:
+                # Unregistered between claim and dispatch: fail permanently, never run.
+                for task in tasks:
+                    self._spawn(self._runner.fail_no_handler(self._hold(task)))
+                continue
+            size = handler.batch or 1
+            for i in range(0, len(tasks), size):
+                contexts = [self._hold(t) for t in tasks[i : i + size]]
+                if handler.resource is not None:
+                    self._inflight.in_use[handler.resource] += 1
+                self._spawn(self._runner.execute(Call(handler, contexts)))
+                free -= 1
+        backlog = self._inflight.backlog
+        for task in plain:
+            backlog.append(self._hold(task))
+        self.start_backlog(free)
+
+    def start_backlog(self, free: int) -> None:
+        backlog, runner = self._inflight.backlog, self._runner
+        while backlog and free > 0:
+            ctx = backlog.popleft()
+            if self._inflight.stale(ctx):
+                continue  # its lease passed while it waited: never started
+            handler = self._handlers.get(ctx.name)
+            if handler is None:
+                self._spawn(runner.fail_no_handler(ctx))  # unregistered while it waited
+            else:
+                self._spawn(runner.execute(Call(handler, [ctx])))
+            free -= 1
+
+    def _hold(self, task: Task) -> TaskContext:
+        ctx = TaskContext(self._settlement, task)
+        self._inflight.hold(ctx, self._claim_sent_at)
+        return ctx
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        call = asyncio.ensure_future(coro)
+        self._calls.add(call)
+        call.add_done_callback(self._call_done)
+
+    def _call_done(self, call: asyncio.Task[None]) -> None:
+        self._calls.discard(call)
+        self._state.freed.set()

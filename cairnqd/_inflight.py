@@ -1,0 +1,218 @@
+"""What a worker holds: the in-flight table its parts share.
+
+Design note. A worker's claim loop, handler calls, heartbeat and result batcher all
+need to know which tasks it holds, whether each one's lease is still ours, and which
+have started. They share this one object instead of each other's fields.
+
+- **Identity is (task id, attempt).** The same task can come back to the same worker
+  (its lease expired, recovery requeued it, this worker claimed it again) while the
+  first attempt's handler still runs. Keyed by id alone, the second context would
+  overwrite the first and forgetting one would drop the other from the heartbeat.
+- **A local lease deadline per task.** Set when the claim was sent and pushed forward
+  by each heartbeat that renewed it (from when that heartbeat was *sent*). The
+  database's lease always ends later than ours, so a task whose local deadline has
+  passed may already belong to someone else: it is never started, never heartbeated
+  again, and its result is not written.
+- **Started means the handler was called.** A task claimed ahead of a free slot waits
+  in `backlog` and is not started; `begin()` marks the start just before the handler
+  is invoked, and an observer (the daemon's child) hears of it synchronously, so the
+  parent knows which held tasks a crash may have interrupted.
+- **Every way out goes through `release()`**, which reports the end exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cairnqd.models import Task
+
+if TYPE_CHECKING:
+    from cairnqd.context import TaskContext
+
+log = logging.getLogger("cairnqd.worker")
+
+Identity = tuple[str, int]
+ErrorReporter = Callable[[BaseException, dict[str, Any]], None]
+
+
+class WorkerObserver(Protocol):
+    """Hooks a host process (the daemon's child) uses to follow a worker's tasks.
+
+    `task_started` runs synchronously right before the handler is called;
+    `task_ended` runs once for every task the worker held, started or not, with the
+    outcome: succeeded, failed, retried, canceled, or lease_lost (written by nobody:
+    the lease was gone, or the result could not be written)."""
+
+    def task_started(self, task: Task) -> None: ...
+
+    def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None: ...
+
+
+class LoopState:
+    """The claim loop's flags that other parts read, and the events that wake it."""
+
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+        #: Set when a call slot or a resource frees up, a result is due, or on stop.
+        self.freed = asyncio.Event()
+        self.looping = False  # inside the claim loop: its claims carry queued results
+        self.idling = False  # waiting for work: no claim is coming soon
+        self.claiming = True  # False while a host keeps the worker quiet
+        self.has_handlers = False
+        #: The prefetch target the claim loop last worked to (0: not claiming ahead).
+        self.ahead = 0
+
+    def wake(self) -> None:
+        """Cut the claim loop's wait short."""
+        self.freed.set()
+
+    def claims_will_settle(self) -> bool:
+        """Whether a claim will soon carry queued results (else a flusher must)."""
+        return (
+            self.looping
+            and not self.idling
+            and self.claiming
+            and self.has_handlers
+            and not self.stop.is_set()
+        )
+
+
+class InFlight:
+    """Every task a worker holds, keyed by (task id, attempt)."""
+
+    def __init__(self, lease_ms: int, report: ErrorReporter, worker_id: str) -> None:
+        self.lease_ms = lease_ms
+        self.lease_s = lease_ms / 1000
+        self.report = report
+        self.worker_id = worker_id
+        self.observer: WorkerObserver | None = None
+        self._held: dict[Identity, TaskContext] = {}
+        #: Held tasks claimed ahead of a free slot, in the order they should start.
+        self.backlog: collections.deque[TaskContext] = collections.deque()
+        self.executing = 0
+        #: Tasks whose handler call has ended (returned, raised or was abandoned).
+        self.handled = 0
+        self.in_use: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def contexts(self) -> list[TaskContext]:
+        return list(self._held.values())
+
+    def holds(self, ctx: TaskContext) -> bool:
+        return self._held.get(ctx.identity) is ctx
+
+    # -- claim, start, release -------------------------------------------------------
+
+    def hold(self, ctx: TaskContext, claim_sent_at: float) -> None:
+        """Track a claimed task; its lease is ours until `claim_sent_at + lease`."""
+        ctx.lease_deadline = claim_sent_at + self.lease_s
+        self._held[ctx.identity] = ctx
+
+    def stale(self, ctx: TaskContext) -> bool:
+        """True (and `ctx` released as lease_lost) when its lease is gone or may be."""
+        if ctx.lost_lease or ctx.lease_deadline <= time.monotonic():
+            ctx._mark_lost()
+            self.release(ctx, "lease_lost", "lease expired before the task started")
+            return True
+        return False
+
+    def begin(self, ctx: TaskContext) -> bool:
+        """Mark `ctx` started, right before its handler is called; False (released)
+        when it is `stale`."""
+        if self.stale(ctx):
+            return False
+        ctx.started_at = time.monotonic()
+        self.executing += 1
+        if self.observer is not None:
+            self.observer.task_started(ctx.task)
+        return True
+
+    def release(self, ctx: TaskContext, outcome: str, reason: str = "") -> None:
+        """Stop holding `ctx` and report its end; later calls are no-ops."""
+        if ctx.released:
+            return
+        ctx.released = True
+        if self._held.get(ctx.identity) is ctx:
+            del self._held[ctx.identity]
+        if ctx.started_at is not None:
+            self.executing -= 1
+        if outcome == "lease_lost":
+            _log_lost(ctx, reason)
+        observer = self.observer
+        if observer is not None:
+            began = ctx.started_at
+            duration = time.monotonic() - began if began is not None else 0.0
+            observer.task_ended(ctx.task, outcome, reason, duration)
+
+    def release_settled(self, ctx: TaskContext, task: Task | None, reason: str = "") -> None:
+        """Release after a write settled the task (`task` as it now reads)."""
+        if task is None:
+            self.release(ctx, "lease_lost", reason or "the database refused the write")
+            return
+        self.release(ctx, "retried" if task.status == "queued" else task.status, reason)
+
+    # -- leases ------------------------------------------------------------------------
+
+    def renewable(self) -> list[TaskContext]:
+        """The contexts to heartbeat now. One whose local deadline has passed is
+        marked lost instead: the database may have handed it to someone else."""
+        now = time.monotonic()
+        live: list[TaskContext] = []
+        for ctx in list(self._held.values()):
+            if ctx.settled or ctx.lost_lease:
+                continue
+            if ctx.lease_deadline <= now:
+                ctx._mark_lost()
+                log.warning(
+                    "task %s attempt %d: lease expired locally (no renewal for %.1fs); "
+                    "it will not be heartbeated or written by this worker",
+                    ctx.task_id, ctx.attempt, self.lease_s,
+                )  # fmt: skip
+                if ctx.started_at is None:
+                    self._drop_waiting(ctx)
+                continue
+            live.append(ctx)
+        return live
+
+    def renewed(
+        self,
+        sent: Iterable[TaskContext],
+        sent_at: float,
+        reply: Mapping[str, tuple[int, bool]],
+    ) -> None:
+        """Apply a heartbeat's reply, {task id: (attempt, cancel requested)} for the
+        rows renewed. A row renewed under another attempt is not this context's."""
+        for ctx in sent:
+            attempt, cancel = reply.get(ctx.task_id, (None, False))
+            if attempt != ctx.attempt:
+                if not ctx.settled:
+                    ctx._mark_lost()
+                    if ctx.started_at is None:
+                        self._drop_waiting(ctx)
+                continue
+            ctx.lease_deadline = sent_at + self.lease_s
+            if cancel:
+                ctx._mark_cancel_seen()
+
+    def _drop_waiting(self, ctx: TaskContext) -> None:
+        """A backlog task whose lease is gone: never start it."""
+        try:
+            self.backlog.remove(ctx)
+        except ValueError:
+            return
+        self.release(ctx, "lease_lost", "lease lost while it waited to start")
+
+
+def _log_lost(ctx: TaskContext, reason: str) -> None:
+    state = "after its handler started" if ctx.started_at is not None else "before it started"
+    log.warning(
+        "task %s (%s) attempt %d: lease lost %s: %s",
+        ctx.task_id, ctx.name, ctx.attempt, state, reason,
+    )  # fmt: skip
