@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from cairnqd._calls import Call, CallRunner
@@ -176,7 +175,7 @@ class ClaimLoop:
         settlement = self._settlement
         settle = settlement.take()
         # The lease deadline of what this claim takes counts from before it is sent.
-        self._claim_sent_at = time.monotonic()
+        self._claim_sent_at = self._inflight.clock()
         try:
             result = await self._store.claim_session(
                 queues=self._queues,

@@ -13,7 +13,6 @@ and the next one tries again (a lease outlasts about three beats).
 from __future__ import annotations
 
 import asyncio
-import time
 
 from cairnqd._inflight import InFlight
 from cairnqd.store.base import TaskStore
@@ -31,7 +30,7 @@ async def beat(store: TaskStore, inflight: InFlight) -> None:
     live = inflight.renewable()
     if not live:
         return
-    sent_at = time.monotonic()
+    sent_at = inflight.clock()
     try:
         reply = await store.renew_leases(
             task_ids=[c.task_id for c in live],

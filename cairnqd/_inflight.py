@@ -85,7 +85,16 @@ class LoopState:
 class InFlight:
     """Every task a worker holds, keyed by (task id, attempt)."""
 
-    def __init__(self, lease_ms: int, report: ErrorReporter, worker_id: str) -> None:
+    def __init__(
+        self,
+        lease_ms: int,
+        report: ErrorReporter,
+        worker_id: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        #: The monotonic clock every lease deadline is read against (tests inject one).
+        self.clock = clock
         self.lease_ms = lease_ms
         self.lease_s = lease_ms / 1000
         self.report = report
@@ -117,7 +126,7 @@ class InFlight:
 
     def stale(self, ctx: TaskContext) -> bool:
         """True (and `ctx` released as lease_lost) when its lease is gone or may be."""
-        if ctx.lost_lease or ctx.lease_deadline <= time.monotonic():
+        if ctx.lost_lease or ctx.lease_deadline <= self.clock():
             ctx._mark_lost()
             self.release(ctx, "lease_lost", "lease expired before the task started")
             return True
@@ -128,7 +137,7 @@ class InFlight:
         when it is `stale`."""
         if self.stale(ctx):
             return False
-        ctx.started_at = time.monotonic()
+        ctx.started_at = self.clock()
         self.executing += 1
         if self.observer is not None:
             self.observer.task_started(ctx.task)
@@ -148,7 +157,7 @@ class InFlight:
         observer = self.observer
         if observer is not None:
             began = ctx.started_at
-            duration = time.monotonic() - began if began is not None else 0.0
+            duration = self.clock() - began if began is not None else 0.0
             observer.task_ended(ctx.task, outcome, reason, duration)
 
     def release_settled(self, ctx: TaskContext, task: Task | None, reason: str = "") -> None:
@@ -163,7 +172,7 @@ class InFlight:
     def renewable(self) -> list[TaskContext]:
         """The contexts to heartbeat now. One whose local deadline has passed is
         marked lost instead: the database may have handed it to someone else."""
-        now = time.monotonic()
+        now = self.clock()
         live: list[TaskContext] = []
         for ctx in list(self._held.values()):
             if ctx.settled or ctx.lost_lease:

@@ -210,7 +210,7 @@ class Settlement:
     def _writable(self, batch: list[Pending]) -> list[Pending]:
         """Drop results whose lease may be gone: writing one could settle a later
         attempt of the same task with this attempt's result."""
-        now = time.monotonic()
+        now = self.inflight.clock()
         keep: list[Pending] = []
         for item in batch:
             ctx = item[0]

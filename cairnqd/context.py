@@ -11,7 +11,6 @@ settling twice is a no-op.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -123,7 +122,7 @@ class TaskContext:
     def _check_writable(self) -> None:
         if self._settled or self.lost_lease:
             raise LostLease(self.task_id)
-        if self.lease_deadline <= time.monotonic():
+        if self.lease_deadline <= self._host.inflight.clock():
             self._mark_lost()
             raise LostLease(self.task_id)
 
