@@ -28,8 +28,8 @@ from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
 from tests.conftest import make_store
-from tests.daemon.daemon import wait_for
 from tests.unit.test_monitoring import ALERTS, DASHBOARD, _dashboard_queries, metric_names
+from tests.waiting import wait_for_async
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -572,8 +572,10 @@ async def test_queue_stats_leader_lost_with_its_connection(
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as admin:
         await admin.execute("select pg_terminate_backend(%s)", (holder,))
     # The backend exits a moment after the signal; only then is the lock free.
-    await asyncio.to_thread(
-        wait_for, "the lock's session to end", lambda: not _stats_lock_sessions(pg_dsn, namespace)
+    await wait_for_async(
+        "the lock's session to end",
+        lambda: asyncio.to_thread(_stats_lock_sessions, pg_dsn, namespace),
+        accept=lambda sessions: not sessions,
     )
     # The other host asks first and wins; the old leader finds its session dead,
     # reconnects, and the lock is taken.
