@@ -8,7 +8,6 @@ sets up rows.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import urllib.error
 import urllib.request
@@ -19,38 +18,22 @@ from typing import Any
 
 import psycopg
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from cairnqd.config import Config, load_config
+from cairnqd.config import Config
 from cairnqd.daemon.metrics import METRIC_NAMES, OTHER_QUEUE, Metrics
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
 from tests.conftest import make_store
-from tests.unit.test_monitoring import ALERTS, DASHBOARD, _dashboard_queries, metric_names
+from tests.daemon.harness import daemon_config
+from tests.monitoring_files import alert_rules, dashboard_queries, load_dashboard, metric_names
 from tests.waiting import wait_for_async
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-# -- helpers (test_maintenance.py uses them too) ------------------------------------------------
-
-
-def daemon_config(tmp_path: Path, dialect: str, target: str, **sections: Any) -> Config:
-    """A validated config for `target` (SQLite path or Postgres DSN), sections overridden."""
-    database = {"path": target} if dialect == "sqlite" else {"dsn": target}
-    document: dict[str, Any] = {
-        "version": 1,
-        "database": database,
-        "handlers": ["cairnqd.demo:registry"],
-        "groups": {"default": {"queues": ["default", "email"], "processes": 2}},
-        "metrics": {"listen": "127.0.0.1:0", "stats_ttl": "0s"},
-        **sections,
-    }
-    path = tmp_path / "cairnq.yaml"
-    path.write_text(yaml.safe_dump(document))
-    return load_config(path, {})
+# -- helpers ------------------------------------------------------------------------------------
 
 
 def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
@@ -472,12 +455,10 @@ def test_dashboard_and_alert_names_exist_in_a_live_scrape(
     metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
     metrics.record_event("default", 0, {"t": "hb", "rss": 1})
     exposed = family_names(scrape(serve(served, metrics))[1])
-    alerts = yaml.safe_load(ALERTS.read_text())
     used: set[str] = set()
-    for group in alerts["groups"]:
-        for rule in group["rules"]:
-            used |= metric_names(rule["expr"])
-    for query in _dashboard_queries(json.loads(DASHBOARD.read_text())):
+    for rule in alert_rules():
+        used |= metric_names(rule["expr"])
+    for query in dashboard_queries(load_dashboard()):
         used |= metric_names(query)
     assert used and used <= exposed, used - exposed
 
