@@ -1,8 +1,8 @@
 """Run the real daemon in a subprocess and watch it from a test.
 
 `Daemon` writes a config, starts `python -m cairnqd.cli -c FILE` with a NOTIFY_SOCKET
-the test owns, and offers condition waits (never bare sleeps), child discovery from
-/proc titles, signals, and a store on the same database for assertions.
+the test owns, and offers condition waits (tests/waiting.py, never bare sleeps), child
+discovery from /proc titles, signals, and a store on the same database for assertions.
 """
 
 from __future__ import annotations
@@ -12,26 +12,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
+# test_lifecycle.py and test_supervisor.py still import `wait_for` from here.
+from tests.waiting import wait_for
+
 REPO = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def base_config(tmp: Path, database: dict[str, Any], groups: dict[str, Any]) -> dict[str, Any]:

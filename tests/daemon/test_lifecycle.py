@@ -14,7 +14,7 @@ import pytest
 
 from cairnqd import CairnQ
 from tests.daemon.daemon import base_config, wait_for
-from tests.daemon.test_supervisor import client_call, database_section, gauge, scrape, stats
+from tests.daemon.harness import client_call, database_section, gauge, scrape, stats
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,8 @@ import pytest
 from cairnqd import CairnQ
 from cairnqd.registry import TaskRegistry
 from tests.conftest import make_store
-from tests.daemon.daemon import Daemon, base_config, wait_for
+from tests.daemon.daemon import Daemon, base_config
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from cairnqd.store.base import Row, TaskStore
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
 from tests.conftest import make_store
-from tests.daemon.test_metrics import daemon_config
+from tests.daemon.harness import daemon_config
 
 RULES = [
     {"status": "succeeded", "queue": "default", "older_than": "1s"},

@@ -8,7 +8,6 @@ sets up rows.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import urllib.error
 import urllib.request
@@ -19,38 +18,22 @@ from typing import Any
 
 import psycopg
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from cairnqd.config import Config, load_config
+from cairnqd.config import Config
 from cairnqd.daemon.metrics import METRIC_NAMES, OTHER_QUEUE, Metrics
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
 from tests.conftest import make_store
-from tests.daemon.daemon import wait_for
-from tests.unit.test_monitoring import ALERTS, DASHBOARD, _dashboard_queries, metric_names
+from tests.daemon.harness import daemon_config
+from tests.monitoring_files import alert_rules, dashboard_queries, load_dashboard, metric_names
+from tests.waiting import wait_for_async
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-# -- helpers (test_maintenance.py uses them too) ------------------------------------------------
-
-
-def daemon_config(tmp_path: Path, dialect: str, target: str, **sections: Any) -> Config:
-    """A validated config for `target` (SQLite path or Postgres DSN), sections overridden."""
-    database = {"path": target} if dialect == "sqlite" else {"dsn": target}
-    document: dict[str, Any] = {
-        "version": 1,
-        "database": database,
-        "handlers": ["cairnqd.demo:registry"],
-        "groups": {"default": {"queues": ["default", "email"], "processes": 2}},
-        "metrics": {"listen": "127.0.0.1:0", "stats_ttl": "0s"},
-        **sections,
-    }
-    path = tmp_path / "cairnq.yaml"
-    path.write_text(yaml.safe_dump(document))
-    return load_config(path, {})
+# -- helpers ------------------------------------------------------------------------------------
 
 
 def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
@@ -472,12 +455,10 @@ def test_dashboard_and_alert_names_exist_in_a_live_scrape(
     metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
     metrics.record_event("default", 0, {"t": "hb", "rss": 1})
     exposed = family_names(scrape(serve(served, metrics))[1])
-    alerts = yaml.safe_load(ALERTS.read_text())
     used: set[str] = set()
-    for group in alerts["groups"]:
-        for rule in group["rules"]:
-            used |= metric_names(rule["expr"])
-    for query in _dashboard_queries(json.loads(DASHBOARD.read_text())):
+    for rule in alert_rules():
+        used |= metric_names(rule["expr"])
+    for query in dashboard_queries(load_dashboard()):
         used |= metric_names(query)
     assert used and used <= exposed, used - exposed
 
@@ -572,8 +553,10 @@ async def test_queue_stats_leader_lost_with_its_connection(
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as admin:
         await admin.execute("select pg_terminate_backend(%s)", (holder,))
     # The backend exits a moment after the signal; only then is the lock free.
-    await asyncio.to_thread(
-        wait_for, "the lock's session to end", lambda: not _stats_lock_sessions(pg_dsn, namespace)
+    await wait_for_async(
+        "the lock's session to end",
+        lambda: asyncio.to_thread(_stats_lock_sessions, pg_dsn, namespace),
+        accept=lambda sessions: not sessions,
     )
     # The other host asks first and wins; the old leader finds its session dead,
     # reconnects, and the lock is taken.

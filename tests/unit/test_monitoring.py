@@ -1,13 +1,12 @@
 """monitoring/: the alert rules and the Grafana dashboard name only metrics cairnqd exports.
 
-The daemon test `test_dashboard_alert_names_exist` checks the same names against a live scrape;
-this one runs without a daemon. With promtool on PATH (or $PROMTOOL) it also parses every PromQL
+tests/daemon/test_metrics.py checks the same names against a live scrape; this module runs
+without a daemon. With promtool on PATH (or $PROMTOOL) it also parses every PromQL
 expression and fires each alert on synthetic series.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -18,16 +17,17 @@ from typing import Any
 import pytest
 import yaml
 
-from cairnqd.daemon.metrics import METRIC_NAMES
+from tests.monitoring_files import (
+    ALERTS,
+    KNOWN_METRIC_NAMES,
+    alert_rules,
+    dashboard_panels,
+    dashboard_queries,
+    load_dashboard,
+    metric_names,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-ALERTS = REPO / "monitoring" / "alerts.yaml"
-DASHBOARD = REPO / "monitoring" / "grafana" / "cairnqd.json"
-
-# Every family in DAEMON.md §6, as exposed (counters with _total): the registry's own list.
-KNOWN_METRIC_NAMES: tuple[str, ...] = METRIC_NAMES
-
-# The alert expressions DAEMON.md §6 lists, whitespace aside.
+# The alert expressions as designed, whitespace aside: a changed alert is a deliberate edit here.
 DESIGNED_ALERT_EXPRS = (
     "max by (queue) (cairnq_queue_oldest_queued_age_seconds) > 300",
     "max by (queue) (cairnq_leases_expired) > 0",
@@ -42,19 +42,7 @@ DESIGNED_ALERT_EXPRS = (
 )
 
 DASHBOARD_ROWS = ["Queues", "Throughput", "Latency", "Supervisor", "Maintenance", "Config and DB"]
-HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range"}
-
-
-def metric_names(promql: str) -> set[str]:
-    """cairnq_* series names in an expression, histogram series folded into their family."""
-    names = set()
-    for name in re.findall(r"\bcairnq_[A-Za-z0-9_:]*", promql):
-        for suffix in HISTOGRAM_SUFFIXES:
-            if name.endswith(suffix) and name.removesuffix(suffix) in KNOWN_METRIC_NAMES:
-                name = name.removesuffix(suffix)
-        names.add(name)
-    return names
 
 
 def _normalize(expr: str) -> str:
@@ -63,29 +51,12 @@ def _normalize(expr: str) -> str:
 
 @pytest.fixture(scope="module")
 def rules() -> list[dict[str, Any]]:
-    document = yaml.safe_load(ALERTS.read_text())
-    return [rule for group in document["groups"] for rule in group["rules"]]
+    return alert_rules()
 
 
 @pytest.fixture(scope="module")
 def dashboard() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
-    return loaded
-
-
-def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    # Rows may be collapsed, holding their panels inside; flatten both layouts.
-    flat = []
-    for panel in dashboard["panels"]:
-        flat.append(panel)
-        flat.extend(panel.get("panels", []))
-    return flat
-
-
-def _dashboard_queries(dashboard: dict[str, Any]) -> list[str]:
-    exprs = [t["expr"] for p in _panels(dashboard) for t in p.get("targets", [])]
-    exprs += [v["definition"] for v in dashboard["templating"]["list"]]
-    return exprs
+    return load_dashboard()
 
 
 # -- alerts -------------------------------------------------------------------------------------
@@ -122,13 +93,13 @@ def test_alert_metrics_are_known(rules: list[dict[str, Any]]) -> None:
 
 
 def test_dashboard_metrics_are_known(dashboard: dict[str, Any]) -> None:
-    used = set().union(*(metric_names(q) for q in _dashboard_queries(dashboard)))
+    used = set().union(*(metric_names(q) for q in dashboard_queries(dashboard)))
     assert used <= set(KNOWN_METRIC_NAMES), used - set(KNOWN_METRIC_NAMES)
 
 
 def test_dashboard_shows_every_metric(dashboard: dict[str, Any]) -> None:
     # A family nobody can see on the dashboard is either dead or missing a panel.
-    used = set().union(*(metric_names(q) for q in _dashboard_queries(dashboard)))
+    used = set().union(*(metric_names(q) for q in dashboard_queries(dashboard)))
     assert set(KNOWN_METRIC_NAMES) - used == set()
 
 
@@ -138,7 +109,7 @@ def test_dashboard_datasource_is_an_import_input(dashboard: dict[str, Any]) -> N
     assert ds_input["type"] == "datasource"
     assert ds_input["pluginId"] == "prometheus"
     expected = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
-    for panel in _panels(dashboard):
+    for panel in dashboard_panels(dashboard):
         if panel["type"] == "row":
             continue
         assert panel["datasource"] == expected, panel["title"]
@@ -161,13 +132,13 @@ def test_dashboard_variables(dashboard: dict[str, Any]) -> None:
 
 def test_dashboard_references_only_defined_variables(dashboard: dict[str, Any]) -> None:
     defined = {v["name"] for v in dashboard["templating"]["list"]} | GRAFANA_BUILTINS
-    for query in _dashboard_queries(dashboard):
+    for query in dashboard_queries(dashboard):
         referenced = set(re.findall(r"\$\{?(\w+)", query))
         assert referenced <= defined, (query, referenced - defined)
 
 
 def test_dashboard_rows_and_layout(dashboard: dict[str, Any]) -> None:
-    panels = _panels(dashboard)
+    panels = dashboard_panels(dashboard)
     assert [p["title"] for p in panels if p["type"] == "row"] == DASHBOARD_ROWS
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids))
@@ -182,7 +153,7 @@ def test_dashboard_rows_and_layout(dashboard: dict[str, Any]) -> None:
 
 
 def test_latency_row_uses_histogram_quantiles(dashboard: dict[str, Any]) -> None:
-    exprs = " ".join(_dashboard_queries(dashboard))
+    exprs = " ".join(dashboard_queries(dashboard))
     for family in ("cairnq_task_duration_seconds", "cairnq_task_queue_wait_seconds"):
         for quantile in ("0.5", "0.95", "0.99"):
             assert f"histogram_quantile({quantile}, sum by (le, queue) (rate({family}_bucket" in (
@@ -210,7 +181,7 @@ def test_promtool_checks_alert_rules(promtool: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_promtool_parses_dashboard_queries(
+def test_promtool_parsesdashboard_queries(
     promtool: str, dashboard: dict[str, Any], tmp_path: Path
 ) -> None:
     # Grafana variables are not PromQL; substitute plausible values, then let promtool parse
@@ -218,7 +189,7 @@ def test_promtool_parses_dashboard_queries(
     substitutions = {"$__rate_interval": "5m", "$instance": ".*", "$group": ".*", "$queue": ".*"}
     records = []
     for index, query in enumerate(
-        t["expr"] for p in _panels(dashboard) for t in p.get("targets", [])
+        t["expr"] for p in dashboard_panels(dashboard) for t in p.get("targets", [])
     ):
         for variable, value in substitutions.items():
             query = query.replace(variable, value)

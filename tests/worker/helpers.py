@@ -1,21 +1,19 @@
-"""Helpers for the worker suite: polling with deadlines, running a worker for a block,
+"""Helpers for the worker suite: waiting for task states, running a worker for a block,
 collecting `on_error` reports, and starting worker subprocesses.
 
-Nothing here sleeps to synchronize: every wait polls a real condition against a
-generous deadline (the test machine has two shared cores).
+Nothing here sleeps to synchronize: every wait is a `tests.waiting` condition wait with
+a generous deadline (the test machine has two shared cores).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import pytest
 from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
+from tests.waiting import wait_for_async
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,33 +40,26 @@ async def eventually(
     check: Callable[[], Any],
     *,
     within: float = DEADLINE_S,
-    interval: float = 0.01,
     what: str = "",
 ) -> Any:
-    """Poll `check` (sync or async) until it returns something truthy; return it."""
-    deadline = time.monotonic() + within
-    while True:
-        value = check()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what or check}")
-        await asyncio.sleep(interval)
+    """The old name of `tests.waiting.wait_for_async`, kept for test_lease.py,
+    test_crash.py, test_shutdown.py and tests/store/test_pg_listen.py."""
+    described = what or f"{getattr(check, '__qualname__', check)!s} to hold"
+    return await wait_for_async(described, check, within)
 
 
 async def wait_status(
     store: TaskStore, task_id: str, *statuses: str, within: float = DEADLINE_S
 ) -> Task:
-    """Poll until the task is in one of `statuses` (default: any terminal status)."""
+    """Wait until the task is in one of `statuses` (default: any terminal status)."""
     wanted = set(statuses) or {"succeeded", "failed", "canceled"}
-
-    async def check() -> Task | None:
-        task = await store.get(task_id)
-        return task if task is not None and task.status in wanted else None
-
-    task: Task = await eventually(check, within=within, what=f"{task_id} to be {wanted}")
+    task = await wait_for_async(
+        f"{task_id} to be one of {sorted(wanted)}",
+        lambda: store.get(task_id),
+        within,
+        accept=lambda found: found is not None and found.status in wanted,
+    )
+    assert task is not None
     return task
 
 
@@ -153,6 +145,7 @@ import asyncio, json, os, sys
 ARGS = json.loads(sys.argv[1])
 FLAGS = ARGS["flags"]
 from cairnqd.worker import Worker
+from tests.waiting import wait_for_async
 
 def make_worker(**kw):
     if ARGS["dialect"] == "sqlite":
@@ -209,9 +202,13 @@ def reap(proc: subprocess.Popen[str], timeout: float = 10.0) -> tuple[int, str, 
 
 
 async def wait_exit(proc: subprocess.Popen[str], within: float = DEADLINE_S) -> int:
-    await eventually(lambda: proc.poll() is not None, within=within, what=f"pid {proc.pid} exit")
-    assert proc.returncode is not None
-    return proc.returncode
+    code = await wait_for_async(f"pid {proc.pid} to exit", proc.poll, within, accept=_exited)
+    assert code is not None
+    return code
+
+
+def _exited(code: int | None) -> bool:
+    return code is not None
 
 
 def caught_signals(pid: int) -> int:

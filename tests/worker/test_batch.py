@@ -12,11 +12,11 @@ from cairnqd.client import CairnQ
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
+from tests.waiting import wait_for_async
 from tests.worker.helpers import (
     POSTGRES_ONLY,
     SQLITE_ONLY,
     ErrorLog,
-    eventually,
     running,
     wait_all,
     wait_status,
@@ -166,7 +166,7 @@ async def test_batch_and_single_sources_share_the_call_budget(
 
     ids = await submit_many(client, "batched", 20) + await submit_many(client, "single", 5)
     async with running(worker):
-        await eventually(lambda: in_flight == 3, what="three calls in flight")
+        await wait_for_async("three calls in flight", lambda: in_flight, accept=lambda n: n == 3)
         release.set()
         await wait_all(store, ids)
     assert peak == 3
@@ -192,7 +192,7 @@ async def test_a_poison_result_does_not_block_its_batch_mates(
     async with running(worker):
         good = await wait_status(store, ids[1], within=3.0)
         assert (good.status, good.result) == ("succeeded", "fine")
-        await eventually(lambda: errors.calls, what="the failed settlement to be reported")
+        await wait_for_async("the failed settlement to be reported", lambda: errors.calls)
         # The worker keeps claiming and settling other work meanwhile.
         later = await client.submit("plain")
         done = await wait_status(store, later.id, within=3.0)

@@ -17,7 +17,8 @@ from cairnqd.errors import TaskCanceled, TaskError, TaskFailed
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
 from tests.store.helpers import connect_upstream, pg_url
-from tests.worker.helpers import eventually, running
+from tests.waiting import wait_for_async
+from tests.worker.helpers import running
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -142,7 +143,7 @@ async def test_our_client_calls_their_worker(
             row = await client.get(task.id)
             return row is not None and row.status == "running"
 
-        await eventually(running_there, what="their worker to start the task")
+        await wait_for_async("their worker to start the task", running_there)
         await client.cancel(task.id)
         done = await client.wait(task.id, timeout_ms=30_000)
         assert (done.status, done.result) == ("canceled", None)

@@ -13,9 +13,9 @@ from cairnqd.client import CairnQ
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
+from tests.waiting import wait_for_async
 from tests.worker.helpers import (
     SQLITE_ONLY,
-    eventually,
     running,
     wait_all,
     wait_status,
@@ -113,7 +113,7 @@ async def test_resource_release_wakes_the_idle_loop(store: TaskStore, client: Ca
     first = await client.submit("infer", {"i": 0}, priority=10)
     second = await client.submit("infer", {"i": 1})
     async with running(worker):
-        await eventually(lambda: 0 in started, what="the first gpu call to start")
+        await wait_for_async("the first gpu call to start", lambda: 0 in started)
         # The second is due but the gpu is busy: the loop is idle on its 5 s poll.
         assert (await store.get(second.id)).status == "queued"  # type: ignore[union-attr]
         release.set()
@@ -147,7 +147,7 @@ async def test_release_during_a_claim_still_wakes_the_idle_loop(
             arm.clear()
             # The claim found no headroom; the gpu call ends before it returns.
             release.set()
-            await eventually(lambda: 0 in finished, what="the first call to end")
+            await wait_for_async("the first call to end", lambda: 0 in finished)
             await asyncio.sleep(0.2)  # let the settlement write land, too
         return result
 
@@ -155,7 +155,7 @@ async def test_release_during_a_claim_still_wakes_the_idle_loop(
     first = await client.submit("infer", {"i": 0}, priority=10)
     second = await client.submit("infer", {"i": 1})
     async with running(worker):
-        await eventually(lambda: 0 in started, what="the first gpu call to start")
+        await wait_for_async("the first gpu call to start", lambda: 0 in started)
         arm.set()
         await wait_all(store, [first.id, second.id], within=10)
     latency = started[1] - finished[0]

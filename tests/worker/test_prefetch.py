@@ -12,7 +12,8 @@ import pytest
 from cairnqd.client import CairnQ
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.worker.helpers import ErrorLog, eventually, running, wait_all
+from tests.waiting import wait_for_async
+from tests.worker.helpers import ErrorLog, running, wait_all
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,11 +47,11 @@ async def test_prefetch_claims_ahead_but_runs_at_most_concurrency(
     tasks = await client.submit_many([{"name": "job", "payload": {"i": i}} for i in range(40)])
     async with running(worker):
 
-        async def prefetched() -> bool:
-            return len(await client.list(status="running", limit=100)) > 2
+        async def leased() -> int:
+            return len(await client.list(status="running", limit=100))
 
         # More tasks hold a lease than run at once: the backlog is real.
-        await eventually(prefetched, what="tasks claimed ahead of free slots")
+        await wait_for_async("tasks claimed ahead of free slots", leased, accept=lambda n: n > 2)
         done = await wait_all(store, [t.id for t in tasks], "succeeded")
     assert [t.result for t in done] == list(range(40))
     assert peak <= 2
@@ -72,10 +73,12 @@ async def test_stop_runs_prefetched_tasks_instead_of_stranding_them(
     tasks = await client.submit_many([{"name": "slow"} for _ in range(6)])
     async with running(worker):
 
-        async def claimed_all() -> bool:
-            return len(await client.list(status="running", limit=100)) == 6
+        async def leased() -> int:
+            return len(await client.list(status="running", limit=100))
 
-        await eventually(claimed_all, what="all six claimed (one running, five prefetched)")
+        await wait_for_async(
+            "all six claimed (one running, five prefetched)", leased, accept=lambda n: n == 6
+        )
         worker.stop()
         gate.set()
     done = await wait_all(store, [t.id for t in tasks], "succeeded")
@@ -123,11 +126,11 @@ async def test_auto_claims_ahead_once_handlers_prove_fast(
         await wait_all(store, [t.id for t in warmup], "succeeded")
         tasks = await client.submit_many([{"name": "held"} for _ in range(30)])
 
-        async def prefetched() -> bool:
-            return len(await client.list(status="running", limit=100)) > 2
+        async def leased() -> int:
+            return len(await client.list(status="running", limit=100))
 
         # Microsecond calls: the next claim takes far more than the 2 free slots.
-        await eventually(prefetched, what="auto prefetch claiming ahead")
+        await wait_for_async("auto prefetch claiming ahead", leased, accept=lambda n: n > 2)
         gate.set()
         await wait_all(store, [t.id for t in tasks], "succeeded")
     assert not errors.calls

@@ -16,9 +16,9 @@ from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
 from tests.store.helpers import connect_upstream, pg_url
+from tests.waiting import wait_for_async
 from tests.worker.helpers import (
     IdleProbe,
-    eventually,
     pg_listening,
     running,
     wait_status,
@@ -32,11 +32,11 @@ BOUND_S = 1.0
 
 
 async def settle_into_idle(probe: IdleProbe, dialect: str, db_target: str) -> None:
-    await eventually(lambda: probe.idle.is_set(), what="the worker to go idle")
+    await wait_for_async("the worker to go idle", lambda: probe.idle.is_set())
     if dialect == "postgres":
-        await eventually(
+        await wait_for_async(
+            "the worker's LISTEN connection",
             lambda: asyncio.to_thread(pg_listening, db_target),
-            what="the worker's LISTEN connection",
         )
 
 
@@ -60,7 +60,7 @@ async def test_submit_from_another_connection_wakes_an_idle_worker(
         await settle_into_idle(probe, dialect, db_target)
         latencies = []
         for _ in range(3):
-            await eventually(lambda: probe.idle.is_set(), what="the worker to go idle again")
+            await wait_for_async("the worker to go idle again", lambda: probe.idle.is_set())
             t0 = time.monotonic()
             task = await second_store.submit(name="wake")
             await wait_status(store, task.id, "succeeded", within=10)
@@ -128,7 +128,7 @@ async def test_a_submit_landing_during_the_empty_claim_is_not_lost(
         # Wake the idle worker with a local submit so it runs a fresh (empty) claim.
         first = await store.submit(name="wake")
         await wait_status(store, first.id, "succeeded", within=10)
-        await eventually(lambda: submitted, what="the submit inside the claim gap")
+        await wait_for_async("the submit inside the claim gap", lambda: submitted)
         task_id, t0 = submitted[0]
         await wait_status(store, task_id, "succeeded", within=10)
     latency = started[task_id] - t0

@@ -1,0 +1,365 @@
+"""The statement files: the inventory, their parameters and conventions, and that each runs.
+
+Every operation has one file per dialect (a few are dialect-only); each names only known
+parameters, holds one statement, keeps the shared predicates verbatim, and executes on a
+migrated database returning the expected number of rows. The claim variants are claim.sql
+with specialized predicates and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.protocol.sqldb import PgDatabases, pg_ours, sqlite_ours
+from tests.protocol.sqlfiles import (
+    DIALECTS,
+    PARAM,
+    normalize,
+    statement_files,
+    statement_text,
+    strip_comments,
+    to_psycopg,
+)
+from tests.protocol.sqlrun import HANDLER_ERROR, now_ms
+
+
+def _params(dialect: str) -> dict[str, Any]:
+    """A superset of every statement's parameters, bound the store's way."""
+    now = now_ms()
+    sqlite = dialect == "sqlite"
+
+    def lst(values: list[str] | None) -> Any:
+        return json.dumps(values) if sqlite and values is not None else values
+
+    return {
+        "id": "task_run",
+        "name": "n",
+        "queue": "default",
+        "payload": '{"a": 1}',
+        "metadata": "{}",
+        "max_attempts": 3,
+        "priority": 0,
+        "parent_id": None,
+        "root_id": "task_run",
+        "correlation_id": None,
+        "now_ms": now,
+        "run_at_ms": now,
+        "lease_until_ms": now + 30_000,
+        "before_ms": now,
+        "lease_ms": 30_000,
+        "delay_ms": 0,
+        "older_than_ms": 0,
+        "key": "k",
+        "task_id": "task_run",
+        "status": None,
+        "limit": 10,
+        "offset": 0,
+        "reset_attempt": 0 if sqlite else False,
+        "retryable": 1 if sqlite else True,
+        "queues": lst(["default", "other"]),
+        "names": None,
+        "ids": lst(["task_run", "task_missing"]),
+        "worker_id": "w1",
+        "progress": 0.5,
+        "message": "half",
+        "result": '{"ok": true}',
+        "error": HANDLER_ERROR,
+        "max_depth": 5,
+        "items": json.dumps([{"id": "task_run", "r": '{"ok": true}'}]),
+        "running": "running",
+        "table_name": "cairnq_migrations",
+        # The daemon's session locks (two-int4 advisory key space).
+        "lock_namespace": 1668378212,
+        "lock_id": 1,
+        # insert_many: SQLite reads one JSON array, Postgres parallel arrays.
+        **_insert_many_params(sqlite),
+    }
+
+
+def _insert_many_params(sqlite: bool) -> dict[str, Any]:
+    row = {
+        "id": "task_many",
+        "name": "n",
+        "queue": "default",
+        "p": '{"a": 1}',
+        "m": "{}",
+        "max_attempts": 3,
+        "priority": 0,
+        "parent_id": None,
+        "root_id": "task_many",
+        "correlation_id": None,
+        "delay_ms": 0,
+    }
+    del sqlite  # both dialects read the same JSON array
+    return {"new_tasks": json.dumps([row])}
+
+
+# An expected row count of AT_LEAST_ONE: the ledgers hold one row per applied migration.
+AT_LEAST_ONE = -1
+
+# op -> (overrides, expected row count or None when the statement returns nothing)
+_STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
+    "sql/protocol_version": ({}, 1),
+    "sql/installations": ({}, 1),
+    "sql/lock_key": ({}, 1),
+    "sql/insert_task": ({"id": "task_new"}, 1),
+    "sql/get_key": ({}, 1),
+    "sql/upsert_key": ({"key": "k2"}, None),
+    "sql/get": ({}, 1),
+    "sql/get_by_key": ({}, 1),
+    "sql/get_status": ({}, 1),
+    "sql/get_status_by_key": ({}, 1),
+    "sql/list": (dict.fromkeys(("status", "queue", "name", "root_id", "correlation_id")), 4),
+    "sql/cancel": ({}, 1),
+    "sql/retry": ({"id": "task_done"}, 1),
+    "sql/purge": (dict.fromkeys(("status", "queue", "name")), 1),
+    "sql/stats": ({"queue": None}, 4),
+    "sql/queue_depth": ({}, 1),
+    "sql/claimable_probe": ({}, 1),
+    "sql/recover_leases": ({}, 1),
+    "sql/claim": ({}, 1),
+    "sql/claim_one_queue": ({}, 1),
+    "sql/claim_one_name": ({}, 1),
+    "sql/claim_one_queue_one_name": ({}, 1),
+    "sql/heartbeat": ({}, 1),
+    "sql/heartbeat_batch": ({}, 1),
+    "sql/progress": ({}, 1),
+    "sql/complete": ({}, 1),
+    "sql/succeed": ({}, 1),
+    "sql/fail": ({}, 1),
+    "sql/ledger_create": ({}, None),
+    "sql/ledger_lock": ({}, None),
+    "sql/ledger_applied": ({"name": "0001_init.sql"}, 1),
+    "sql/ledger_record": ({"name": "9999_test.sql"}, None),
+    "extensions/ledger_create": ({}, None),
+    "extensions/ledger_lock": ({}, None),
+    "extensions/ledger_applied": ({"name": "cairnqd_0001_task_keys_task_idx.sql"}, 1),
+    "extensions/ledger_record": ({"name": "cairnqd_9999_test.sql"}, None),
+    "extensions/release_worker": ({}, 1),
+    "extensions/complete_many": ({}, 1),
+    "extensions/insert_many": ({}, 1),
+    "extensions/purge_count": (dict.fromkeys(("status", "queue", "name")), 1),
+    "extensions/connection_limits": ({}, 1),
+    "sql/ledger_names": ({}, AT_LEAST_ONE),
+    "sql/ledger_list": ({}, AT_LEAST_ONE),
+    "sql/ledger_exists": ({"table_name": "cairnq_migrations"}, 1),
+    "extensions/ledger_names": ({}, AT_LEAST_ONE),
+    "extensions/ledger_list": ({}, AT_LEAST_ONE),
+    "extensions/oldest_queued": ({}, 1),
+    "extensions/leases_expired": ({}, 1),
+    "extensions/try_session_lock": ({}, 1),
+    "extensions/release_session_lock": ({}, 1),
+    "extensions/wal_checkpoint": ({}, 1),
+}
+
+_PG_ONLY = {
+    "extensions/connection_limits",
+    "sql/installations",
+    "sql/lock_key",
+    "sql/ledger_lock",
+    "extensions/ledger_lock",
+    "extensions/try_session_lock",
+    "extensions/release_session_lock",
+}
+_SQLITE_ONLY = {"extensions/wal_checkpoint"}
+
+
+def test_statement_inventory() -> None:
+    for dialect in DIALECTS:
+        only_other = _SQLITE_ONLY if dialect == "postgres" else _PG_ONLY
+        expected = {op for op in _STATEMENT_CASES if op not in only_other}
+        assert set(statement_files(dialect)) == expected, dialect
+
+
+def _seed_rows() -> list[tuple[str, str, str, str, str | None, int | None, int, int | None]]:
+    """(id, queue, name, status, worker_id, lease_until_ms, run_at_ms, completed_at_ms)."""
+    now = now_ms()
+    return [
+        ("task_run", "default", "n", "running", "w1", now + 60_000, now - 5_000, None),
+        ("task_q", "default", "n", "queued", None, None, now - 1_000, None),
+        ("task_done", "default", "n", "failed", "w1", None, now - 200_000, now - 100_000),
+        ("task_stale", "other", "m", "running", "w0", now - 1_000, now - 10_000, None),
+    ]
+
+
+_SEED_SQL = (
+    "insert into cairnq_tasks (id, name, queue, status, payload, attempt, max_attempts, "
+    "worker_id, lease_until_ms, run_at_ms, completed_at_ms, created_at_ms, updated_at_ms) "
+    "values (:id, :name, :queue, :status, '{}', :attempt, 3, :worker_id, :lease, :run_at, "
+    ":completed, :created, :created)"
+)
+
+
+def _seed(execute: Callable[[str, dict[str, Any]], Any]) -> None:
+    for i, (tid, queue, name, status, worker, lease, run_at, completed) in enumerate(_seed_rows()):
+        execute(
+            _SEED_SQL,
+            {
+                "id": tid,
+                "name": name,
+                "queue": queue,
+                "status": status,
+                "attempt": 0 if status == "queued" else 1,
+                "worker_id": worker,
+                "lease": lease,
+                "run_at": run_at,
+                "completed": completed,
+                "created": run_at + i,
+            },
+        )
+    execute(
+        "insert into cairnq_task_keys (key, task_id, created_at_ms, updated_at_ms) "
+        "values ('k', 'task_run', 1, 1)",
+        {},
+    )
+
+
+def _check_count(op: str, rows: list[Any] | None, expected: int | None) -> None:
+    if expected == AT_LEAST_ONE:
+        assert rows, op
+    else:
+        assert (None if rows is None else len(rows)) == expected, op
+
+
+def test_sqlite_statements_execute(tmp_path: Path) -> None:
+    conn = sqlite_ours(tmp_path / "stmts.db")
+    conn.execute("begin")
+    _seed(conn.execute)
+    conn.execute("commit")
+    for op, path in statement_files("sqlite").items():
+        overrides, expected = _STATEMENT_CASES[op]
+        params = {**_params("sqlite"), **overrides}
+        conn.execute("begin")
+        try:
+            cur = conn.execute(strip_comments(path.read_text()), params)
+            rows = cur.fetchall() if cur.description else None
+        except sqlite3.Error as exc:
+            raise AssertionError(f"sqlite {op}: {exc}") from exc
+        finally:
+            conn.execute("rollback")
+        _check_count(op, rows, expected)
+
+
+def test_postgres_statements_execute(pg: PgDatabases) -> None:
+    name = pg_ours(pg, "stmts")
+    with pg.connect(name) as conn:
+        with conn.transaction():
+            _seed(lambda sql, p: conn.execute(to_psycopg(sql), p))
+        for op, path in statement_files("postgres").items():
+            overrides, expected = _STATEMENT_CASES[op]
+            params = {**_params("postgres"), **overrides}
+            try:
+                cur = conn.execute(to_psycopg(path.read_text()), params)
+                rows = cur.fetchall() if cur.description else None
+            except Exception as exc:
+                raise AssertionError(f"postgres {op}: {exc}") from exc
+            finally:
+                conn.rollback()
+            _check_count(op, rows, expected)
+            if op == "sql/installations":
+                assert rows == [{"current_schema": "public", "schema": "public"}]
+
+
+def test_statements_name_only_known_parameters() -> None:
+    known = set(_params("sqlite"))
+    for dialect in DIALECTS:
+        for op, path in statement_files(dialect).items():
+            used = set(PARAM.findall(strip_comments(path.read_text())))
+            assert used <= known, (dialect, op, used - known)
+            text = normalize(path.read_text())
+            if text.startswith("do $$"):  # one statement: a plpgsql block
+                continue
+            assert text.count(";") <= 1 and not text.rstrip(";").count(";"), (dialect, op)
+
+
+def test_statement_conventions() -> None:
+    for dialect in DIALECTS:
+        sql = {op: normalize(p.read_text()) for op, p in statement_files(dialect).items()}
+        # Partial index predicates, verbatim.
+        lease = "status = 'running' and lease_until_ms is not null"
+        for op in ("sql/recover_leases", "sql/claimable_probe", "extensions/leases_expired"):
+            assert lease in sql[op], (dialect, op)
+        assert "status in ('succeeded', 'failed', 'canceled')" in sql["sql/purge"]
+        assert "completed_at_ms is not null" in sql["sql/purge"]
+        # Optional filters. Postgres types the first use (an absent filter binds NULL, and
+        # "$1 is null" alone does not tell Postgres the parameter's type).
+        cast = "::text" if dialect == "postgres" else ""
+        for op, cols in (
+            ("sql/list", ("status", "queue", "name", "root_id", "correlation_id")),
+            ("sql/purge", ("queue", "status", "name")),
+            ("sql/stats", ("queue",)),
+        ):
+            for col in cols:
+                assert f"(:{col}{cast} is null or {col} = :{col})" in sql[op], (dialect, op)
+        assert "order by created_at_ms desc, id desc limit :limit offset :offset" in sql["sql/list"]
+        for op in ("claim", "claim_one_queue", "claim_one_name", "claim_one_queue_one_name"):
+            assert "order by priority desc, run_at_ms asc, id asc" in sql[f"sql/{op}"]
+        if dialect == "postgres":
+            for op in ("purge", "recover_leases", "claim"):
+                assert "for update skip locked" in sql[f"sql/{op}"], op
+            assert "order by" not in sql["sql/recover_leases"]
+            assert "pg_advisory_xact_lock(hashtextextended(:key::text, 0))" in sql["sql/lock_key"]
+            for op in ("heartbeat", "heartbeat_batch", "progress", "complete", "succeed", "fail"):
+                assert "status = :running" in sql[f"sql/{op}"], op
+                assert "'running'" not in sql[f"sql/{op}"], op
+            clock = "(select (extract(epoch from clock_timestamp()) * 1000)::bigint)"
+            assert sql["sql/claimable_probe"].count(clock) == 2
+        else:
+            assert "completed_at_ms < :before_ms" in sql["sql/purge"]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_loader_specializes_optional_filters(dialect: str) -> None:
+    """The store's loader turns every supplied filter into a plain equality."""
+    from cairnqd._protocol import raw_sql, specialize
+
+    for op, filters in (
+        ("list", ("status", "queue", "name", "root_id", "correlation_id")),
+        ("purge", ("queue", "status", "name")),
+        ("stats", ("queue",)),
+    ):
+        text = specialize(raw_sql(dialect, op), frozenset(filters))  # type: ignore[arg-type]
+        assert " is null or " not in text, (dialect, op)
+        for col in filters:
+            assert f"{col} = :{col}" in text, (dialect, op, col)
+
+
+# -- claim variants ------------------------------------------------------------------
+
+_CLAIM_PREDICATES = {
+    "sqlite": {
+        "queues": "queue in (select value from json_each(:queues))",
+        "queue": "queue = :queue",
+        "names": "(:names is null or name in (select value from json_each(:names)))",
+        "name": "name = :name",
+    },
+    "postgres": {
+        "queues": "queue = any(:queues::text[])",
+        "queue": "queue = :queue",
+        "names": "(:names::text[] is null or name = any(:names::text[]))",
+        "name": "name = :name",
+    },
+}
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_claim_variants_differ_only_in_predicates(dialect: str) -> None:
+    pred = _CLAIM_PREDICATES[dialect]
+    base = normalize(statement_text(dialect, "claim"))
+    assert base.count(pred["queues"]) == 1 and base.count(pred["names"]) == 1
+    variants = {
+        "claim_one_queue": [("queues", "queue")],
+        "claim_one_name": [("names", "name")],
+        "claim_one_queue_one_name": [("queues", "queue"), ("names", "name")],
+    }
+    for variant, swaps in variants.items():
+        expected = base
+        for general, special in swaps:
+            expected = expected.replace(pred[general], pred[special])
+        assert normalize(statement_text(dialect, variant)) == expected, variant
