@@ -561,16 +561,35 @@ class TaskStore(ABC):
         async with self._transaction() as session:
             return await session.fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
 
-    async def release_worker(self, worker_id: str, *, message: str) -> builtins.list[Row]:
+    async def release_worker(
+        self,
+        worker_id: str,
+        *,
+        message: str,
+        unstarted: Sequence[tuple[str, int]] = (),
+    ) -> builtins.list[Row]:
         """Hand back every task `worker_id` still runs, with recovery's outcomes now:
         cancel requested -> canceled; attempts left -> queued; else failed with the
         lease-expired envelope carrying `message`. For a worker known to be dead (the
         daemon calls it after reaping the process), never for a live one.
+
+        `unstarted` lists (task id, attempt) pairs the worker held without ever calling
+        their handler: those are queued again with the attempt their claim spent given
+        back (a pending cancel still wins). Anything not listed counts as started.
         Returns the rows changed: id, queue, name and new status."""
         _require_str(worker_id, "worker_id")
         error = dump_json({**LEASE_EXPIRED_ERROR, "message": message})
         async with self._transaction() as session:
-            return await session.fetch("release_worker", {"worker_id": worker_id, "error": error})
+            returned: builtins.list[Row] = []
+            if unstarted:
+                items = dump_json([{"id": task_id, "a": attempt} for task_id, attempt in unstarted])
+                returned = await session.fetch(
+                    "extensions/return_unstarted", {"worker_id": worker_id, "unstarted": items}
+                )
+            released = await session.fetch(
+                "release_worker", {"worker_id": worker_id, "error": error}
+            )
+            return returned + released
 
     async def oldest_queued_age_ms(self) -> dict[str, int]:
         """Per queue: how long the oldest claimable queued task has been due."""

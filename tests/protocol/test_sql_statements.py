@@ -72,6 +72,7 @@ def _params(dialect: str) -> dict[str, Any]:
         "error": HANDLER_ERROR,
         "max_depth": 5,
         "items": json.dumps([{"id": "task_run", "r": '{"ok": true}'}]),
+        "unstarted": json.dumps([{"id": "task_run", "a": 1}]),
         "running": "running",
         "table_name": "cairnq_migrations",
         # The daemon's session locks (two-int4 advisory key space).
@@ -142,6 +143,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/ledger_applied": ({"name": "cairnqd_0001_task_keys_task_idx.sql"}, 1),
     "extensions/ledger_record": ({"name": "cairnqd_9999_test.sql"}, None),
     "extensions/release_worker": ({}, 1),
+    "extensions/return_unstarted": ({}, 1),
     "extensions/complete_many": ({}, 1),
     "extensions/insert_many": ({}, 1),
     "extensions/purge_count": (dict.fromkeys(("status", "queue", "name")), 1),

@@ -1,0 +1,133 @@
+"""Which held tasks a child has started, in memory the parent can read after it dies.
+
+Design note. When a child dies, the parent hands back every task it held. A task the
+child had claimed ahead but never started should get back the attempt its claim
+spent; a task whose handler was called must not (the handler may have done its work).
+The parent therefore has to know, for every held task, whether it started, and a start
+it cannot be sure of must count as started.
+
+Messages over the pipe cannot give that certainty: the child may start a handler and
+die before its message is written, and a child must never block on the pipe. So the
+parent creates a small shared memory file (memfd) per child and passes it at spawn;
+the child records each task it holds in a slot and flips one byte to "started" right
+before calling the handler. The parent reads the slots after reaping the child.
+
+Torn writes are safe by construction: a slot's id and attempt are written while its
+state byte still says free, and the state byte is written last; a single byte is never
+half-written. A task in no slot (the child died between its claim's commit and writing
+the slot, or the table was full) is simply not reported as unstarted, so it counts as
+started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import struct
+
+_MAGIC = b"CQST"
+_VERSION = 1
+_HEADER = 64
+_SLOT = 96
+_ID_MAX = _SLOT - 8
+#: Slots per child: enough for `concurrency` + a full prefetch backlog + results waiting
+#: to be written, for any sane config; past it the extra tasks count as started.
+CAPACITY = 4096
+
+_FREE, _HELD, _STARTED = 0, 1, 2
+_OVERFLOW_AT = 5
+_ATTEMPT = struct.Struct("<I")
+
+
+class StartTable:
+    """One child's table of held tasks. The parent `create`s it before spawning and
+    `unstarted()` reads it after the child is gone; the child `attach`es to the fd."""
+
+    def __init__(self, fd: int, memory: mmap.mmap, capacity: int) -> None:
+        self.fd = fd
+        self._memory = memory
+        self._capacity = capacity
+        # Child side only: where each held task lives, and the slots free for reuse.
+        self._slots: dict[tuple[str, int], int] = {}
+        self._free = list(range(capacity - 1, -1, -1))
+
+    @classmethod
+    def create(cls, capacity: int = CAPACITY) -> StartTable:
+        fd = os.memfd_create("cairnqd-starts", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, _HEADER + capacity * _SLOT)
+            memory = mmap.mmap(fd, _HEADER + capacity * _SLOT)
+        except BaseException:
+            os.close(fd)
+            raise
+        memory[0:4] = _MAGIC
+        memory[4] = _VERSION
+        return cls(fd, memory, capacity)
+
+    @classmethod
+    def attach(cls, fd: int) -> StartTable:
+        size = os.fstat(fd).st_size
+        memory = mmap.mmap(fd, size)
+        if memory[0:4] != _MAGIC or memory[4] != _VERSION:
+            memory.close()
+            raise ValueError("not a cairnqd start table (or another version)")
+        return cls(fd, memory, (size - _HEADER) // _SLOT)
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError, ValueError):
+            self._memory.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+    # -- the child's side ------------------------------------------------------------
+
+    def held(self, task_id: str, attempt: int) -> None:
+        """Record a task claimed into this child (not started yet)."""
+        raw = task_id.encode()
+        if len(raw) > _ID_MAX or not self._free:
+            self._memory[_OVERFLOW_AT] = 1  # said once; the task counts as started
+            return
+        slot = self._free.pop()
+        at = _HEADER + slot * _SLOT
+        memory = self._memory
+        memory[at + 1] = len(raw)
+        memory[at + 2 : at + 6] = _ATTEMPT.pack(attempt)
+        memory[at + 8 : at + 8 + len(raw)] = raw
+        memory[at] = _HELD  # last: the slot counts only once it is whole
+        self._slots[(task_id, attempt)] = slot
+
+    def started(self, task_id: str, attempt: int) -> None:
+        """Mark a held task started; call right before its handler is called."""
+        slot = self._slots.get((task_id, attempt))
+        if slot is not None:
+            self._memory[_HEADER + slot * _SLOT] = _STARTED
+
+    def released(self, task_id: str, attempt: int) -> None:
+        """The child let go of the task (settled, or its lease lost)."""
+        slot = self._slots.pop((task_id, attempt), None)
+        if slot is not None:
+            self._memory[_HEADER + slot * _SLOT] = _FREE
+            self._free.append(slot)
+
+    # -- the parent's side -----------------------------------------------------------
+
+    @property
+    def overflowed(self) -> bool:
+        return bool(self._memory[_OVERFLOW_AT])
+
+    def unstarted(self) -> list[tuple[str, int]]:
+        """(task id, attempt) of every task the child held and never started."""
+        memory, found = self._memory, []
+        for slot in range(self._capacity):
+            at = _HEADER + slot * _SLOT
+            if memory[at] != _HELD:
+                continue
+            length = memory[at + 1]
+            try:
+                task_id = memory[at + 8 : at + 8 + length].decode()
+            except UnicodeDecodeError:
+                continue  # cannot happen short of memory corruption: counts as started
+            (attempt,) = _ATTEMPT.unpack(memory[at + 2 : at + 6])
+            found.append((task_id, attempt))
+        return found

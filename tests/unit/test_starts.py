@@ -1,0 +1,79 @@
+"""The start table: a real memfd shared with a real child process that is SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cairnqd.daemon.starts import StartTable
+from tests.waiting import wait_for
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from cairnqd.daemon.starts import StartTable
+    table = StartTable.attach(int(sys.argv[1]))
+    for i in range(5):
+        table.held(f"task_{i}", 1)
+    table.started("task_1", 1)
+    table.started("task_3", 1)
+    table.released("task_3", 1)   # started and finished
+    table.released("task_4", 1)   # lease lost before it started
+    table.held("task_1", 2)       # the same task again, a later attempt, not started
+    print("ready", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_the_parent_reads_what_a_killed_child_left() -> None:
+    table = StartTable.create(capacity=16)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(table.fd)],
+            pass_fds=(table.fd,),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, signal.SIGKILL)
+        wait_for("the child to die", lambda: child.poll() is not None)
+        child.stdout.close()
+        assert sorted(table.unstarted()) == [
+            ("task_0", 1),
+            ("task_1", 2),
+            ("task_2", 1),
+        ]
+        assert not table.overflowed
+    finally:
+        table.close()
+
+
+def test_a_full_table_says_so_and_counts_the_rest_as_started() -> None:
+    table = StartTable.create(capacity=2)
+    try:
+        for i in range(3):
+            table.held(f"t{i}", 1)
+        assert table.overflowed
+        assert sorted(table.unstarted()) == [("t0", 1), ("t1", 1)]
+        table.released("t0", 1)
+        table.held("t3", 1)  # a freed slot is reused
+        assert sorted(table.unstarted()) == [("t1", 1), ("t3", 1)]
+    finally:
+        table.close()
+
+
+def test_attach_refuses_a_foreign_file() -> None:
+    fd = os.memfd_create("other")
+    try:
+        os.ftruncate(fd, 4096)
+        with pytest.raises(ValueError, match="not a cairnqd start table"):
+            StartTable.attach(fd)
+    finally:
+        os.close(fd)
