@@ -23,6 +23,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cairnqd._failures import FailureLog, format_traceback
 from cairnqd._handlers import RegisteredHandler
 from cairnqd._inflight import InFlight
 from cairnqd._jsoncodec import dump_json
@@ -60,6 +61,7 @@ class CallRunner:
         self._executor = executor
         # Plain calls in flight, for auto prefetch's "is anything running slow?".
         self._plain_calls: set[Call] = set()
+        self._failures = FailureLog()
 
     def longest_plain_call(self) -> float:
         """Seconds the oldest plain call in flight has been running (0 when none)."""
@@ -179,13 +181,16 @@ class CallRunner:
         if isinstance(exc, LostLease):
             return
         if isinstance(exc, TaskError):
+            # The handler chose this envelope, details included: stored as given.
             error, retryable = exc.envelope(), exc.retryable
         else:
             error = envelope(type(exc).__name__, "handler_error", str(exc), retryable=True)
+            error["details"] = {"traceback": format_traceback(exc)}
             retryable = True
         for ctx in contexts:
             if not ctx.settled and not ctx.lost_lease:
-                await self._settlement.settle_quietly(ctx, error, retryable)
+                task = await self._settlement.settle_quietly(ctx, error, retryable)
+                self._failures.failed(ctx, exc, task)
 
     async def _settle_timeout(self, contexts: list[TaskContext]) -> None:
         message = f"handler ran longer than max_run_ms={self._max_run_ms}"
@@ -194,11 +199,14 @@ class CallRunner:
             if not ctx.settled:
                 # Straight to the store although flagged lost: the flag only stops the
                 # abandoned handler's own writes, the lease is still ours.
-                await self._settlement.settle_quietly(ctx, error, True)
+                task = await self._settlement.settle_quietly(ctx, error, True)
+                self._failures.failed(ctx, TimeoutError(message), task)
 
     async def fail_no_handler(self, ctx: TaskContext) -> None:
-        error = envelope("NoHandler", "no_handler", f"no handler registered for {ctx.name!r}")
-        await self._settlement.settle_quietly(ctx, error, False)
+        message = f"no handler registered for {ctx.name!r}"
+        error = envelope("NoHandler", "no_handler", message)
+        task = await self._settlement.settle_quietly(ctx, error, False)
+        self._failures.failed(ctx, LookupError(message), task)
 
 
 class _MaxRunExceeded(Exception):

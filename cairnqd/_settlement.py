@@ -122,11 +122,12 @@ class Settlement:
 
     async def settle_quietly(
         self, ctx: TaskContext, error: Mapping[str, Any], retryable: bool
-    ) -> None:
+    ) -> Task | None:
         """`fail_now` for the worker's own settlements: a lost lease or a failed write
-        is reported and the task released, never raised into the call."""
+        is reported and the task released, never raised into the call. Returns the
+        task as written, None when it was not."""
         try:
-            await self.fail_now(ctx, error, retryable)
+            return await self.fail_now(ctx, error, retryable)
         except LostLease:
             self.inflight.release(ctx, "lease_lost", "the database refused the failure")
         except Exception as exc:
@@ -134,6 +135,7 @@ class Settlement:
             # Unwritten: stop renewing the lease so recovery hands the task on, rather
             # than the heartbeat keeping it ours forever.
             self.inflight.release(ctx, "lease_lost", f"the failure could not be written: {exc}")
+        return None
 
     # -- returned results, batched -------------------------------------------------------
 

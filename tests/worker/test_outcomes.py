@@ -122,12 +122,13 @@ async def test_other_exceptions_retry_with_backoff_then_fail(
     assert done.status == "failed"
     assert done.attempt == 3
     assert len(started_ms) == 3
+    traceback = done.error.pop("details")["traceback"]
+    assert traceback.endswith("ValueError: boom 3\n")
     assert done.error == {
         "type": "ValueError",
         "code": "handler_error",
         "message": "boom 3",
         "retryable": True,
-        "details": {},
     }
     # While running again, the row carries the previous attempt's error.
     assert rows_seen[0].error["message"] == "boom 1"
