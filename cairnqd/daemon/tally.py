@@ -1,0 +1,163 @@
+"""Task counts a child keeps and the parent turns into metrics, without a message per task.
+
+Design note. At thousands of tasks a second, one pipe message per task cost the parent
+more CPU than the tasks (the daemon drained 13-28% slower than a bare worker). A child
+now counts in `TaskTally`: attempts started, and how they ended, per (queue, task
+name), plus the duration and queue-wait histogram buckets per queue. The counts are
+cumulative since the child started and travel as one `tally` message every fraction of
+a second. Being cumulative, any tally may be lost or superseded in the outbox: the next
+one still carries everything, and the parent (`TallyBook`) applies only the difference
+from the last one it saw of that child.
+
+What a child counts, by outcome (`_inflight.WorkerObserver.task_ended`): succeeded,
+canceled, retried (a failed attempt queued again; also counted as failed), failed, and
+lease_lost (the attempt ended without this worker writing it). Failure reasons are the
+bounded set the metrics expose (error, max_run, worker_lost, lease_lost).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Counter kinds; "failed" counts every failed attempt, "retried" the requeued subset.
+KINDS = ("started", "succeeded", "failed", "retried", "canceled")
+
+
+def failure_reason(outcome: str, code: str) -> str:
+    """Map an attempt's outcome and error code onto the bounded `reason` label."""
+    if outcome == "lease_lost":
+        return "lease_lost"
+    if code.startswith("max_run") or code == "handler_timeout":
+        return "max_run"
+    if code in ("lease_expired", "worker_lost"):
+        return "worker_lost"
+    return "error"
+
+
+CounterKey = tuple[str, str, str, str]  # queue, name, kind, reason ("" unless failed)
+
+
+class _Histogram:
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = list(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+
+class TaskTally:
+    """A child's cumulative task counts (event-loop thread only)."""
+
+    def __init__(self, duration_buckets: Sequence[float], wait_buckets: Sequence[float]) -> None:
+        self._buckets = (list(duration_buckets), list(wait_buckets))
+        self.counters: dict[CounterKey, int] = {}
+        self.durations: dict[str, _Histogram] = {}
+        self.waits: dict[str, _Histogram] = {}
+
+    def started(self, queue: str, name: str, wait_s: float) -> None:
+        self._count(queue, name, "started", "")
+        histogram = self.waits.get(queue)
+        if histogram is None:
+            histogram = self.waits[queue] = _Histogram(self._buckets[1])
+        histogram.observe(max(0.0, wait_s))
+
+    def ended(self, queue: str, name: str, outcome: str, code: str, duration_s: float) -> None:
+        if outcome in ("succeeded", "canceled"):
+            self._count(queue, name, outcome, "")
+        else:
+            self._count(queue, name, "failed", failure_reason(outcome, code))
+            if outcome == "retried":
+                self._count(queue, name, "retried", "")
+        histogram = self.durations.get(queue)
+        if histogram is None:
+            histogram = self.durations[queue] = _Histogram(self._buckets[0])
+        histogram.observe(max(0.0, duration_s))
+
+    def _count(self, queue: str, name: str, kind: str, reason: str) -> None:
+        key = (queue, name, kind, reason)
+        self.counters[key] = self.counters.get(key, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counts as a JSON-able mapping (the `tally` message's fields)."""
+        return {
+            "counters": [[*key, n] for key, n in self.counters.items()],
+            "durations": {q: [*h.counts, h.total] for q, h in self.durations.items()},
+            "waits": {q: [*h.counts, h.total] for q, h in self.waits.items()},
+        }
+
+
+@dataclass(frozen=True)
+class CounterDelta:
+    queue: str
+    name: str
+    kind: str
+    reason: str
+    amount: int
+
+
+@dataclass(frozen=True)
+class HistogramDelta:
+    which: str  # "durations" or "waits"
+    queue: str
+    counts: tuple[int, ...]  # per bucket, +Inf last
+    total: float
+
+
+class TallyBook:
+    """The parent's memory of each child's last tally, to turn the next into deltas."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, dict[str, Any]] = {}
+
+    def forget(self, child: str) -> None:
+        self._last.pop(child, None)
+
+    def apply(
+        self, child: str, tally: Mapping[str, Any]
+    ) -> tuple[list[CounterDelta], list[HistogramDelta]]:
+        """What changed since `child`'s previous tally. Raises ValueError/TypeError on
+        a malformed tally (the caller's guard counts it and moves on)."""
+        previous = self._last.get(child, {})
+        counters = _counter_deltas(previous.get("counters", []), tally["counters"])
+        histograms = [
+            delta
+            for which in ("durations", "waits")
+            for delta in _histogram_deltas(which, previous.get(which, {}), tally[which])
+        ]
+        self._last[child] = dict(tally)
+        return counters, histograms
+
+
+def _counter_deltas(before: list[list[Any]], now: list[list[Any]]) -> list[CounterDelta]:
+    seen = {tuple(row[:4]): int(row[4]) for row in before}
+    deltas = []
+    for row in now:
+        queue, name, kind, reason, n = str(row[0]), str(row[1]), str(row[2]), str(row[3]), row[4]
+        if kind not in KINDS or isinstance(n, bool) or not isinstance(n, int):
+            raise ValueError(f"bad tally counter {row!r}")
+        amount = n - seen.get((queue, name, kind, reason), 0)
+        if amount > 0:
+            deltas.append(CounterDelta(queue, name, kind, reason, amount))
+    return deltas
+
+
+def _histogram_deltas(
+    which: str, before: Mapping[str, list[Any]], now: Mapping[str, list[Any]]
+) -> Iterator[HistogramDelta]:
+    for queue, values in now.items():
+        old = before.get(queue)
+        counts = [int(v) for v in values[:-1]]
+        total = float(values[-1])
+        if old is not None:
+            counts = [c - int(o) for c, o in zip(counts, old[:-1], strict=True)]
+            total -= float(old[-1])
+        if any(counts):
+            yield HistogramDelta(which, str(queue), tuple(counts), total)
