@@ -3,6 +3,7 @@
 A test package elsewhere gets them the same way: import them into its conftest.py.
 """
 
+from tests.faults.netns import netns_hosts
 from tests.faults.proxy import pg_proxy
 
-__all__ = ["pg_proxy"]
+__all__ = ["netns_hosts", "pg_proxy"]

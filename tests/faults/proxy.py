@@ -174,6 +174,10 @@ class FaultProxy:
         self._switch(_Setting(Mode.RESET))
 
     @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
     def mode(self) -> Mode:
         return self._setting.mode
 
@@ -348,12 +352,16 @@ class FaultProxy:
             link.reset()
 
 
+def postgres_address() -> tuple[str, int]:
+    """Where the test Postgres server (`PG_DSN`) listens."""
+    target = psycopg.conninfo.conninfo_to_dict(PG_DSN)
+    return str(target.get("host") or "127.0.0.1"), int(str(target.get("port") or 5432))
+
+
 @contextlib.contextmanager
 def proxy_to_postgres(listen_host: str = "127.0.0.1") -> Iterator[FaultProxy]:
-    """A started FaultProxy in front of the test Postgres server (`PG_DSN`)."""
-    target = psycopg.conninfo.conninfo_to_dict(PG_DSN)
-    upstream = (str(target.get("host") or "127.0.0.1"), int(str(target.get("port") or 5432)))
-    with FaultProxy(upstream, listen_host) as proxy:
+    """A started FaultProxy in front of the test Postgres server."""
+    with FaultProxy(postgres_address(), listen_host) as proxy:
         yield proxy
 
 

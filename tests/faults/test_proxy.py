@@ -14,18 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.faults.pg_probe import SHORT_KEEPALIVES
 from tests.faults.proxy import FaultProxy, Mode
 from tests.waiting import wait_for
-
-# libpq's keepalive and user-timeout settings at their shortest sensible values: on a
-# connection the kernel can see is dead, they end it within about three seconds.
-SHORT_KEEPALIVES: dict[str, Any] = {
-    "keepalives": 1,
-    "keepalives_idle": 1,
-    "keepalives_interval": 1,
-    "keepalives_count": 2,
-    "tcp_user_timeout": 3000,
-}
 
 
 def connect(dsn: str, **params: Any) -> psycopg.Connection[tuple[Any, ...]]:
