@@ -32,7 +32,24 @@ from setproctitle import setproctitle
 
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
-from cairnqd.daemon.pipes import PROTOCOL_VERSION, MessageReader, MessageWriter, encode, read_one
+from cairnqd.daemon.messages import (
+    PROTOCOL_VERSION,
+    DatabaseTrouble,
+    Fatal,
+    Goodbye,
+    Heartbeat,
+    MessageError,
+    Ready,
+    ReopenLogs,
+    SetLogging,
+    TaskEnded,
+    TaskRan,
+    TaskStarted,
+    decode_control,
+    encode_atomic,
+    parse_line,
+)
+from cairnqd.daemon.pipes import MessageReader, MessageWriter, read_one
 from cairnqd.errors import (
     DatabaseUnavailable,
     MigrationsPending,
@@ -88,7 +105,7 @@ class ChildReporter:
         self.finished = 0
         self._buffer: list[bytes] = []
         # Starts not yet written, by task id: an end arriving first merges with them.
-        self._unsent_starts: dict[str, dict[str, Any]] = {}
+        self._unsent_starts: dict[str, TaskStarted] = {}
         self._flush_armed = False
 
     def _arm(self) -> None:
@@ -100,33 +117,32 @@ class ChildReporter:
         self._flush_armed = False
         starts, self._unsent_starts = self._unsent_starts, {}
         lines, self._buffer = self._buffer, []
-        lines.extend(encode("start", **fields) for fields in starts.values())
+        lines.extend(encode_atomic(start) for start in starts.values())
         if lines:
             self.child.events.send_lines(lines)
 
     def task_started(self, task: Task) -> None:
         self.started[task.id] = time.monotonic()
         wait_s = max(0.0, (task.updated_at_ms - task.run_at_ms) / 1000)
-        self._unsent_starts[task.id] = {
-            "id": task.id,
-            "queue": task.queue,
-            "name": task.name,
-            "attempt": task.attempt,
-            "wait_s": round(wait_s, 6),
-        }
+        self._unsent_starts[task.id] = TaskStarted(
+            task.id, task.queue, task.name, task.attempt, round(wait_s, 6)
+        )
         self._arm()
 
     def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None:
         began = self.started.pop(task.id, None)
         dur = time.monotonic() - began if began is not None else duration_s
-        ending = {"outcome": outcome, "reason": reason, "dur_s": round(dur, 6)}
+        dur = round(dur, 6)
         start = self._unsent_starts.pop(task.id, None)
         if start is not None:
-            self._buffer.append(encode("task", **start, **ending))
+            ran = TaskRan(
+                start.id, start.queue, start.name, start.attempt, start.wait_s,
+                outcome, reason, dur,
+            )  # fmt: skip
+            self._buffer.append(encode_atomic(ran))
         else:
-            self._buffer.append(
-                encode("end", id=task.id, queue=task.queue, name=task.name, **ending)
-            )
+            ended = TaskEnded(task.id, task.queue, task.name, outcome, reason, dur)
+            self._buffer.append(encode_atomic(ended))
         self._arm()
         self.finished += 1
         self.child.after_task(self.finished)
@@ -155,20 +171,21 @@ class Child:
         self._ignore_orchestrated_signals()
         faulthandler.enable()
         try:
-            self.boot, rest = read_one(self.control_fd, _BOOT_TIMEOUT_S)
+            line, rest = read_one(self.control_fd, _BOOT_TIMEOUT_S)
+            self.boot = parse_line(line)
         except Exception as exc:
-            self.events.send("fatal", error=f"no boot message from the parent: {exc}")
+            self.events.send(Fatal(f"no boot message from the parent: {exc}"))
             return TEMPFAIL
         self._control = MessageReader(self.control_fd, rest)
         if self.boot.get("v") != PROTOCOL_VERSION:
-            self.events.send("fatal", error="pipe protocol mismatch: restart cairnqd")
+            self.events.send(Fatal("pipe protocol mismatch: restart cairnqd"))
             return CONFIG
         self._configure_logging(self.boot.get("logging") or {"level": self.boot.get("log_level")})
         self._title("starting")
         try:
             worker = self._build_worker()
         except Exception as exc:
-            self.events.send("fatal", error=f"{type(exc).__name__}: {exc}")
+            self.events.send(Fatal(f"{type(exc).__name__}: {exc}"))
             log.error("cannot boot: %s", exc)
             return CONFIG
         self.worker = worker
@@ -267,7 +284,7 @@ class Child:
             NotACairnqDatabase,
         ) as exc:
             # No restart can fix these; the group goes FATAL instead of looping.
-            self.events.send("fatal", error=str(exc))
+            self.events.send(Fatal(str(exc)))
             log.error("cannot boot: %s", exc)
             return CONFIG
         if not connected:
@@ -275,8 +292,10 @@ class Child:
         self.state = "run"
         self._title("ready")
         self.events.send(
-            "ready", v=PROTOCOL_VERSION, pid=os.getpid(), worker_id=worker.worker_id,
-            gen=self.boot.get("gen", 0), rss=_rss_bytes(),
+            Ready(
+                v=PROTOCOL_VERSION, pid=os.getpid(), worker_id=worker.worker_id,
+                gen=self.boot.get("gen", 0), rss=_rss_bytes(),
+            )
         )  # fmt: skip
         log.info("ready: worker %s, generation %s", worker.worker_id, self.boot.get("gen", 0))
         try:
@@ -292,7 +311,7 @@ class Child:
         self.reporter.flush()
         if self.state == "orphaned":
             return TEMPFAIL
-        self.events.send("bye", reason=self.bye_reason)
+        self.events.send(Goodbye(self.bye_reason))
         return OK
 
     async def _connect(self, store: TaskStore) -> bool:
@@ -305,7 +324,7 @@ class Child:
                 if self.state != "db_wait":
                     log.warning("database unavailable, retrying: %s", exc)
                 self.state = "db_wait"
-                self.events.send("dberr", kind="connect")
+                self.events.send(DatabaseTrouble("connect"))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         return False
@@ -356,16 +375,16 @@ class Child:
 
     def _on_control(self) -> None:
         assert self._control is not None
-        for message in self._control.read():
-            kind = message.get("t")
-            if kind == "log_level":
-                settings = message.get("logging")
-                if isinstance(settings, dict):
-                    # A reload: format, file and per-logger levels change in place too.
-                    self._configure_logging(settings)
-                elif "level" in message:
-                    logging.getLogger().setLevel(str(message["level"]).upper())
-            elif kind == "reopen_logs":
+        for line in self._control.read_lines():
+            try:
+                message = decode_control(line)
+            except MessageError as exc:
+                log.error("ignoring a bad control message from the parent: %s", exc)
+                continue
+            if isinstance(message, SetLogging):
+                # A reload: format, file and per-logger levels change in place too.
+                self._configure_logging(dict(message.logging))
+            elif isinstance(message, ReopenLogs):
                 reopen_logs()  # logrotate renamed the file; the parent got SIGUSR1
         if self._control.closed:
             assert self.loop is not None
@@ -384,7 +403,7 @@ class Child:
 
     def _on_error(self, exc: BaseException, info: dict[str, Any]) -> None:
         kind = "busy" if "locked" in str(exc) or "busy" in str(exc) else "other"
-        self.events.send("dberr", kind=kind, phase=str(info.get("phase", "")))
+        self.events.send(DatabaseTrouble(kind, str(info.get("phase", ""))))
         log.warning("%s error: %s", info.get("phase", "worker"), exc)
 
     def _heartbeat_thread(self) -> None:
@@ -394,7 +413,7 @@ class Child:
             if os.getppid() != self.parent_pid and self.loop is not None:
                 self.loop.call_soon_threadsafe(self._orphaned)
             busy = len(self.worker._contexts) if self.worker is not None else 0
-            if not self.events.send("hb", busy=busy, rss=_rss_bytes(), state=self.state):
+            if not self.events.send(Heartbeat(busy=busy, rss=_rss_bytes(), state=self.state)):
                 return
 
 

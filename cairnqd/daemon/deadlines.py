@@ -43,8 +43,7 @@ def check_deadlines(groups: Iterable[GroupPool], sup: SupervisorConfig) -> None:
             ):
                 _abort(child, "heartbeat_timeout")
             elif max_run is not None and any(
-                now - task["seen"] > max_run.total_seconds() + 10
-                for task in child.in_flight.values()
+                now - task.seen > max_run.total_seconds() + 10 for task in child.in_flight.values()
             ):
                 child.kill_reason = "max_run"
                 log.error("child %d exceeded max_run by 10s; killing it", child.pid)

@@ -10,6 +10,7 @@ nothing of the parent (threads, connections, locks) reaches a child.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -24,11 +25,21 @@ from ulid import ULID
 
 from cairnqd.config import Config, GroupConfig, to_ms
 from cairnqd.daemon.logs import logging_settings
-from cairnqd.daemon.pipes import PROTOCOL_VERSION, MessageReader, MessageWriter
+from cairnqd.daemon.messages import PROTOCOL_VERSION, TaskStarted
+from cairnqd.daemon.pipes import MessageReader, MessageWriter
 from cairnqd.daemon.restart_budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
 from cairnqd.daemon.systemd import child_environment
 
 log = logging.getLogger("cairnqd.supervisor")
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A task a child reported started and not yet ended."""
+
+    task: TaskStarted
+    #: When the parent heard of it (monotonic): max_run counts from here.
+    seen: float
 
 
 @dataclass
@@ -44,13 +55,16 @@ class ChildProcess:
     state: str = "starting"  # starting, ready, draining, db_wait, quiet
     ready_at: float | None = None
     last_heard: float = field(default_factory=time.monotonic)
-    in_flight: dict[str, dict[str, Any]] = field(default_factory=dict)
+    in_flight: dict[str, InFlight] = field(default_factory=dict)
     rss: int = 0
     bye: str | None = None
     fatal: str | None = None
     kill_reason: str | None = None
     term_sent_at: float | None = None
     abort_sent_at: float | None = None
+    #: Lines on its events pipe that were no valid message, and when we last said so.
+    malformed: int = 0
+    malformed_logged_at: float = float("-inf")
 
     @property
     def pid(self) -> int:
@@ -159,10 +173,9 @@ def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) 
     )
     boot = boot_message(config, group, slot, generation)
     boot["worker_id"] = child.worker_id
-    try:
-        child.control.send_whole("boot", **boot)
-    except OSError as exc:
-        log.error("could not send boot to child %d: %s", child.pid, exc)
+    line = (json.dumps({"t": "boot", **boot}, separators=(",", ":")) + "\n").encode()
+    if not child.control.send_whole(line):
+        log.error("could not send boot to child %d: its pipe is closed", child.pid)
     return child
 
 

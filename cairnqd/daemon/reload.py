@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from cairnqd.config import Config, ConfigError, GroupConfig, load_config
 from cairnqd.daemon import systemd
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, logging_settings
+from cairnqd.daemon.messages import SetLogging, encode
 from cairnqd.daemon.pool import GroupPool
 from cairnqd.daemon.statefile import after_reload
 
@@ -113,7 +114,7 @@ class ConfigReload:
         later get them in their boot message."""
         settings = logging_settings(config.logging)
         for child in self._sup.all_children():
-            child.control.send("log_level", level=settings["level"], logging=settings)
+            child.control.send_whole(encode(SetLogging(settings)))
 
     def _retire_group(self, name: str) -> None:
         group = self._sup.groups.pop(name)

@@ -75,9 +75,7 @@ def status_dump(groups: Iterable[GroupPool], *, generation: int, stopping: bool)
                 wait = max(0.0, slot.restart_at - now)
                 lines.append(f"  slot {slot.index}: empty (restart in {wait:.1f}s)")
                 continue
-            tasks = ", ".join(
-                f"{tid} ({now - t['seen']:.1f}s)" for tid, t in child.in_flight.items()
-            )
+            tasks = ", ".join(f"{tid} ({now - t.seen:.1f}s)" for tid, t in child.in_flight.items())
             lines.append(
                 f"  slot {slot.index}: pid {child.pid} {child.state} gen {child.generation} "
                 f"rss {child.rss >> 20}MiB in flight: {tasks or 'none'}"

@@ -26,7 +26,6 @@ import signal
 import sys
 import time
 from collections import deque
-from typing import Any
 
 from setproctitle import setproctitle
 
@@ -37,8 +36,24 @@ from cairnqd.daemon.deadlines import check_deadlines
 from cairnqd.daemon.exitcodes import CONFIG, OK, SOFTWARE, TEMPFAIL
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
 from cairnqd.daemon.maintenance import Maintenance
+from cairnqd.daemon.messages import (
+    ChildMessage,
+    DatabaseTrouble,
+    Fatal,
+    Goodbye,
+    Heartbeat,
+    MessageError,
+    Ready,
+    ReopenLogs,
+    TaskEnded,
+    TaskRan,
+    TaskStarted,
+    decode_child,
+    encode,
+)
 from cairnqd.daemon.metrics import Metrics
-from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot, spawn_child
+from cairnqd.daemon.pipes import PipeError
+from cairnqd.daemon.pool import ChildProcess, GroupPool, InFlight, Slot, spawn_child
 from cairnqd.daemon.reload import ConfigReload
 from cairnqd.daemon.statefile import AlreadyRunning, StateFile, initial_state, state_path
 from cairnqd.daemon.status import StatusReport, status_dump
@@ -52,8 +67,10 @@ _HANDLED = (
 #: The parent's process label in log lines; a child's is `[group] slot/slots`.
 PARENT_LABEL = "master"
 # Child messages that change what the loop must do next (the rest are task events).
-_STATE_EVENTS = frozenset({"ready", "bye", "fatal"})
+_STATE_EVENTS = (Ready, Goodbye, Fatal)
 _QUIT_GRACE_S = 2.0
+# A child that keeps writing garbage gets one log line per this many seconds.
+_MALFORMED_LOG_EVERY_S = 10.0
 _TICK_S = 0.1
 
 
@@ -236,7 +253,7 @@ class Supervisor:
         # file, then have every child reopen its own handler (each opened the file).
         reopen_logs()
         for child in self.all_children():
-            child.control.send("reopen_logs")
+            child.control.send_whole(encode(ReopenLogs()))
         log.info("status:\n%s", self.status_dump())
 
     def handle_sigtstp(self) -> None:
@@ -277,16 +294,22 @@ class Supervisor:
         if child is None:
             return False
         try:
-            messages = child.events.read()
-        except Exception as exc:
+            lines = child.events.read_lines()
+        except PipeError as exc:
             log.error("child %d sent garbage (%s); killing it", child.pid, exc)
             child.kill_reason = "protocol"
             child.signal(signal.SIGKILL)
-            messages = []
+            lines = []
         changed = False
-        for message in messages:
+        for line in lines:
+            # The one guard on what a child writes: past it, every field is typed.
+            try:
+                message = decode_child(line)
+            except MessageError as exc:
+                self._on_malformed(child, exc)
+                continue
             self._on_event(child, message)
-            changed |= message.get("t") in _STATE_EVENTS
+            changed |= isinstance(message, _STATE_EVENTS)
         if child.events.closed:
             self._forget_fd(child)
             changed = True
@@ -296,31 +319,44 @@ class Supervisor:
         if self.by_fd.pop(child.events.fd, None) is not None:
             self.selector.unregister(child.events.fd)
 
-    def _on_event(self, child: ChildProcess, message: dict[str, Any]) -> None:
-        kind = message.get("t")
-        child.last_heard = time.monotonic()
-        if kind == "ready":
-            child.state = "ready"
-            child.ready_at = time.monotonic()
-            child.rss = int(message.get("rss", 0))
-            self.groups[child.group].boot_failures = 0
-        elif kind == "hb":
-            state = str(message.get("state", ""))
-            if state == "db_wait":
+    def _on_malformed(self, child: ChildProcess, error: MessageError) -> None:
+        """Count a line that is no valid message; log it, at most once per interval."""
+        child.malformed += 1
+        now = time.monotonic()
+        if now - child.malformed_logged_at < _MALFORMED_LOG_EVERY_S:
+            return
+        child.malformed_logged_at = now
+        log.warning(
+            "child %d of %s wrote a malformed message (%d so far): %s",
+            child.pid, child.group, child.malformed, error,
+        )  # fmt: skip
+
+    def _on_event(self, child: ChildProcess, message: ChildMessage) -> None:
+        now = child.last_heard = time.monotonic()
+        match message:
+            case Ready():
+                child.state = "ready"
+                child.ready_at = now
+                child.rss = message.rss
+                group = self.groups.get(child.group)
+                if group is not None:
+                    group.boot_failures = 0
+            case Heartbeat():
+                if message.state in ("db_wait", "draining", "quiet"):
+                    child.state = message.state
+                child.rss = message.rss
+            case TaskStarted():
+                child.in_flight[message.id] = InFlight(message, seen=now)
+            case TaskEnded():
+                child.in_flight.pop(message.id, None)
+            case Goodbye():
+                child.bye = message.reason
+            case Fatal():
+                child.fatal = message.error
+            case DatabaseTrouble() if child.state == "starting":
                 child.state = "db_wait"
-            elif state in ("draining", "quiet"):
-                child.state = state
-            child.rss = int(message.get("rss", 0))
-        elif kind == "start":
-            child.in_flight[str(message.get("id"))] = {**message, "seen": time.monotonic()}
-        elif kind == "end":
-            child.in_flight.pop(str(message.get("id")), None)
-        elif kind == "bye":
-            child.bye = str(message.get("reason", "drain"))
-        elif kind == "fatal":
-            child.fatal = str(message.get("error", "unknown error"))
-        elif kind == "dberr" and child.state == "starting":
-            child.state = "db_wait"
+            case TaskRan() | DatabaseTrouble():
+                pass  # counted below; nothing to track
         self.metrics.record_event(child.group, child.slot, message)
 
     def _reap(self) -> None:

@@ -231,3 +231,39 @@ def test_second_sigint_stops_a_stuck_drain(
     assert "second SIGINT" in daemon.output()
     assert gone(child)
     assert_handed_back(sqlite_path, task.id)
+
+
+def test_the_parent_survives_any_line_a_child_writes(
+    tmp_path: Path, sqlite_path: str, daemon_factory: Any
+) -> None:
+    config = config_for(tmp_path, sqlite_path, {"g": {"queues": ["q"], "processes": 1}})
+    daemon = daemon_factory(config).start()
+    (child,) = daemon.children("g")
+    garbage = [
+        '{"t":"hb","rss":"x"}',  # well-formed JSON, a field of the wrong type
+        '{"t":"hb","busy":0,"rss":1e400,"state":"run"}',
+        '{"t":"hb","busy":0,"rss":123456789012345678901234567890,"state":"run"}',
+        '{"t":"ready","v":1,"pid":1,"worker_id":["x"],"gen":1,"rss":1}',
+        '{"t":"start","id":7}',
+        '{"t":"end","id":null,"queue":"q"}',
+        '{"t":"bye"}',
+        '{"t":"fatal","error":{"no":"text"}}',
+        '{"t":"dberr","kind":3}',
+        '{"t":"who-knows"}',
+        '{"no":"kind"}',
+        "[1, 2, 3]",
+        "not json at all",
+        '"\\ud800"',
+    ]
+
+    async def scribble(c: CairnQ) -> Any:
+        return await c.call("t.scribble", {"lines": garbage}, queue="q", timeout_ms=30_000)
+
+    assert client_call(SQLITE, sqlite_path, scribble)["pid"] == child
+    wait_for("the malformed-message log line", lambda: "malformed message" in daemon.output())
+    result = client_call(SQLITE, sqlite_path, lambda c: c.call("t.echo", 5, queue="q"))
+    assert result == 5
+    assert daemon.proc is not None and daemon.proc.poll() is None, daemon.output()
+    assert set(daemon.children("g")) == {child}, "the child was replaced"
+    assert "Traceback" not in daemon.output()
+    assert daemon.stop() == 0
