@@ -30,6 +30,7 @@ from typing import Any
 
 from setproctitle import setproctitle
 
+from cairnqd.daemon.boot import Boot, BootVersionMismatch, decode_boot
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
 from cairnqd.daemon.messages import (
@@ -47,9 +48,8 @@ from cairnqd.daemon.messages import (
     TaskStarted,
     decode_control,
     encode_atomic,
-    parse_line,
 )
-from cairnqd.daemon.pipes import MessageReader, MessageWriter, read_one
+from cairnqd.daemon.pipes import MessageReader, MessageWriter, PipeError, read_one
 from cairnqd.errors import (
     DatabaseUnavailable,
     MigrationsPending,
@@ -153,7 +153,7 @@ class Child:
         self.parent_pid: int = args.parent_pid
         self.events = MessageWriter(args.events)
         self.control_fd: int = args.control
-        self.boot: dict[str, Any] = {}
+        self._boot: Boot | None = None
         self.state = "starting"
         self.worker: Worker | None = None
         self.bye_reason = "drain"
@@ -172,15 +172,19 @@ class Child:
         faulthandler.enable()
         try:
             line, rest = read_one(self.control_fd, _BOOT_TIMEOUT_S)
-            self.boot = parse_line(line)
-        except Exception as exc:
+        except PipeError as exc:
             self.events.send(Fatal(f"no boot message from the parent: {exc}"))
             return TEMPFAIL
-        self._control = MessageReader(self.control_fd, rest)
-        if self.boot.get("v") != PROTOCOL_VERSION:
-            self.events.send(Fatal("pipe protocol mismatch: restart cairnqd"))
+        try:
+            self._boot = decode_boot(line)
+        except BootVersionMismatch as exc:
+            self.events.send(Fatal(f"pipe protocol mismatch ({exc}): restart cairnqd"))
             return CONFIG
-        self._configure_logging(self.boot.get("logging") or {"level": self.boot.get("log_level")})
+        except MessageError as exc:
+            self.events.send(Fatal(f"bad boot message from the parent: {exc}"))
+            return CONFIG
+        self._control = MessageReader(self.control_fd, rest)
+        self._configure_logging(dict(self.boot.logging))
         self._title("starting")
         try:
             worker = self._build_worker()
@@ -202,12 +206,19 @@ class Child:
             configure_logging({**settings, "file": None}, process_label=self._label())
             log.error("%s; logging to stderr instead", exc)
 
+    @property
+    def boot(self) -> Boot:
+        """What the parent told us; read once, before anything else is set up."""
+        if self._boot is None:
+            raise RuntimeError("the boot message has not been read yet")
+        return self._boot
+
     def _label(self) -> str:
         boot = self.boot
-        return f"[{boot.get('group')}] {boot.get('slot', 0) + 1}/{boot.get('nslots', 1)}"
+        return f"[{boot.group}] {boot.slot + 1}/{boot.nslots}"
 
     def _title(self, state: str) -> None:
-        setproctitle(f"cairnqd: worker {self._label()} gen={self.boot.get('gen', 0)} {state}")
+        setproctitle(f"cairnqd: worker {self._label()} gen={self.boot.gen} {state}")
 
     def _ignore_orchestrated_signals(self) -> None:
         # The parent orchestrates; Ctrl-C on the terminal reaches the whole group.
@@ -215,7 +226,7 @@ class Child:
             signal.signal(sig, signal.SIG_IGN)
 
     def _make_store(self) -> TaskStore:
-        db = self.boot["database"]
+        db = self.boot.database
         if db["backend"] == "sqlite":
             from cairnqd.store.sqlite import SQLiteStore
 
@@ -235,34 +246,34 @@ class Child:
         )
 
     def _build_worker(self) -> Worker:
-        group = self.boot["group_config"]
-        handlers = resolve_handlers(group["handlers"])
+        group = self.boot.group_config
+        handlers = resolve_handlers(group.handlers)
         if not handlers:
-            raise ValueError(f"no handlers found in {', '.join(group['handlers'])}")
+            raise ValueError(f"no handlers found in {', '.join(group.handlers)}")
         worker = Worker(
             self._make_store(),
-            group["queues"],
-            concurrency=int(group["concurrency"]),
-            prefetch=group.get("prefetch", "auto"),
-            lease_ms=int(group["lease_ms"]),
-            poll_interval_ms=int(group["poll_interval_ms"]),
-            retry_backoff_ms=int(group["retry_backoff_ms"]),
-            retry_backoff_max_ms=int(group["retry_backoff_max_ms"]),
-            max_run_ms=group.get("max_run_ms"),
-            resources=group.get("resources") or None,
+            list(group.queues),
+            concurrency=group.concurrency,
+            prefetch=group.prefetch,
+            lease_ms=group.lease_ms,
+            poll_interval_ms=group.poll_interval_ms,
+            retry_backoff_ms=group.retry_backoff_ms,
+            retry_backoff_max_ms=group.retry_backoff_max_ms,
+            max_run_ms=group.max_run_ms,
+            resources=dict(group.resources) or None,
             on_error=self._on_error,
         )
         for spec in handlers.values():
             worker.register(spec.name, spec.fn, batch=spec.batch, resource=spec.resource)
-        worker.worker_id = self.boot["worker_id"]
+        worker.worker_id = self.boot.worker_id
         self.reporter = ChildReporter(self)
         worker.observer = self.reporter
         # Retire on the limits before claiming, not only after a task ends: a claim
         # (prefetch included) made after the limit is work the retiring child must
         # still finish.
-        if self.boot.get("max_tasks"):
-            worker.claim_budget = int(self.boot["max_tasks"])
-        if self.boot.get("max_memory"):
+        if self.boot.max_tasks:
+            worker.claim_budget = self.boot.max_tasks
+        if self.boot.max_memory:
             worker.before_claim = self._memory_allows_claim
         return worker
 
@@ -294,10 +305,10 @@ class Child:
         self.events.send(
             Ready(
                 v=PROTOCOL_VERSION, pid=os.getpid(), worker_id=worker.worker_id,
-                gen=self.boot.get("gen", 0), rss=_rss_bytes(),
+                gen=self.boot.gen, rss=_rss_bytes(),
             )
         )  # fmt: skip
-        log.info("ready: worker %s, generation %s", worker.worker_id, self.boot.get("gen", 0))
+        log.info("ready: worker %s, generation %s", worker.worker_id, self.boot.gen)
         try:
             await worker.run()
         finally:
@@ -344,19 +355,19 @@ class Child:
     def _memory_allows_claim(self) -> bool:
         # Only once this child has finished something: one that boots above the
         # limit must still make progress rather than be replaced forever.
-        worker = self.worker
-        if worker and worker.handled and _rss_bytes() > int(self.boot["max_memory"]):
+        worker, limit = self.worker, self.boot.max_memory
+        if worker and worker.handled and limit and _rss_bytes() > limit:
             self.request_stop("max_memory")
             return False
         return True
 
     def after_task(self, finished: int) -> None:
-        limit = self.boot.get("max_tasks")
-        if limit and finished >= int(limit):
+        limit = self.boot.max_tasks
+        if limit and finished >= limit:
             self.request_stop("max_tasks")
             return
-        max_memory = self.boot.get("max_memory")
-        if max_memory and _rss_bytes() > int(max_memory):
+        max_memory = self.boot.max_memory
+        if max_memory and _rss_bytes() > max_memory:
             self.request_stop("max_memory")
 
     def _quiet(self) -> None:
@@ -398,7 +409,7 @@ class Child:
         self.request_stop("orphaned")
         self.state = "orphaned"
         assert self.loop is not None
-        timeout = float(self.boot.get("shutdown_timeout_s", 30))
+        timeout = self.boot.shutdown_timeout_s
         self.loop.call_later(timeout, os._exit, TEMPFAIL)
 
     def _on_error(self, exc: BaseException, info: dict[str, Any]) -> None:
@@ -407,7 +418,7 @@ class Child:
         log.warning("%s error: %s", info.get("phase", "worker"), exc)
 
     def _heartbeat_thread(self) -> None:
-        interval = float(self.boot.get("hb_interval_s", 5.0))
+        interval = self.boot.hb_interval_s
         while True:
             time.sleep(interval)
             if os.getppid() != self.parent_pid and self.loop is not None:

@@ -314,6 +314,8 @@ def _checker(hint: Any) -> _Check:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (Union, types.UnionType):
         return _union(tuple(_checker(a) for a in args))
+    if origin is Literal:
+        return lambda v: _one_of(v, args)
     if origin is tuple:
         item = _checker(args[0])
         return lambda v: tuple(item(x) for x in _expect(v, list))
@@ -354,6 +356,12 @@ def _expect(value: Any, kinds: type | tuple[type, ...]) -> Any:
         raise MessageError(f"expected {_names(kinds)}, got a bool")
     if not isinstance(value, kinds):
         raise MessageError(f"expected {_names(kinds)}, got {type(value).__name__}")
+    return value
+
+
+def _one_of(value: Any, allowed: tuple[Any, ...]) -> Any:
+    if isinstance(value, bool) or value not in allowed:
+        raise MessageError(f"expected one of {', '.join(map(repr, allowed))}, got {value!r}")
     return value
 
 

@@ -10,22 +10,19 @@ nothing of the parent (threads, connections, locks) reaches a child.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import random
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from ulid import ULID
 
-from cairnqd.config import Config, GroupConfig, to_ms
-from cairnqd.daemon.logs import logging_settings
-from cairnqd.daemon.messages import PROTOCOL_VERSION, TaskStarted
+from cairnqd.config import Config, GroupConfig
+from cairnqd.daemon.boot import boot_for
+from cairnqd.daemon.messages import TaskStarted, encode
 from cairnqd.daemon.pipes import MessageReader, MessageWriter
 from cairnqd.daemon.restart_budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
 from cairnqd.daemon.systemd import child_environment
@@ -95,51 +92,6 @@ def worker_id_for(group: str, slot: int) -> str:
     return f"{socket.gethostname()}:{group}.{slot}:{ULID()}"
 
 
-def boot_message(config: Config, group: GroupConfig, slot: int, generation: int) -> dict[str, Any]:
-    """Everything a child needs, secrets included: it travels over the pipe, never in
-    argv or the environment, and the child never reads the YAML itself."""
-    db = config.database
-    max_tasks = group.max_tasks_per_child
-    if max_tasks:
-        max_tasks += random.randint(0, max_tasks // 10)  # so a pool does not recycle at once
-    return {
-        "v": PROTOCOL_VERSION,
-        "group": group.name,
-        "slot": slot,
-        "nslots": group.processes,
-        "gen": generation,
-        "log_level": config.logging.level.upper(),
-        # The whole logging section: the child formats and writes (stderr or the
-        # file) exactly as the parent does; it never reads the YAML itself.
-        "logging": logging_settings(config.logging),
-        "hb_interval_s": config.supervisor.heartbeat_interval.total_seconds(),
-        "shutdown_timeout_s": config.shutdown_timeout_for(group.name).total_seconds(),
-        "max_tasks": max_tasks,
-        "max_memory": group.max_memory,
-        "database": {
-            "backend": db.backend,
-            "path": db.path,
-            "dsn": db.dsn,
-            "busy_timeout_ms": to_ms(db.busy_timeout),
-            "connect_timeout_s": db.connect_timeout.total_seconds(),
-            "connections": db.connections_per_child,
-            "auto_migrate": db.auto_migrate,
-        },
-        "group_config": {
-            "queues": list(group.queues),
-            "handlers": list(group.handlers),
-            "concurrency": group.concurrency,
-            "prefetch": group.prefetch,
-            "lease_ms": to_ms(group.lease),
-            "max_run_ms": to_ms(group.max_run) if group.max_run else None,
-            "poll_interval_ms": to_ms(group.poll_interval),
-            "retry_backoff_ms": to_ms(group.retry_backoff),
-            "retry_backoff_max_ms": to_ms(group.retry_backoff_max),
-            "resources": dict(group.resources),
-        },
-    }
-
-
 def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) -> ChildProcess:
     events_r, events_w = os.pipe2(os.O_CLOEXEC)
     control_r, control_w = os.pipe2(os.O_CLOEXEC)
@@ -171,10 +123,8 @@ def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) 
         control=MessageWriter(control_w),
         spawned_at=time.monotonic(),
     )
-    boot = boot_message(config, group, slot, generation)
-    boot["worker_id"] = child.worker_id
-    line = (json.dumps({"t": "boot", **boot}, separators=(",", ":")) + "\n").encode()
-    if not child.control.send_whole(line):
+    boot = boot_for(config, group, slot, generation, child.worker_id)
+    if not child.control.send_whole(encode(boot)):
         log.error("could not send boot to child %d: its pipe is closed", child.pid)
     return child
 
