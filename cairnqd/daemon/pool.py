@@ -16,13 +16,25 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ulid import ULID
 
 from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon.boot import boot_for
-from cairnqd.daemon.messages import TaskStarted, encode
+from cairnqd.daemon.messages import (
+    ChildMessage,
+    DatabaseTrouble,
+    Fatal,
+    Goodbye,
+    Heartbeat,
+    Ready,
+    TaskEnded,
+    TaskRan,
+    TaskStarted,
+    encode,
+)
 from cairnqd.daemon.pipes import MessageReader, MessageWriter
 from cairnqd.daemon.restart_budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
 from cairnqd.daemon.systemd import child_environment
@@ -71,6 +83,39 @@ class ChildProcess:
         # Already gone: the reaper will tell us how.
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signum)
+
+    def on_message(self, message: ChildMessage, now: float) -> None:
+        """What the child told us about itself (counting is the metrics' business)."""
+        self.last_heard = now
+        match message:
+            case Ready():
+                self.state = "ready"
+                self.ready_at = now
+                self.rss = message.rss
+            case Heartbeat():
+                if message.state in ("db_wait", "draining", "quiet"):
+                    self.state = message.state
+                self.rss = message.rss
+            case TaskStarted():
+                self.in_flight[message.id] = InFlight(message, seen=now)
+            case TaskEnded():
+                self.in_flight.pop(message.id, None)
+            case Goodbye():
+                self.bye = message.reason
+            case Fatal():
+                self.fatal = message.error
+            case DatabaseTrouble() if self.state == "starting":
+                self.state = "db_wait"
+            case TaskRan() | DatabaseTrouble():
+                pass  # nothing to track: never in flight as far as we know
+
+    def count_malformed(self, now: float, log_every_s: float) -> bool:
+        """Count a line that was no valid message; True when it is time to say so."""
+        self.malformed += 1
+        if now - self.malformed_logged_at < log_every_s:
+            return False
+        self.malformed_logged_at = now
+        return True
 
     def close_pipes(self) -> None:
         for fd in (self.events.fd, self.control.fd):
@@ -145,6 +190,8 @@ class GroupPool:
         )
         self.backoff_cap_s = supervisor.backoff_max.total_seconds()
         self.retired: list[ChildProcess] = []  # draining children no slot owns any more
+        #: Slots a roll has yet to replace, in order; None when not rolling.
+        self.roll: list[int] | None = None
 
     @property
     def name(self) -> str:
@@ -168,8 +215,16 @@ class GroupPool:
         counts["draining"] += len(self.retired)
         return counts
 
+    def reconfigure(self, config: GroupConfig, fingerprint: str, sup_config: Config) -> None:
+        """Take a reloaded config; its `processes` is applied by `resize`."""
+        self.config, self.fingerprint = config, fingerprint
+        supervisor = sup_config.supervisor
+        self.budget.configure(supervisor.restart_budget, supervisor.restart_window.total_seconds())
+        self.backoff_cap_s = supervisor.backoff_max.total_seconds()
+
     def resize(self, processes: int) -> list[ChildProcess]:
-        """Grow or shrink to `processes` slots; returns children to retire."""
+        """Grow or shrink to `processes` slots; returns the children of removed slots,
+        now retired, for the caller to stop."""
         retiring: list[ChildProcess] = []
         while len(self.slots) > processes:
             slot = self.slots.pop()
@@ -179,6 +234,76 @@ class GroupPool:
         while len(self.slots) < processes:
             self.slots.append(Slot(len(self.slots)))
         self.retired.extend(retiring)
+        return retiring
+
+    def retire_all(self) -> list[ChildProcess]:
+        """Every child becomes retired (the group was removed); returns them."""
+        retiring = [c for s in self.slots for c in (s.child, s.successor) if c is not None]
+        self.slots = []
+        self.retired.extend(retiring)
+        self.roll = None
+        return retiring
+
+    def detach(self, child: ChildProcess) -> tuple[str, Slot | None] | None:
+        """Remove a dead child from wherever this pool holds it. Returns its role
+        (`slot`, `successor` or `retired`) and slot, or None if it is not ours."""
+        if child in self.retired:
+            self.retired.remove(child)
+            return "retired", None
+        for slot in self.slots:
+            if slot.child is child:
+                slot.child = None
+                return "slot", slot
+            if slot.successor is child:
+                slot.successor = None
+                return "successor", slot
+        return None
+
+    # -- rolling ----------------------------------------------------------------------------
+
+    @property
+    def rolling(self) -> bool:
+        return self.roll is not None
+
+    def start_roll(self) -> None:
+        """Replace every running child, slot by slot (see `advance_roll`)."""
+        self.roll = [s.index for s in self.slots if s.child is not None]
+
+    def stop_roll(self) -> bool:
+        """End the roll (a new child could not boot); False if none was going on.
+        Children not yet replaced keep serving."""
+        rolling, self.roll = self.roll is not None, None
+        return rolling
+
+    def advance_roll(self, surge: int, spawn: Callable[[int], ChildProcess]) -> list[ChildProcess]:
+        """One step of a roll, at most `surge` replacements at a time: a ready
+        successor takes its slot, the old child retires (returned, for the caller to
+        stop), and the next slot gets a successor from `spawn(slot index)` once fewer
+        than `surge` are in progress. Capacity never drops below the pool's size."""
+        retiring = self._promote_ready_successors()
+        if self.roll is None:
+            return retiring
+        in_progress = sum(1 for s in self.slots if s.successor is not None)
+        in_progress += len(self.retired)
+        while self.roll and in_progress < surge:
+            index = self.roll.pop(0)
+            if index >= len(self.slots) or self.slots[index].child is None:
+                continue  # gone meanwhile; it restarts with the new config
+            self.slots[index].successor = spawn(index)
+            in_progress += 1
+        if not self.roll and in_progress == 0:
+            self.roll = None
+        return retiring
+
+    def _promote_ready_successors(self) -> list[ChildProcess]:
+        retiring = []
+        for slot in self.slots:
+            successor = slot.successor
+            if successor is not None and successor.state == "ready":
+                old, slot.child, slot.successor = slot.child, successor, None
+                if old is not None:
+                    self.retired.append(old)
+                    retiring.append(old)
         return retiring
 
     def on_crash(self, slot: Slot, child: ChildProcess, now: float) -> None:

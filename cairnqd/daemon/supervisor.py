@@ -34,28 +34,36 @@ from cairnqd.daemon import systemd
 from cairnqd.daemon.connection_budget import check_connection_budget
 from cairnqd.daemon.deadlines import check_deadlines
 from cairnqd.daemon.exitcodes import CONFIG, OK, SOFTWARE, TEMPFAIL
-from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
+from cairnqd.daemon.fleet import Fleet
+from cairnqd.daemon.logs import (
+    LoggingSetupError,
+    configure_logging,
+    logging_settings,
+    reopen_logs,
+)
 from cairnqd.daemon.maintenance import Maintenance
 from cairnqd.daemon.messages import (
     ChildMessage,
-    DatabaseTrouble,
     Fatal,
     Goodbye,
-    Heartbeat,
     MessageError,
     Ready,
     ReopenLogs,
-    TaskEnded,
-    TaskRan,
-    TaskStarted,
+    SetLogging,
     decode_child,
     encode,
 )
 from cairnqd.daemon.metrics import Metrics
 from cairnqd.daemon.pipes import PipeError
-from cairnqd.daemon.pool import ChildProcess, GroupPool, InFlight, Slot, spawn_child
-from cairnqd.daemon.reload import ConfigReload
-from cairnqd.daemon.statefile import AlreadyRunning, StateFile, initial_state, state_path
+from cairnqd.daemon.pool import ChildProcess, GroupPool, spawn_child
+from cairnqd.daemon.reload import ConfigReload, ReloadPlan
+from cairnqd.daemon.statefile import (
+    AlreadyRunning,
+    StateFile,
+    after_reload,
+    initial_state,
+    state_path,
+)
 from cairnqd.daemon.status import StatusReport, status_dump
 
 log = logging.getLogger("cairnqd.supervisor")
@@ -79,7 +87,7 @@ class Supervisor:
         self.config_path = os.path.abspath(config_path)
         self.config = config
         self.generation = 1
-        self.groups: dict[str, GroupPool] = {}
+        self.fleet = Fleet(config)
         self.by_fd: dict[int, ChildProcess] = {}
         self.by_pid: dict[int, ChildProcess] = {}
         self.selector = selectors.DefaultSelector()
@@ -88,8 +96,6 @@ class Supervisor:
         self.stop_deadline: float | None = None
         self.hard_stop_at: float | None = None
         self.reload = ConfigReload(self, process_label=PARENT_LABEL)
-        # Groups removed by a reload whose children are still draining.
-        self.orphans: list[GroupPool] = []
         self.status = StatusReport(self.config_path)
         self.metrics = Metrics(config)
         self.maintenance = Maintenance(config, self.metrics)
@@ -128,12 +134,10 @@ class Supervisor:
             port = self.metrics.serve(listen.host, listen.port, health=self._healthy)
             log.info("metrics on http://%s:%d/metrics", listen.host, port)
         self.maintenance.start()
-        for name, group in self.config.groups.items():
-            self.groups[name] = GroupPool(group, self.config.group_fingerprint(name), self.config)
         self.write_state()
         log.info(
             "cairnqd started: %s, %d group(s), generation %d",
-            self.config.database.backend, len(self.groups), self.generation,
+            self.config.database.backend, len(self.fleet.groups), self.generation,
         )  # fmt: skip
         return wakeup_r
 
@@ -167,14 +171,15 @@ class Supervisor:
     def _tick(self) -> bool:
         """The loop's named steps; True once the parent should exit."""
         self._reap()
-        check_deadlines(self.groups.values(), self.config.supervisor)
+        check_deadlines(self.fleet.groups.values(), self.config.supervisor)
         if self.stopping:
             if self._stop_step():
                 return True
         else:
             self._keep_pools()
-            self.reload.advance_rolls()
-            if self._all_fatal():
+            self._advance_rolls()
+            self.reload.advance()
+            if self.fleet.all_fatal():
                 return True
         self._report()
         return False
@@ -187,11 +192,6 @@ class Supervisor:
             return OK
         # Every group is FATAL: 78 (do not restart us) if each cause was a boot error.
         return CONFIG if self.exit_causes <= {"cannot_boot"} else SOFTWARE
-
-    def _all_fatal(self) -> bool:
-        return bool(self.groups) and all(
-            g.state == "fatal" and not g.children() for g in self.groups.values()
-        )
 
     # -- signals -------------------------------------------------------------------------
 
@@ -275,9 +275,7 @@ class Supervisor:
     # -- children: pipes and exits -------------------------------------------------------
 
     def all_children(self) -> list[ChildProcess]:
-        self.orphans = [g for g in self.orphans if g.children()]
-        pools = [*self.groups.values(), *self.orphans]
-        return [c for g in pools for c in g.children()]
+        return self.fleet.children()
 
     def spawn(self, group: GroupConfig, slot: int, generation: int) -> ChildProcess:
         child = spawn_child(self.config, group, slot, generation)
@@ -321,42 +319,18 @@ class Supervisor:
 
     def _on_malformed(self, child: ChildProcess, error: MessageError) -> None:
         """Count a line that is no valid message; log it, at most once per interval."""
-        child.malformed += 1
-        now = time.monotonic()
-        if now - child.malformed_logged_at < _MALFORMED_LOG_EVERY_S:
-            return
-        child.malformed_logged_at = now
-        log.warning(
-            "child %d of %s wrote a malformed message (%d so far): %s",
-            child.pid, child.group, child.malformed, error,
-        )  # fmt: skip
+        if child.count_malformed(time.monotonic(), _MALFORMED_LOG_EVERY_S):
+            log.warning(
+                "child %d of %s wrote a malformed message (%d so far): %s",
+                child.pid, child.group, child.malformed, error,
+            )  # fmt: skip
 
     def _on_event(self, child: ChildProcess, message: ChildMessage) -> None:
-        now = child.last_heard = time.monotonic()
-        match message:
-            case Ready():
-                child.state = "ready"
-                child.ready_at = now
-                child.rss = message.rss
-                group = self.groups.get(child.group)
-                if group is not None:
-                    group.boot_failures = 0
-            case Heartbeat():
-                if message.state in ("db_wait", "draining", "quiet"):
-                    child.state = message.state
-                child.rss = message.rss
-            case TaskStarted():
-                child.in_flight[message.id] = InFlight(message, seen=now)
-            case TaskEnded():
-                child.in_flight.pop(message.id, None)
-            case Goodbye():
-                child.bye = message.reason
-            case Fatal():
-                child.fatal = message.error
-            case DatabaseTrouble() if child.state == "starting":
-                child.state = "db_wait"
-            case TaskRan() | DatabaseTrouble():
-                pass  # counted below; nothing to track
+        child.on_message(message, time.monotonic())
+        if isinstance(message, Ready):
+            group = self.fleet.groups.get(child.group)
+            if group is not None:
+                group.boot_failures = 0
         self.metrics.record_event(child.group, child.slot, message)
 
     def _reap(self) -> None:
@@ -377,11 +351,7 @@ class Supervisor:
             self._on_exit(child, child.proc.returncode)
 
     def _on_exit(self, child: ChildProcess, code: int) -> None:
-        group = self.groups.get(child.group)
-        for orphan in self.orphans:
-            if child in orphan.children():
-                group = None
-                self._detach(orphan, child)
+        group, slot = self.fleet.detach(child)
         now = time.monotonic()
         clean = code == 0 and child.bye is not None
         described = f"exit {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
@@ -390,7 +360,6 @@ class Supervisor:
             self.maintenance.hand_back(child.worker_id, reason)
         if group is None:
             return
-        slot = self._detach(group, child)
         if clean:
             log.info("child %d of %s exited (%s)", child.pid, group.name, child.bye)
             if child.bye not in ("drain", None):
@@ -417,23 +386,11 @@ class Supervisor:
             return "max_run"
         return "shutdown" if self.stopping else "worker_exit"
 
-    def _detach(self, group: GroupPool, child: ChildProcess) -> Slot | None:
-        """Remove a dead child from wherever the pool holds it; its slot if any."""
-        if child in group.retired:
-            group.retired.remove(child)
-            return None
-        for slot in group.slots:
-            if slot.child is child:
-                slot.child = None
-                return slot
-            if slot.successor is child:
-                slot.successor = None
-                return None
-        return None
-
     def _on_cannot_boot(self, group: GroupPool, child: ChildProcess, described: str) -> None:
         error = child.fatal or described
-        if self.reload.stop_roll(group.name, error):
+        if group.stop_roll():
+            log.error("roll of group %s stopped: new child cannot boot: %s", group.name, error)
+            self.reload.roll_failed(f"group {group.name} kept generation: {error}")
             return
         self.exit_causes.add("cannot_boot")
         self.metrics.child_restart(group.name, "boot_failure")
@@ -441,12 +398,53 @@ class Supervisor:
 
     # -- pools ---------------------------------------------------------------------------
 
+    def fatal_groups(self) -> list[str]:
+        return self.fleet.fatal_groups()
+
+    def rolling(self) -> bool:
+        return self.fleet.rolling()
+
+    def apply_reload(self, plan: ReloadPlan) -> None:
+        """Switch to `plan.config`: parent-hot settings in place, then the pools."""
+        config = self.config = plan.config
+        if plan.new_generation:
+            self.generation += 1
+        self._forward_logging()
+        self.maintenance.reconfigure(config)
+        self.metrics.apply_config(config)
+        self._retire(self.fleet.apply(plan))
+
+    def record_reload(self, ok: bool, errors: list[str]) -> None:
+        """Publish a reload's outcome: state file (for `reload --wait`), metrics, systemd."""
+        self.state = after_reload(self.state, ok=ok, errors=errors, generation=self.generation)
+        self.metrics.reload_result(ok, self.generation)
+        self.write_state()
+        status = f"generation {self.generation}" if ok else f"reload failed: {errors[0]}"
+        systemd.notify("READY=1", f"STATUS={status}")
+
+    def _forward_logging(self) -> None:
+        """Children apply reloaded logging settings in place; children spawned later
+        get them in their boot message."""
+        line = encode(SetLogging(logging_settings(self.config.logging)))
+        for child in self.all_children():
+            child.control.send_whole(line)
+
+    def _advance_rolls(self) -> None:
+        surge = self.config.reload.max_surge
+        for pool, child in self.fleet.advance_rolls(surge, self.spawn, self.generation):
+            self._retire([child])
+            self.metrics.child_restart(pool.name, "reload")
+
+    def _retire(self, children: list[ChildProcess]) -> None:
+        """Stop children their pool no longer wants (shrink, roll, removed group):
+        they stop claiming and finish what they hold."""
+        for child in children:
+            child.state = "draining"
+            child.signal(signal.SIGTERM)
+
     def _keep_pools(self) -> None:
-        now = time.monotonic()
-        for group in self.groups.values():
-            for slot in group.slots:
-                if slot.child is None and group.may_spawn(slot, now):
-                    slot.child = self.spawn(group.config, slot.index, self.generation)
+        self.fleet.fill(self.spawn, self.generation)
+        for group in self.fleet.groups.values():
             self.metrics.set_children(group.name, group.state_counts())
             self.metrics.set_group_state(group.name, group.state)
 
@@ -496,14 +494,14 @@ class Supervisor:
 
     def _report(self) -> None:
         self.status.tick(
-            self.groups.values(),
+            self.fleet.groups.values(),
             self.all_children(),
             generation=self.generation,
             stopping=self.stopping,
         )
 
     def _healthy(self) -> bool:
-        return self.status.healthy(self.groups.values())
+        return self.status.healthy(self.fleet.groups.values())
 
     def write_state(self) -> None:
         try:
@@ -512,7 +510,9 @@ class Supervisor:
             log.error("cannot write the state file: %s", exc)
 
     def status_dump(self) -> str:
-        return status_dump(self.groups.values(), generation=self.generation, stopping=self.stopping)
+        return status_dump(
+            self.fleet.groups.values(), generation=self.generation, stopping=self.stopping
+        )
 
 
 def run_daemon(config_path: str, config: Config) -> int:

@@ -1,0 +1,138 @@
+"""Every pool the supervisor runs, and which pool each child belongs to.
+
+Design note. A child belongs to exactly one pool from its spawn until it is reaped:
+to a slot of a configured group (as its child or a roll's successor), to that
+group's retired list while it drains, or to a removed group's pool, kept here until
+its last child is reaped. Whatever stops a child (a shrink, a roll, a removed group,
+a drain) stops it through its pool, so no child can escape drain, deadlines or the
+hand-back by falling out of the bookkeeping. `ownership_problems()` states the
+invariant so tests and the supervisor can check it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+
+from cairnqd.config import Config, GroupConfig
+from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot
+from cairnqd.daemon.reload import ReloadPlan
+
+#: Spawns a child of a group's config into a slot (by index), of a generation.
+Spawn = Callable[[GroupConfig, int, int], ChildProcess]
+
+
+class Fleet:
+    def __init__(self, config: Config) -> None:
+        self.groups: dict[str, GroupPool] = {
+            name: GroupPool(group, config.group_fingerprint(name), config)
+            for name, group in config.groups.items()
+        }
+        #: Pools of groups a reload removed, until their last child is reaped.
+        self.removed: list[GroupPool] = []
+
+    def pools(self) -> list[GroupPool]:
+        """Every pool that may own a child: the configured ones, then removed ones."""
+        self.removed = [pool for pool in self.removed if pool.children()]
+        return [*self.groups.values(), *self.removed]
+
+    def children(self) -> list[ChildProcess]:
+        return [child for pool in self.pools() for child in pool.children()]
+
+    def fatal_groups(self) -> list[str]:
+        return [name for name, pool in self.groups.items() if pool.state == "fatal"]
+
+    def rolling(self) -> bool:
+        return any(pool.rolling for pool in self.groups.values())
+
+    def all_fatal(self) -> bool:
+        """Every configured group is FATAL and has no child left."""
+        pools = self.groups.values()
+        return bool(pools) and all(p.state == "fatal" and not p.children() for p in pools)
+
+    def detach(self, child: ChildProcess) -> tuple[GroupPool | None, Slot | None]:
+        """Take a reaped child out of its pool. Returns the configured pool it served
+        (None for a removed group's) and, when it held a slot as that slot's child
+        (not as a successor or retired), the slot."""
+        for pool in self.pools():
+            found = pool.detach(child)
+            if found is None:
+                continue
+            if all(pool is not kept for kept in self.groups.values()):
+                return None, None
+            role, slot = found
+            return pool, slot if role == "slot" else None
+        return None, None
+
+    # -- keeping pools at size ------------------------------------------------------------
+
+    def fill(self, spawn: Spawn, generation: int) -> None:
+        """Spawn into every empty slot whose pool may spawn now."""
+        now = time.monotonic()
+        for pool in self.groups.values():
+            for slot in pool.slots:
+                if slot.child is None and pool.may_spawn(slot, now):
+                    slot.child = spawn(pool.config, slot.index, generation)
+
+    def advance_rolls(
+        self, surge: int, spawn: Spawn, generation: int
+    ) -> list[tuple[GroupPool, ChildProcess]]:
+        """One step of every roll; returns the replaced children, now retired, for the
+        caller to stop."""
+        replaced = []
+        for pool in self.groups.values():
+            step = pool.advance_roll(surge, _into_slot(spawn, pool.config, generation))
+            replaced += [(pool, child) for child in step]
+        return replaced
+
+    # -- reload ---------------------------------------------------------------------------
+
+    def apply(self, plan: ReloadPlan) -> list[ChildProcess]:
+        """Reshape the pools as `plan` says; returns the children to stop (removed
+        groups, shrunk pools). Rolls start here and advance with `advance_rolls`."""
+        config = plan.config
+        retiring: list[ChildProcess] = []
+        for name in plan.removed:
+            pool = self.groups.pop(name)
+            retiring += pool.retire_all()
+            self.removed.append(pool)
+        for name in plan.revived:
+            # Every reload retries a FATAL group with a fresh budget.
+            del self.groups[name]
+        pools: dict[str, GroupPool] = {}
+        for name, group in config.groups.items():
+            fingerprint = config.group_fingerprint(name)
+            kept = self.groups.get(name)
+            if kept is None:
+                pools[name] = GroupPool(group, fingerprint, config)
+                continue
+            kept.reconfigure(group, fingerprint, config)
+            retiring += kept.resize(group.processes)
+            pools[name] = kept
+        self.groups = pools
+        for name in plan.rolled:
+            if name not in plan.revived:
+                self.groups[name].start_roll()
+        return retiring
+
+    # -- the invariant ----------------------------------------------------------------------
+
+    def ownership_problems(self, live: Collection[ChildProcess]) -> list[str]:
+        """What breaks "every live child belongs to exactly one pool": children no
+        pool owns, children owned twice, and pool entries for children not alive."""
+        owners: dict[int, list[str]] = {}
+        for pool in self.pools():
+            for child in pool.children():
+                owners.setdefault(id(child), []).append(pool.name)
+        problems = []
+        for child in live:
+            found = owners.pop(id(child), [])
+            if len(found) != 1:
+                where = ", ".join(found) or "no pool"
+                problems.append(f"child {child.pid} of {child.group} is owned by {where}")
+        problems += [f"a pool of {names[0]} holds a dead child" for names in owners.values()]
+        return problems
+
+
+def _into_slot(spawn: Spawn, config: GroupConfig, generation: int) -> Callable[[int], ChildProcess]:
+    return lambda index: spawn(config, index, generation)
