@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cairnqd.daemon.maintenance import LoopThread
+from cairnqd.daemon.dbthread import LoopThread
 from cairnqd.daemon.metrics.labels import QueueLabels
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
