@@ -69,7 +69,6 @@ class ChildProcess:
     bye: str | None = None
     fatal: str | None = None
     kill_reason: str | None = None
-    term_sent_at: float | None = None
     abort_sent_at: float | None = None
     #: Lines on its events pipe that were no valid message, and when we last said so.
     malformed: int = 0

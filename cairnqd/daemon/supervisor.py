@@ -352,6 +352,7 @@ class Supervisor:
 
     def _on_exit(self, child: ChildProcess, code: int) -> None:
         group, slot = self.fleet.detach(child)
+        self._forget_slot_series(child)
         now = time.monotonic()
         clean = code == 0 and child.bye is not None
         described = f"exit {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
@@ -365,7 +366,7 @@ class Supervisor:
             if child.bye not in ("drain", None):
                 self.metrics.child_restart(group.name, str(child.bye))
             return
-        if code == 78 or child.fatal is not None:
+        if code == CONFIG or child.fatal is not None:
             self._on_cannot_boot(group, child, described)
             return
         if child.kill_reason is None and code == -signal.SIGKILL:
@@ -380,6 +381,13 @@ class Supervisor:
         else:
             self.metrics.child_restart(group.name, child.kill_reason or "crash")
             group.on_crash(slot, child, now)
+
+    def _forget_slot_series(self, child: ChildProcess) -> None:
+        """A child of a slot that no longer exists (shrunk pool, removed group) took
+        its slot's RSS series with it."""
+        pool = self.fleet.groups.get(child.group)
+        if pool is None or child.slot >= len(pool.slots):
+            self.metrics.remove_child(child.group, child.slot)
 
     def _handback_reason(self, child: ChildProcess) -> str:
         if child.kill_reason == "max_run":

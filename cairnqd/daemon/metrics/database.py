@@ -40,7 +40,7 @@ from cairnqd.store.base import TaskStore
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.postgres import HeldSessionLock, PostgresStore
 
-# The name it had before the package was split, so log lines and filters stay the same.
+# One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
 
 DB_QUERY_TIMEOUT_S = 2.0

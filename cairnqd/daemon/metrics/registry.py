@@ -48,7 +48,7 @@ from cairnqd.daemon.metrics.series import SeriesBook
 from cairnqd.daemon.metrics.server import HttpServer
 from cairnqd.store.base import TaskStore
 
-# The name it had before the package was split, so log lines and filters stay the same.
+# One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
 
 
@@ -234,9 +234,6 @@ class Metrics(Families):
     def remove_child(self, group: str, slot: int) -> None:
         """Drop a retired slot's RSS series."""
         self._series.remove(self.child_memory, group, str(slot))
-
-    def remove_group(self, group: str) -> None:
-        self._series.remove_where("group", lambda g: g != group)
 
     def reload_result(self, ok: bool, generation: int) -> None:
         self.config_reload_successful.set(1 if ok else 0)

@@ -13,7 +13,7 @@ from wsgiref.types import StartResponse, WSGIEnvironment
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-# The name it had before the package was split, so log lines and filters stay the same.
+# One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
 
 
