@@ -305,6 +305,9 @@ SCHEMA: tuple[Setting, ...] = (
             "A ready child silent this long is aborted (SIGABRT, then SIGKILL)."),
     Setting("supervisor.heartbeat_interval", _Duration("100ms"), "5s", _H,
             "How often each child reports its state and memory."),
+    Setting("supervisor.fatal_cooldown", _Duration("1s"), "5m", _H,
+            "A FATAL group (its children cannot boot) is started again after this long; "
+            "a reload retries it at once."),
     Setting("reload", _Section(ReloadConfig), {}, None,
             "Rolling restarts on reload."),
     Setting("reload.max_surge", _Int(1), 1, _H,

@@ -11,12 +11,15 @@ invariant so tests and the supervisor can check it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection
 
 from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot
 from cairnqd.daemon.reload import ReloadPlan
+
+log = logging.getLogger("cairnqd.supervisor")
 
 #: Spawns a child of a group's config into a slot (by index), of a generation.
 Spawn = Callable[[GroupConfig, int, int], ChildProcess]
@@ -70,6 +73,12 @@ class Fleet:
         """Spawn into every empty slot whose pool may spawn now."""
         now = time.monotonic()
         for pool in self.groups.values():
+            if pool.cooled_down(now):
+                log.warning(
+                    "group %s: trying again after %.0fs FATAL (%s)",
+                    pool.name, pool.fatal_cooldown_s, pool.fatal_error,
+                )  # fmt: skip
+                pool.revive()
             for slot in pool.slots:
                 if slot.child is None and pool.may_spawn(slot, now):
                     slot.child = spawn(pool.config, slot.index, generation)

@@ -179,6 +179,8 @@ class Maintenance:
         self._retry_at = 0.0
         self._stopping = threading.Event()
         self._purge_paused = threading.Event()
+        # The last duty's failure, until one succeeds: /healthz reports it.
+        self._problem: str | None = None
         self._thread = LoopThread("cairnqd-maintenance")
         self._serving: concurrent.futures.Future[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -245,6 +247,10 @@ class Maintenance:
         self._config = config
         self._thread.call_soon(self._set_wake)
 
+    def database_problem(self) -> str | None:
+        """What went wrong with the last duty, if it failed (read from any thread)."""
+        return self._problem
+
     def pending_jobs(self) -> int:
         with self._jobs_lock:
             return len(self._jobs)
@@ -304,11 +310,14 @@ class Maintenance:
             await run()
         except Exception as exc:
             self._count_db_error(exc, duty)
+        else:
+            self._problem = None
 
     def _count_db_error(self, exc: BaseException, what: str) -> None:
         kind = db_error_kind(exc)
         self._metrics.db_error("maintenance", kind)
         log.warning("%s failed (%s): %s", what, kind, exc or type(exc).__name__)
+        self._problem = f"maintenance: {what} failed ({kind}): {exc or type(exc).__name__}"
 
     def _purge_halted(self) -> bool:
         return self._stopping.is_set() or self._purge_paused.is_set()
@@ -320,6 +329,7 @@ class Maintenance:
         while (job := self._next_job()) is not None:
             try:
                 await self._run_job(job)
+                self._problem = None
             except Exception as exc:
                 self._count_db_error(exc, job.describe())
                 if self._requeue(job):

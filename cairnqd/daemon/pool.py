@@ -182,12 +182,13 @@ class GroupPool:
         self.slots = [Slot(i) for i in range(config.processes)]
         self.state = "running"
         self.fatal_error: str | None = None
-        self.boot_failures = 0
+        self.fatal_at = 0.0
         supervisor = sup_config.supervisor
         self.budget = RestartBudget(
             supervisor.restart_budget, supervisor.restart_window.total_seconds()
         )
         self.backoff_cap_s = supervisor.backoff_max.total_seconds()
+        self.fatal_cooldown_s = supervisor.fatal_cooldown.total_seconds()
         self.retired: list[ChildProcess] = []  # draining children no slot owns any more
         #: Slots a roll has yet to replace, in order; None when not rolling.
         self.roll: list[int] | None = None
@@ -220,6 +221,7 @@ class GroupPool:
         supervisor = sup_config.supervisor
         self.budget.configure(supervisor.restart_budget, supervisor.restart_window.total_seconds())
         self.backoff_cap_s = supervisor.backoff_max.total_seconds()
+        self.fatal_cooldown_s = supervisor.fatal_cooldown.total_seconds()
 
     def resize(self, processes: int) -> list[ChildProcess]:
         """Grow or shrink to `processes` slots; returns the children of removed slots,
@@ -306,7 +308,9 @@ class GroupPool:
         return retiring
 
     def on_crash(self, slot: Slot, child: ChildProcess, now: float) -> None:
-        """A crash after ready (or a kill by us): pace the restart, spend budget."""
+        """A crash, before or after ready (a kill by us included): pace the restart,
+        spend budget. Never FATAL by itself: five OOM kills during boot must not
+        disable a group for good."""
         if child.ready_at is not None and now - child.ready_at >= HEALTHY_AFTER_S:
             slot.crashes = 0
         slot.crashes += 1
@@ -320,18 +324,29 @@ class GroupPool:
                 self.name, self.budget.budget, self.budget.window_s,
             )  # fmt: skip
 
-    def on_boot_failure(self, slot: Slot, now: float, limit: int = 5) -> None:
-        self.boot_failures += 1
-        slot.crashes += 1
-        slot.restart_at = now + backoff_s(slot.crashes, self.backoff_cap_s)
-        if self.boot_failures >= limit:
-            self.mark_fatal(f"{self.boot_failures} consecutive boot failures")
-
-    def mark_fatal(self, error: str) -> None:
+    def mark_fatal(self, error: str, now: float) -> None:
+        """A child cannot boot, and the next would not either: stop spawning until
+        the cool-down has passed (or a reload). Children still running serve on."""
         if self.state != "fatal":
             self.state = "fatal"
             self.fatal_error = error
-            log.critical("group %s is FATAL: %s", self.name, error)
+            self.fatal_at = now
+            log.critical(
+                "group %s is FATAL: %s; trying again in %.0fs or on reload",
+                self.name, error, self.fatal_cooldown_s,
+            )  # fmt: skip
+
+    def revive(self) -> None:
+        """Leave FATAL with a fresh budget: a fixed handler module needs no restart."""
+        self.state = "running"
+        self.fatal_error = None
+        self.budget.reset()
+        for slot in self.slots:
+            slot.crashes, slot.restart_at = 0, 0.0
+
+    def cooled_down(self, now: float) -> bool:
+        """FATAL for at least `supervisor.fatal_cooldown`: time to try again."""
+        return self.state == "fatal" and now - self.fatal_at >= self.fatal_cooldown_s
 
     def may_spawn(self, slot: Slot, now: float) -> bool:
         if self.state == "fatal" or slot.restart_at > now:

@@ -33,7 +33,7 @@ from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon import systemd
 from cairnqd.daemon.connection_budget import check_connection_budget
 from cairnqd.daemon.deadlines import check_deadlines
-from cairnqd.daemon.exitcodes import CONFIG, OK, SOFTWARE, TEMPFAIL
+from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.fleet import Fleet
 from cairnqd.daemon.logs import (
     LoggingSetupError,
@@ -55,7 +55,7 @@ from cairnqd.daemon.messages import (
 )
 from cairnqd.daemon.metrics import Metrics
 from cairnqd.daemon.pipes import PipeError
-from cairnqd.daemon.pool import ChildProcess, GroupPool, spawn_child
+from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot, spawn_child
 from cairnqd.daemon.reload import ConfigReload, ReloadPlan
 from cairnqd.daemon.statefile import (
     AlreadyRunning,
@@ -96,12 +96,11 @@ class Supervisor:
         self.stop_deadline: float | None = None
         self.hard_stop_at: float | None = None
         self.reload = ConfigReload(self, process_label=PARENT_LABEL)
-        self.status = StatusReport(self.config_path)
+        self.status = StatusReport(self.config_path, self._database_problems)
         self.metrics = Metrics(config)
         self.maintenance = Maintenance(config, self.metrics)
         self.statefile = StateFile(state_path(self.config_path, config.runtime_dir))
         self.state = initial_state(self.config_path)
-        self.exit_causes: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -131,7 +130,7 @@ class Supervisor:
         wakeup_r = self._install_signals()
         listen = self.config.metrics.listen
         if listen is not None:
-            port = self.metrics.serve(listen.host, listen.port, health=self._healthy)
+            port = self.metrics.serve(listen.host, listen.port, health=self.status.health)
             log.info("metrics on http://%s:%d/metrics", listen.host, port)
         self.maintenance.start()
         self.write_state()
@@ -190,8 +189,9 @@ class Supervisor:
         self.metrics.close()
         if self.stopping:
             return OK
-        # Every group is FATAL: 78 (do not restart us) if each cause was a boot error.
-        return CONFIG if self.exit_causes <= {"cannot_boot"} else SOFTWARE
+        # Every group is FATAL, and only a child that cannot boot makes one so: a
+        # restart would fail the same way (systemd's RestartPreventExitStatus=78).
+        return CONFIG
 
     # -- signals -------------------------------------------------------------------------
 
@@ -327,10 +327,6 @@ class Supervisor:
 
     def _on_event(self, child: ChildProcess, message: ChildMessage) -> None:
         child.on_message(message, time.monotonic())
-        if isinstance(message, Ready):
-            group = self.fleet.groups.get(child.group)
-            if group is not None:
-                group.boot_failures = 0
         self.metrics.record_event(child.group, child.slot, message)
 
     def _reap(self) -> None:
@@ -353,34 +349,35 @@ class Supervisor:
     def _on_exit(self, child: ChildProcess, code: int) -> None:
         group, slot = self.fleet.detach(child)
         self._forget_slot_series(child)
-        now = time.monotonic()
-        clean = code == 0 and child.bye is not None
-        described = f"exit {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
-        if not clean:
-            reason = self._handback_reason(child)
-            self.maintenance.hand_back(child.worker_id, reason)
+        planned = code == OK and child.bye is not None
+        if not planned:
+            self.maintenance.hand_back(child.worker_id, self._handback_reason(child))
         if group is None:
             return
-        if clean:
+        described = describe_exit(code)
+        if planned:
             log.info("child %d of %s exited (%s)", child.pid, group.name, child.bye)
             if child.bye not in ("drain", None):
                 self.metrics.child_restart(group.name, str(child.bye))
-            return
-        if code == CONFIG or child.fatal is not None:
+        elif code == CONFIG or child.fatal is not None:
             self._on_cannot_boot(group, child, described)
-            return
-        if child.kill_reason is None and code == -signal.SIGKILL:
+        else:
+            self._on_crash(group, slot, child, described)
+
+    def _on_crash(
+        self, group: GroupPool, slot: Slot | None, child: ChildProcess, described: str
+    ) -> None:
+        """Any other end, before `ready` or after: a crash, paced by backoff and the
+        group's budget. Only a child that cannot boot makes a group FATAL."""
+        if child.kill_reason is None and child.proc.returncode == -signal.SIGKILL:
             log.warning("child %d of %s was SIGKILLed (possibly OOM-killed)", child.pid, group.name)
-        log.warning("child %d of %s died (%s)", child.pid, group.name, described)
+        booting = "" if child.ready_at is not None else " while booting"
+        log.warning("child %d of %s died%s (%s)", child.pid, group.name, booting, described)
         if slot is None or self.stopping:
             return
-        if child.ready_at is None:
-            self.metrics.child_restart(group.name, "boot_failure")
-            group.on_boot_failure(slot, now)
-            self.exit_causes.add("boot_failure")
-        else:
-            self.metrics.child_restart(group.name, child.kill_reason or "crash")
-            group.on_crash(slot, child, now)
+        reason = (child.kill_reason or "crash") if child.ready_at is not None else "boot_failure"
+        self.metrics.child_restart(group.name, reason)
+        group.on_crash(slot, child, time.monotonic())
 
     def _forget_slot_series(self, child: ChildProcess) -> None:
         """A child of a slot that no longer exists (shrunk pool, removed group) took
@@ -400,9 +397,8 @@ class Supervisor:
             log.error("roll of group %s stopped: new child cannot boot: %s", group.name, error)
             self.reload.roll_failed(f"group {group.name} kept generation: {error}")
             return
-        self.exit_causes.add("cannot_boot")
         self.metrics.child_restart(group.name, "boot_failure")
-        group.mark_fatal(error)
+        group.mark_fatal(error, time.monotonic())
 
     # -- pools ---------------------------------------------------------------------------
 
@@ -508,8 +504,10 @@ class Supervisor:
             stopping=self.stopping,
         )
 
-    def _healthy(self) -> bool:
-        return self.status.healthy(self.fleet.groups.values())
+    def _database_problems(self) -> list[str]:
+        """Database trouble the parent's own threads ran into (from any thread)."""
+        found = (self.maintenance.database_problem(), self.metrics.database.problem())
+        return [problem for problem in found if problem]
 
     def write_state(self) -> None:
         try:
@@ -521,6 +519,16 @@ class Supervisor:
         return status_dump(
             self.fleet.groups.values(), generation=self.generation, stopping=self.stopping
         )
+
+
+def describe_exit(code: int) -> str:
+    """`exit 3`, or `signal SIGKILL` for a child a signal ended (`Popen` convention)."""
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:  # a real-time signal has no name
+        return f"signal {-code}"
 
 
 def run_daemon(config_path: str, config: Config) -> int:

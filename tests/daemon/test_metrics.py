@@ -445,12 +445,20 @@ async def test_unknown_queues_beyond_twenty_are_other(
 
 
 def test_healthz_follows_health(sqlite_path: str, tmp_path: Path, served: list[Metrics]) -> None:
-    healthy = [True]
+    report: list[Any] = [lambda: (True, {"status": "ok"})]
+
+    def broken() -> Any:
+        raise RuntimeError("boom")
+
     metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
-    port = serve(served, metrics, health=lambda: healthy[0])
-    assert scrape(port, "/healthz")[0] == 200
-    healthy[0] = False
-    assert scrape(port, "/healthz")[0] == 503
+    port = serve(served, metrics, health=lambda: report[0]())
+    assert scrape(port, "/healthz") == (200, '{\n  "status": "ok"\n}\n')
+    report[0] = lambda: (False, {"status": "unhealthy", "problems": ["group g is FATAL: x"]})
+    status, body = scrape(port, "/healthz")
+    assert status == 503 and json.loads(body)["problems"] == ["group g is FATAL: x"]
+    report[0] = broken  # a bug in the check is a failed check, not a dead endpoint
+    status, body = scrape(port, "/healthz")
+    assert status == 503 and json.loads(body)["problems"] == ["health check failed: boom"]
     assert scrape(port, "/nope")[0] == 404
 
 

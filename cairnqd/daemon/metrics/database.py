@@ -124,6 +124,7 @@ class DatabaseCollector:
         self._up = False
         self._duration_s = 0.0
         self._errors = 0
+        self._last_error = ""
         self._closed = False
         #: Statistics queries started; tests count them to prove the cache works.
         self.queries = 0
@@ -135,6 +136,13 @@ class DatabaseCollector:
         """`metrics.queue_stats` (all, leader) and the lock's namespace; the next
         refresh takes, keeps or gives up the lock accordingly."""
         self._queue_stats, self._lock_namespace = queue_stats, lock_namespace
+
+    def problem(self) -> str | None:
+        """Why the last statistics query failed, if it did (None before the first)."""
+        with self._lock:
+            if self._up or not self._errors:
+                return None
+            return f"database statistics query failed: {self._last_error or 'timed out'}"
 
     @property
     def leading(self) -> bool | None:
@@ -200,8 +208,9 @@ class DatabaseCollector:
             # 2 s regardless, and share this refresh until it ends.
             snapshot = await asyncio.wait_for(self._query(store), self._timeout_s)
         except Exception as exc:
+            self._last_error = str(exc) or type(exc).__name__
             self._finish(refresh, None)
-            log.warning("database statistics query failed: %s", exc or type(exc).__name__)
+            log.warning("database statistics query failed: %s", self._last_error)
             raise
         self._finish(refresh, snapshot)
         return snapshot

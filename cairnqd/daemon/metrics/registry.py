@@ -45,7 +45,7 @@ from cairnqd.daemon.metrics.labels import (
     failure_reason,
 )
 from cairnqd.daemon.metrics.series import SeriesBook
-from cairnqd.daemon.metrics.server import HttpServer
+from cairnqd.daemon.metrics.server import Health, HttpServer
 from cairnqd.store.base import TaskStore
 
 # One logger for the whole metrics package: one name to filter on.
@@ -260,12 +260,13 @@ class Metrics(Families):
 
     # -- serving ------------------------------------------------------------------------
 
-    def serve(self, listen_host: str, port: int, health: Callable[[], bool] | None = None) -> int:
-        """Serve `/metrics` and `/healthz` (200 while `health()` is true, else 503) on a
-        daemon thread; returns the bound port (`port=0` picks a free one)."""
+    def serve(self, listen_host: str, port: int, health: Callable[[], Health] | None = None) -> int:
+        """Serve `/metrics` and `/healthz` (200 or 503 as `health()` says, with its JSON
+        body) on a daemon thread; returns the bound port (`port=0` picks a free one)."""
         if self._server is not None:
             raise RuntimeError(f"metrics already served on port {self._server.port}")
-        self._server = HttpServer(self.registry, listen_host, port, health or (lambda: True))
+        check = health or (lambda: (True, {"status": "ok"}))
+        self._server = HttpServer(self.registry, listen_host, port, check)
         return self._server.port
 
     @property
