@@ -288,6 +288,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
     signum = signal.SIGUSR2 if args.all else signal.SIGHUP
     # Read seq before signalling, or a fast daemon could bump it before we look.
     seq = state["reload"]["seq"] if state is not None else 0
+    generation = state["generation"] if state is not None else None
     _signal(pid, signum)
     if args.wait is None:
         print(f"sent {signum.name} to cairnqd (pid {pid})")
@@ -296,11 +297,12 @@ def cmd_reload(args: argparse.Namespace) -> int:
     if outcome["reload"]["ok"]:
         print(f"reload applied: generation {outcome['generation']} (pid {pid})")
         return exitcodes.OK
-    raise CliError(
-        exitcodes.CONFIG,
-        f"reload refused; still running generation {outcome['generation']} (pid {pid})",
-        outcome["reload"]["errors"],
-    )
+    if generation is not None and outcome["generation"] != generation:
+        # Applied, but a group's roll stopped: the errors name the group and slot.
+        message = f"reload failed: generation {outcome['generation']} is not running everywhere"
+    else:
+        message = f"reload refused; still running generation {outcome['generation']}"
+    raise CliError(exitcodes.CONFIG, f"{message} (pid {pid})", outcome["reload"]["errors"])
 
 
 # -- the parser ----------------------------------------------------------------------------

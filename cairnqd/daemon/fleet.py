@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot
@@ -23,6 +24,18 @@ log = logging.getLogger("cairnqd.supervisor")
 
 #: Spawns a child of a group's config into a slot (by index), of a generation.
 Spawn = Callable[[GroupConfig, int, int], ChildProcess]
+#: Children a pool let go of, to be stopped within their pool's drain timeout.
+Retiring = list[tuple[GroupPool, ChildProcess]]
+
+
+@dataclass(frozen=True)
+class Detached:
+    """Where a reaped child was: its configured pool (None: a removed group's, or
+    not found), its role there and its slot."""
+
+    pool: GroupPool | None
+    role: str | None
+    slot: Slot | None
 
 
 class Fleet:
@@ -53,19 +66,18 @@ class Fleet:
         pools = self.groups.values()
         return bool(pools) and all(p.state == "fatal" and not p.children() for p in pools)
 
-    def detach(self, child: ChildProcess) -> tuple[GroupPool | None, Slot | None]:
-        """Take a reaped child out of its pool. Returns the configured pool it served
-        (None for a removed group's) and, when it held a slot as that slot's child
-        (not as a successor or retired), the slot."""
+    def detach(self, child: ChildProcess) -> Detached:
+        """Take a reaped child out of its pool: which pool (None for a removed
+        group's), in what role (`slot`, `successor`, `retired`) and which slot."""
         for pool in self.pools():
             found = pool.detach(child)
             if found is None:
                 continue
-            if all(pool is not kept for kept in self.groups.values()):
-                return None, None
             role, slot = found
-            return pool, slot if role == "slot" else None
-        return None, None
+            if all(pool is not kept for kept in self.groups.values()):
+                return Detached(None, role, slot)
+            return Detached(pool, role, slot)
+        return Detached(None, None, None)
 
     # -- keeping pools at size ------------------------------------------------------------
 
@@ -83,9 +95,7 @@ class Fleet:
                 if slot.child is None and pool.may_spawn(slot, now):
                     slot.child = spawn(pool.config, slot.index, generation)
 
-    def advance_rolls(
-        self, surge: int, spawn: Spawn, generation: int
-    ) -> list[tuple[GroupPool, ChildProcess]]:
+    def advance_rolls(self, surge: int, spawn: Spawn, generation: int) -> Retiring:
         """One step of every roll; returns the replaced children, now retired, for the
         caller to stop."""
         replaced = []
@@ -96,18 +106,19 @@ class Fleet:
 
     # -- reload ---------------------------------------------------------------------------
 
-    def apply(self, plan: ReloadPlan) -> list[ChildProcess]:
+    def apply(self, plan: ReloadPlan) -> Retiring:
         """Reshape the pools as `plan` says; returns the children to stop (removed
         groups, shrunk pools). Rolls start here and advance with `advance_rolls`."""
         config = plan.config
-        retiring: list[ChildProcess] = []
+        retiring: Retiring = []
         for name in plan.removed:
             pool = self.groups.pop(name)
-            retiring += pool.retire_all()
+            retiring += [(pool, child) for child in pool.retire_all()]
             self.removed.append(pool)
         for name in plan.revived:
-            # Every reload retries a FATAL group with a fresh budget.
-            del self.groups[name]
+            # Every reload retries a FATAL group with a fresh budget. The pool stays:
+            # children it still has keep serving, and keep their slots.
+            self.groups[name].revive()
         pools: dict[str, GroupPool] = {}
         for name, group in config.groups.items():
             fingerprint = config.group_fingerprint(name)
@@ -116,12 +127,11 @@ class Fleet:
                 pools[name] = GroupPool(group, fingerprint, config)
                 continue
             kept.reconfigure(group, fingerprint, config)
-            retiring += kept.resize(group.processes)
+            retiring += [(kept, child) for child in kept.resize(group.processes)]
             pools[name] = kept
         self.groups = pools
         for name in plan.rolled:
-            if name not in plan.revived:
-                self.groups[name].start_roll()
+            self.groups[name].start_roll()
         return retiring
 
     # -- the invariant ----------------------------------------------------------------------

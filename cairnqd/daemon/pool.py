@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -70,6 +71,10 @@ class ChildProcess:
     fatal: str | None = None
     kill_reason: str | None = None
     abort_sent_at: float | None = None
+    #: Asked to drain (SIGTERM) and given until then to finish; None: not draining.
+    drain_deadline: float | None = None
+    #: When we stopped it hard (SIGQUIT); SIGKILL follows after a grace period.
+    quit_sent_at: float | None = None
     #: Lines on its events pipe that were no valid message, and when we last said so.
     malformed: int = 0
     malformed_logged_at: float = float("-inf")
@@ -82,6 +87,22 @@ class ChildProcess:
         # Already gone: the reaper will tell us how.
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signum)
+
+    def retire(self, now: float, timeout_s: float) -> None:
+        """Stop claiming and finish what it holds (SIGTERM), within `timeout_s`: past
+        that the deadlines stop it hard and its tasks are handed back."""
+        deadline = now + timeout_s
+        if self.drain_deadline is None or deadline < self.drain_deadline:
+            self.drain_deadline = deadline
+        self.state = "draining"
+        self.signal(signal.SIGTERM)
+
+    def quit(self, now: float) -> None:
+        """Stop now (SIGQUIT: the child aborts without a database write); the
+        deadlines follow up with SIGKILL."""
+        if self.quit_sent_at is None:
+            self.quit_sent_at = now
+            self.signal(signal.SIGQUIT)
 
     def on_message(self, message: ChildMessage, now: float) -> None:
         """What the child told us about itself (counting is the metrics' business)."""

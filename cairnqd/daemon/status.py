@@ -103,20 +103,36 @@ def _pools_settled(groups: Iterable[GroupPool]) -> bool:
     return True
 
 
-def status_dump(groups: Iterable[GroupPool], *, generation: int, stopping: bool) -> str:
+def status_dump(
+    groups: Iterable[GroupPool],
+    removed: Iterable[GroupPool],
+    *,
+    generation: int,
+    stopping: bool,
+) -> str:
+    """Every pool, slot and child, for SIGUSR1: what the supervisor believes runs."""
     lines = [f"generation {generation}, stopping={stopping}"]
     now = time.monotonic()
     for group in groups:
         lines.append(f"group {group.name}: {group.state} {group.fatal_error or ''}".rstrip())
         for slot in group.slots:
-            child = slot.child
-            if child is None:
+            if slot.child is None:
                 wait = max(0.0, slot.restart_at - now)
                 lines.append(f"  slot {slot.index}: empty (restart in {wait:.1f}s)")
-                continue
-            tasks = ", ".join(f"{tid} ({now - t.seen:.1f}s)" for tid, t in child.in_flight.items())
-            lines.append(
-                f"  slot {slot.index}: pid {child.pid} {child.state} gen {child.generation} "
-                f"rss {child.rss >> 20}MiB in flight: {tasks or 'none'}"
-            )
+            else:
+                lines.append(f"  slot {slot.index}: {_describe(slot.child, now)}")
+            if slot.successor is not None:
+                lines.append(f"  slot {slot.index} successor: {_describe(slot.successor, now)}")
+        lines += [f"  retired: {_describe(child, now)}" for child in group.retired]
+    for pool in removed:
+        lines.append(f"removed group {pool.name}:")
+        lines += [f"  retired: {_describe(child, now)}" for child in pool.retired]
     return "\n".join(lines)
+
+
+def _describe(child: ChildProcess, now: float) -> str:
+    tasks = ", ".join(f"{tid} ({now - t.seen:.1f}s)" for tid, t in child.in_flight.items())
+    return (
+        f"pid {child.pid} {child.state} gen {child.generation} "
+        f"rss {child.rss >> 20}MiB in flight: {tasks or 'none'}"
+    )

@@ -34,7 +34,7 @@ from cairnqd.daemon import systemd
 from cairnqd.daemon.connection_budget import check_connection_budget
 from cairnqd.daemon.deadlines import check_deadlines
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
-from cairnqd.daemon.fleet import Fleet
+from cairnqd.daemon.fleet import Fleet, Retiring
 from cairnqd.daemon.logs import (
     LoggingSetupError,
     configure_logging,
@@ -76,7 +76,6 @@ _HANDLED = (
 PARENT_LABEL = "master"
 # Child messages that change what the loop must do next (the rest are task events).
 _STATE_EVENTS = (Ready, Goodbye, Fatal)
-_QUIT_GRACE_S = 2.0
 # A child that keeps writing garbage gets one log line per this many seconds.
 _MALFORMED_LOG_EVERY_S = 10.0
 _TICK_S = 0.1
@@ -93,9 +92,8 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.signals: deque[int] = deque()
         self.stopping = False
-        self.stop_deadline: float | None = None
-        self.hard_stop_at: float | None = None
         self.reload = ConfigReload(self, process_label=PARENT_LABEL)
+        self._ownership_logged: set[str] = set()
         self.status = StatusReport(self.config_path, self._database_problems)
         self.metrics = Metrics(config)
         self.maintenance = Maintenance(config, self.metrics)
@@ -170,7 +168,8 @@ class Supervisor:
     def _tick(self) -> bool:
         """The loop's named steps; True once the parent should exit."""
         self._reap()
-        check_deadlines(self.fleet.groups.values(), self.config.supervisor)
+        self._check_ownership()
+        check_deadlines(self.fleet.pools(), self.config.supervisor)
         if self.stopping:
             if self._stop_step():
                 return True
@@ -347,22 +346,47 @@ class Supervisor:
             self._on_exit(child, child.proc.returncode)
 
     def _on_exit(self, child: ChildProcess, code: int) -> None:
-        group, slot = self.fleet.detach(child)
+        where = self.fleet.detach(child)
         self._forget_slot_series(child)
         planned = code == OK and child.bye is not None
         if not planned:
             self.maintenance.hand_back(child.worker_id, self._handback_reason(child))
-        if group is None:
-            return
         described = describe_exit(code)
-        if planned:
+        group = where.pool
+        if group is None:
+            log.info("child %d of removed group %s exited (%s)", child.pid, child.group, described)
+        elif planned:
             log.info("child %d of %s exited (%s)", child.pid, group.name, child.bye)
             if child.bye not in ("drain", None):
                 self.metrics.child_restart(group.name, str(child.bye))
+        elif child.quit_sent_at is not None:
+            log.info("child %d of %s stopped (%s)", child.pid, group.name, described)
+        elif where.role == "successor" and where.slot is not None:
+            self._on_failed_successor(group, where.slot, child, described)
         elif code == CONFIG or child.fatal is not None:
             self._on_cannot_boot(group, child, described)
         else:
-            self._on_crash(group, slot, child, described)
+            self._on_crash(group, where.slot if where.role == "slot" else None, child, described)
+
+    def _on_failed_successor(
+        self, group: GroupPool, slot: Slot, child: ChildProcess, described: str
+    ) -> None:
+        """A roll's new child ended before it took its slot: the roll stops there, the
+        slot keeps its old child, and the reload is reported failed."""
+        error = child.fatal or described
+        if child.kill_reason is not None:
+            error = f"{error} ({child.kill_reason})"
+        when = "before it was ready" if child.ready_at is None else "before it took over"
+        message = (
+            f"group {group.name} slot {slot.index}: the new child (pid {child.pid}) ended "
+            f"{when}: {error}; the slot keeps its generation {slot_generation(slot)} child"
+        )
+        if group.stop_roll():
+            log.error("roll of group %s stopped: %s", group.name, message)
+        else:
+            log.error("%s", message)
+        self.reload.roll_failed(message)
+        self.metrics.child_restart(group.name, "boot_failure")
 
     def _on_crash(
         self, group: GroupPool, slot: Slot | None, child: ChildProcess, described: str
@@ -378,6 +402,14 @@ class Supervisor:
         reason = (child.kill_reason or "crash") if child.ready_at is not None else "boot_failure"
         self.metrics.child_restart(group.name, reason)
         group.on_crash(slot, child, time.monotonic())
+
+    def _check_ownership(self) -> None:
+        """Every live child belongs to exactly one pool; say so loudly if not (once
+        per problem): such a child would escape drain, deadlines and hand-back."""
+        for problem in self.fleet.ownership_problems(list(self.by_pid.values())):
+            if problem not in self._ownership_logged:
+                self._ownership_logged.add(problem)
+                log.error("bookkeeping bug: %s", problem)
 
     def _forget_slot_series(self, child: ChildProcess) -> None:
         """A child of a slot that no longer exists (shrunk pool, removed group) took
@@ -435,16 +467,18 @@ class Supervisor:
 
     def _advance_rolls(self) -> None:
         surge = self.config.reload.max_surge
-        for pool, child in self.fleet.advance_rolls(surge, self.spawn, self.generation):
-            self._retire([child])
+        replaced = self.fleet.advance_rolls(surge, self.spawn, self.generation)
+        self._retire(replaced)
+        for pool, _ in replaced:
             self.metrics.child_restart(pool.name, "reload")
 
-    def _retire(self, children: list[ChildProcess]) -> None:
+    def _retire(self, children: Retiring) -> None:
         """Stop children their pool no longer wants (shrink, roll, removed group):
-        they stop claiming and finish what they hold."""
-        for child in children:
-            child.state = "draining"
-            child.signal(signal.SIGTERM)
+        they stop claiming and finish what they hold, within their group's
+        `shutdown_timeout` (then the deadlines stop them hard)."""
+        now = time.monotonic()
+        for pool, child in children:
+            child.retire(now, self._drain_timeout_s(pool))
 
     def _keep_pools(self) -> None:
         self.fleet.fill(self.spawn, self.generation)
@@ -460,39 +494,23 @@ class Supervisor:
         self.stopping = True
         systemd.stopping("draining")
         self.maintenance.pause_purge()
-        timeout = max(
-            [self.config.shutdown_timeout_for(n).total_seconds() for n in self.config.groups]
-            or [self.config.shutdown_timeout.total_seconds()]
-        )
-        self.stop_deadline = time.monotonic() + timeout
-        for child in self.all_children():
-            child.state = "draining"
-            child.signal(signal.SIGTERM)
+        now = time.monotonic()
+        for pool in self.fleet.pools():
+            for child in pool.children():
+                child.retire(now, self._drain_timeout_s(pool))
 
     def _begin_hard_stop(self) -> None:
-        self.hard_stop_at = time.monotonic()
+        now = time.monotonic()
         for child in self.all_children():
-            child.signal(signal.SIGQUIT)
+            child.quit(now)
 
     def _stop_step(self) -> bool:
-        """True once every child is gone."""
-        children = self.all_children()
-        if not children:
-            return True
-        now = time.monotonic()
-        if (
-            self.hard_stop_at is None
-            and self.stop_deadline is not None
-            and now > self.stop_deadline
-        ):
-            log.warning(
-                "shutdown_timeout passed with %d child(ren) left; stopping them", len(children)
-            )
-            self._begin_hard_stop()
-        if self.hard_stop_at is not None and now - self.hard_stop_at > _QUIT_GRACE_S:
-            for child in children:
-                child.signal(signal.SIGKILL)
-        return False
+        """True once every child is gone (the deadlines stop the slow ones)."""
+        return not self.all_children()
+
+    def _drain_timeout_s(self, pool: GroupPool) -> float:
+        """How long a child of `pool` may drain: its group's `shutdown_timeout`."""
+        return (pool.config.shutdown_timeout or self.config.shutdown_timeout).total_seconds()
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -517,8 +535,15 @@ class Supervisor:
 
     def status_dump(self) -> str:
         return status_dump(
-            self.fleet.groups.values(), generation=self.generation, stopping=self.stopping
+            self.fleet.groups.values(),
+            self.fleet.removed,
+            generation=self.generation,
+            stopping=self.stopping,
         )
+
+
+def slot_generation(slot: Slot) -> str:
+    return str(slot.child.generation) if slot.child is not None else "(none)"
 
 
 def describe_exit(code: int) -> str:
