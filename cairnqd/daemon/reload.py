@@ -6,14 +6,19 @@ Settings a running parent cannot change in place (`restart_only_changes`) refuse
 whole reload rather than half-apply it. What a valid reload does is computed as a
 `ReloadPlan`, plain data (groups to add, retire, resize, roll; hot settings; whether
 the generation moves), which the supervisor applies to its pools: this module never
-touches the supervisor's fields. SIGHUP rolls only the groups whose fingerprint
+touches the supervisor's fields. The file is read and validated on a thread of its
+own (`ConfigLoad`), so a slow or hostile file never stalls the supervisor's loop;
+the result is taken, and applied, on the loop. SIGHUP rolls only the groups whose fingerprint
 changed; SIGUSR2 rolls every group. The pools roll their own slots; a reload stays
 in flight until none is rolling, and a reload asked for meanwhile waits for it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import threading
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +29,10 @@ from cairnqd.daemon.logs import LoggingSetupError, configure_logging
 
 # The reload is part of the parent's story in the log: same logger as the supervisor.
 log = logging.getLogger("cairnqd.supervisor")
+
+#: A config load still running after this long refuses the reload, so that
+#: `reload --wait` gets an answer; a later reload starts a fresh load.
+LOAD_TIMEOUT_S = 30.0
 
 
 def restart_only_changes(old: Config, new: Config) -> list[str]:
@@ -118,35 +127,104 @@ class ReloadTarget(Protocol):
     def record_reload(self, ok: bool, errors: list[str]) -> None: ...
 
 
+class ConfigLoad:
+    """`load_config` on a thread of its own, so that a slow or hostile file (a FIFO,
+    a hung network mount, a file that is expensive to check) never stalls the
+    supervisor's loop: it keeps reaping, ticking and answering while this runs, and
+    takes the result once `done()`."""
+
+    def __init__(self, path: str, roll_all: bool) -> None:
+        self.path = path
+        self.roll_all = roll_all
+        self.started = time.monotonic()
+        self._result: concurrent.futures.Future[Config] = concurrent.futures.Future()
+        thread = threading.Thread(target=self._run, name="cairnqd-config-load", daemon=True)
+        thread.start()
+
+    def _run(self) -> None:
+        try:
+            config = load_config(self.path)
+        except Exception as exc:  # reported on the loop, with the rest of the reload
+            self._result.set_exception(exc)
+        else:
+            self._result.set_result(config)
+
+    def done(self) -> bool:
+        return self._result.done()
+
+    def result(self) -> Config:
+        """The new config; ConfigError, or whatever else loading raised."""
+        return self._result.result(timeout=0)
+
+
 class ConfigReload:
-    """The supervisor's reloads: the one being applied (until its rolls end) and the
-    one queued behind it. Runs on the supervisor's loop, like everything it touches."""
+    """The supervisor's reloads: the file being loaded (off the loop), the reload
+    being applied (until its rolls end) and the one queued behind them. Runs on the
+    supervisor's loop, like everything it touches; `advance()` is its tick."""
 
     def __init__(self, target: ReloadTarget, *, process_label: str) -> None:
         self._target = target
         self._process_label = process_label
         self.pending: bool | None = None  # None, or "roll every group?"
+        self.loading: ConfigLoad | None = None
         self.in_flight = False  # applied; waiting for its rolls to finish
         self._roll_failures: list[str] = []
+
+    @property
+    def busy(self) -> bool:
+        return self.loading is not None or self.in_flight
 
     def request(self, *, roll_all: bool) -> None:
         if self._target.stopping:
             log.info("stopping; reload ignored")
             return
-        if self.in_flight:
+        if self.busy:
             self.pending = bool(self.pending) or roll_all
-            log.info("a roll is in progress; reload queued")
+            log.info("a reload is in progress; this one is queued behind it")
             return
-        self._reload(roll_all)
+        self._start(roll_all)
 
-    def _reload(self, roll_all: bool) -> None:
-        target = self._target
+    def _start(self, roll_all: bool) -> None:
         systemd.reloading("reloading configuration")
+        self.loading = ConfigLoad(self._target.config_path, roll_all)
+
+    def advance(self) -> None:
+        """The reload's step in each tick: take a finished load, report a reload whose
+        rolls are over, and start the one queued behind."""
+        self._poll_load()
+        if self.in_flight and not self._target.rolling():
+            self.in_flight = False
+            failures, self._roll_failures = self._roll_failures, []
+            self._target.record_reload(not failures, failures)
+        if self.pending is not None and not self.busy and not self._target.stopping:
+            roll_all, self.pending = self.pending, None
+            self._start(roll_all)
+
+    def _poll_load(self) -> None:
+        load = self.loading
+        if load is None:
+            return
+        if not load.done():
+            waited = time.monotonic() - load.started
+            if waited > LOAD_TIMEOUT_S:
+                self.loading = None  # its thread is left to finish; its result is dropped
+                self._refuse([f"{load.path}: still loading after {waited:.0f}s; reload refused"])
+            return
+        self.loading = None
+        if self._target.stopping:
+            return
         try:
-            new = load_config(target.config_path)
+            new = load.result()
         except ConfigError as exc:
             self._refuse([str(p) for p in exc.problems])
-            return
+        except Exception as exc:
+            log.exception("loading %s failed", load.path)
+            self._refuse([f"{load.path}: cannot load: {type(exc).__name__}: {exc}"])
+        else:
+            self._validated(new, load.roll_all)
+
+    def _validated(self, new: Config, roll_all: bool) -> None:
+        target = self._target
         refused = restart_only_changes(target.config, new)
         if refused:
             generation = target.generation
@@ -176,7 +254,6 @@ class ConfigReload:
             log.info("reloaded: nothing changed; still generation %d", target.generation)
         self.in_flight = True
         self._roll_failures = []
-        self.advance()
 
     def _refuse(self, errors: list[str]) -> None:
         for line in errors:
@@ -185,16 +262,5 @@ class ConfigReload:
 
     def roll_failed(self, error: str) -> None:
         """A group's roll stopped (a new child could not boot): the reload fails."""
-        self._roll_failures.append(error)
-
-    def advance(self) -> None:
-        """Once no group rolls any more, report the reload in flight and start the one
-        queued behind it. Called every tick."""
-        if not self.in_flight or self._target.rolling():
-            return
-        self.in_flight = False
-        failures, self._roll_failures = self._roll_failures, []
-        self._target.record_reload(not failures, failures)
-        if self.pending is not None and not self._target.stopping:
-            roll_all, self.pending = self.pending, None
-            self._reload(roll_all)
+        if self.in_flight:
+            self._roll_failures.append(error)

@@ -140,6 +140,22 @@ def test_bad_config_reports_every_problem_with_its_position(tmp_path: Path, run:
         assert result.stdout == ""
 
 
+def test_check_refuses_an_alias_bomb_at_once(sqlite_config: Path, run: Run) -> None:
+    laughs = "".join(
+        f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9) if n else 'lol'}]\n" for n in range(10)
+    )
+    text = sqlite_config.read_text()
+    sqlite_config.write_text(text + laughs)
+    line = len(text.splitlines()) + 5  # l4: its sixth alias passes 10000 expanded nodes
+    started = time.monotonic()
+    result = run("check", timeout=30)
+    assert time.monotonic() - started < 15
+    assert result.returncode == 78
+    assert result.stderr.startswith(
+        f"./cairnq.yaml:{line}:35: aliases expand to more than 10000 nodes"
+    ), result.stderr
+
+
 def test_missing_config_file(run: Run) -> None:
     result = run("-c", "nope.yaml", "check")
     assert result.returncode == 78

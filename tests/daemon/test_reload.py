@@ -5,9 +5,13 @@ SQLite only: these exercise the supervisor's bookkeeping, not the store.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +175,76 @@ def test_a_new_child_that_dies_before_ready_stops_the_roll(
     assert result == 1
     assert "bookkeeping bug" not in daemon.output()
     assert daemon.stop() == 0
+
+
+def healthz_status(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return int(exc.code)
+
+
+def assert_the_loop_runs(daemon: Any) -> None:
+    """A killed child is reaped and replaced, and /healthz sees a fresh loop."""
+    (child,) = daemon.children("g")
+    os.kill(child, signal.SIGKILL)
+    wait_for(
+        "the killed child to be replaced",
+        lambda: (now := daemon.children("g")) and child not in now,
+        timeout=15,
+    )
+    assert healthz_status(daemon.metrics_port()) == 200
+
+
+def test_a_config_file_that_blocks_does_not_stall_the_loop(
+    tmp_path: Path, sqlite_path: str, daemon_factory: Any
+) -> None:
+    config = config_for(tmp_path, sqlite_path, {"g": {"queues": ["q"], "processes": 1}})
+    daemon = daemon_factory(config).start()
+    text = daemon.config_path.read_text()
+    daemon.config_path.unlink()
+    os.mkfifo(daemon.config_path)  # reading it blocks until the test writes the config
+    try:
+        mark = len(daemon.messages)
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_notify("RELOADING=1", start=mark)
+        assert_the_loop_runs(daemon)
+        assert daemon.state()["reload"]["seq"] == 0  # still loading
+        with open(daemon.config_path, "w") as fifo:
+            fifo.write(text)
+        wait_for("the reload's outcome", lambda: daemon.state()["reload"]["seq"] == 1)
+        assert daemon.state()["reload"]["ok"], daemon.state()
+    finally:
+        unblock(daemon.config_path, text)
+    assert daemon.stop() == 0
+
+
+def test_an_alias_bomb_on_sighup_is_refused_and_the_loop_goes_on(
+    tmp_path: Path, sqlite_path: str, daemon_factory: Any
+) -> None:
+    config = config_for(tmp_path, sqlite_path, {"g": {"queues": ["q"], "processes": 1}})
+    daemon = daemon_factory(config).start()
+    bomb = daemon.config_path.read_text() + "".join(
+        f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9) if n else 'lol'}]\n" for n in range(10)
+    )
+    daemon.config_path.write_text(bomb)
+    daemon.signal(signal.SIGHUP)
+    wait_for("the refusal", lambda: daemon.state()["reload"]["seq"] == 1, timeout=10)
+    reload = daemon.state()["reload"]
+    assert not reload["ok"]
+    (error,) = reload["errors"]
+    assert re.match(r".*cairnq\.yaml:\d+:\d+: aliases expand to more than 10000 nodes", error)
+    assert_the_loop_runs(daemon)
+    assert daemon.stop() == 0
+
+
+def unblock(path: Path, text: str) -> None:
+    """Feed a reader still blocked on the FIFO (if any), then put a file back."""
+    with contextlib.suppress(OSError):  # ENXIO: nobody is reading
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        with open(fd, "w") as fifo:
+            fifo.write(text)
+    path.unlink()
+    path.write_text(text)

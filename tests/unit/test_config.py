@@ -527,6 +527,9 @@ def test_dsn_file_problems_are_reported_at_the_key(errors: Errors, tmp_path: Pat
     assert errors(text.format("./empty")) == [
         "cairnq.yaml:3:13: database.dsn_file: ./empty does not hold a DSN: is empty"
     ]
+    assert errors(text.format("/dev/zero")) == [
+        "cairnq.yaml:3:13: database.dsn_file: /dev/zero is longer than 65536 characters"
+    ]
     # The message names the problem but never echoes the file's contents.
     assert errors(text.format("./mysql")) == [
         "cairnq.yaml:3:13: database.dsn_file: ./mysql does not hold a DSN: unsupported "
