@@ -323,8 +323,8 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("logging.loggers", _Map(_LOGGER, _Enum(*_LEVELS, fold=True)), {}, _H,
             "Levels of single loggers, e.g. {psycopg: warning}."),
     Setting("runtime_dir", _Path(), None, _R, nullable=True, doc=
-            "Directory of the state file; null: $RUNTIME_DIRECTORY, else "
-            "$XDG_RUNTIME_DIR/cairnqd, else /tmp/cairnqd-<uid>."),
+            "Directory of the state file, ours alone (0700 when created); null: "
+            "$RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/cairnqd, else $TMPDIR/cairnqd-<uid>."),
 )
 # fmt: on
 

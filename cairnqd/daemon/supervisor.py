@@ -57,6 +57,7 @@ from cairnqd.daemon.metrics import Metrics
 from cairnqd.daemon.pipes import PipeError
 from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot, spawn_child
 from cairnqd.daemon.reload import ConfigReload, ReloadPlan
+from cairnqd.daemon.runtimedir import UnsafeRuntimeDir
 from cairnqd.daemon.statefile import (
     AlreadyRunning,
     StateFile,
@@ -108,6 +109,12 @@ class Supervisor:
         except AlreadyRunning as exc:
             log.error("%s", exc)
             return TEMPFAIL
+        except UnsafeRuntimeDir as exc:
+            log.error("%s", exc)
+            return CONFIG
+        except OSError as exc:
+            log.error("cannot take the lock in %s: %s", self.statefile.directory, exc)
+            return CONFIG
         try:
             return self._run()
         finally:
@@ -557,6 +564,9 @@ def describe_exit(code: int) -> str:
 
 
 def run_daemon(config_path: str, config: Config) -> int:
+    # Before anything is created: the SQLite file (payloads), its -wal and -shm, the
+    # log file and the state files are the daemon user's alone. Children inherit it.
+    os.umask(0o077)
     try:
         configure_logging(config.logging, process_label=PARENT_LABEL)
     except LoggingSetupError as exc:

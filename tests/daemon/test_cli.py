@@ -393,10 +393,13 @@ def test_submit_wait_without_a_worker_times_out(sqlite_config: Path, run: Run) -
 # -- reload against a stand-in daemon --------------------------------------------------
 
 FAKE_DAEMON = """\
-import signal, sys
+import os, signal, sys
+from setproctitle import setproctitle
 from cairnqd.daemon.statefile import StateFile, after_reload, initial_state, state_path
 
 config, runtime_dir, mode, log = sys.argv[1:5]
+# What `cairnqd reload` checks before it signals a pid: the master's title.
+setproctitle(f"cairnqd: master [{os.path.abspath(config)}] gen=1 (stand-in)")
 statefile = StateFile(state_path(config, runtime_dir))
 statefile.acquire()
 state = initial_state(config)
