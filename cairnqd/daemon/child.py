@@ -170,6 +170,10 @@ class Child:
             return TEMPFAIL  # the parent died before we got here
         self._ignore_orchestrated_signals()
         faulthandler.enable()
+        # The parent forwards SIGTTIN for a dump of every thread. Its default action
+        # would stop the process, and a daemon started from a shell would find all
+        # its workers stopped until the heartbeat deadline killed them.
+        faulthandler.register(signal.SIGTTIN, all_threads=True)
         try:
             line, rest = read_one(self.control_fd, _BOOT_TIMEOUT_S)
         except PipeError as exc:

@@ -267,3 +267,31 @@ def test_the_parent_survives_any_line_a_child_writes(
     assert set(daemon.children("g")) == {child}, "the child was replaced"
     assert "Traceback" not in daemon.output()
     assert daemon.stop() == 0
+
+
+def test_sigttin_dumps_every_child_s_stacks_and_stops_nobody(
+    tmp_path: Path, sqlite_path: str, daemon_factory: Any
+) -> None:
+    config = config_for(tmp_path, sqlite_path, {"g": {"queues": ["q"], "processes": 2}})
+    # Long enough that a stopped child would still be stopped when the test looks.
+    config["supervisor"]["heartbeat_timeout"] = "120s"
+    daemon = daemon_factory(config).start()
+    children = set(daemon.children("g"))
+    daemon.signal(signal.SIGTTIN)
+    wait_for(
+        "a child's stack dump",
+        lambda: daemon.output().count("cairnqd/daemon/child.py") >= 2,
+        timeout=15,
+    )
+    for pid in children:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state != "T", f"child {pid} is stopped"
+
+    async def calls(c: CairnQ) -> list[Any]:
+        return [await c.call("t.sleep", {"seconds": 0.01}, queue="q", timeout_ms=15_000)
+                for _ in range(6)]  # fmt: skip
+
+    ran_on = {result["pid"] for result in client_call(SQLITE, sqlite_path, calls)}
+    assert ran_on <= children and ran_on, ran_on
+    assert set(daemon.children("g")) == children
+    assert daemon.stop() == 0
