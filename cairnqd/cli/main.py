@@ -1,6 +1,6 @@
 """The `cairnqd` command: the daemon (`run`, the default) and the operator's tools.
 
-Design note (DAEMON.md §9). Every command validates the config through the same
+Design note. Every command validates the config through the same
 `load_config` the daemon and its reload use, so `check` passes exactly when `run`
 would start. Expected failures are one clear line on stderr and a sysexits code
 (`exitcodes`); a traceback means a bug (exit 70). argparse's usage exit 2 becomes 64,

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 
 class Reload(enum.Enum):
-    """What a reload does with a changed setting (DAEMON.md §4)."""
+    """What a reload does with a changed setting."""
 
     RESTART = "restart-only"
     HOT = "parent-hot"
@@ -173,7 +173,7 @@ _DEFAULT_RULES = [
     {"status": "canceled", "older_than": "7d"},
     {"status": "failed", "older_than": "30d"},
 ]
-# DAEMON.md §6 buckets, in seconds.
+# Histogram bounds in seconds, from a 5 ms task to an hour-long one.
 _DURATION_BUCKETS = [
     0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600
 ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""Process exit codes, from BSD `sysexits.h` (DAEMON.md §9).
+"""Process exit codes, from BSD `sysexits.h`.
 
 systemd's `RestartPreventExitStatus=64 78` keys on these, so a usage or config error
 never restart-loops while a database outage (69) or a crash (70) does.

@@ -46,6 +46,7 @@ class Fleet:
         }
         #: Pools of groups a reload removed, until their last child is reaped.
         self.removed: list[GroupPool] = []
+        self._reported: set[str] = set()
 
     def pools(self) -> list[GroupPool]:
         """Every pool that may own a child: the configured ones, then removed ones."""
@@ -135,6 +136,14 @@ class Fleet:
         return retiring
 
     # -- the invariant ----------------------------------------------------------------------
+
+    def check_ownership(self, live: Collection[ChildProcess]) -> None:
+        """Log each ownership problem once: such a child would escape drain,
+        deadlines and hand-back, which is a bug worth shouting about."""
+        for problem in self.ownership_problems(live):
+            if problem not in self._reported:
+                self._reported.add(problem)
+                log.error("bookkeeping bug: %s", problem)
 
     def ownership_problems(self, live: Collection[ChildProcess]) -> list[str]:
         """What breaks "every live child belongs to exactly one pool": children no

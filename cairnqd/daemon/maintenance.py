@@ -1,6 +1,6 @@
 """The parent's database duties: hand-backs, the lease reaper and the purge scheduler.
 
-Design note (DAEMON.md §1, §2, §5). The supervisor's loop must never wait on the
+Design note. The supervisor's loop must never wait on the
 database, so every write the parent makes runs here: one thread, one asyncio loop, one
 store opened inside that thread (a connection never crosses threads or a fork).
 
@@ -61,7 +61,7 @@ __all__ = [
 log = logging.getLogger("cairnqd.maintenance")
 
 HAND_BACK_REASONS = ("worker_exit", "shutdown", "max_run")
-#: Second key of the purge lock; the stats leader uses 2 (DAEMON.md §5).
+#: Second key of the purge lock; the stats leader uses 2 (metrics/database.py).
 PURGE_LOCK_ID = 1
 _SQLITE_BATCH_PAUSE_S = 0.05
 _HAND_BACK_ATTEMPTS = 5

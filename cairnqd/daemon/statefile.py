@@ -1,6 +1,6 @@
 """The daemon's state file: how `cairnqd reload` finds the daemon and learns the outcome.
 
-Design note (DAEMON.md §4). One daemon per config file: its state lives at
+Design note. One daemon per config file: its state lives at
 `<runtime_dir>/cairnqd-<sha256(abspath(config))[:16]>.json` and holds
 `{pid, generation, config, reload: {seq, ok, errors, at}}`. The daemon bumps
 `reload.seq` after every reload attempt, applied or refused, so a client that read

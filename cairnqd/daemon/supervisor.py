@@ -8,13 +8,12 @@ maintenance thread owns a connection (reaper, hand-back, purge) and the metrics
 thread another, so a stalled database can never stall reaping, signals or the
 systemd watchdog.
 
-Beside it: `reload` (SIGHUP, SIGUSR2 and the rolls they start), `deadlines` (boot,
-heartbeat, max_run), `status` (process title, sd_notify, /healthz, the SIGUSR1 dump)
-and `connection_budget` (the start-up check against max_connections).
-
-When a child dies without saying goodbye, the parent hands its tasks back at once
-(`release_worker`, scoped by the dead child's worker_id and run only after waitpid),
-so they are claimable in milliseconds instead of after the lease expires.
+Beside it, each with one concern: `channels` (the children's pipes, decoded with one
+guard, and reaping), `exits` (what a child's end means: hand-back first, then crash,
+FATAL or a failed roll), `fleet` (every pool, and which pool each child belongs to),
+`reload` (load off the loop, then a plan this class applies), `deadlines` (boot,
+heartbeat, max_run, drain), `status` (process title, sd_notify, /healthz, the SIGUSR1
+dump) and `connection_budget` (the start-up check against max_connections).
 """
 
 from __future__ import annotations
@@ -31,9 +30,11 @@ from setproctitle import setproctitle
 
 from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon import systemd
+from cairnqd.daemon.channels import ChildChannels
 from cairnqd.daemon.connection_budget import check_connection_budget
 from cairnqd.daemon.deadlines import check_deadlines
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
+from cairnqd.daemon.exits import ChildExits
 from cairnqd.daemon.fleet import Fleet, Retiring
 from cairnqd.daemon.logs import (
     LoggingSetupError,
@@ -43,19 +44,12 @@ from cairnqd.daemon.logs import (
 )
 from cairnqd.daemon.maintenance import Maintenance
 from cairnqd.daemon.messages import (
-    ChildMessage,
-    Fatal,
-    Goodbye,
-    MessageError,
-    Ready,
     ReopenLogs,
     SetLogging,
-    decode_child,
     encode,
 )
 from cairnqd.daemon.metrics import Metrics
-from cairnqd.daemon.pipes import PipeError
-from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot, spawn_child
+from cairnqd.daemon.pool import ChildProcess, GroupPool, spawn_child
 from cairnqd.daemon.reload import ConfigReload, ReloadPlan
 from cairnqd.daemon.runtimedir import UnsafeRuntimeDir
 from cairnqd.daemon.statefile import (
@@ -75,10 +69,6 @@ _HANDLED = (
 )  # fmt: skip
 #: The parent's process label in log lines; a child's is `[group] slot/slots`.
 PARENT_LABEL = "master"
-# Child messages that change what the loop must do next (the rest are task events).
-_STATE_EVENTS = (Ready, Goodbye, Fatal)
-# A child that keeps writing garbage gets one log line per this many seconds.
-_MALFORMED_LOG_EVERY_S = 10.0
 _TICK_S = 0.1
 
 
@@ -88,16 +78,15 @@ class Supervisor:
         self.config = config
         self.generation = 1
         self.fleet = Fleet(config)
-        self.by_fd: dict[int, ChildProcess] = {}
-        self.by_pid: dict[int, ChildProcess] = {}
         self.selector = selectors.DefaultSelector()
         self.signals: deque[int] = deque()
         self.stopping = False
         self.reload = ConfigReload(self, process_label=PARENT_LABEL)
-        self._ownership_logged: set[str] = set()
         self.status = StatusReport(self.config_path, self._database_problems)
         self.metrics = Metrics(config)
         self.maintenance = Maintenance(config, self.metrics)
+        self.channels = ChildChannels(self.selector, self.metrics)
+        self.exits = ChildExits(self.fleet, self.maintenance, self.metrics, self.reload.roll_failed)
         self.statefile = StateFile(state_path(self.config_path, config.runtime_dir))
         self.state = initial_state(self.config_path)
 
@@ -169,13 +158,13 @@ class Supervisor:
                 self._drain_wakeup(wakeup_r)
                 urgent = True
             else:
-                urgent |= self._read_child(key.fd)
+                urgent |= self.channels.read(key.fd)
         return urgent
 
     def _tick(self) -> bool:
         """The loop's named steps; True once the parent should exit."""
         self._reap()
-        self._check_ownership()
+        self.fleet.check_ownership(self.channels.live())
         check_deadlines(self.fleet.pools(), self.config.supervisor)
         if self.stopping:
             if self._stop_step():
@@ -285,159 +274,13 @@ class Supervisor:
 
     def spawn(self, group: GroupConfig, slot: int, generation: int) -> ChildProcess:
         child = spawn_child(self.config, group, slot, generation)
-        self.by_fd[child.events.fd] = child
-        self.by_pid[child.pid] = child
-        self.selector.register(child.events.fd, selectors.EVENT_READ)
+        self.channels.add(child)
         log.info("spawned %s/%d pid %d (gen %d)", group.name, slot, child.pid, generation)
         return child
 
-    def _read_child(self, fd: int) -> bool:
-        """Handle what a child sent; True if its state changed (ready, bye, fatal,
-        closed pipe), which the loop acts on at once rather than at the next tick."""
-        child = self.by_fd.get(fd)
-        if child is None:
-            return False
-        try:
-            lines = child.events.read_lines()
-        except PipeError as exc:
-            log.error("child %d sent garbage (%s); killing it", child.pid, exc)
-            child.kill_reason = "protocol"
-            child.signal(signal.SIGKILL)
-            lines = []
-        changed = False
-        for line in lines:
-            # The one guard on what a child writes: past it, every field is typed.
-            try:
-                message = decode_child(line)
-            except MessageError as exc:
-                self._on_malformed(child, exc)
-                continue
-            self._on_event(child, message)
-            changed |= isinstance(message, _STATE_EVENTS)
-        if child.events.closed:
-            self._forget_fd(child)
-            changed = True
-        return changed
-
-    def _forget_fd(self, child: ChildProcess) -> None:
-        if self.by_fd.pop(child.events.fd, None) is not None:
-            self.selector.unregister(child.events.fd)
-
-    def _on_malformed(self, child: ChildProcess, error: MessageError) -> None:
-        """Count a line that is no valid message; log it, at most once per interval."""
-        if child.count_malformed(time.monotonic(), _MALFORMED_LOG_EVERY_S):
-            log.warning(
-                "child %d of %s wrote a malformed message (%d so far): %s",
-                child.pid, child.group, child.malformed, error,
-            )  # fmt: skip
-
-    def _on_event(self, child: ChildProcess, message: ChildMessage) -> None:
-        child.on_message(message, time.monotonic())
-        self.metrics.record_event(child.group, child.slot, message)
-
     def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            child = self.by_pid.pop(pid, None)
-            if child is None:
-                continue  # not ours (a handler's grandchild reparented to us?)
-            child.proc.returncode = os.waitstatus_to_exitcode(status)
-            self._read_child(child.events.fd)  # the last words (bye, fatal, end)
-            self._forget_fd(child)
-            child.close_pipes()
-            self._on_exit(child, child.proc.returncode)
-
-    def _on_exit(self, child: ChildProcess, code: int) -> None:
-        where = self.fleet.detach(child)
-        self._forget_slot_series(child)
-        planned = code == OK and child.bye is not None
-        if not planned:
-            self.maintenance.hand_back(child.worker_id, self._handback_reason(child))
-        described = describe_exit(code)
-        group = where.pool
-        if group is None:
-            log.info("child %d of removed group %s exited (%s)", child.pid, child.group, described)
-        elif planned:
-            log.info("child %d of %s exited (%s)", child.pid, group.name, child.bye)
-            if child.bye not in ("drain", None):
-                self.metrics.child_restart(group.name, str(child.bye))
-        elif child.quit_sent_at is not None:
-            log.info("child %d of %s stopped (%s)", child.pid, group.name, described)
-        elif where.role == "successor" and where.slot is not None:
-            self._on_failed_successor(group, where.slot, child, described)
-        elif code == CONFIG or child.fatal is not None:
-            self._on_cannot_boot(group, child, described)
-        else:
-            self._on_crash(group, where.slot if where.role == "slot" else None, child, described)
-
-    def _on_failed_successor(
-        self, group: GroupPool, slot: Slot, child: ChildProcess, described: str
-    ) -> None:
-        """A roll's new child ended before it took its slot: the roll stops there, the
-        slot keeps its old child, and the reload is reported failed."""
-        error = child.fatal or described
-        if child.kill_reason is not None:
-            error = f"{error} ({child.kill_reason})"
-        when = "before it was ready" if child.ready_at is None else "before it took over"
-        message = (
-            f"group {group.name} slot {slot.index}: the new child (pid {child.pid}) ended "
-            f"{when}: {error}; the slot keeps its generation {slot_generation(slot)} child"
-        )
-        if group.stop_roll():
-            log.error("roll of group %s stopped: %s", group.name, message)
-        else:
-            log.error("%s", message)
-        self.reload.roll_failed(message)
-        self.metrics.child_restart(group.name, "boot_failure")
-
-    def _on_crash(
-        self, group: GroupPool, slot: Slot | None, child: ChildProcess, described: str
-    ) -> None:
-        """Any other end, before `ready` or after: a crash, paced by backoff and the
-        group's budget. Only a child that cannot boot makes a group FATAL."""
-        if child.kill_reason is None and child.proc.returncode == -signal.SIGKILL:
-            log.warning("child %d of %s was SIGKILLed (possibly OOM-killed)", child.pid, group.name)
-        booting = "" if child.ready_at is not None else " while booting"
-        log.warning("child %d of %s died%s (%s)", child.pid, group.name, booting, described)
-        if slot is None or self.stopping:
-            return
-        reason = (child.kill_reason or "crash") if child.ready_at is not None else "boot_failure"
-        self.metrics.child_restart(group.name, reason)
-        group.on_crash(slot, child, time.monotonic())
-
-    def _check_ownership(self) -> None:
-        """Every live child belongs to exactly one pool; say so loudly if not (once
-        per problem): such a child would escape drain, deadlines and hand-back."""
-        for problem in self.fleet.ownership_problems(list(self.by_pid.values())):
-            if problem not in self._ownership_logged:
-                self._ownership_logged.add(problem)
-                log.error("bookkeeping bug: %s", problem)
-
-    def _forget_slot_series(self, child: ChildProcess) -> None:
-        """A child of a slot that no longer exists (shrunk pool, removed group) took
-        its slot's RSS series with it."""
-        pool = self.fleet.groups.get(child.group)
-        if pool is None or child.slot >= len(pool.slots):
-            self.metrics.remove_child(child.group, child.slot)
-
-    def _handback_reason(self, child: ChildProcess) -> str:
-        if child.kill_reason == "max_run":
-            return "max_run"
-        return "shutdown" if self.stopping else "worker_exit"
-
-    def _on_cannot_boot(self, group: GroupPool, child: ChildProcess, described: str) -> None:
-        error = child.fatal or described
-        if group.stop_roll():
-            log.error("roll of group %s stopped: new child cannot boot: %s", group.name, error)
-            self.reload.roll_failed(f"group {group.name} kept generation: {error}")
-            return
-        self.metrics.child_restart(group.name, "boot_failure")
-        group.mark_fatal(error, time.monotonic())
+        for child, code in self.channels.reap():
+            self.exits.on_exit(child, code, stopping=self.stopping)
 
     # -- pools ---------------------------------------------------------------------------
 
@@ -547,20 +390,6 @@ class Supervisor:
             generation=self.generation,
             stopping=self.stopping,
         )
-
-
-def slot_generation(slot: Slot) -> str:
-    return str(slot.child.generation) if slot.child is not None else "(none)"
-
-
-def describe_exit(code: int) -> str:
-    """`exit 3`, or `signal SIGKILL` for a child a signal ended (`Popen` convention)."""
-    if code >= 0:
-        return f"exit {code}"
-    try:
-        return f"signal {signal.Signals(-code).name}"
-    except ValueError:  # a real-time signal has no name
-        return f"signal {-code}"
 
 
 def run_daemon(config_path: str, config: Config) -> int:

@@ -1,7 +1,7 @@
 """The `cairnqd` command line, run as a real process against real SQLite and Postgres.
 
 Each test writes a config into its own directory and runs `python -m cairnqd.cli`
-there, asserting on exit codes (DAEMON.md §9), stdout and stderr. `reload` is tested
+there, asserting on exit codes (cairnqd/daemon/exitcodes.py), stdout and stderr. `reload` is tested
 against a stand-in daemon that holds the real state file and answers SIGHUP the way
 the supervisor does, so these tests do not depend on the supervisor.
 """

@@ -24,10 +24,10 @@ REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "monitoring" / "alerts.yaml"
 DASHBOARD = REPO / "monitoring" / "grafana" / "cairnqd.json"
 
-# Every family in DAEMON.md §6, as exposed (counters with _total): the registry's own list.
+# Every family the daemon exports (counters with _total): the registry's own list.
 KNOWN_METRIC_NAMES: tuple[str, ...] = METRIC_NAMES
 
-# The alert expressions DAEMON.md §6 lists, whitespace aside.
+# The alert expressions monitoring/alerts.yaml must hold, whitespace aside.
 DESIGNED_ALERT_EXPRS = (
     "max by (queue) (cairnq_queue_oldest_queued_age_seconds) > 300",
     "max by (queue) (cairnq_leases_expired) > 0",

@@ -1,6 +1,6 @@
 """The database gauges: a custom collector that reads `stats` from the store.
 
-Design note (DAEMON.md §6).
+Design note.
 
 - `DatabaseCollector` has its own thread, asyncio loop and store (opened in that
   thread on first use; never in a scrape thread, never on the supervisor's loop).
@@ -44,7 +44,7 @@ from cairnqd.store.postgres import HeldSessionLock, PostgresStore
 log = logging.getLogger("cairnqd.metrics")
 
 DB_QUERY_TIMEOUT_S = 2.0
-#: Second key of the stats leader's advisory lock; the purge sweep uses 1 (DAEMON.md §5).
+#: Second key of the stats leader's advisory lock; the purge sweep uses 1 (maintenance.py).
 STATS_LOCK_ID = 2
 #: `database.lock_namespace`'s default, for collectors built without a config.
 DEFAULT_LOCK_NAMESPACE = 0x63716E64
