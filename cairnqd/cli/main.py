@@ -1,6 +1,6 @@
 """The `cairnqd` command: the daemon (`run`, the default) and the operator's tools.
 
-Design note (DAEMON.md §9). Every command validates the config through the same
+Design note. Every command validates the config through the same
 `load_config` the daemon and its reload use, so `check` passes exactly when `run`
 would start. Expected failures are one clear line on stderr and a sysexits code
 (`exitcodes`); a traceback means a bug (exit 70). argparse's usage exit 2 becomes 64,
@@ -25,6 +25,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import psycopg
@@ -243,6 +244,31 @@ def _find_daemon(
     return state["pid"], state
 
 
+def _check_master(pid: int, config_path: str, owner: int | None) -> None:
+    """Refuse to signal `pid` unless it is the cairnqd master for this config (its
+    process title says so) and, when the state file named it, runs as that file's
+    owner: a stale or planted state file must not make us signal another process."""
+    proc = f"/proc/{pid}"
+    try:
+        title = Path(proc, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        uid = os.stat(proc).st_uid
+    except FileNotFoundError:
+        raise _no_daemon(f"no process {pid}: is cairnqd running?") from None
+    except OSError as exc:
+        raise _no_daemon(f"cannot check that pid {pid} is cairnqd: {exc.strerror}") from None
+    expected = f"cairnqd: master [{os.path.abspath(config_path)}]"
+    if not title.startswith(expected):
+        raise _no_daemon(
+            f"pid {pid} is not the cairnqd master for {config_path} "
+            f"(it runs {title.strip()[:80]!r}); not signalling it"
+        )
+    if owner is not None and uid != owner:
+        raise _no_daemon(
+            f"pid {pid} runs as uid {uid}, but its state file belongs to uid {owner}; "
+            "not signalling it"
+        )
+
+
 def _signal(pid: int, signum: signal.Signals) -> None:
     try:
         os.kill(pid, signum)
@@ -285,9 +311,11 @@ def cmd_reload(args: argparse.Namespace) -> int:
     runtime_dir, note = _runtime_dir(args.config)
     statefile = StateFile(state_path(args.config, runtime_dir))
     pid, state = _find_daemon(args, statefile, note)
+    _check_master(pid, args.config, statefile.owner if state is not None else None)
     signum = signal.SIGUSR2 if args.all else signal.SIGHUP
     # Read seq before signalling, or a fast daemon could bump it before we look.
     seq = state["reload"]["seq"] if state is not None else 0
+    generation = state["generation"] if state is not None else None
     _signal(pid, signum)
     if args.wait is None:
         print(f"sent {signum.name} to cairnqd (pid {pid})")
@@ -296,11 +324,12 @@ def cmd_reload(args: argparse.Namespace) -> int:
     if outcome["reload"]["ok"]:
         print(f"reload applied: generation {outcome['generation']} (pid {pid})")
         return exitcodes.OK
-    raise CliError(
-        exitcodes.CONFIG,
-        f"reload refused; still running generation {outcome['generation']} (pid {pid})",
-        outcome["reload"]["errors"],
-    )
+    if generation is not None and outcome["generation"] != generation:
+        # Applied, but a group's roll stopped: the errors name the group and slot.
+        message = f"reload failed: generation {outcome['generation']} is not running everywhere"
+    else:
+        message = f"reload refused; still running generation {outcome['generation']}"
+    raise CliError(exitcodes.CONFIG, f"{message} (pid {pid})", outcome["reload"]["errors"])
 
 
 # -- the parser ----------------------------------------------------------------------------

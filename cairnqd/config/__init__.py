@@ -1,7 +1,7 @@
 """The daemon's configuration: one schema, frozen dataclasses, every error at once.
 
 Design note. `SCHEMA` lists every setting once: its YAML path, kind, default, doc
-comment and reload class (DAEMON.md §4). That one table drives validation, the
+comment and reload class (`Reload`). That one table drives validation, the
 defaults, the canonical dump behind `config dump` and fingerprints, the reload diff
 and `config/cairnq.example.yaml` (`render_example()`), so none of them can drift from
 the others (gunicorn's `Setting` registry does the same for its CLI and docs).

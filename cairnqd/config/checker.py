@@ -45,6 +45,10 @@ def _unknown_key(key: str, known: Sequence[str]) -> str:
     )
 
 
+#: A secret file longer than this is refused (a DSN is a few hundred characters).
+_MAX_SECRET_CHARS = 64 * 1024
+
+
 class _Checker:
     """Collects problems while the schema walks the document."""
 
@@ -118,11 +122,16 @@ class _Checker:
     def read_secret(self, path: YamlPath, filename: str) -> Any:
         try:
             with open(filename, encoding="utf-8") as f:
-                text = f.read().rstrip("\r\n")
+                # Bounded: a DSN is short, and /dev/zero never ends.
+                text = f.read(_MAX_SECRET_CHARS + 1)
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
             self.error_at(path, f"cannot read {filename}: {reason or exc}")
             return _INVALID
+        if len(text) > _MAX_SECRET_CHARS:
+            self.error_at(path, f"{filename} is longer than {_MAX_SECRET_CHARS} characters")
+            return _INVALID
+        text = text.rstrip("\r\n")
         problem = "is empty" if not text.strip() else _dsn_problem(text)
         if problem:
             self.error_at(path, f"{filename} does not hold a DSN: {problem}")

@@ -4,6 +4,7 @@ means depends on another, or on the backend, known only then."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -78,4 +79,7 @@ def _default_runtime_dir(env: Mapping[str, str]) -> str:
         return env["RUNTIME_DIRECTORY"].split(":")[0]
     if env.get("XDG_RUNTIME_DIR"):
         return os.path.join(env["XDG_RUNTIME_DIR"], "cairnqd")
-    return f"/tmp/cairnqd-{os.getuid()}"
+    # A name any local user could create first: the daemon checks whose it is
+    # (daemon/runtimedir.py).
+    temp = env.get("TMPDIR") or tempfile.gettempdir()
+    return os.path.join(temp, f"cairnqd-{os.geteuid()}")

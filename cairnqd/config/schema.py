@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 
 class Reload(enum.Enum):
-    """What a reload does with a changed setting (DAEMON.md §4)."""
+    """What a reload does with a changed setting."""
 
     RESTART = "restart-only"
     HOT = "parent-hot"
@@ -173,7 +173,7 @@ _DEFAULT_RULES = [
     {"status": "canceled", "older_than": "7d"},
     {"status": "failed", "older_than": "30d"},
 ]
-# DAEMON.md §6 buckets, in seconds.
+# Histogram bounds in seconds, from a 5 ms task to an hour-long one.
 _DURATION_BUCKETS = [
     0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600
 ]  # fmt: skip
@@ -305,6 +305,9 @@ SCHEMA: tuple[Setting, ...] = (
             "A ready child silent this long is aborted (SIGABRT, then SIGKILL)."),
     Setting("supervisor.heartbeat_interval", _Duration("100ms"), "5s", _H,
             "How often each child reports its state and memory."),
+    Setting("supervisor.fatal_cooldown", _Duration("1s"), "5m", _H,
+            "A FATAL group (its children cannot boot) is started again after this long; "
+            "a reload retries it at once."),
     Setting("reload", _Section(ReloadConfig), {}, None,
             "Rolling restarts on reload."),
     Setting("reload.max_surge", _Int(1), 1, _H,
@@ -320,8 +323,8 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("logging.loggers", _Map(_LOGGER, _Enum(*_LEVELS, fold=True)), {}, _H,
             "Levels of single loggers, e.g. {psycopg: warning}."),
     Setting("runtime_dir", _Path(), None, _R, nullable=True, doc=
-            "Directory of the state file; null: $RUNTIME_DIRECTORY, else "
-            "$XDG_RUNTIME_DIR/cairnqd, else /tmp/cairnqd-<uid>."),
+            "Directory of the state file, ours alone (0700 when created); null: "
+            "$RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/cairnqd, else $TMPDIR/cairnqd-<uid>."),
 )
 # fmt: on
 

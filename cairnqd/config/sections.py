@@ -118,6 +118,7 @@ class SupervisorConfig:
     boot_timeout: timedelta
     heartbeat_timeout: timedelta
     heartbeat_interval: timedelta
+    fatal_cooldown: timedelta
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Purge rules that can never fire, and rules whose overlap shortens a retention.
 
-A task is kept for the shortest rule that matches it and filters cannot exclude
-(DAEMON.md §5), so a rule inside a shorter one is dead: an error, not a warning."""
+A task is kept for the shortest rule that matches it and filters cannot exclude, so
+a rule inside a shorter one is dead: an error, not a warning."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _shadows(a: PurgeRule, i: int, b: PurgeRule, j: int) -> bool:
 
 
 def _check_rule_shadowing(ck: _Checker, rules: tuple[PurgeRule, ...], path: YamlPath) -> None:
-    """DAEMON.md §5: a task's retention is the minimum over matching rules, and
+    """A task's retention is the minimum over matching rules, and
     filters cannot exclude, so a rule inside a shorter one can never fire."""
     for j, rule in enumerate(rules):
         shadow = next((i for i, a in enumerate(rules) if i != j and _shadows(a, i, rule, j)), None)

@@ -13,6 +13,15 @@ Problems that do not stop the parser (duplicate keys, unsupported tags, recursiv
 aliases) are collected so the caller can report them together with schema errors.
 A syntax error stops the parser, so it is raised alone as `YamlSyntaxError`.
 
+A config file is small, so the loader refuses what no config needs and what would
+make a reader's work explode: a file over `MAX_DOCUMENT_BYTES`, nesting deeper than
+`MAX_DEPTH`, and aliases that expand to more than `MAX_ALIAS_NODES` nodes. The last
+is the "billion laughs": nine aliases of nine aliases of ... compose into a few
+hundred bytes but expand to billions of nodes in anything that walks the tree (a
+stalled parent, gigabytes of memory). Each alias is charged the size of what it
+expands to, so the refusal comes while composing, at the alias that crossed the
+line.
+
 `interpolate()` applies Compose-style `${VAR}` substitution to string scalars after
 parsing, never to raw text, so an environment value cannot inject YAML structure.
 """
@@ -52,6 +61,13 @@ __all__ = [
 
 ScalarValue = str | int | float | bool | None
 YamlPath = tuple[str | int, ...]
+
+#: A config file larger than this is refused unread.
+MAX_DOCUMENT_BYTES = 1 << 20
+#: Nodes that aliases may expand to, over the whole document.
+MAX_ALIAS_NODES = 10_000
+#: Mappings and lists nested deeper than this are refused.
+MAX_DEPTH = 64
 
 
 @dataclass(frozen=True, order=True)
@@ -218,9 +234,63 @@ _CORE_RESOLVERS: tuple[tuple[str, re.Pattern[str], str], ...] = (
 
 
 class _CoreLoader(yaml.SafeLoader):
-    """SafeLoader whose implicit typing is the core table above, nothing more."""
+    """SafeLoader whose implicit typing is the core table above, nothing more, and
+    whose composer refuses deep nesting and aliases that expand too far."""
 
     yaml_implicit_resolvers: dict[Any, list[tuple[str, re.Pattern[str]]]] = {}
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._alias_nodes = 0
+        self._depth = 0
+        self._sizes: dict[int, int] = {}
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # untyped upstream
+        if isinstance(event, yaml.AliasEvent):
+            node = super().compose_node(parent, index)
+            if node is not None:
+                self._alias_nodes += _expanded_size(node, self._sizes, set())
+            if self._alias_nodes > MAX_ALIAS_NODES:
+                raise _refusal(
+                    f"aliases expand to more than {MAX_ALIAS_NODES} nodes (a billion-laughs "
+                    "file?); write the values out or use fewer aliases",
+                    event.start_mark,
+                )
+            return node
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _refusal(f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _refusal(message: str, mark: Any) -> yaml.MarkedYAMLError:
+    return yaml.composer.ComposerError(None, None, message, mark)
+
+
+def _expanded_size(node: Node, sizes: dict[int, int], active: set[int]) -> int:
+    """Nodes in `node`'s tree as a reader walking it sees them, aliases expanded
+    (memoized by identity: each anchor is counted once, then charged per use)."""
+    key = id(node)
+    known = sizes.get(key)
+    if known is not None:
+        return known
+    if key in active:  # a recursive alias, reported later by the converter
+        return 1
+    active.add(key)
+    size = 1
+    if isinstance(node, SequenceNode):
+        size += sum(_expanded_size(item, sizes, active) for item in node.value)
+    elif isinstance(node, MappingNode):
+        for key_node, value_node in node.value:
+            size += _expanded_size(key_node, sizes, active)
+            size += _expanded_size(value_node, sizes, active)
+    active.discard(key)
+    sizes[key] = size
+    return size
 
 
 for _tag, _pattern, _first in _CORE_RESOLVERS:
@@ -389,6 +459,8 @@ class _Converter:
 
 def parse_yaml(text: str, filename: str) -> YamlDocument:
     """Parse one YAML document held in `text`; `filename` only labels positions."""
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise _too_large(filename, text[:MAX_DOCUMENT_BYTES])
     try:
         loader = _CoreLoader(text)  # the reader rejects control characters right here
         try:
@@ -408,7 +480,9 @@ def load_yaml(path: str | os.PathLike[str]) -> YamlDocument:
     """Read and parse a file. OSError propagates; bad UTF-8 is a syntax error."""
     filename = os.fspath(path)
     with open(filename, "rb") as f:
-        raw = f.read()
+        raw = f.read(MAX_DOCUMENT_BYTES + 1)
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise _too_large(filename, raw[:MAX_DOCUMENT_BYTES].decode(errors="replace"))
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -416,6 +490,16 @@ def load_yaml(path: str | os.PathLike[str]) -> YamlDocument:
         col = exc.start - raw.rfind(b"\n", 0, exc.start)
         raise YamlSyntaxError(Position(filename, line, col), "the file is not UTF-8") from None
     return parse_yaml(text, filename)
+
+
+def _too_large(filename: str, head: str) -> YamlSyntaxError:
+    """Refuse a file at the point where it crosses the size limit."""
+    line = head.count("\n") + 1
+    col = len(head) - head.rfind("\n")
+    limit = f"{MAX_DOCUMENT_BYTES >> 20} MiB"
+    return YamlSyntaxError(
+        Position(filename, line, col), f"the file is larger than {limit}; no config needs that"
+    )
 
 
 # --- interpolation ----------------------------------------------------------------

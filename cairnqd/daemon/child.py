@@ -30,9 +30,26 @@ from typing import Any
 
 from setproctitle import setproctitle
 
+from cairnqd.daemon.boot import Boot, BootVersionMismatch, decode_boot
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
-from cairnqd.daemon.pipes import PROTOCOL_VERSION, MessageReader, MessageWriter, encode, read_one
+from cairnqd.daemon.messages import (
+    PROTOCOL_VERSION,
+    DatabaseTrouble,
+    Fatal,
+    Goodbye,
+    Heartbeat,
+    MessageError,
+    Ready,
+    ReopenLogs,
+    SetLogging,
+    TaskEnded,
+    TaskRan,
+    TaskStarted,
+    decode_control,
+    encode_atomic,
+)
+from cairnqd.daemon.pipes import MessageReader, MessageWriter, PipeError, read_one
 from cairnqd.errors import (
     DatabaseUnavailable,
     MigrationsPending,
@@ -88,7 +105,7 @@ class ChildReporter:
         self.finished = 0
         self._buffer: list[bytes] = []
         # Starts not yet written, by task id: an end arriving first merges with them.
-        self._unsent_starts: dict[str, dict[str, Any]] = {}
+        self._unsent_starts: dict[str, TaskStarted] = {}
         self._flush_armed = False
 
     def _arm(self) -> None:
@@ -100,33 +117,32 @@ class ChildReporter:
         self._flush_armed = False
         starts, self._unsent_starts = self._unsent_starts, {}
         lines, self._buffer = self._buffer, []
-        lines.extend(encode("start", **fields) for fields in starts.values())
+        lines.extend(encode_atomic(start) for start in starts.values())
         if lines:
             self.child.events.send_lines(lines)
 
     def task_started(self, task: Task) -> None:
         self.started[task.id] = time.monotonic()
         wait_s = max(0.0, (task.updated_at_ms - task.run_at_ms) / 1000)
-        self._unsent_starts[task.id] = {
-            "id": task.id,
-            "queue": task.queue,
-            "name": task.name,
-            "attempt": task.attempt,
-            "wait_s": round(wait_s, 6),
-        }
+        self._unsent_starts[task.id] = TaskStarted(
+            task.id, task.queue, task.name, task.attempt, round(wait_s, 6)
+        )
         self._arm()
 
     def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None:
         began = self.started.pop(task.id, None)
         dur = time.monotonic() - began if began is not None else duration_s
-        ending = {"outcome": outcome, "reason": reason, "dur_s": round(dur, 6)}
+        dur = round(dur, 6)
         start = self._unsent_starts.pop(task.id, None)
         if start is not None:
-            self._buffer.append(encode("task", **start, **ending))
+            ran = TaskRan(
+                start.id, start.queue, start.name, start.attempt, start.wait_s,
+                outcome, reason, dur,
+            )  # fmt: skip
+            self._buffer.append(encode_atomic(ran))
         else:
-            self._buffer.append(
-                encode("end", id=task.id, queue=task.queue, name=task.name, **ending)
-            )
+            ended = TaskEnded(task.id, task.queue, task.name, outcome, reason, dur)
+            self._buffer.append(encode_atomic(ended))
         self._arm()
         self.finished += 1
         self.child.after_task(self.finished)
@@ -137,7 +153,7 @@ class Child:
         self.parent_pid: int = args.parent_pid
         self.events = MessageWriter(args.events)
         self.control_fd: int = args.control
-        self.boot: dict[str, Any] = {}
+        self._boot: Boot | None = None
         self.state = "starting"
         self.worker: Worker | None = None
         self.bye_reason = "drain"
@@ -154,21 +170,30 @@ class Child:
             return TEMPFAIL  # the parent died before we got here
         self._ignore_orchestrated_signals()
         faulthandler.enable()
+        # The parent forwards SIGTTIN for a dump of every thread. Its default action
+        # would stop the process, and a daemon started from a shell would find all
+        # its workers stopped until the heartbeat deadline killed them.
+        faulthandler.register(signal.SIGTTIN, all_threads=True)
         try:
-            self.boot, rest = read_one(self.control_fd, _BOOT_TIMEOUT_S)
-        except Exception as exc:
-            self.events.send("fatal", error=f"no boot message from the parent: {exc}")
+            line, rest = read_one(self.control_fd, _BOOT_TIMEOUT_S)
+        except PipeError as exc:
+            self.events.send(Fatal(f"no boot message from the parent: {exc}"))
             return TEMPFAIL
-        self._control = MessageReader(self.control_fd, rest)
-        if self.boot.get("v") != PROTOCOL_VERSION:
-            self.events.send("fatal", error="pipe protocol mismatch: restart cairnqd")
+        try:
+            self._boot = decode_boot(line)
+        except BootVersionMismatch as exc:
+            self.events.send(Fatal(f"pipe protocol mismatch ({exc}): restart cairnqd"))
             return CONFIG
-        self._configure_logging(self.boot.get("logging") or {"level": self.boot.get("log_level")})
+        except MessageError as exc:
+            self.events.send(Fatal(f"bad boot message from the parent: {exc}"))
+            return CONFIG
+        self._control = MessageReader(self.control_fd, rest)
+        self._configure_logging(dict(self.boot.logging))
         self._title("starting")
         try:
             worker = self._build_worker()
         except Exception as exc:
-            self.events.send("fatal", error=f"{type(exc).__name__}: {exc}")
+            self.events.send(Fatal(f"{type(exc).__name__}: {exc}"))
             log.error("cannot boot: %s", exc)
             return CONFIG
         self.worker = worker
@@ -185,12 +210,19 @@ class Child:
             configure_logging({**settings, "file": None}, process_label=self._label())
             log.error("%s; logging to stderr instead", exc)
 
+    @property
+    def boot(self) -> Boot:
+        """What the parent told us; read once, before anything else is set up."""
+        if self._boot is None:
+            raise RuntimeError("the boot message has not been read yet")
+        return self._boot
+
     def _label(self) -> str:
         boot = self.boot
-        return f"[{boot.get('group')}] {boot.get('slot', 0) + 1}/{boot.get('nslots', 1)}"
+        return f"[{boot.group}] {boot.slot + 1}/{boot.nslots}"
 
     def _title(self, state: str) -> None:
-        setproctitle(f"cairnqd: worker {self._label()} gen={self.boot.get('gen', 0)} {state}")
+        setproctitle(f"cairnqd: worker {self._label()} gen={self.boot.gen} {state}")
 
     def _ignore_orchestrated_signals(self) -> None:
         # The parent orchestrates; Ctrl-C on the terminal reaches the whole group.
@@ -198,7 +230,7 @@ class Child:
             signal.signal(sig, signal.SIG_IGN)
 
     def _make_store(self) -> TaskStore:
-        db = self.boot["database"]
+        db = self.boot.database
         if db["backend"] == "sqlite":
             from cairnqd.store.sqlite import SQLiteStore
 
@@ -218,34 +250,34 @@ class Child:
         )
 
     def _build_worker(self) -> Worker:
-        group = self.boot["group_config"]
-        handlers = resolve_handlers(group["handlers"])
+        group = self.boot.group_config
+        handlers = resolve_handlers(group.handlers)
         if not handlers:
-            raise ValueError(f"no handlers found in {', '.join(group['handlers'])}")
+            raise ValueError(f"no handlers found in {', '.join(group.handlers)}")
         worker = Worker(
             self._make_store(),
-            group["queues"],
-            concurrency=int(group["concurrency"]),
-            prefetch=group.get("prefetch", "auto"),
-            lease_ms=int(group["lease_ms"]),
-            poll_interval_ms=int(group["poll_interval_ms"]),
-            retry_backoff_ms=int(group["retry_backoff_ms"]),
-            retry_backoff_max_ms=int(group["retry_backoff_max_ms"]),
-            max_run_ms=group.get("max_run_ms"),
-            resources=group.get("resources") or None,
+            list(group.queues),
+            concurrency=group.concurrency,
+            prefetch=group.prefetch,
+            lease_ms=group.lease_ms,
+            poll_interval_ms=group.poll_interval_ms,
+            retry_backoff_ms=group.retry_backoff_ms,
+            retry_backoff_max_ms=group.retry_backoff_max_ms,
+            max_run_ms=group.max_run_ms,
+            resources=dict(group.resources) or None,
             on_error=self._on_error,
         )
         for spec in handlers.values():
             worker.register(spec.name, spec.fn, batch=spec.batch, resource=spec.resource)
-        worker.worker_id = self.boot["worker_id"]
+        worker.worker_id = self.boot.worker_id
         self.reporter = ChildReporter(self)
         worker.observer = self.reporter
         # Retire on the limits before claiming, not only after a task ends: a claim
         # (prefetch included) made after the limit is work the retiring child must
         # still finish.
-        if self.boot.get("max_tasks"):
-            worker.claim_budget = int(self.boot["max_tasks"])
-        if self.boot.get("max_memory"):
+        if self.boot.max_tasks:
+            worker.claim_budget = self.boot.max_tasks
+        if self.boot.max_memory:
             worker.before_claim = self._memory_allows_claim
         return worker
 
@@ -267,7 +299,7 @@ class Child:
             NotACairnqDatabase,
         ) as exc:
             # No restart can fix these; the group goes FATAL instead of looping.
-            self.events.send("fatal", error=str(exc))
+            self.events.send(Fatal(str(exc)))
             log.error("cannot boot: %s", exc)
             return CONFIG
         if not connected:
@@ -275,10 +307,12 @@ class Child:
         self.state = "run"
         self._title("ready")
         self.events.send(
-            "ready", v=PROTOCOL_VERSION, pid=os.getpid(), worker_id=worker.worker_id,
-            gen=self.boot.get("gen", 0), rss=_rss_bytes(),
+            Ready(
+                v=PROTOCOL_VERSION, pid=os.getpid(), worker_id=worker.worker_id,
+                gen=self.boot.gen, rss=_rss_bytes(),
+            )
         )  # fmt: skip
-        log.info("ready: worker %s, generation %s", worker.worker_id, self.boot.get("gen", 0))
+        log.info("ready: worker %s, generation %s", worker.worker_id, self.boot.gen)
         try:
             await worker.run()
         finally:
@@ -292,7 +326,7 @@ class Child:
         self.reporter.flush()
         if self.state == "orphaned":
             return TEMPFAIL
-        self.events.send("bye", reason=self.bye_reason)
+        self.events.send(Goodbye(self.bye_reason))
         return OK
 
     async def _connect(self, store: TaskStore) -> bool:
@@ -305,7 +339,7 @@ class Child:
                 if self.state != "db_wait":
                     log.warning("database unavailable, retrying: %s", exc)
                 self.state = "db_wait"
-                self.events.send("dberr", kind="connect")
+                self.events.send(DatabaseTrouble("connect"))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         return False
@@ -325,19 +359,19 @@ class Child:
     def _memory_allows_claim(self) -> bool:
         # Only once this child has finished something: one that boots above the
         # limit must still make progress rather than be replaced forever.
-        worker = self.worker
-        if worker and worker.handled and _rss_bytes() > int(self.boot["max_memory"]):
+        worker, limit = self.worker, self.boot.max_memory
+        if worker and worker.handled and limit and _rss_bytes() > limit:
             self.request_stop("max_memory")
             return False
         return True
 
     def after_task(self, finished: int) -> None:
-        limit = self.boot.get("max_tasks")
-        if limit and finished >= int(limit):
+        limit = self.boot.max_tasks
+        if limit and finished >= limit:
             self.request_stop("max_tasks")
             return
-        max_memory = self.boot.get("max_memory")
-        if max_memory and _rss_bytes() > int(max_memory):
+        max_memory = self.boot.max_memory
+        if max_memory and _rss_bytes() > max_memory:
             self.request_stop("max_memory")
 
     def _quiet(self) -> None:
@@ -356,16 +390,16 @@ class Child:
 
     def _on_control(self) -> None:
         assert self._control is not None
-        for message in self._control.read():
-            kind = message.get("t")
-            if kind == "log_level":
-                settings = message.get("logging")
-                if isinstance(settings, dict):
-                    # A reload: format, file and per-logger levels change in place too.
-                    self._configure_logging(settings)
-                elif "level" in message:
-                    logging.getLogger().setLevel(str(message["level"]).upper())
-            elif kind == "reopen_logs":
+        for line in self._control.read_lines():
+            try:
+                message = decode_control(line)
+            except MessageError as exc:
+                log.error("ignoring a bad control message from the parent: %s", exc)
+                continue
+            if isinstance(message, SetLogging):
+                # A reload: format, file and per-logger levels change in place too.
+                self._configure_logging(dict(message.logging))
+            elif isinstance(message, ReopenLogs):
                 reopen_logs()  # logrotate renamed the file; the parent got SIGUSR1
         if self._control.closed:
             assert self.loop is not None
@@ -379,22 +413,22 @@ class Child:
         self.request_stop("orphaned")
         self.state = "orphaned"
         assert self.loop is not None
-        timeout = float(self.boot.get("shutdown_timeout_s", 30))
+        timeout = self.boot.shutdown_timeout_s
         self.loop.call_later(timeout, os._exit, TEMPFAIL)
 
     def _on_error(self, exc: BaseException, info: dict[str, Any]) -> None:
         kind = "busy" if "locked" in str(exc) or "busy" in str(exc) else "other"
-        self.events.send("dberr", kind=kind, phase=str(info.get("phase", "")))
+        self.events.send(DatabaseTrouble(kind, str(info.get("phase", ""))))
         log.warning("%s error: %s", info.get("phase", "worker"), exc)
 
     def _heartbeat_thread(self) -> None:
-        interval = float(self.boot.get("hb_interval_s", 5.0))
+        interval = self.boot.hb_interval_s
         while True:
             time.sleep(interval)
             if os.getppid() != self.parent_pid and self.loop is not None:
                 self.loop.call_soon_threadsafe(self._orphaned)
             busy = len(self.worker.in_flight) if self.worker is not None else 0
-            if not self.events.send("hb", busy=busy, rss=_rss_bytes(), state=self.state):
+            if not self.events.send(Heartbeat(busy=busy, rss=_rss_bytes(), state=self.state)):
                 return
 
 

@@ -1,4 +1,4 @@
-"""Process exit codes, from BSD `sysexits.h` (DAEMON.md §9).
+"""Process exit codes, from BSD `sysexits.h`.
 
 systemd's `RestartPreventExitStatus=64 78` keys on these, so a usage or config error
 never restart-loops while a database outage (69) or a crash (70) does.
@@ -26,6 +26,6 @@ USAGE: Final = 64  # bad command line (argparse's 2, remapped)
 DATAERR: Final = 65  # bad input data: invalid JSON, not a cairnq database, protocol mismatch
 NOINPUT: Final = 66  # an input file does not exist or cannot be read
 UNAVAILABLE: Final = 69  # the database or the daemon cannot be reached
-SOFTWARE: Final = 70  # internal error: a bug, or every group FATAL for non-config reasons
+SOFTWARE: Final = 70  # internal error: a bug
 TEMPFAIL: Final = 75  # try again later: lock held by another daemon, a wait timed out
 CONFIG: Final = 78  # invalid config, refused reload, or no group can boot

@@ -1,6 +1,6 @@
 """The parent's database duties: hand-backs, the lease reaper and the purge scheduler.
 
-Design note (DAEMON.md §1, §2, §5). The supervisor's loop must never wait on the
+Design note. The supervisor's loop must never wait on the
 database, so every write the parent makes runs here: one thread, one asyncio loop, one
 store opened inside that thread (a connection never crosses threads or a fork).
 
@@ -34,12 +34,13 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import psycopg_pool
 
 from cairnqd.config import Config, DatabaseConfig, PurgeRule, to_ms
+from cairnqd.daemon.dbthread import LoopThread
 from cairnqd.errors import DatabaseUnavailable, LostLease, StoreClosed
 from cairnqd.store.base import Row, TaskStore
 from cairnqd.store.lazy import LazyStore
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 __all__ = [
     "HAND_BACK_REASONS",
     "PURGE_LOCK_ID",
-    "LoopThread",
     "Maintenance",
     "db_error_kind",
     "parent_store",
@@ -60,10 +60,8 @@ __all__ = [
 
 log = logging.getLogger("cairnqd.maintenance")
 
-T = TypeVar("T")
-
 HAND_BACK_REASONS = ("worker_exit", "shutdown", "max_run")
-#: Second key of the purge lock; the stats leader uses 2 (DAEMON.md §5).
+#: Second key of the purge lock; the stats leader uses 2 (metrics/database.py).
 PURGE_LOCK_ID = 1
 _SQLITE_BATCH_PAUSE_S = 0.05
 _HAND_BACK_ATTEMPTS = 5
@@ -125,75 +123,6 @@ def _with_statement_timeout(dsn: str, timeout_ms: int) -> str:
     return psycopg.conninfo.make_conninfo(dsn, options=timeout)
 
 
-class LoopThread:
-    """One daemon thread running one asyncio loop: database work off the caller's loop.
-
-    `start()` is idempotent; `stop()` stops the loop, cancels what is left on it and
-    joins the thread. Coroutines are handed over with `submit()` from any thread.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        return self._loop
-
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        with self._lock:
-            if self.running():
-                return
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=self._run, args=(loop,), name=self.name, daemon=True)
-            self._loop, self._thread = loop, thread
-            thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        loop = self._loop
-        if loop is None or not self.running():
-            coro.close()
-            raise RuntimeError(f"{self.name} is not running")
-        return asyncio.run_coroutine_threadsafe(coro, loop)
-
-    def call_soon(self, callback: Callable[[], object]) -> None:
-        """Run `callback` on the loop; a no-op once the loop is gone."""
-        loop = self._loop
-        if loop is not None and self.running():
-            with contextlib.suppress(RuntimeError):  # closed between the check and the call
-                loop.call_soon_threadsafe(callback)
-
-    def stop(self, timeout_s: float) -> bool:
-        """Stop the loop and join the thread; False if it did not end in time."""
-        with self._lock:
-            loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return True
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(loop.stop)
-        thread.join(max(0.0, timeout_s))
-        return not thread.is_alive()
-
-    @staticmethod
-    def _run(loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-
 # -- the maintenance thread ----------------------------------------------------------------
 
 
@@ -250,7 +179,8 @@ class Maintenance:
         self._retry_at = 0.0
         self._stopping = threading.Event()
         self._purge_paused = threading.Event()
-        self._reaper_paused = threading.Event()
+        # The last duty's failure, until one succeeds: /healthz reports it.
+        self._problem: str | None = None
         self._thread = LoopThread("cairnqd-maintenance")
         self._serving: concurrent.futures.Future[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -311,14 +241,15 @@ class Maintenance:
         """No new sweep, and a sweep in progress stops after its current batch (drain)."""
         self._purge_paused.set()
 
-    def pause_reaper(self) -> None:
-        self._reaper_paused.set()
-
     def reconfigure(self, config: Config) -> None:
         """Apply parent-hot `retention.*` and `reaper.*`: rules and batch sizes from the
         next sweep, new intervals once the current wait has run out."""
         self._config = config
         self._thread.call_soon(self._set_wake)
+
+    def database_problem(self) -> str | None:
+        """What went wrong with the last duty, if it failed (read from any thread)."""
+        return self._problem
 
     def pending_jobs(self) -> int:
         with self._jobs_lock:
@@ -359,8 +290,7 @@ class Maintenance:
         retention, reaper = self._config.retention, self._config.reaper
         if now >= self._next_reap and not self._stopping.is_set():
             self._next_reap = now + reaper.interval.total_seconds()
-            if not self._reaper_paused.is_set():
-                await self._tick("reaper", self.reap_once)
+            await self._tick("reaper", self.reap_once)
         if now >= self._next_purge and not self._purge_halted():
             self._next_purge = now + retention.interval.total_seconds()
             await self._tick("purge", self.purge_once)
@@ -380,11 +310,14 @@ class Maintenance:
             await run()
         except Exception as exc:
             self._count_db_error(exc, duty)
+        else:
+            self._problem = None
 
     def _count_db_error(self, exc: BaseException, what: str) -> None:
         kind = db_error_kind(exc)
         self._metrics.db_error("maintenance", kind)
         log.warning("%s failed (%s): %s", what, kind, exc or type(exc).__name__)
+        self._problem = f"maintenance: {what} failed ({kind}): {exc or type(exc).__name__}"
 
     def _purge_halted(self) -> bool:
         return self._stopping.is_set() or self._purge_paused.is_set()
@@ -396,6 +329,7 @@ class Maintenance:
         while (job := self._next_job()) is not None:
             try:
                 await self._run_job(job)
+                self._problem = None
             except Exception as exc:
                 self._count_db_error(exc, job.describe())
                 if self._requeue(job):

@@ -12,23 +12,44 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ulid import ULID
 
-from cairnqd.config import Config, GroupConfig, to_ms
-from cairnqd.daemon.logs import logging_settings
-from cairnqd.daemon.pipes import PROTOCOL_VERSION, MessageReader, MessageWriter
+from cairnqd.config import Config, GroupConfig
+from cairnqd.daemon.boot import boot_for
+from cairnqd.daemon.messages import (
+    ChildMessage,
+    DatabaseTrouble,
+    Fatal,
+    Goodbye,
+    Heartbeat,
+    Ready,
+    TaskEnded,
+    TaskRan,
+    TaskStarted,
+    encode,
+)
+from cairnqd.daemon.pipes import MessageReader, MessageWriter
 from cairnqd.daemon.restart_budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
 from cairnqd.daemon.systemd import child_environment
 
 log = logging.getLogger("cairnqd.supervisor")
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A task a child reported started and not yet ended."""
+
+    task: TaskStarted
+    #: When the parent heard of it (monotonic): max_run counts from here.
+    seen: float
 
 
 @dataclass
@@ -44,13 +65,19 @@ class ChildProcess:
     state: str = "starting"  # starting, ready, draining, db_wait, quiet
     ready_at: float | None = None
     last_heard: float = field(default_factory=time.monotonic)
-    in_flight: dict[str, dict[str, Any]] = field(default_factory=dict)
+    in_flight: dict[str, InFlight] = field(default_factory=dict)
     rss: int = 0
     bye: str | None = None
     fatal: str | None = None
     kill_reason: str | None = None
-    term_sent_at: float | None = None
     abort_sent_at: float | None = None
+    #: Asked to drain (SIGTERM) and given until then to finish; None: not draining.
+    drain_deadline: float | None = None
+    #: When we stopped it hard (SIGQUIT); SIGKILL follows after a grace period.
+    quit_sent_at: float | None = None
+    #: Lines on its events pipe that were no valid message, and when we last said so.
+    malformed: int = 0
+    malformed_logged_at: float = float("-inf")
 
     @property
     def pid(self) -> int:
@@ -60,6 +87,55 @@ class ChildProcess:
         # Already gone: the reaper will tell us how.
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signum)
+
+    def retire(self, now: float, timeout_s: float) -> None:
+        """Stop claiming and finish what it holds (SIGTERM), within `timeout_s`: past
+        that the deadlines stop it hard and its tasks are handed back."""
+        deadline = now + timeout_s
+        if self.drain_deadline is None or deadline < self.drain_deadline:
+            self.drain_deadline = deadline
+        self.state = "draining"
+        self.signal(signal.SIGTERM)
+
+    def quit(self, now: float) -> None:
+        """Stop now (SIGQUIT: the child aborts without a database write); the
+        deadlines follow up with SIGKILL."""
+        if self.quit_sent_at is None:
+            self.quit_sent_at = now
+            self.signal(signal.SIGQUIT)
+
+    def on_message(self, message: ChildMessage, now: float) -> None:
+        """What the child told us about itself (counting is the metrics' business)."""
+        self.last_heard = now
+        match message:
+            case Ready():
+                self.state = "ready"
+                self.ready_at = now
+                self.rss = message.rss
+            case Heartbeat():
+                if message.state in ("db_wait", "draining", "quiet"):
+                    self.state = message.state
+                self.rss = message.rss
+            case TaskStarted():
+                self.in_flight[message.id] = InFlight(message, seen=now)
+            case TaskEnded():
+                self.in_flight.pop(message.id, None)
+            case Goodbye():
+                self.bye = message.reason
+            case Fatal():
+                self.fatal = message.error
+            case DatabaseTrouble() if self.state == "starting":
+                self.state = "db_wait"
+            case TaskRan() | DatabaseTrouble():
+                pass  # nothing to track: never in flight as far as we know
+
+    def count_malformed(self, now: float, log_every_s: float) -> bool:
+        """Count a line that was no valid message; True when it is time to say so."""
+        self.malformed += 1
+        if now - self.malformed_logged_at < log_every_s:
+            return False
+        self.malformed_logged_at = now
+        return True
 
     def close_pipes(self) -> None:
         for fd in (self.events.fd, self.control.fd):
@@ -79,51 +155,6 @@ class Slot:
 
 def worker_id_for(group: str, slot: int) -> str:
     return f"{socket.gethostname()}:{group}.{slot}:{ULID()}"
-
-
-def boot_message(config: Config, group: GroupConfig, slot: int, generation: int) -> dict[str, Any]:
-    """Everything a child needs, secrets included: it travels over the pipe, never in
-    argv or the environment, and the child never reads the YAML itself."""
-    db = config.database
-    max_tasks = group.max_tasks_per_child
-    if max_tasks:
-        max_tasks += random.randint(0, max_tasks // 10)  # so a pool does not recycle at once
-    return {
-        "v": PROTOCOL_VERSION,
-        "group": group.name,
-        "slot": slot,
-        "nslots": group.processes,
-        "gen": generation,
-        "log_level": config.logging.level.upper(),
-        # The whole logging section: the child formats and writes (stderr or the
-        # file) exactly as the parent does; it never reads the YAML itself.
-        "logging": logging_settings(config.logging),
-        "hb_interval_s": config.supervisor.heartbeat_interval.total_seconds(),
-        "shutdown_timeout_s": config.shutdown_timeout_for(group.name).total_seconds(),
-        "max_tasks": max_tasks,
-        "max_memory": group.max_memory,
-        "database": {
-            "backend": db.backend,
-            "path": db.path,
-            "dsn": db.dsn,
-            "busy_timeout_ms": to_ms(db.busy_timeout),
-            "connect_timeout_s": db.connect_timeout.total_seconds(),
-            "connections": db.connections_per_child,
-            "auto_migrate": db.auto_migrate,
-        },
-        "group_config": {
-            "queues": list(group.queues),
-            "handlers": list(group.handlers),
-            "concurrency": group.concurrency,
-            "prefetch": group.prefetch,
-            "lease_ms": to_ms(group.lease),
-            "max_run_ms": to_ms(group.max_run) if group.max_run else None,
-            "poll_interval_ms": to_ms(group.poll_interval),
-            "retry_backoff_ms": to_ms(group.retry_backoff),
-            "retry_backoff_max_ms": to_ms(group.retry_backoff_max),
-            "resources": dict(group.resources),
-        },
-    }
 
 
 def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) -> ChildProcess:
@@ -157,12 +188,9 @@ def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) 
         control=MessageWriter(control_w),
         spawned_at=time.monotonic(),
     )
-    boot = boot_message(config, group, slot, generation)
-    boot["worker_id"] = child.worker_id
-    try:
-        child.control.send_whole("boot", **boot)
-    except OSError as exc:
-        log.error("could not send boot to child %d: %s", child.pid, exc)
+    boot = boot_for(config, group, slot, generation, child.worker_id)
+    if not child.control.send_whole(encode(boot)):
+        log.error("could not send boot to child %d: its pipe is closed", child.pid)
     return child
 
 
@@ -175,13 +203,16 @@ class GroupPool:
         self.slots = [Slot(i) for i in range(config.processes)]
         self.state = "running"
         self.fatal_error: str | None = None
-        self.boot_failures = 0
+        self.fatal_at = 0.0
         supervisor = sup_config.supervisor
         self.budget = RestartBudget(
             supervisor.restart_budget, supervisor.restart_window.total_seconds()
         )
         self.backoff_cap_s = supervisor.backoff_max.total_seconds()
+        self.fatal_cooldown_s = supervisor.fatal_cooldown.total_seconds()
         self.retired: list[ChildProcess] = []  # draining children no slot owns any more
+        #: Slots a roll has yet to replace, in order; None when not rolling.
+        self.roll: list[int] | None = None
 
     @property
     def name(self) -> str:
@@ -205,8 +236,17 @@ class GroupPool:
         counts["draining"] += len(self.retired)
         return counts
 
+    def reconfigure(self, config: GroupConfig, fingerprint: str, sup_config: Config) -> None:
+        """Take a reloaded config; its `processes` is applied by `resize`."""
+        self.config, self.fingerprint = config, fingerprint
+        supervisor = sup_config.supervisor
+        self.budget.configure(supervisor.restart_budget, supervisor.restart_window.total_seconds())
+        self.backoff_cap_s = supervisor.backoff_max.total_seconds()
+        self.fatal_cooldown_s = supervisor.fatal_cooldown.total_seconds()
+
     def resize(self, processes: int) -> list[ChildProcess]:
-        """Grow or shrink to `processes` slots; returns children to retire."""
+        """Grow or shrink to `processes` slots; returns the children of removed slots,
+        now retired, for the caller to stop."""
         retiring: list[ChildProcess] = []
         while len(self.slots) > processes:
             slot = self.slots.pop()
@@ -218,8 +258,80 @@ class GroupPool:
         self.retired.extend(retiring)
         return retiring
 
+    def retire_all(self) -> list[ChildProcess]:
+        """Every child becomes retired (the group was removed); returns them."""
+        retiring = [c for s in self.slots for c in (s.child, s.successor) if c is not None]
+        self.slots = []
+        self.retired.extend(retiring)
+        self.roll = None
+        return retiring
+
+    def detach(self, child: ChildProcess) -> tuple[str, Slot | None] | None:
+        """Remove a dead child from wherever this pool holds it. Returns its role
+        (`slot`, `successor` or `retired`) and slot, or None if it is not ours."""
+        if child in self.retired:
+            self.retired.remove(child)
+            return "retired", None
+        for slot in self.slots:
+            if slot.child is child:
+                slot.child = None
+                return "slot", slot
+            if slot.successor is child:
+                slot.successor = None
+                return "successor", slot
+        return None
+
+    # -- rolling ----------------------------------------------------------------------------
+
+    @property
+    def rolling(self) -> bool:
+        return self.roll is not None
+
+    def start_roll(self) -> None:
+        """Replace every running child, slot by slot (see `advance_roll`)."""
+        self.roll = [s.index for s in self.slots if s.child is not None]
+
+    def stop_roll(self) -> bool:
+        """End the roll (a new child could not boot); False if none was going on.
+        Children not yet replaced keep serving."""
+        rolling, self.roll = self.roll is not None, None
+        return rolling
+
+    def advance_roll(self, surge: int, spawn: Callable[[int], ChildProcess]) -> list[ChildProcess]:
+        """One step of a roll, at most `surge` replacements at a time: a ready
+        successor takes its slot, the old child retires (returned, for the caller to
+        stop), and the next slot gets a successor from `spawn(slot index)` once fewer
+        than `surge` are in progress. Capacity never drops below the pool's size."""
+        retiring = self._promote_ready_successors()
+        if self.roll is None:
+            return retiring
+        in_progress = sum(1 for s in self.slots if s.successor is not None)
+        in_progress += len(self.retired)
+        while self.roll and in_progress < surge:
+            index = self.roll.pop(0)
+            if index >= len(self.slots) or self.slots[index].child is None:
+                continue  # gone meanwhile; it restarts with the new config
+            self.slots[index].successor = spawn(index)
+            in_progress += 1
+        if not self.roll and in_progress == 0:
+            self.roll = None
+        return retiring
+
+    def _promote_ready_successors(self) -> list[ChildProcess]:
+        retiring = []
+        for slot in self.slots:
+            successor = slot.successor
+            if successor is not None and successor.state == "ready":
+                old, slot.child, slot.successor = slot.child, successor, None
+                if old is not None:
+                    self.retired.append(old)
+                    retiring.append(old)
+        return retiring
+
     def on_crash(self, slot: Slot, child: ChildProcess, now: float) -> None:
-        """A crash after ready (or a kill by us): pace the restart, spend budget."""
+        """A crash, before or after ready (a kill by us included): pace the restart,
+        spend budget. Never FATAL by itself: five OOM kills during boot must not
+        disable a group for good."""
         if child.ready_at is not None and now - child.ready_at >= HEALTHY_AFTER_S:
             slot.crashes = 0
         slot.crashes += 1
@@ -233,18 +345,29 @@ class GroupPool:
                 self.name, self.budget.budget, self.budget.window_s,
             )  # fmt: skip
 
-    def on_boot_failure(self, slot: Slot, now: float, limit: int = 5) -> None:
-        self.boot_failures += 1
-        slot.crashes += 1
-        slot.restart_at = now + backoff_s(slot.crashes, self.backoff_cap_s)
-        if self.boot_failures >= limit:
-            self.mark_fatal(f"{self.boot_failures} consecutive boot failures")
-
-    def mark_fatal(self, error: str) -> None:
+    def mark_fatal(self, error: str, now: float) -> None:
+        """A child cannot boot, and the next would not either: stop spawning until
+        the cool-down has passed (or a reload). Children still running serve on."""
         if self.state != "fatal":
             self.state = "fatal"
             self.fatal_error = error
-            log.critical("group %s is FATAL: %s", self.name, error)
+            self.fatal_at = now
+            log.critical(
+                "group %s is FATAL: %s; trying again in %.0fs or on reload",
+                self.name, error, self.fatal_cooldown_s,
+            )  # fmt: skip
+
+    def revive(self) -> None:
+        """Leave FATAL with a fresh budget: a fixed handler module needs no restart."""
+        self.state = "running"
+        self.fatal_error = None
+        self.budget.reset()
+        for slot in self.slots:
+            slot.crashes, slot.restart_at = 0, 0.0
+
+    def cooled_down(self, now: float) -> bool:
+        """FATAL for at least `supervisor.fatal_cooldown`: time to try again."""
+        return self.state == "fatal" and now - self.fatal_at >= self.fatal_cooldown_s
 
     def may_spawn(self, slot: Slot, now: float) -> bool:
         if self.state == "fatal" or slot.restart_at > now:

@@ -1,31 +1,38 @@
-"""Config reload (SIGHUP, SIGUSR2): validate, apply, then roll the groups that changed.
+"""Config reload (SIGHUP, SIGUSR2): validate, plan, then let the supervisor apply it.
 
 Design note. The new file is parsed and validated first; on any error the old config
 keeps running and the refusal is reported (state file, metrics, systemd STATUS).
 Settings a running parent cannot change in place (`restart_only_changes`) refuse the
-whole reload rather than half-apply it. SIGHUP then rolls only the groups whose
-fingerprint changed; SIGUSR2 rolls every group. A roll replaces up to
-`reload.max_surge` children of a group at a time, each old child leaving only once its
-successor is ready, and a reload asked for during a roll waits for it to end.
+whole reload rather than half-apply it. What a valid reload does is computed as a
+`ReloadPlan`, plain data (groups to add, retire, resize, roll; hot settings; whether
+the generation moves), which the supervisor applies to its pools: this module never
+touches the supervisor's fields. The file is read and validated on a thread of its
+own (`ConfigLoad`), so a slow or hostile file never stalls the supervisor's loop;
+the result is taken, and applied, on the loop. SIGHUP rolls only the groups whose fingerprint
+changed; SIGUSR2 rolls every group. The pools roll their own slots; a reload stays
+in flight until none is rolling, and a reload asked for meanwhile waits for it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
-import signal
-from typing import TYPE_CHECKING
+import threading
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Protocol
 
-from cairnqd.config import Config, ConfigError, GroupConfig, load_config
+from cairnqd.config import Config, ConfigError, Reload, diff_configs, load_config
 from cairnqd.daemon import systemd
-from cairnqd.daemon.logs import LoggingSetupError, configure_logging, logging_settings
-from cairnqd.daemon.pool import GroupPool
-from cairnqd.daemon.statefile import after_reload
-
-if TYPE_CHECKING:
-    from cairnqd.daemon.supervisor import Supervisor
+from cairnqd.daemon.logs import LoggingSetupError, configure_logging
 
 # The reload is part of the parent's story in the log: same logger as the supervisor.
 log = logging.getLogger("cairnqd.supervisor")
+
+#: A config load still running after this long refuses the reload, so that
+#: `reload --wait` gets an answer; a later reload starts a fresh load.
+LOAD_TIMEOUT_S = 30.0
 
 
 def restart_only_changes(old: Config, new: Config) -> list[str]:
@@ -40,164 +47,220 @@ def restart_only_changes(old: Config, new: Config) -> list[str]:
     return changed
 
 
-class ConfigReload:
-    """The supervisor's reloads: the one being applied, the rolls it started and the
-    one queued behind them. Runs on the supervisor's loop, like everything it touches."""
+@dataclass(frozen=True)
+class Resize:
+    group: str
+    before: int
+    after: int
 
-    def __init__(self, supervisor: Supervisor, *, process_label: str) -> None:
-        self._sup = supervisor
+
+@dataclass(frozen=True)
+class ReloadPlan:
+    """What one reload does; the supervisor applies it (`Supervisor.apply_reload`)."""
+
+    config: Config
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    resized: tuple[Resize, ...] = ()
+    #: Groups whose children are replaced: their config changed, or SIGUSR2.
+    rolled: tuple[str, ...] = ()
+    #: FATAL groups that get a fresh start.
+    revived: tuple[str, ...] = ()
+    #: Parent-hot settings that changed, by YAML path.
+    hot: tuple[str, ...] = ()
+    #: A new config generation: anything changed, or every group rolls.
+    new_generation: bool = False
+
+    def describe(self) -> list[str]:
+        """One log line per change."""
+        lines = [f"group {name} added" for name in self.added]
+        lines += [f"group {name} removed: draining its children" for name in self.removed]
+        lines += [f"group {r.group} resized: {r.before} -> {r.after}" for r in self.resized]
+        lines += [f"group {name} rolls: its config changed" for name in self.rolled]
+        lines += [f"group {name} was FATAL: starting it again" for name in self.revived]
+        if self.hot:
+            lines.append(f"settings applied in place: {', '.join(self.hot)}")
+        return lines
+
+
+def plan_reload(old: Config, new: Config, *, fatal: Collection[str], roll_all: bool) -> ReloadPlan:
+    """The plan that takes a supervisor running `old` (with groups `fatal` FATAL) to
+    `new`. `roll_all` (SIGUSR2) rolls every group that stays."""
+    kept = [name for name in new.groups if name in old.groups]
+    resized = tuple(
+        Resize(name, old.groups[name].processes, new.groups[name].processes)
+        for name in kept
+        if old.groups[name].processes != new.groups[name].processes
+    )
+    rolled = tuple(
+        name
+        for name in kept
+        if roll_all or old.group_fingerprint(name) != new.group_fingerprint(name)
+    )
+    changes = diff_configs(old, new)
+    return ReloadPlan(
+        config=new,
+        added=tuple(name for name in new.groups if name not in old.groups),
+        removed=tuple(name for name in old.groups if name not in new.groups),
+        resized=resized,
+        rolled=rolled,
+        revived=tuple(name for name in kept if name in fatal),
+        hot=tuple(c.path for c in changes if c.reload is Reload.HOT),
+        new_generation=bool(changes) or roll_all,
+    )
+
+
+class ReloadTarget(Protocol):
+    """What a reload needs of the supervisor."""
+
+    config_path: str
+    config: Config
+    generation: int
+    stopping: bool
+
+    def fatal_groups(self) -> list[str]: ...
+
+    def rolling(self) -> bool: ...
+
+    def apply_reload(self, plan: ReloadPlan) -> None: ...
+
+    def record_reload(self, ok: bool, errors: list[str]) -> None: ...
+
+
+class ConfigLoad:
+    """`load_config` on a thread of its own, so that a slow or hostile file (a FIFO,
+    a hung network mount, a file that is expensive to check) never stalls the
+    supervisor's loop: it keeps reaping, ticking and answering while this runs, and
+    takes the result once `done()`."""
+
+    def __init__(self, path: str, roll_all: bool) -> None:
+        self.path = path
+        self.roll_all = roll_all
+        self.started = time.monotonic()
+        self._result: concurrent.futures.Future[Config] = concurrent.futures.Future()
+        thread = threading.Thread(target=self._run, name="cairnqd-config-load", daemon=True)
+        thread.start()
+
+    def _run(self) -> None:
+        try:
+            config = load_config(self.path)
+        except Exception as exc:  # reported on the loop, with the rest of the reload
+            self._result.set_exception(exc)
+        else:
+            self._result.set_result(config)
+
+    def done(self) -> bool:
+        return self._result.done()
+
+    def result(self) -> Config:
+        """The new config; ConfigError, or whatever else loading raised."""
+        return self._result.result(timeout=0)
+
+
+class ConfigReload:
+    """The supervisor's reloads: the file being loaded (off the loop), the reload
+    being applied (until its rolls end) and the one queued behind them. Runs on the
+    supervisor's loop, like everything it touches; `advance()` is its tick."""
+
+    def __init__(self, target: ReloadTarget, *, process_label: str) -> None:
+        self._target = target
         self._process_label = process_label
-        self.rolls: dict[str, list[int]] = {}
         self.pending: bool | None = None  # None, or "roll every group?"
-        self.in_flight = False  # a reload waiting for its rolls to finish
+        self.loading: ConfigLoad | None = None
+        self.in_flight = False  # applied; waiting for its rolls to finish
+        self._roll_failures: list[str] = []
+
+    @property
+    def busy(self) -> bool:
+        return self.loading is not None or self.in_flight
 
     def request(self, *, roll_all: bool) -> None:
-        if self._sup.stopping:
+        if self._target.stopping:
             log.info("stopping; reload ignored")
             return
-        if self.rolls:
+        if self.busy:
             self.pending = bool(self.pending) or roll_all
-            log.info("a roll is in progress; reload queued")
+            log.info("a reload is in progress; this one is queued behind it")
             return
-        self._reload(roll_all)
+        self._start(roll_all)
 
-    def _reload(self, roll_all: bool) -> None:
-        sup = self._sup
+    def _start(self, roll_all: bool) -> None:
         systemd.reloading("reloading configuration")
-        try:
-            new = load_config(sup.config_path)
-        except ConfigError as exc:
-            errors = [str(p) for p in exc.problems]
-            for line in errors:
-                log.error("reload refused: %s", line)
-            self._finished(False, errors)
+        self.loading = ConfigLoad(self._target.config_path, roll_all)
+
+    def advance(self) -> None:
+        """The reload's step in each tick: take a finished load, report a reload whose
+        rolls are over, and start the one queued behind."""
+        self._poll_load()
+        if self.in_flight and not self._target.rolling():
+            self.in_flight = False
+            failures, self._roll_failures = self._roll_failures, []
+            self._target.record_reload(not failures, failures)
+        if self.pending is not None and not self.busy and not self._target.stopping:
+            roll_all, self.pending = self.pending, None
+            self._start(roll_all)
+
+    def _poll_load(self) -> None:
+        load = self.loading
+        if load is None:
             return
-        refused = restart_only_changes(sup.config, new)
+        if not load.done():
+            waited = time.monotonic() - load.started
+            if waited > LOAD_TIMEOUT_S:
+                self.loading = None  # its thread is left to finish; its result is dropped
+                self._refuse([f"{load.path}: still loading after {waited:.0f}s; reload refused"])
+            return
+        self.loading = None
+        if self._target.stopping:
+            return
+        try:
+            new = load.result()
+        except ConfigError as exc:
+            self._refuse([str(p) for p in exc.problems])
+        except Exception as exc:
+            log.exception("loading %s failed", load.path)
+            self._refuse([f"{load.path}: cannot load: {type(exc).__name__}: {exc}"])
+        else:
+            self._validated(new, load.roll_all)
+
+    def _validated(self, new: Config, roll_all: bool) -> None:
+        target = self._target
+        refused = restart_only_changes(target.config, new)
         if refused:
-            errors = [f"{key} changed: needs a restart; still running generation "
-                      f"{sup.generation}" for key in refused]  # fmt: skip
-            for line in errors:
-                log.error("reload refused: %s", line)
-            self._finished(False, errors)
+            generation = target.generation
+            self._refuse(
+                [f"{key} changed: needs a restart; still running generation {generation}"
+                 for key in refused]
+            )  # fmt: skip
             return
         try:
             # First of the changes: a log file that cannot be opened refuses the whole
             # reload, and configure_logging leaves the old setup in place when it fails.
             configure_logging(new.logging, process_label=self._process_label)
         except LoggingSetupError as exc:
-            log.error("reload refused: %s", exc)
-            self._finished(False, [str(exc)])
+            self._refuse([str(exc)])
             return
-        self._apply(new, roll_all)
+        plan = plan_reload(target.config, new, fatal=target.fatal_groups(), roll_all=roll_all)
+        self._apply(plan)
 
-    def _apply(self, new: Config, roll_all: bool) -> None:
-        sup = self._sup
-        old, sup.config = sup.config, new
-        self._forward_logging(new)
-        sup.generation += 1
-        sup.maintenance.reconfigure(new)
-        sup.metrics.apply_config(new)
-        for name in list(sup.groups):
-            if name not in new.groups:
-                self._retire_group(name)
-        for name, group_config in new.groups.items():
-            self._apply_group(name, group_config, old, roll_all)
-        log.info("reloaded: generation %d", sup.generation)
-        if self.rolls:
-            self.in_flight = True
+    def _apply(self, plan: ReloadPlan) -> None:
+        target = self._target
+        target.apply_reload(plan)
+        for line in plan.describe():
+            log.info("reload: %s", line)
+        if plan.new_generation:
+            log.info("reloaded: generation %d", target.generation)
         else:
-            self._finished(True, [])
+            log.info("reloaded: nothing changed; still generation %d", target.generation)
+        self.in_flight = True
+        self._roll_failures = []
 
-    def _forward_logging(self, config: Config) -> None:
-        """Children apply the reloaded logging settings in place; children spawned
-        later get them in their boot message."""
-        settings = logging_settings(config.logging)
-        for child in self._sup.all_children():
-            child.control.send("log_level", level=settings["level"], logging=settings)
+    def _refuse(self, errors: list[str]) -> None:
+        for line in errors:
+            log.error("reload refused: %s", line)
+        self._target.record_reload(False, errors)
 
-    def _retire_group(self, name: str) -> None:
-        group = self._sup.groups.pop(name)
-        log.info("group %s removed: draining its children", name)
-        for child in group.children():
-            child.state = "draining"
-            child.signal(signal.SIGTERM)
-        self._sup.orphans.append(group)
-
-    def _apply_group(self, name: str, config: GroupConfig, old: Config, roll_all: bool) -> None:
-        sup = self._sup
-        fingerprint = sup.config.group_fingerprint(name)
-        group = sup.groups.get(name)
-        if group is None:
-            sup.groups[name] = GroupPool(config, fingerprint, sup.config)
-            return
-        if group.state == "fatal":
-            # Every reload retries a FATAL group with a fresh budget.
-            sup.groups[name] = GroupPool(config, fingerprint, sup.config)
-            return
-        changed = roll_all or fingerprint != group.fingerprint
-        group.config, group.fingerprint = config, fingerprint
-        settings = sup.config.supervisor
-        group.budget.configure(settings.restart_budget, settings.restart_window.total_seconds())
-        for child in group.resize(config.processes):
-            child.signal(signal.SIGTERM)
-        if changed:
-            self.rolls[name] = [s.index for s in group.slots if s.child is not None]
-
-    # -- rolling --------------------------------------------------------------------------
-
-    def advance_rolls(self) -> None:
-        """Replace up to `reload.max_surge` children per group at a time: spawn each
-        successor, wait for it to be ready, TERM the old child (it drains with its old
-        config), and start the next once the old one has exited. Capacity never drops
-        below the configured size."""
-        sup = self._sup
-        surge = sup.config.reload.max_surge
-        for name in list(self.rolls):
-            group = sup.groups[name]
-            pending = self.rolls[name]
-            self._promote_ready_successors(group)
-            in_progress = sum(1 for s in group.slots if s.successor is not None)
-            in_progress += len(group.retired)
-            while pending and in_progress < surge:
-                slot = group.slots[pending.pop(0)]
-                if slot.child is None:
-                    continue  # the slot died meanwhile; it restarts with the new config
-                slot.successor = sup.spawn(group.config, slot.index, sup.generation)
-                in_progress += 1
-            if not pending and in_progress == 0:
-                del self.rolls[name]
-        if not self.rolls and self.in_flight:
-            self._finished(True, [])
-        if not self.rolls and self.pending is not None:
-            roll_all, self.pending = self.pending, None
-            self._reload(roll_all)
-
-    def _promote_ready_successors(self, group: GroupPool) -> None:
-        for slot in group.slots:
-            successor = slot.successor
-            if successor is not None and successor.state == "ready":
-                old, slot.child, slot.successor = slot.child, successor, None
-                if old is not None:
-                    old.state = "draining"
-                    group.retired.append(old)
-                    old.signal(signal.SIGTERM)
-                    self._sup.metrics.child_restart(group.name, "reload")
-
-    def stop_roll(self, group: str, error: str) -> bool:
-        """End the roll of `group`, whose new child cannot boot; False if it was not
-        rolling. A roll stops at the first such child; old children keep serving."""
-        if group not in self.rolls:
-            return False
-        del self.rolls[group]
-        self._finished(False, [f"group {group} kept generation: {error}"])
-        log.error("roll of group %s stopped: new child cannot boot: %s", group, error)
-        return True
-
-    def _finished(self, ok: bool, errors: list[str]) -> None:
-        sup = self._sup
-        self.in_flight = False
-        sup.state = after_reload(sup.state, ok=ok, errors=errors, generation=sup.generation)
-        sup.metrics.reload_result(ok, sup.generation)
-        sup.write_state()
-        status = f"generation {sup.generation}" if ok else f"reload failed: {errors[0]}"
-        systemd.notify("READY=1", f"STATUS={status}")
+    def roll_failed(self, error: str) -> None:
+        """A group's roll stopped (a new child could not boot): the reload fails."""
+        if self.in_flight:
+            self._roll_failures.append(error)

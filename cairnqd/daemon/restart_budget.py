@@ -45,12 +45,5 @@ class RestartBudget:
         self._forget_old(now)
         self._spent.append(now)
 
-    def next_room_at(self, now: float) -> float:
-        """When the oldest restart leaves the window (now, if there is room)."""
-        self._forget_old(now)
-        if len(self._spent) < self.budget:
-            return now
-        return self._spent[0] + self.window_s
-
     def reset(self) -> None:
         self._spent.clear()

@@ -1,6 +1,6 @@
 """The daemon's state file: how `cairnqd reload` finds the daemon and learns the outcome.
 
-Design note (DAEMON.md §4). One daemon per config file: its state lives at
+Design note. One daemon per config file: its state lives at
 `<runtime_dir>/cairnqd-<sha256(abspath(config))[:16]>.json` and holds
 `{pid, generation, config, reload: {seq, ok, errors, at}}`. The daemon bumps
 `reload.seq` after every reload attempt, applied or refused, so a client that read
@@ -11,6 +11,8 @@ Design note (DAEMON.md §4). One daemon per config file: its state lives at
 - Exclusivity is an `flock` on a sibling `.lock` file, not on the JSON: the JSON is
   replaced on every write, and a lock on a replaced inode guards nothing. The kernel
   drops an flock when its holder dies, so a crashed daemon never leaves a stale lock.
+- Both live in a runtime directory that `runtimedir` accepts (ours, writable by
+  nobody else), are created 0600 and are never opened through a symlink.
 - `release()` deletes the JSON but keeps the lock file. Unlinking a lock file opens a
   race: a second daemon that opened the old inode just before the unlink would lock
   it while a third locks a fresh file at the same path, and both would run.
@@ -23,11 +25,12 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 import time
 from types import TracebackType
 from typing import Any, TypedDict, cast
 
+from cairnqd.daemon.runtimedir import UnsafeRuntimeDir, open_in, open_runtime_dir
 from cairnqd.errors import CairnQError
 
 __all__ = [
@@ -71,7 +74,11 @@ class AlreadyRunning(CairnQError):
 
 
 class StateFileError(CairnQError):
-    """The state file exists but does not hold a daemon state."""
+    """The state file exists but does not hold a daemon state, or cannot be trusted."""
+
+
+#: A state file is a few hundred bytes; reading stops well past that.
+_MAX_STATE_CHARS = 1 << 20
 
 
 def state_path(config_path: str | os.PathLike[str], runtime_dir: str) -> str:
@@ -106,13 +113,20 @@ def after_reload(
 
 
 class StateFile:
-    """The state file at `path` and its lock at `<path without .json>.lock`."""
+    """The state file at `path` and its lock at `<path without .json>.lock`, both
+    in a runtime directory that `runtimedir` accepts."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        self.directory = os.path.dirname(self.path) or "."
+        self.name = os.path.basename(self.path)
         stem = self.path.removesuffix(".json")
         self.lock_path = stem + ".lock"
+        self._lock_name = os.path.basename(self.lock_path)
         self._lock_fd: int | None = None
+        self._dir_fd: int | None = None
+        #: The uid that owns the state file `read()` returned last.
+        self.owner: int | None = None
 
     @property
     def held(self) -> bool:
@@ -121,54 +135,64 @@ class StateFile:
     # -- the daemon's side ---------------------------------------------------------------
 
     def acquire(self) -> None:
-        """Take the lock for this process's life, or raise AlreadyRunning."""
+        """Take the lock for this process's life. AlreadyRunning when another process
+        holds it; UnsafeRuntimeDir when the directory or the lock file is not ours."""
         if self._lock_fd is not None:
             return
-        # 0700: the directory defaults to /tmp/cairnqd-<uid> when no runtime dir is set,
-        # and nobody else should be able to plant a lock or state file there.
-        os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
-        # O_CLOEXEC: a child must not inherit the lock, or the daemon's lock would
-        # outlive it while a child lives on.
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        dir_fd = open_runtime_dir(self.directory, create=True)
+        assert dir_fd is not None  # created if missing
+        try:
+            # O_CLOEXEC (open_in's): a child must not inherit the lock, or the
+            # daemon's lock would outlive it while a child lives on.
+            fd = open_in(dir_fd, self.directory, self._lock_name, os.O_RDWR | os.O_CREAT)
+        except BaseException:
+            os.close(dir_fd)
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_pid(fd)
             os.close(fd)
+            os.close(dir_fd)
             raise AlreadyRunning(holder, self.lock_path) from None
         except BaseException:
             os.close(fd)
+            os.close(dir_fd)
             raise
         # The pid in the lock file names the holder even before the first write().
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        self._lock_fd, self._dir_fd = fd, dir_fd
 
     def write(self, state: DaemonState) -> None:
         """Replace the state atomically: readers see the old file or the new one."""
-        directory = os.path.dirname(self.path) or "."
-        fd, temp = tempfile.mkstemp(prefix=".cairnqd-", suffix=".tmp", dir=directory)
+        dir_fd = self._dir_fd
+        if dir_fd is None:
+            raise StateFileError(f"{self.path}: write() needs the lock (acquire() first)")
+        temp = f".cairnqd-{secrets.token_hex(8)}.tmp"
+        fd = open_in(dir_fd, self.directory, temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(state, f, indent=2, sort_keys=True)
                 f.write("\n")
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(temp, 0o644)  # mkstemp's 0600 would hide it from a CLI run as another user
-            os.replace(temp, self.path)
+            os.replace(temp, self.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)
+                os.unlink(temp, dir_fd=dir_fd)
             raise
 
     def release(self) -> None:
         """Remove the state (no daemon any more) and drop the lock; the lock file stays."""
         if self._lock_fd is None:
             return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        if self._dir_fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.name, dir_fd=self._dir_fd)
+            os.close(self._dir_fd)
         os.close(self._lock_fd)
-        self._lock_fd = None
+        self._lock_fd = self._dir_fd = None
 
     def __enter__(self) -> StateFile:
         self.acquire()
@@ -186,10 +210,12 @@ class StateFile:
 
     def read(self) -> DaemonState | None:
         """The current state; None when there is no file. StateFileError if it is not
-        a daemon state (written by something else, or truncated by a full disk)."""
+        a daemon state (written by something else, or truncated by a full disk), or
+        UnsafeRuntimeDir (a StateFileError too) if it is not one we may trust."""
         try:
-            with open(self.path, encoding="utf-8") as f:
-                text = f.read()
+            text = self._read_text()
+        except UnsafeRuntimeDir as exc:
+            raise StateFileError(str(exc)) from None
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -202,13 +228,27 @@ class StateFile:
             ) from None
         return _validate(self.path, data)
 
+    def _read_text(self) -> str:
+        dir_fd = open_runtime_dir(self.directory, create=False)
+        if dir_fd is None:
+            raise FileNotFoundError(self.directory)
+        try:
+            fd = open_in(dir_fd, self.directory, self.name, os.O_RDONLY)
+            self.owner = os.fstat(fd).st_uid
+        finally:
+            os.close(dir_fd)
+        with os.fdopen(fd, encoding="utf-8") as f:
+            return f.read(_MAX_STATE_CHARS)
+
     def locked_by_other(self) -> bool:
         """Whether some process holds the lock: a daemon is alive for this config,
         whatever the JSON says. Probes with a non-blocking shared lock, released at once."""
         try:
-            fd = os.open(self.lock_path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self.lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return False
+        except OSError:
+            return False  # a symlink in its place: no daemon of ours holds that
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:

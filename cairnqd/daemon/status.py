@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from setproctitle import setproctitle
 
@@ -15,12 +17,24 @@ from cairnqd.daemon.pool import ChildProcess, GroupPool
 _STALE_LOOP_S = 5.0
 
 
-class StatusReport:
-    """`tick()` runs once per tick of the supervisor's loop; `healthy()` answers
-    `/healthz` from the metrics server's threads."""
+@dataclass(frozen=True)
+class GroupHealth:
+    state: str  # running, crashloop, fatal
+    error: str | None
+    ready: int
+    desired: int
 
-    def __init__(self, config_path: str) -> None:
+
+class StatusReport:
+    """`tick()` runs once per tick of the supervisor's loop; `health()` answers
+    `/healthz` from the metrics server's threads, from what the last tick saw (a
+    snapshot replaced whole, so a scrape never sees a pool half-updated)."""
+
+    def __init__(self, config_path: str, database_problems: Callable[[], list[str]] = list) -> None:
         self._config_path = config_path
+        self._database_problems = database_problems
+        self._groups: dict[str, GroupHealth] = {}
+        self._stopping = False
         self._title = ""
         self.ready_sent = False
         self.last_tick = time.monotonic()
@@ -37,6 +51,8 @@ class StatusReport:
     ) -> None:
         now = time.monotonic()
         self.last_tick = now
+        self._groups = {g.name: _group_health(g) for g in groups}
+        self._stopping = stopping
         total = sum(len(g.slots) for g in groups)
         ready = sum(1 for c in children if c.state == "ready")
         title = f"cairnqd: master [{self._config_path}] gen={generation} children={ready}/{total}"
@@ -50,9 +66,32 @@ class StatusReport:
             self.last_watchdog = now
             systemd.watchdog()
 
-    def healthy(self, groups: Iterable[GroupPool]) -> bool:
-        fresh = time.monotonic() - self.last_tick < _STALE_LOOP_S
-        return fresh and any(g.state != "fatal" for g in groups)
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """All is well, or not, and a JSON body naming each problem: a stalled loop,
+        each FATAL or crash-looping group, and database trouble the parent knows of."""
+        problems = []
+        stale_s = time.monotonic() - self.last_tick
+        if stale_s >= _STALE_LOOP_S:
+            problems.append(f"the supervisor's loop has not ticked for {stale_s:.0f}s")
+        if self._stopping:
+            problems.append("stopping")
+        groups = self._groups
+        for name, group in groups.items():
+            if group.state == "fatal":
+                problems.append(f"group {name} is FATAL: {group.error}")
+            elif group.state == "crashloop":
+                problems.append(f"group {name} is crash-looping: dead slots wait for the budget")
+        problems += self._database_problems()
+        return not problems, {
+            "status": "unhealthy" if problems else "ok",
+            "problems": problems,
+            "groups": {name: vars(group) for name, group in groups.items()},
+        }
+
+
+def _group_health(group: GroupPool) -> GroupHealth:
+    ready = sum(1 for s in group.slots if s.child is not None and s.child.state == "ready")
+    return GroupHealth(group.state, group.fatal_error, ready, len(group.slots))
 
 
 def _pools_settled(groups: Iterable[GroupPool]) -> bool:
@@ -64,22 +103,36 @@ def _pools_settled(groups: Iterable[GroupPool]) -> bool:
     return True
 
 
-def status_dump(groups: Iterable[GroupPool], *, generation: int, stopping: bool) -> str:
+def status_dump(
+    groups: Iterable[GroupPool],
+    removed: Iterable[GroupPool],
+    *,
+    generation: int,
+    stopping: bool,
+) -> str:
+    """Every pool, slot and child, for SIGUSR1: what the supervisor believes runs."""
     lines = [f"generation {generation}, stopping={stopping}"]
     now = time.monotonic()
     for group in groups:
         lines.append(f"group {group.name}: {group.state} {group.fatal_error or ''}".rstrip())
         for slot in group.slots:
-            child = slot.child
-            if child is None:
+            if slot.child is None:
                 wait = max(0.0, slot.restart_at - now)
                 lines.append(f"  slot {slot.index}: empty (restart in {wait:.1f}s)")
-                continue
-            tasks = ", ".join(
-                f"{tid} ({now - t['seen']:.1f}s)" for tid, t in child.in_flight.items()
-            )
-            lines.append(
-                f"  slot {slot.index}: pid {child.pid} {child.state} gen {child.generation} "
-                f"rss {child.rss >> 20}MiB in flight: {tasks or 'none'}"
-            )
+            else:
+                lines.append(f"  slot {slot.index}: {_describe(slot.child, now)}")
+            if slot.successor is not None:
+                lines.append(f"  slot {slot.index} successor: {_describe(slot.successor, now)}")
+        lines += [f"  retired: {_describe(child, now)}" for child in group.retired]
+    for pool in removed:
+        lines.append(f"removed group {pool.name}:")
+        lines += [f"  retired: {_describe(child, now)}" for child in pool.retired]
     return "\n".join(lines)
+
+
+def _describe(child: ChildProcess, now: float) -> str:
+    tasks = ", ".join(f"{tid} ({now - t.seen:.1f}s)" for tid, t in child.in_flight.items())
+    return (
+        f"pid {child.pid} {child.state} gen {child.generation} "
+        f"rss {child.rss >> 20}MiB in flight: {tasks or 'none'}"
+    )

@@ -8,13 +8,12 @@ maintenance thread owns a connection (reaper, hand-back, purge) and the metrics
 thread another, so a stalled database can never stall reaping, signals or the
 systemd watchdog.
 
-Beside it: `reload` (SIGHUP, SIGUSR2 and the rolls they start), `deadlines` (boot,
-heartbeat, max_run), `status` (process title, sd_notify, /healthz, the SIGUSR1 dump)
-and `connection_budget` (the start-up check against max_connections).
-
-When a child dies without saying goodbye, the parent hands its tasks back at once
-(`release_worker`, scoped by the dead child's worker_id and run only after waitpid),
-so they are claimable in milliseconds instead of after the lease expires.
+Beside it, each with one concern: `channels` (the children's pipes, decoded with one
+guard, and reaping), `exits` (what a child's end means: hand-back first, then crash,
+FATAL or a failed roll), `fleet` (every pool, and which pool each child belongs to),
+`reload` (load off the loop, then a plan this class applies), `deadlines` (boot,
+heartbeat, max_run, drain), `status` (process title, sd_notify, /healthz, the SIGUSR1
+dump) and `connection_budget` (the start-up check against max_connections).
 """
 
 from __future__ import annotations
@@ -26,21 +25,40 @@ import signal
 import sys
 import time
 from collections import deque
-from typing import Any
 
 from setproctitle import setproctitle
 
 from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon import systemd
+from cairnqd.daemon.channels import ChildChannels
 from cairnqd.daemon.connection_budget import check_connection_budget
 from cairnqd.daemon.deadlines import check_deadlines
-from cairnqd.daemon.exitcodes import CONFIG, OK, SOFTWARE, TEMPFAIL
-from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
+from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
+from cairnqd.daemon.exits import ChildExits
+from cairnqd.daemon.fleet import Fleet, Retiring
+from cairnqd.daemon.logs import (
+    LoggingSetupError,
+    configure_logging,
+    logging_settings,
+    reopen_logs,
+)
 from cairnqd.daemon.maintenance import Maintenance
+from cairnqd.daemon.messages import (
+    ReopenLogs,
+    SetLogging,
+    encode,
+)
 from cairnqd.daemon.metrics import Metrics
-from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot, spawn_child
-from cairnqd.daemon.reload import ConfigReload
-from cairnqd.daemon.statefile import AlreadyRunning, StateFile, initial_state, state_path
+from cairnqd.daemon.pool import ChildProcess, GroupPool, spawn_child
+from cairnqd.daemon.reload import ConfigReload, ReloadPlan
+from cairnqd.daemon.runtimedir import UnsafeRuntimeDir
+from cairnqd.daemon.statefile import (
+    AlreadyRunning,
+    StateFile,
+    after_reload,
+    initial_state,
+    state_path,
+)
 from cairnqd.daemon.status import StatusReport, status_dump
 
 log = logging.getLogger("cairnqd.supervisor")
@@ -51,9 +69,6 @@ _HANDLED = (
 )  # fmt: skip
 #: The parent's process label in log lines; a child's is `[group] slot/slots`.
 PARENT_LABEL = "master"
-# Child messages that change what the loop must do next (the rest are task events).
-_STATE_EVENTS = frozenset({"ready", "bye", "fatal"})
-_QUIT_GRACE_S = 2.0
 _TICK_S = 0.1
 
 
@@ -62,23 +77,18 @@ class Supervisor:
         self.config_path = os.path.abspath(config_path)
         self.config = config
         self.generation = 1
-        self.groups: dict[str, GroupPool] = {}
-        self.by_fd: dict[int, ChildProcess] = {}
-        self.by_pid: dict[int, ChildProcess] = {}
+        self.fleet = Fleet(config)
         self.selector = selectors.DefaultSelector()
         self.signals: deque[int] = deque()
         self.stopping = False
-        self.stop_deadline: float | None = None
-        self.hard_stop_at: float | None = None
         self.reload = ConfigReload(self, process_label=PARENT_LABEL)
-        # Groups removed by a reload whose children are still draining.
-        self.orphans: list[GroupPool] = []
-        self.status = StatusReport(self.config_path)
+        self.status = StatusReport(self.config_path, self._database_problems)
         self.metrics = Metrics(config)
         self.maintenance = Maintenance(config, self.metrics)
+        self.channels = ChildChannels(self.selector, self.metrics)
+        self.exits = ChildExits(self.fleet, self.maintenance, self.metrics, self.reload.roll_failed)
         self.statefile = StateFile(state_path(self.config_path, config.runtime_dir))
         self.state = initial_state(self.config_path)
-        self.exit_causes: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -88,6 +98,12 @@ class Supervisor:
         except AlreadyRunning as exc:
             log.error("%s", exc)
             return TEMPFAIL
+        except UnsafeRuntimeDir as exc:
+            log.error("%s", exc)
+            return CONFIG
+        except OSError as exc:
+            log.error("cannot take the lock in %s: %s", self.statefile.directory, exc)
+            return CONFIG
         try:
             return self._run()
         finally:
@@ -108,15 +124,13 @@ class Supervisor:
         wakeup_r = self._install_signals()
         listen = self.config.metrics.listen
         if listen is not None:
-            port = self.metrics.serve(listen.host, listen.port, health=self._healthy)
+            port = self.metrics.serve(listen.host, listen.port, health=self.status.health)
             log.info("metrics on http://%s:%d/metrics", listen.host, port)
         self.maintenance.start()
-        for name, group in self.config.groups.items():
-            self.groups[name] = GroupPool(group, self.config.group_fingerprint(name), self.config)
         self.write_state()
         log.info(
             "cairnqd started: %s, %d group(s), generation %d",
-            self.config.database.backend, len(self.groups), self.generation,
+            self.config.database.backend, len(self.fleet.groups), self.generation,
         )  # fmt: skip
         return wakeup_r
 
@@ -144,20 +158,22 @@ class Supervisor:
                 self._drain_wakeup(wakeup_r)
                 urgent = True
             else:
-                urgent |= self._read_child(key.fd)
+                urgent |= self.channels.read(key.fd)
         return urgent
 
     def _tick(self) -> bool:
         """The loop's named steps; True once the parent should exit."""
         self._reap()
-        check_deadlines(self.groups.values(), self.config.supervisor)
+        self.fleet.check_ownership(self.channels.live())
+        check_deadlines(self.fleet.pools(), self.config.supervisor)
         if self.stopping:
             if self._stop_step():
                 return True
         else:
             self._keep_pools()
-            self.reload.advance_rolls()
-            if self._all_fatal():
+            self._advance_rolls()
+            self.reload.advance()
+            if self.fleet.all_fatal():
                 return True
         self._report()
         return False
@@ -168,13 +184,9 @@ class Supervisor:
         self.metrics.close()
         if self.stopping:
             return OK
-        # Every group is FATAL: 78 (do not restart us) if each cause was a boot error.
-        return CONFIG if self.exit_causes <= {"cannot_boot"} else SOFTWARE
-
-    def _all_fatal(self) -> bool:
-        return bool(self.groups) and all(
-            g.state == "fatal" and not g.children() for g in self.groups.values()
-        )
+        # Every group is FATAL, and only a child that cannot boot makes one so: a
+        # restart would fail the same way (systemd's RestartPreventExitStatus=78).
+        return CONFIG
 
     # -- signals -------------------------------------------------------------------------
 
@@ -236,7 +248,7 @@ class Supervisor:
         # file, then have every child reopen its own handler (each opened the file).
         reopen_logs()
         for child in self.all_children():
-            child.control.send("reopen_logs")
+            child.control.send_whole(encode(ReopenLogs()))
         log.info("status:\n%s", self.status_dump())
 
     def handle_sigtstp(self) -> None:
@@ -258,159 +270,69 @@ class Supervisor:
     # -- children: pipes and exits -------------------------------------------------------
 
     def all_children(self) -> list[ChildProcess]:
-        self.orphans = [g for g in self.orphans if g.children()]
-        pools = [*self.groups.values(), *self.orphans]
-        return [c for g in pools for c in g.children()]
+        return self.fleet.children()
 
     def spawn(self, group: GroupConfig, slot: int, generation: int) -> ChildProcess:
         child = spawn_child(self.config, group, slot, generation)
-        self.by_fd[child.events.fd] = child
-        self.by_pid[child.pid] = child
-        self.selector.register(child.events.fd, selectors.EVENT_READ)
+        self.channels.add(child)
         log.info("spawned %s/%d pid %d (gen %d)", group.name, slot, child.pid, generation)
         return child
 
-    def _read_child(self, fd: int) -> bool:
-        """Handle what a child sent; True if its state changed (ready, bye, fatal,
-        closed pipe), which the loop acts on at once rather than at the next tick."""
-        child = self.by_fd.get(fd)
-        if child is None:
-            return False
-        try:
-            messages = child.events.read()
-        except Exception as exc:
-            log.error("child %d sent garbage (%s); killing it", child.pid, exc)
-            child.kill_reason = "protocol"
-            child.signal(signal.SIGKILL)
-            messages = []
-        changed = False
-        for message in messages:
-            self._on_event(child, message)
-            changed |= message.get("t") in _STATE_EVENTS
-        if child.events.closed:
-            self._forget_fd(child)
-            changed = True
-        return changed
-
-    def _forget_fd(self, child: ChildProcess) -> None:
-        if self.by_fd.pop(child.events.fd, None) is not None:
-            self.selector.unregister(child.events.fd)
-
-    def _on_event(self, child: ChildProcess, message: dict[str, Any]) -> None:
-        kind = message.get("t")
-        child.last_heard = time.monotonic()
-        if kind == "ready":
-            child.state = "ready"
-            child.ready_at = time.monotonic()
-            child.rss = int(message.get("rss", 0))
-            self.groups[child.group].boot_failures = 0
-        elif kind == "hb":
-            state = str(message.get("state", ""))
-            if state == "db_wait":
-                child.state = "db_wait"
-            elif state in ("draining", "quiet"):
-                child.state = state
-            child.rss = int(message.get("rss", 0))
-        elif kind == "start":
-            child.in_flight[str(message.get("id"))] = {**message, "seen": time.monotonic()}
-        elif kind == "end":
-            child.in_flight.pop(str(message.get("id")), None)
-        elif kind == "bye":
-            child.bye = str(message.get("reason", "drain"))
-        elif kind == "fatal":
-            child.fatal = str(message.get("error", "unknown error"))
-        elif kind == "dberr" and child.state == "starting":
-            child.state = "db_wait"
-        self.metrics.record_event(child.group, child.slot, message)
-
     def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            child = self.by_pid.pop(pid, None)
-            if child is None:
-                continue  # not ours (a handler's grandchild reparented to us?)
-            child.proc.returncode = os.waitstatus_to_exitcode(status)
-            self._read_child(child.events.fd)  # the last words (bye, fatal, end)
-            self._forget_fd(child)
-            child.close_pipes()
-            self._on_exit(child, child.proc.returncode)
-
-    def _on_exit(self, child: ChildProcess, code: int) -> None:
-        group = self.groups.get(child.group)
-        for orphan in self.orphans:
-            if child in orphan.children():
-                group = None
-                self._detach(orphan, child)
-        now = time.monotonic()
-        clean = code == 0 and child.bye is not None
-        described = f"exit {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
-        if not clean:
-            reason = self._handback_reason(child)
-            self.maintenance.hand_back(child.worker_id, reason)
-        if group is None:
-            return
-        slot = self._detach(group, child)
-        if clean:
-            log.info("child %d of %s exited (%s)", child.pid, group.name, child.bye)
-            if child.bye not in ("drain", None):
-                self.metrics.child_restart(group.name, str(child.bye))
-            return
-        if code == 78 or child.fatal is not None:
-            self._on_cannot_boot(group, child, described)
-            return
-        if child.kill_reason is None and code == -signal.SIGKILL:
-            log.warning("child %d of %s was SIGKILLed (possibly OOM-killed)", child.pid, group.name)
-        log.warning("child %d of %s died (%s)", child.pid, group.name, described)
-        if slot is None or self.stopping:
-            return
-        if child.ready_at is None:
-            self.metrics.child_restart(group.name, "boot_failure")
-            group.on_boot_failure(slot, now)
-            self.exit_causes.add("boot_failure")
-        else:
-            self.metrics.child_restart(group.name, child.kill_reason or "crash")
-            group.on_crash(slot, child, now)
-
-    def _handback_reason(self, child: ChildProcess) -> str:
-        if child.kill_reason == "max_run":
-            return "max_run"
-        return "shutdown" if self.stopping else "worker_exit"
-
-    def _detach(self, group: GroupPool, child: ChildProcess) -> Slot | None:
-        """Remove a dead child from wherever the pool holds it; its slot if any."""
-        if child in group.retired:
-            group.retired.remove(child)
-            return None
-        for slot in group.slots:
-            if slot.child is child:
-                slot.child = None
-                return slot
-            if slot.successor is child:
-                slot.successor = None
-                return None
-        return None
-
-    def _on_cannot_boot(self, group: GroupPool, child: ChildProcess, described: str) -> None:
-        error = child.fatal or described
-        if self.reload.stop_roll(group.name, error):
-            return
-        self.exit_causes.add("cannot_boot")
-        self.metrics.child_restart(group.name, "boot_failure")
-        group.mark_fatal(error)
+        for child, code in self.channels.reap():
+            self.exits.on_exit(child, code, stopping=self.stopping)
 
     # -- pools ---------------------------------------------------------------------------
 
-    def _keep_pools(self) -> None:
+    def fatal_groups(self) -> list[str]:
+        return self.fleet.fatal_groups()
+
+    def rolling(self) -> bool:
+        return self.fleet.rolling()
+
+    def apply_reload(self, plan: ReloadPlan) -> None:
+        """Switch to `plan.config`: parent-hot settings in place, then the pools."""
+        config = self.config = plan.config
+        if plan.new_generation:
+            self.generation += 1
+        self._forward_logging()
+        self.maintenance.reconfigure(config)
+        self.metrics.apply_config(config)
+        self._retire(self.fleet.apply(plan))
+
+    def record_reload(self, ok: bool, errors: list[str]) -> None:
+        """Publish a reload's outcome: state file (for `reload --wait`), metrics, systemd."""
+        self.state = after_reload(self.state, ok=ok, errors=errors, generation=self.generation)
+        self.metrics.reload_result(ok, self.generation)
+        self.write_state()
+        status = f"generation {self.generation}" if ok else f"reload failed: {errors[0]}"
+        systemd.notify("READY=1", f"STATUS={status}")
+
+    def _forward_logging(self) -> None:
+        """Children apply reloaded logging settings in place; children spawned later
+        get them in their boot message."""
+        line = encode(SetLogging(logging_settings(self.config.logging)))
+        for child in self.all_children():
+            child.control.send_whole(line)
+
+    def _advance_rolls(self) -> None:
+        surge = self.config.reload.max_surge
+        replaced = self.fleet.advance_rolls(surge, self.spawn, self.generation)
+        self._retire(replaced)
+        for pool, _ in replaced:
+            self.metrics.child_restart(pool.name, "reload")
+
+    def _retire(self, children: Retiring) -> None:
+        """Stop children their pool no longer wants (shrink, roll, removed group):
+        they stop claiming and finish what they hold, within their group's
+        `shutdown_timeout` (then the deadlines stop them hard)."""
         now = time.monotonic()
-        for group in self.groups.values():
-            for slot in group.slots:
-                if slot.child is None and group.may_spawn(slot, now):
-                    slot.child = self.spawn(group.config, slot.index, self.generation)
+        for pool, child in children:
+            child.retire(now, self._drain_timeout_s(pool))
+
+    def _keep_pools(self) -> None:
+        self.fleet.fill(self.spawn, self.generation)
+        for group in self.fleet.groups.values():
             self.metrics.set_children(group.name, group.state_counts())
             self.metrics.set_group_state(group.name, group.state)
 
@@ -422,52 +344,38 @@ class Supervisor:
         self.stopping = True
         systemd.stopping("draining")
         self.maintenance.pause_purge()
-        timeout = max(
-            [self.config.shutdown_timeout_for(n).total_seconds() for n in self.config.groups]
-            or [self.config.shutdown_timeout.total_seconds()]
-        )
-        self.stop_deadline = time.monotonic() + timeout
-        for child in self.all_children():
-            child.state = "draining"
-            child.signal(signal.SIGTERM)
+        now = time.monotonic()
+        for pool in self.fleet.pools():
+            for child in pool.children():
+                child.retire(now, self._drain_timeout_s(pool))
 
     def _begin_hard_stop(self) -> None:
-        self.hard_stop_at = time.monotonic()
+        now = time.monotonic()
         for child in self.all_children():
-            child.signal(signal.SIGQUIT)
+            child.quit(now)
 
     def _stop_step(self) -> bool:
-        """True once every child is gone."""
-        children = self.all_children()
-        if not children:
-            return True
-        now = time.monotonic()
-        if (
-            self.hard_stop_at is None
-            and self.stop_deadline is not None
-            and now > self.stop_deadline
-        ):
-            log.warning(
-                "shutdown_timeout passed with %d child(ren) left; stopping them", len(children)
-            )
-            self._begin_hard_stop()
-        if self.hard_stop_at is not None and now - self.hard_stop_at > _QUIT_GRACE_S:
-            for child in children:
-                child.signal(signal.SIGKILL)
-        return False
+        """True once every child is gone (the deadlines stop the slow ones)."""
+        return not self.all_children()
+
+    def _drain_timeout_s(self, pool: GroupPool) -> float:
+        """How long a child of `pool` may drain: its group's `shutdown_timeout`."""
+        return (pool.config.shutdown_timeout or self.config.shutdown_timeout).total_seconds()
 
     # -- reporting -----------------------------------------------------------------------
 
     def _report(self) -> None:
         self.status.tick(
-            self.groups.values(),
+            self.fleet.groups.values(),
             self.all_children(),
             generation=self.generation,
             stopping=self.stopping,
         )
 
-    def _healthy(self) -> bool:
-        return self.status.healthy(self.groups.values())
+    def _database_problems(self) -> list[str]:
+        """Database trouble the parent's own threads ran into (from any thread)."""
+        found = (self.maintenance.database_problem(), self.metrics.database.problem())
+        return [problem for problem in found if problem]
 
     def write_state(self) -> None:
         try:
@@ -476,10 +384,18 @@ class Supervisor:
             log.error("cannot write the state file: %s", exc)
 
     def status_dump(self) -> str:
-        return status_dump(self.groups.values(), generation=self.generation, stopping=self.stopping)
+        return status_dump(
+            self.fleet.groups.values(),
+            self.fleet.removed,
+            generation=self.generation,
+            stopping=self.stopping,
+        )
 
 
 def run_daemon(config_path: str, config: Config) -> int:
+    # Before anything is created: the SQLite file (payloads), its -wal and -shm, the
+    # log file and the state files are the daemon user's alone. Children inherit it.
+    os.umask(0o077)
     try:
         configure_logging(config.logging, process_label=PARENT_LABEL)
     except LoggingSetupError as exc:

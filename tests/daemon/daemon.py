@@ -7,6 +7,7 @@ discovery from /proc titles, signals, and a store on the same database for asser
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -143,6 +144,23 @@ class Daemon:
 
     def signal(self, signum: int) -> None:
         os.kill(self.pid, signum)
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run `cairnqd -c <this config> ARGS` (e.g. `reload --wait 30s`) to the end."""
+        return subprocess.run(
+            [sys.executable, "-m", "cairnqd.cli", "-c", str(self.config_path), *args],
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            cwd=self.tmp,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def state(self) -> dict[str, Any]:
+        """The daemon's state file (generation, last reload)."""
+        (path,) = (self.tmp / "run").glob("cairnqd-*.json")
+        state: dict[str, Any] = json.loads(path.read_text())
+        return state
 
     def stop(self, timeout: float = 60.0) -> int:
         assert self.proc is not None

@@ -1,7 +1,7 @@
 """The `cairnqd` command line, run as a real process against real SQLite and Postgres.
 
 Each test writes a config into its own directory and runs `python -m cairnqd.cli`
-there, asserting on exit codes (DAEMON.md §9), stdout and stderr. `reload` is tested
+there, asserting on exit codes (cairnqd/daemon/exitcodes.py), stdout and stderr. `reload` is tested
 against a stand-in daemon that holds the real state file and answers SIGHUP the way
 the supervisor does, so these tests do not depend on the supervisor.
 """
@@ -138,6 +138,22 @@ def test_bad_config_reports_every_problem_with_its_position(tmp_path: Path, run:
             f"cairnqd: {file}: 3 problems in the config",
         ]
         assert result.stdout == ""
+
+
+def test_check_refuses_an_alias_bomb_at_once(sqlite_config: Path, run: Run) -> None:
+    laughs = "".join(
+        f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9) if n else 'lol'}]\n" for n in range(10)
+    )
+    text = sqlite_config.read_text()
+    sqlite_config.write_text(text + laughs)
+    line = len(text.splitlines()) + 5  # l4: its sixth alias passes 10000 expanded nodes
+    started = time.monotonic()
+    result = run("check", timeout=30)
+    assert time.monotonic() - started < 15
+    assert result.returncode == 78
+    assert result.stderr.startswith(
+        f"./cairnq.yaml:{line}:35: aliases expand to more than 10000 nodes"
+    ), result.stderr
 
 
 def test_missing_config_file(run: Run) -> None:
@@ -377,10 +393,13 @@ def test_submit_wait_without_a_worker_times_out(sqlite_config: Path, run: Run) -
 # -- reload against a stand-in daemon --------------------------------------------------
 
 FAKE_DAEMON = """\
-import signal, sys
+import os, signal, sys
+from setproctitle import setproctitle
 from cairnqd.daemon.statefile import StateFile, after_reload, initial_state, state_path
 
 config, runtime_dir, mode, log = sys.argv[1:5]
+# What `cairnqd reload` checks before it signals a pid: the master's title.
+setproctitle(f"cairnqd: master [{os.path.abspath(config)}] gen=1 (stand-in)")
 statefile = StateFile(state_path(config, runtime_dir))
 statefile.acquire()
 state = initial_state(config)

@@ -231,3 +231,67 @@ def test_second_sigint_stops_a_stuck_drain(
     assert "second SIGINT" in daemon.output()
     assert gone(child)
     assert_handed_back(sqlite_path, task.id)
+
+
+def test_the_parent_survives_any_line_a_child_writes(
+    tmp_path: Path, sqlite_path: str, daemon_factory: Any
+) -> None:
+    config = config_for(tmp_path, sqlite_path, {"g": {"queues": ["q"], "processes": 1}})
+    daemon = daemon_factory(config).start()
+    (child,) = daemon.children("g")
+    garbage = [
+        '{"t":"hb","rss":"x"}',  # well-formed JSON, a field of the wrong type
+        '{"t":"hb","busy":0,"rss":1e400,"state":"run"}',
+        '{"t":"hb","busy":0,"rss":123456789012345678901234567890,"state":"run"}',
+        '{"t":"ready","v":1,"pid":1,"worker_id":["x"],"gen":1,"rss":1}',
+        '{"t":"start","id":7}',
+        '{"t":"end","id":null,"queue":"q"}',
+        '{"t":"bye"}',
+        '{"t":"fatal","error":{"no":"text"}}',
+        '{"t":"dberr","kind":3}',
+        '{"t":"who-knows"}',
+        '{"no":"kind"}',
+        "[1, 2, 3]",
+        "not json at all",
+        '"\\ud800"',
+    ]
+
+    async def scribble(c: CairnQ) -> Any:
+        return await c.call("t.scribble", {"lines": garbage}, queue="q", timeout_ms=30_000)
+
+    assert client_call(SQLITE, sqlite_path, scribble)["pid"] == child
+    wait_for("the malformed-message log line", lambda: "malformed message" in daemon.output())
+    result = client_call(SQLITE, sqlite_path, lambda c: c.call("t.echo", 5, queue="q"))
+    assert result == 5
+    assert daemon.proc is not None and daemon.proc.poll() is None, daemon.output()
+    assert set(daemon.children("g")) == {child}, "the child was replaced"
+    assert "Traceback" not in daemon.output()
+    assert daemon.stop() == 0
+
+
+def test_sigttin_dumps_every_child_s_stacks_and_stops_nobody(
+    tmp_path: Path, sqlite_path: str, daemon_factory: Any
+) -> None:
+    config = config_for(tmp_path, sqlite_path, {"g": {"queues": ["q"], "processes": 2}})
+    # Long enough that a stopped child would still be stopped when the test looks.
+    config["supervisor"]["heartbeat_timeout"] = "120s"
+    daemon = daemon_factory(config).start()
+    children = set(daemon.children("g"))
+    daemon.signal(signal.SIGTTIN)
+    wait_for(
+        "a child's stack dump",
+        lambda: daemon.output().count("cairnqd/daemon/child.py") >= 2,
+        timeout=15,
+    )
+    for pid in children:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state != "T", f"child {pid} is stopped"
+
+    async def calls(c: CairnQ) -> list[Any]:
+        return [await c.call("t.sleep", {"seconds": 0.01}, queue="q", timeout_ms=15_000)
+                for _ in range(6)]  # fmt: skip
+
+    ran_on = {result["pid"] for result in client_call(SQLITE, sqlite_path, calls)}
+    assert ran_on <= children and ran_on, ran_on
+    assert set(daemon.children("g")) == children
+    assert daemon.stop() == 0

@@ -8,6 +8,7 @@ sets up rows.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cairnqd.config import Config
+from cairnqd.daemon.messages import MessageError, decode_child
 from cairnqd.daemon.metrics import METRIC_NAMES, OTHER_QUEUE, Metrics
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
@@ -250,6 +252,20 @@ def test_slow_database_times_out_within_budget(
 # -- counters from the children's pipe events ---------------------------------------------------
 
 
+HEARTBEAT = {"t": "hb", "busy": 0, "rss": 1, "state": "run"}
+
+
+def feed(metrics: Metrics, group: str, slot: int, event: dict[str, Any]) -> bool:
+    """Hand `event` to the metrics as the supervisor does: decoded from its JSON line.
+    False when the decoder refuses it (the supervisor counts and logs those)."""
+    try:
+        message = decode_child(json.dumps(event).encode())
+    except MessageError:
+        return False
+    metrics.record_event(group, slot, message)
+    return True
+
+
 def _task_events(metrics: Metrics) -> None:
     events: list[dict[str, Any]] = [
         {"t": "start", "id": "t1", "queue": "default", "name": "a", "attempt": 1, "wait_s": 0.2},
@@ -273,11 +289,12 @@ def _task_events(metrics: Metrics) -> None:
         {"t": "dberr", "kind": "busy"},
         {"t": "dberr", "kind": "something-new"},
         {"t": "hb", "busy": 1, "rss": 123456789, "state": "run"},
-        {"t": "end", "queue": "default"},  # malformed: ignored
         {"t": "bye", "reason": "drain"},
     ]  # fmt: skip
     for event in events:
-        metrics.record_event("default", 1, event)
+        assert feed(metrics, "default", 1, event), event
+    # What the supervisor's decoder refuses never reaches the counters.
+    assert not feed(metrics, "default", 1, {"t": "end", "queue": "default"})
 
 
 def test_task_counters_from_events(sqlite_path: str, tmp_path: Path, served: list[Metrics]) -> None:
@@ -363,7 +380,7 @@ def test_reload_drops_removed_groups_and_queues(
 ) -> None:
     metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
     port = serve(served, metrics)
-    metrics.record_event("default", 0, {"t": "hb", "rss": 1})
+    feed(metrics, "default", 0, HEARTBEAT)
     new = daemon_config(
         tmp_path,
         "sqlite",
@@ -400,8 +417,9 @@ async def test_unknown_queues_beyond_twenty_are_other(
     assert value(found, "cairnq_tasks", queue=OTHER_QUEUE, status="queued") == 80
     assert value(found, "cairnq_tasks", queue="tenant-000", status="queued") == 1
     # Pipe events share the same bound: a queue past the twenty is `_other` there too.
-    metrics.record_event("default", 0, {"t": "start", "queue": "tenant-099", "name": "x"})
-    metrics.record_event("default", 0, {"t": "start", "queue": "tenant-005", "name": "x"})
+    for queue in ("tenant-099", "tenant-005"):
+        start = {"t": "start", "id": "t", "queue": queue, "name": "x", "attempt": 1, "wait_s": 0}
+        assert feed(metrics, "default", 0, start)
     found = samples((await asyncio.to_thread(scrape, metrics.port or 0))[1])
     assert value(found, "cairnq_tasks_started_total", queue=OTHER_QUEUE) == 1
     assert value(found, "cairnq_tasks_started_total", queue="tenant-005") == 1
@@ -411,12 +429,20 @@ async def test_unknown_queues_beyond_twenty_are_other(
 
 
 def test_healthz_follows_health(sqlite_path: str, tmp_path: Path, served: list[Metrics]) -> None:
-    healthy = [True]
+    report: list[Any] = [lambda: (True, {"status": "ok"})]
+
+    def broken() -> Any:
+        raise RuntimeError("boom")
+
     metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
-    port = serve(served, metrics, health=lambda: healthy[0])
-    assert scrape(port, "/healthz")[0] == 200
-    healthy[0] = False
-    assert scrape(port, "/healthz")[0] == 503
+    port = serve(served, metrics, health=lambda: report[0]())
+    assert scrape(port, "/healthz") == (200, '{\n  "status": "ok"\n}\n')
+    report[0] = lambda: (False, {"status": "unhealthy", "problems": ["group g is FATAL: x"]})
+    status, body = scrape(port, "/healthz")
+    assert status == 503 and json.loads(body)["problems"] == ["group g is FATAL: x"]
+    report[0] = broken  # a bug in the check is a failed check, not a dead endpoint
+    status, body = scrape(port, "/healthz")
+    assert status == 503 and json.loads(body)["problems"] == ["health check failed: boom"]
     assert scrape(port, "/nope")[0] == 404
 
 
@@ -435,7 +461,7 @@ def test_scrape_has_every_family_and_no_created(
     sqlite_path: str, tmp_path: Path, served: list[Metrics]
 ) -> None:
     metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
-    metrics.record_event("default", 0, {"t": "hb", "rss": 1})
+    assert feed(metrics, "default", 0, HEARTBEAT)
     status, text = scrape(serve(served, metrics))
     assert status == 200
     assert family_names(text) == set(METRIC_NAMES)
@@ -453,7 +479,7 @@ def test_dashboard_and_alert_names_exist_in_a_live_scrape(
     sqlite_path: str, tmp_path: Path, served: list[Metrics]
 ) -> None:
     metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
-    metrics.record_event("default", 0, {"t": "hb", "rss": 1})
+    assert feed(metrics, "default", 0, HEARTBEAT)
     exposed = family_names(scrape(serve(served, metrics))[1])
     used: set[str] = set()
     for rule in alert_rules():

@@ -2,64 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cairnqd import CairnQ
-from tests.conftest import make_store
 from tests.daemon.daemon import base_config, wait_for
+from tests.daemon.harness import client_call, database_section, gauge, scrape, stats
 
 pytestmark = pytest.mark.slow
-
-
-def database_section(dialect: str, target: str) -> dict[str, Any]:
-    # Fresh test databases: let the daemon migrate them (Postgres defaults to off).
-    if dialect == "sqlite":
-        return {"path": target}
-    return {"dsn": target, "auto_migrate": True}
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-async def _with_client(dialect: str, target: str, action: Any) -> Any:
-    client = CairnQ(make_store(dialect, target))
-    await client.connect()
-    try:
-        return await action(client)
-    finally:
-        await client.close()
-
-
-def client_call(dialect: str, target: str, action: Any) -> Any:
-    return run(_with_client(dialect, target, action))
-
-
-def stats(dialect: str, target: str, queue: str | None = None) -> dict[str, dict[str, int]]:
-    return client_call(dialect, target, lambda c: c.stats(queue))  # type: ignore[no-any-return]
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        return resp.read().decode()
-
-
-def gauge(text: str, name: str, **labels: str) -> float | None:
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 def two_groups(tmp_path: Path, dialect: str, target: str, **extra: Any) -> dict[str, Any]:

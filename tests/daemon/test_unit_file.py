@@ -1,4 +1,4 @@
-"""systemd/cairnqd.service: systemd itself accepts it, and it says what DAEMON.md §7 says.
+"""systemd/cairnqd.service: systemd itself accepts it, and it holds what its comments say.
 
 `systemd-analyze verify` exits 0 on unknown keys and unparsable values and only warns on stderr,
 so any stderr fails the test. It also checks that each Exec* binary exists, so it runs on a copy
@@ -205,7 +205,7 @@ def test_directive(unit: Unit, section: str, key: str) -> None:
 
 
 def test_no_unexpected_directives(unit: Unit) -> None:
-    # A directive added here without a reason in DAEMON.md §7 (or left over from an edit).
+    # A directive added without its reason in the unit's comments (or left over from an edit).
     assert {s: sorted(keys) for s, keys in unit.items()} == {
         s: sorted(keys) for s, keys in EXPECTED.items()
     }

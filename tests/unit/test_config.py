@@ -4,6 +4,7 @@ fingerprints, redaction, the reload diff, the example file and handler resolutio
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Iterator, Mapping
@@ -191,6 +192,11 @@ def test_backend_dependent_defaults_on_postgres(load: Loader) -> None:
     assert config.database.backend == "postgres"
     assert config.database.auto_migrate is False
     assert config.retention.batch == 1000
+
+
+def test_runtime_dir_falls_back_to_the_temp_dir(load: Loader) -> None:
+    config = load(BASE, env={"TMPDIR": "/var/tmp/x"})
+    assert config.runtime_dir == f"/var/tmp/x/cairnqd-{os.geteuid()}"
 
 
 def test_runtime_dir_prefers_systemd(load: Loader) -> None:
@@ -526,6 +532,9 @@ def test_dsn_file_problems_are_reported_at_the_key(errors: Errors, tmp_path: Pat
     ]
     assert errors(text.format("./empty")) == [
         "cairnq.yaml:3:13: database.dsn_file: ./empty does not hold a DSN: is empty"
+    ]
+    assert errors(text.format("/dev/zero")) == [
+        "cairnq.yaml:3:13: database.dsn_file: /dev/zero is longer than 65536 characters"
     ]
     # The message names the problem but never echoes the file's contents.
     assert errors(text.format("./mysql")) == [

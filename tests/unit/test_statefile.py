@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cairnqd.daemon.runtimedir import UnsafeRuntimeDir
 from cairnqd.daemon.statefile import (
     AlreadyRunning,
     StateFile,
@@ -44,8 +45,10 @@ def test_write_then_read_round_trips(tmp_path: Path) -> None:
     assert sf.read() == state
     assert state["pid"] == os.getpid()
     assert state["config"] == str(tmp_path / "cairnq.yaml")
-    # Readable by an operator's CLI running as another user; no temp file left behind.
-    assert stat.S_IMODE(os.stat(sf.path).st_mode) == 0o644
+    # The daemon's user's alone (root reads it anyway); no temp file left behind.
+    assert stat.S_IMODE(os.stat(sf.path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(sf.lock_path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "run").st_mode) == 0o700
     assert sorted(os.listdir(tmp_path / "run")) == ["cairnqd-x.json", "cairnqd-x.lock"]
     sf.release()
 
@@ -161,3 +164,71 @@ def test_write_is_atomic_replace(tmp_path: Path) -> None:
     assert os.stat(sf.path).st_ino != inode
     assert json.loads(Path(sf.path).read_text())["reload"]["seq"] == 1
     sf.release()
+
+
+# -- a runtime directory another local user could reach ---------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+NOBODY = 65534
+
+
+def test_a_symlink_planted_as_the_lock_file_is_refused_not_followed(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    sf = StateFile(run / "cairnqd-x.json")
+    os.symlink(victim, sf.lock_path)
+    with pytest.raises(UnsafeRuntimeDir, match=r"cairnqd-x\.lock is a symlink: refusing"):
+        sf.acquire()
+    assert victim.read_text() == "precious\n"
+    assert not sf.held
+
+
+def test_a_directory_others_may_write_to_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o777)
+    with pytest.raises(UnsafeRuntimeDir, match=r"writable by group or others \(mode 0777\)"):
+        StateFile(run / "cairnqd-x.json").acquire()
+    run.chmod(0o1730)  # group-writable, sticky: still not ours alone
+    with pytest.raises(UnsafeRuntimeDir, match="mode 1730"):
+        StateFile(run / "cairnqd-x.json").acquire()
+
+
+@needs_root
+def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    os.chown(run, NOBODY, NOBODY)
+    with pytest.raises(UnsafeRuntimeDir, match=f"belongs to uid {NOBODY}, not to this process"):
+        StateFile(run / "cairnqd-x.json").acquire()
+    # In place of the directory, another user's symlink to one of ours.
+    (tmp_path / "mine").mkdir(mode=0o700)
+    link = tmp_path / "link"
+    os.symlink(tmp_path / "mine", link)
+    os.lchown(link, NOBODY, NOBODY)
+    with pytest.raises(UnsafeRuntimeDir, match=f"is a symlink owned by uid {NOBODY}"):
+        StateFile(link / "cairnqd-x.json").acquire()
+
+
+def test_the_client_refuses_a_symlinked_state_file(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    planted = tmp_path / "planted.json"
+    planted.write_text(json.dumps(initial_state("c.yaml")))
+    sf = StateFile(run / "cairnqd-x.json")
+    os.symlink(planted, sf.path)
+    with pytest.raises(StateFileError, match=r"cairnqd-x\.json is a symlink: refusing"):
+        sf.read()
+
+
+@needs_root
+def test_the_client_refuses_a_state_file_of_another_owner(tmp_path: Path) -> None:
+    sf = StateFile(tmp_path / "run" / "cairnqd-x.json")
+    with sf:
+        sf.write(initial_state("c.yaml"))
+        assert sf.read() is not None and sf.owner == 0
+        os.chown(sf.path, NOBODY, NOBODY)
+        with pytest.raises(StateFileError, match=f"belongs to uid {NOBODY}, not to the directory"):
+            sf.read()

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from cairnqd.config.yamlload import (
+    MAX_ALIAS_NODES,
+    MAX_DEPTH,
+    MAX_DOCUMENT_BYTES,
     Position,
     YamlDocument,
     YamlMapping,
@@ -293,3 +297,53 @@ def test_interpolation_walks_lists_and_mappings() -> None:
     value, found = interpolated("a: [x, '${A}']\nb: {c: '${A}'}\n", {"A": "y"})
     assert found == []
     assert value == {"a": ["x", "y"], "b": {"c": "y"}}
+
+
+def laughs(levels: int) -> str:
+    """A 'billion laughs' document: each level aliases the one above nine times."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for n in range(1, levels):
+        refs = ", ".join([f"*a{n - 1}"] * 9)
+        lines.append(f"a{n}: &a{n} [{refs}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_at_the_alias_that_crosses_the_limit() -> None:
+    started = time.monotonic()
+    with pytest.raises(YamlSyntaxError) as info:
+        parse_yaml(laughs(9), "bomb.yaml")  # 9**9 nodes once expanded
+    assert time.monotonic() - started < 2
+    # a4 is the first level whose expansion crosses 10000 nodes: its first alias.
+    assert str(info.value.position) == "bomb.yaml:5:10"
+    assert f"aliases expand to more than {MAX_ALIAS_NODES} nodes" in info.value.message
+
+
+def test_aliases_below_the_limit_still_work() -> None:
+    doc = parse_yaml(laughs(3), "ok.yaml")  # 91 + 820 nodes through aliases
+    assert to_plain(doc.root)["a2"][8][8] == ["lol"] * 9
+    defaults = "defaults: &d {queues: [q], processes: 2, lease: 30s}\ngroups:\n" + "".join(
+        f"  g{i}: {{<<: *d, concurrency: {i + 1}}}\n" for i in range(200)
+    )
+    groups = to_plain(parse_yaml(defaults, "c.yaml").root)["groups"]
+    assert groups["g199"] == {"queues": ["q"], "processes": 2, "lease": "30s", "concurrency": 200}
+
+
+def test_deep_nesting_is_refused_with_a_position() -> None:
+    text = "x: " + "[" * (MAX_DEPTH + 5) + "]" * (MAX_DEPTH + 5) + "\n"
+    with pytest.raises(YamlSyntaxError) as info:
+        parse_yaml(text, "deep.yaml")
+    assert info.value.position == Position("deep.yaml", 1, 3 + MAX_DEPTH)
+    assert f"nested deeper than {MAX_DEPTH} levels" in info.value.message
+
+
+def test_a_file_over_one_mib_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    line = "# " + "x" * 1021 + "\n"  # 1 KiB per line
+    path.write_text("version: 1\n" + line * 1100)
+    with pytest.raises(YamlSyntaxError) as info:
+        load_yaml(path)
+    assert "larger than 1 MiB" in info.value.message
+    position = info.value.position
+    assert position.file == str(path) and position.line == 1 + (1 << 20) // 1024
+    with pytest.raises(YamlSyntaxError, match="larger than 1 MiB"):
+        parse_yaml("x" * (MAX_DOCUMENT_BYTES + 1), "big.yaml")

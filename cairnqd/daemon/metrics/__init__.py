@@ -1,6 +1,6 @@
 """The parent's Prometheus registry, its HTTP endpoint and the database collector.
 
-Design note (DAEMON.md §6). The parent owns the only registry; children report on their
+Design note. The parent owns the only registry; children report on their
 event pipe and `record_event` turns each line into counter updates here, so counters
 survive child restarts and no multiprocess mode (with its per-pid files) is needed.
 

@@ -1,6 +1,6 @@
 """The database gauges: a custom collector that reads `stats` from the store.
 
-Design note (DAEMON.md §6).
+Design note.
 
 - `DatabaseCollector` has its own thread, asyncio loop and store (opened in that
   thread on first use; never in a scrape thread, never on the supervisor's loop).
@@ -33,18 +33,18 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cairnqd.daemon.maintenance import LoopThread
+from cairnqd.daemon.dbthread import LoopThread
 from cairnqd.daemon.metrics.labels import QueueLabels
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.postgres import HeldSessionLock, PostgresStore
 
-# The name it had before the package was split, so log lines and filters stay the same.
+# One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
 
 DB_QUERY_TIMEOUT_S = 2.0
-#: Second key of the stats leader's advisory lock; the purge sweep uses 1 (DAEMON.md §5).
+#: Second key of the stats leader's advisory lock; the purge sweep uses 1 (maintenance.py).
 STATS_LOCK_ID = 2
 #: `database.lock_namespace`'s default, for collectors built without a config.
 DEFAULT_LOCK_NAMESPACE = 0x63716E64
@@ -124,6 +124,7 @@ class DatabaseCollector:
         self._up = False
         self._duration_s = 0.0
         self._errors = 0
+        self._last_error = ""
         self._closed = False
         #: Statistics queries started; tests count them to prove the cache works.
         self.queries = 0
@@ -135,6 +136,13 @@ class DatabaseCollector:
         """`metrics.queue_stats` (all, leader) and the lock's namespace; the next
         refresh takes, keeps or gives up the lock accordingly."""
         self._queue_stats, self._lock_namespace = queue_stats, lock_namespace
+
+    def problem(self) -> str | None:
+        """Why the last statistics query failed, if it did (None before the first)."""
+        with self._lock:
+            if self._up or not self._errors:
+                return None
+            return f"database statistics query failed: {self._last_error or 'timed out'}"
 
     @property
     def leading(self) -> bool | None:
@@ -200,8 +208,9 @@ class DatabaseCollector:
             # 2 s regardless, and share this refresh until it ends.
             snapshot = await asyncio.wait_for(self._query(store), self._timeout_s)
         except Exception as exc:
+            self._last_error = str(exc) or type(exc).__name__
             self._finish(refresh, None)
-            log.warning("database statistics query failed: %s", exc or type(exc).__name__)
+            log.warning("database statistics query failed: %s", self._last_error)
             raise
         self._finish(refresh, snapshot)
         return snapshot

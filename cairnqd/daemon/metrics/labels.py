@@ -34,7 +34,7 @@ RESTART_REASONS = (
 DB_ERROR_COMPONENTS = ("child", "maintenance", "listener")
 DB_ERROR_KINDS = ("busy", "timeout", "connect", "other")
 
-#: Every family DAEMON.md §6 defines, as a scrape exposes it (counters with `_total`).
+#: Every family the daemon exports, as a scrape exposes it (counters with `_total`).
 #: monitoring/ and its tests are held to this list.
 METRIC_NAMES: tuple[str, ...] = (
     "cairnq_tasks",

@@ -20,6 +20,15 @@ from prometheus_client.metrics import MetricWrapperBase
 from cairnqd import __version__
 from cairnqd.config import Config
 from cairnqd.daemon.maintenance import parent_store
+from cairnqd.daemon.messages import (
+    ChildMessage,
+    DatabaseTrouble,
+    Heartbeat,
+    Ready,
+    TaskEnded,
+    TaskRan,
+    TaskStarted,
+)
 from cairnqd.daemon.metrics.database import DB_QUERY_TIMEOUT_S, DatabaseCollector
 from cairnqd.daemon.metrics.families import Families
 from cairnqd.daemon.metrics.labels import (
@@ -36,10 +45,10 @@ from cairnqd.daemon.metrics.labels import (
     failure_reason,
 )
 from cairnqd.daemon.metrics.series import SeriesBook
-from cairnqd.daemon.metrics.server import HttpServer
+from cairnqd.daemon.metrics.server import Health, HttpServer
 from cairnqd.store.base import TaskStore
 
-# The name it had before the package was split, so log lines and filters stay the same.
+# One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
 
 
@@ -151,68 +160,47 @@ class Metrics(Families):
 
     # -- updates from the supervisor --------------------------------------------------------
 
-    def record_event(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
-        """Count one decoded pipe message from child `group`/`slot` (`t` names it, as
-        pipes.py writes it). Malformed or unknown messages are ignored."""
-        kind = event.get("t")
-        handler = self._event_handlers.get(str(kind))
-        if handler is None:
-            return
-        try:
-            handler(self, group, slot, event)
-        except (KeyError, TypeError, ValueError) as exc:
-            log.debug("ignoring malformed %s event from %s/%s: %s", kind, group, slot, exc)
+    def record_event(self, group: str, slot: int, event: ChildMessage) -> None:
+        """Count one message from child `group`/`slot`; kinds without counters are
+        ignored. Messages come decoded (`messages.decode_child`), so fields are typed."""
+        match event:
+            case TaskStarted():
+                self._on_start(event)
+            case TaskEnded():
+                self._on_end(event)
+            case TaskRan():
+                self._on_start(event.started())
+                self._on_end(event.ended())
+            case DatabaseTrouble():
+                self.db_error("child", event.error_kind)
+            case Heartbeat() | Ready():
+                self._child(self.child_memory, ("group", "slot"), group, str(slot)).set(event.rss)
 
-    def _on_start(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
-        queue = self.queue_labels.label(str(event["queue"]))
-        self._task_counter(self.tasks_started, queue, event).inc()
-        wait_s = max(0.0, float(event.get("wait_s", 0.0)))
-        self._child(self.task_queue_wait, ("queue",), queue).observe(wait_s)
+    def _on_start(self, event: TaskStarted) -> None:
+        queue = self.queue_labels.label(event.queue)
+        self._task_counter(self.tasks_started, queue, event.name).inc()
+        self._child(self.task_queue_wait, ("queue",), queue).observe(max(0.0, event.wait_s))
 
-    def _on_end(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
-        queue = self.queue_labels.label(str(event["queue"]))
-        outcome = str(event["outcome"])
+    def _on_end(self, event: TaskEnded) -> None:
+        queue = self.queue_labels.label(event.queue)
+        outcome = event.outcome
         if outcome == "succeeded":
-            self._task_counter(self.tasks_succeeded, queue, event).inc()
+            self._task_counter(self.tasks_succeeded, queue, event.name).inc()
         elif outcome == "canceled":
-            self._task_counter(self.tasks_canceled, queue, event).inc()
+            self._task_counter(self.tasks_canceled, queue, event.name).inc()
         elif outcome in ("failed", "retried", "lease_lost"):
-            reason = failure_reason(outcome, str(event.get("reason") or ""))
-            self._task_counter(self.tasks_failed, queue, event, reason).inc()
+            reason = failure_reason(outcome, event.reason)
+            self._task_counter(self.tasks_failed, queue, event.name, reason).inc()
             if outcome == "retried":
-                self._task_counter(self.tasks_retried, queue, event).inc()
+                self._task_counter(self.tasks_retried, queue, event.name).inc()
         else:
-            raise ValueError(f"unknown outcome {outcome!r}")
-        duration_s = max(0.0, float(event.get("dur_s", 0.0)))
-        self._child(self.task_duration, ("queue",), queue).observe(duration_s)
+            log.debug("ignoring task end with unknown outcome %r", outcome)
+            return
+        self._child(self.task_duration, ("queue",), queue).observe(max(0.0, event.dur_s))
 
-    def _on_dberr(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
-        self.db_error("child", str(event.get("kind", "other")))
-
-    def _on_rss(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
-        if "rss" in event:
-            labels = ("group", "slot")
-            self._child(self.child_memory, labels, group, str(slot)).set(float(event["rss"]))
-
-    def _on_task(self, group: str, slot: int, event: Mapping[str, Any]) -> None:
-        """A task that started and ended between two of the child's flushes."""
-        self._on_start(group, slot, event)
-        self._on_end(group, slot, event)
-
-    _event_handlers: Mapping[str, Callable[[Metrics, str, int, Mapping[str, Any]], None]] = {
-        "start": _on_start,
-        "end": _on_end,
-        "task": _on_task,
-        "dberr": _on_dberr,
-        "hb": _on_rss,
-        "ready": _on_rss,
-    }
-
-    def _task_counter(
-        self, counter: MetricWrapperBase, queue: str, event: Mapping[str, Any], *extra: str
-    ) -> Any:
+    def _task_counter(self, counter: MetricWrapperBase, queue: str, name: str, *extra: str) -> Any:
         labelnames = self._failed_labels if extra else self._task_labels
-        values = (queue, *extra, str(event["name"])) if self._name_label else (queue, *extra)
+        values = (queue, *extra, name) if self._name_label else (queue, *extra)
         return self._child(counter, labelnames, *values)
 
     def db_error(self, component: str, kind: str) -> None:
@@ -247,9 +235,6 @@ class Metrics(Families):
         """Drop a retired slot's RSS series."""
         self._series.remove(self.child_memory, group, str(slot))
 
-    def remove_group(self, group: str) -> None:
-        self._series.remove_where("group", lambda g: g != group)
-
     def reload_result(self, ok: bool, generation: int) -> None:
         self.config_reload_successful.set(1 if ok else 0)
         if ok:
@@ -275,12 +260,13 @@ class Metrics(Families):
 
     # -- serving ------------------------------------------------------------------------
 
-    def serve(self, listen_host: str, port: int, health: Callable[[], bool] | None = None) -> int:
-        """Serve `/metrics` and `/healthz` (200 while `health()` is true, else 503) on a
-        daemon thread; returns the bound port (`port=0` picks a free one)."""
+    def serve(self, listen_host: str, port: int, health: Callable[[], Health] | None = None) -> int:
+        """Serve `/metrics` and `/healthz` (200 or 503 as `health()` says, with its JSON
+        body) on a daemon thread; returns the bound port (`port=0` picks a free one)."""
         if self._server is not None:
             raise RuntimeError(f"metrics already served on port {self._server.port}")
-        self._server = HttpServer(self.registry, listen_host, port, health or (lambda: True))
+        check = health or (lambda: (True, {"status": "ok"}))
+        self._server = HttpServer(self.registry, listen_host, port, check)
         return self._server.port
 
     @property

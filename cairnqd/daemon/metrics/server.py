@@ -1,11 +1,15 @@
-"""The HTTP endpoint: `/metrics` from the registry and `/healthz` from the supervisor."""
+"""The HTTP endpoint: `/metrics` from the registry and `/healthz` from the supervisor.
+
+`/healthz` answers 200 or 503 with a JSON body either way, so a probe needs only the
+status code and an operator reading it learns what is wrong."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from wsgiref.types import StartResponse, WSGIEnvironment
@@ -13,8 +17,12 @@ from wsgiref.types import StartResponse, WSGIEnvironment
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-# The name it had before the package was split, so log lines and filters stay the same.
+# One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
+
+
+#: Whether all is well, and the JSON body that says what is not.
+Health = tuple[bool, Mapping[str, Any]]
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -30,7 +38,7 @@ class HttpServer:
         registry: CollectorRegistry,
         host: str,
         port: int,
-        health: Callable[[], bool],
+        health: Callable[[], Health],
     ) -> None:
         self._metrics_app = make_wsgi_app(registry)
         self._health = health
@@ -54,19 +62,19 @@ class HttpServer:
             body: Iterable[bytes] = self._metrics_app(environ, start_response)
             return body
         if path == "/healthz":
-            healthy = self._healthy()
+            healthy, report = self._healthy()
             status = "200 OK" if healthy else "503 Service Unavailable"
-            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"ok\n" if healthy else b"unhealthy\n"]
+            start_response(status, [("Content-Type", "application/json")])
+            return [json.dumps(report, indent=2).encode() + b"\n"]
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
         return [b"not found: try /metrics or /healthz\n"]
 
-    def _healthy(self) -> bool:
+    def _healthy(self) -> Health:
         try:
-            return bool(self._health())
-        except Exception:
+            return self._health()
+        except Exception as exc:
             log.exception("health check failed")
-            return False
+            return False, {"status": "unhealthy", "problems": [f"health check failed: {exc}"]}
 
     def close(self) -> None:
         self._httpd.shutdown()

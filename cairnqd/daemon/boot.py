@@ -1,0 +1,129 @@
+"""The `boot` message: everything a child is told before it starts, built from the config.
+
+Design note. A child never reads the YAML: the parent resolves the config (secrets
+included) and sends it down the control pipe, never in argv or the environment,
+where `/proc` would show it. `boot_for()` is the one place that turns a `Config` into
+what a child needs, so defaults live in the config schema only; the child decodes
+the message strictly (`decode_boot`), and a missing or mistyped field is a protocol
+error that stops it (exit 78), never a silent default.
+
+The database part stays a plain mapping of values: the child's store is built from
+it (`Child._make_store`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from cairnqd.config import Config, GroupConfig, to_ms
+from cairnqd.daemon.logs import logging_settings
+from cairnqd.daemon.messages import PROTOCOL_VERSION, MessageError, decode_fields, parse_line
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """The SDK worker's options for one group."""
+
+    queues: tuple[str, ...]
+    #: `module:attribute` registries to import.
+    handlers: tuple[str, ...]
+    concurrency: int
+    prefetch: int | Literal["auto"]
+    lease_ms: int
+    max_run_ms: int | None
+    poll_interval_ms: int
+    retry_backoff_ms: int
+    retry_backoff_max_ms: int
+    resources: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Boot:
+    kind: ClassVar[Literal["boot"]] = "boot"
+    #: The pipe protocol's version: a child of other code refuses to run (exit 78).
+    v: int
+    worker_id: str
+    group: str
+    slot: int
+    nslots: int
+    gen: int
+    #: `logs.logging_settings()`: the child logs exactly as the parent does.
+    logging: Mapping[str, Any]
+    hb_interval_s: float
+    shutdown_timeout_s: float
+    #: This incarnation's task limit, jitter included; None: no limit.
+    max_tasks: int | None
+    #: Bytes of RSS; None: no limit.
+    max_memory: int | None
+    database: Mapping[str, Any]
+    group_config: WorkerSettings
+
+
+def boot_for(
+    config: Config, group: GroupConfig, slot: int, generation: int, worker_id: str
+) -> Boot:
+    max_tasks = group.max_tasks_per_child
+    if max_tasks:
+        max_tasks += random.randint(0, max_tasks // 10)  # so a pool does not recycle at once
+    return Boot(
+        v=PROTOCOL_VERSION,
+        worker_id=worker_id,
+        group=group.name,
+        slot=slot,
+        nslots=group.processes,
+        gen=generation,
+        logging=logging_settings(config.logging),
+        hb_interval_s=config.supervisor.heartbeat_interval.total_seconds(),
+        shutdown_timeout_s=config.shutdown_timeout_for(group.name).total_seconds(),
+        max_tasks=max_tasks,
+        max_memory=group.max_memory,
+        database=_database(config),
+        group_config=_worker_settings(group),
+    )
+
+
+def _database(config: Config) -> dict[str, Any]:
+    db = config.database
+    return {
+        "backend": db.backend,
+        "path": db.path,
+        "dsn": db.dsn,
+        "busy_timeout_ms": to_ms(db.busy_timeout),
+        "connect_timeout_s": db.connect_timeout.total_seconds(),
+        "connections": db.connections_per_child,
+        "auto_migrate": db.auto_migrate,
+    }
+
+
+def _worker_settings(group: GroupConfig) -> WorkerSettings:
+    return WorkerSettings(
+        queues=group.queues,
+        handlers=group.handlers,
+        concurrency=group.concurrency,
+        prefetch="auto" if group.prefetch == "auto" else int(group.prefetch),
+        lease_ms=to_ms(group.lease),
+        max_run_ms=to_ms(group.max_run) if group.max_run else None,
+        poll_interval_ms=to_ms(group.poll_interval),
+        retry_backoff_ms=to_ms(group.retry_backoff),
+        retry_backoff_max_ms=to_ms(group.retry_backoff_max),
+        resources=dict(group.resources),
+    )
+
+
+class BootVersionMismatch(MessageError):
+    """The parent speaks another pipe protocol: it runs other code than ours."""
+
+
+def decode_boot(line: bytes) -> Boot:
+    """The child's reading of `boot`; MessageError for anything else."""
+    data = parse_line(line)
+    if data.get("t") != Boot.kind:
+        raise MessageError(f"expected a boot message, got kind {data.get('t')!r}")
+    if data.get("v") != PROTOCOL_VERSION:
+        raise BootVersionMismatch(
+            f"pipe protocol {data.get('v')!r}, this child speaks {PROTOCOL_VERSION}"
+        )
+    return decode_fields(Boot, data)

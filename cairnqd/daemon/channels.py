@@ -1,0 +1,108 @@
+"""The children's events pipes in the supervisor's selector, and their exits.
+
+Design note. Every line a child writes is decoded here, once (`messages.decode_child`),
+and this is the one guard on what a child writes: a valid message goes on, typed, to
+the child's record and the metrics; anything else is counted on the child and logged
+at most once per `MALFORMED_LOG_EVERY_S`; a megabyte without a newline gets the child
+killed. Reaping collects every exited child (`waitpid(-1)` until none is left), reads
+its last words (bye, fatal, the last task ends) before its pipes are closed, and
+hands it back to the supervisor with its exit code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import time
+from collections.abc import Iterator
+
+from cairnqd.daemon.messages import Fatal, Goodbye, MessageError, Ready, decode_child
+from cairnqd.daemon.metrics import Metrics
+from cairnqd.daemon.pipes import PipeError
+from cairnqd.daemon.pool import ChildProcess
+
+log = logging.getLogger("cairnqd.supervisor")
+
+#: A child that keeps writing garbage gets one log line per this many seconds.
+MALFORMED_LOG_EVERY_S = 10.0
+# Messages that change what the loop must do next (the rest are task events).
+_STATE_MESSAGES = (Ready, Goodbye, Fatal)
+
+
+class ChildChannels:
+    def __init__(self, selector: selectors.BaseSelector, metrics: Metrics) -> None:
+        self._selector = selector
+        self._metrics = metrics
+        self._by_fd: dict[int, ChildProcess] = {}
+        self._by_pid: dict[int, ChildProcess] = {}
+
+    def add(self, child: ChildProcess) -> None:
+        """Watch a child just spawned."""
+        self._by_fd[child.events.fd] = child
+        self._by_pid[child.pid] = child
+        self._selector.register(child.events.fd, selectors.EVENT_READ)
+
+    def live(self) -> list[ChildProcess]:
+        """Every child spawned and not yet reaped."""
+        return list(self._by_pid.values())
+
+    def read(self, fd: int) -> bool:
+        """Handle what the child on `fd` sent; True if its state changed (ready, bye,
+        fatal, closed pipe), which the loop acts on at once rather than next tick."""
+        child = self._by_fd.get(fd)
+        if child is None:
+            return False
+        try:
+            lines = child.events.read_lines()
+        except PipeError as exc:
+            log.error("child %d sent garbage (%s); killing it", child.pid, exc)
+            child.kill_reason = "protocol"
+            child.signal(signal.SIGKILL)
+            lines = []
+        changed = False
+        for line in lines:
+            try:
+                message = decode_child(line)
+            except MessageError as exc:
+                self._malformed(child, exc)
+                continue
+            child.on_message(message, time.monotonic())
+            self._metrics.record_event(child.group, child.slot, message)
+            changed |= isinstance(message, _STATE_MESSAGES)
+        if child.events.closed:
+            self._forget_fd(child)
+            changed = True
+        return changed
+
+    def reap(self) -> Iterator[tuple[ChildProcess, int]]:
+        """Every child that has exited, with its `Popen.returncode` (status, or
+        -signal); its last words read and its pipes closed. Other processes
+        reparented to us (a handler's grandchildren) are reaped and ignored."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self._by_pid.pop(pid, None)
+            if child is None:
+                continue
+            code = child.proc.returncode = os.waitstatus_to_exitcode(status)
+            self.read(child.events.fd)
+            self._forget_fd(child)
+            child.close_pipes()
+            yield child, code
+
+    def _forget_fd(self, child: ChildProcess) -> None:
+        if self._by_fd.pop(child.events.fd, None) is not None:
+            self._selector.unregister(child.events.fd)
+
+    def _malformed(self, child: ChildProcess, error: MessageError) -> None:
+        if child.count_malformed(time.monotonic(), MALFORMED_LOG_EVERY_S):
+            log.warning(
+                "child %d of %s wrote a malformed message (%d so far): %s",
+                child.pid, child.group, child.malformed, error,
+            )  # fmt: skip

@@ -1,0 +1,83 @@
+"""`LoopThread`: one daemon thread running one asyncio loop, for database work.
+
+The supervisor's loop must never wait on the database, so each of the parent's
+database duties (maintenance, the metrics collector) runs its coroutines on a
+`LoopThread` of its own, with a store opened inside that thread: a connection
+never crosses threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """One daemon thread running one asyncio loop: database work off the caller's loop.
+
+    `start()` is idempotent; `stop()` stops the loop, cancels what is left on it and
+    joins the thread. Coroutines are handed over with `submit()` from any thread.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        with self._lock:
+            if self.running():
+                return
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=self._run, args=(loop,), name=self.name, daemon=True)
+            self._loop, self._thread = loop, thread
+            thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        loop = self._loop
+        if loop is None or not self.running():
+            coro.close()
+            raise RuntimeError(f"{self.name} is not running")
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Run `callback` on the loop; a no-op once the loop is gone."""
+        loop = self._loop
+        if loop is not None and self.running():
+            with contextlib.suppress(RuntimeError):  # closed between the check and the call
+                loop.call_soon_threadsafe(callback)
+
+    def stop(self, timeout_s: float) -> bool:
+        """Stop the loop and join the thread; False if it did not end in time."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return True
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(max(0.0, timeout_s))
+        return not thread.is_alive()
+
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()

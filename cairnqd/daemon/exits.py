@@ -1,0 +1,136 @@
+"""What the parent does when a child has been reaped.
+
+Design note. First the tasks: a child that did not say goodbye may hold leases, so its
+tasks are handed back at once (`Maintenance.hand_back`, scoped by its worker_id and
+queued only now that waitpid has returned), not when the leases expire. Then what the
+end means for its pool, in this order:
+
+- exit 0 after `bye`: planned (drain, max_tasks, max_memory); its slot refills now.
+- stopped by us (SIGQUIT past a drain deadline, or a hard stop): nothing more.
+- a roll's new child that ended before it took its slot: the roll stops there, the
+  slot keeps its old child, and the reload is reported failed, naming group and slot.
+- exit 78 or a `fatal` message: cannot boot, and the next would not either: the group
+  goes FATAL (or, during a roll, the roll stops instead).
+- anything else, before `ready` or after (a signal during boot included): a crash,
+  paced by the slot's backoff and the group's restart budget; never FATAL by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+
+from cairnqd.daemon.exitcodes import CONFIG, OK
+from cairnqd.daemon.fleet import Fleet
+from cairnqd.daemon.maintenance import Maintenance
+from cairnqd.daemon.metrics import Metrics
+from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot
+
+log = logging.getLogger("cairnqd.supervisor")
+
+
+class ChildExits:
+    def __init__(
+        self,
+        fleet: Fleet,
+        maintenance: Maintenance,
+        metrics: Metrics,
+        roll_failed: Callable[[str], None],
+    ) -> None:
+        self._fleet = fleet
+        self._maintenance = maintenance
+        self._metrics = metrics
+        self._roll_failed = roll_failed
+
+    def on_exit(self, child: ChildProcess, code: int, *, stopping: bool) -> None:
+        """`code` as `Popen.returncode` has it: an exit status, or -signal."""
+        where = self._fleet.detach(child)
+        self._forget_slot_series(child)
+        planned = code == OK and child.bye is not None
+        if not planned:
+            self._maintenance.hand_back(child.worker_id, _handback_reason(child, stopping))
+        described = describe_exit(code)
+        group = where.pool
+        if group is None:
+            log.info("child %d of removed group %s exited (%s)", child.pid, child.group, described)
+        elif planned:
+            log.info("child %d of %s exited (%s)", child.pid, group.name, child.bye)
+            if child.bye not in ("drain", None):
+                self._metrics.child_restart(group.name, str(child.bye))
+        elif child.quit_sent_at is not None:
+            log.info("child %d of %s stopped (%s)", child.pid, group.name, described)
+        elif where.role == "successor" and where.slot is not None:
+            self._failed_successor(group, where.slot, child, described)
+        elif code == CONFIG or child.fatal is not None:
+            self._cannot_boot(group, child, described)
+        else:
+            slot = where.slot if where.role == "slot" and not stopping else None
+            self._crash(group, slot, child, described)
+
+    def _failed_successor(
+        self, group: GroupPool, slot: Slot, child: ChildProcess, described: str
+    ) -> None:
+        error = child.fatal or described
+        if child.kill_reason is not None:
+            error = f"{error} ({child.kill_reason})"
+        when = "before it was ready" if child.ready_at is None else "before it took over"
+        kept = f"generation {slot.child.generation}" if slot.child is not None else "no"
+        message = (
+            f"group {group.name} slot {slot.index}: the new child (pid {child.pid}) ended "
+            f"{when}: {error}; the slot keeps its {kept} child"
+        )
+        if group.stop_roll():
+            log.error("roll of group %s stopped: %s", group.name, message)
+        else:
+            log.error("%s", message)
+        self._roll_failed(message)
+        self._metrics.child_restart(group.name, "boot_failure")
+
+    def _cannot_boot(self, group: GroupPool, child: ChildProcess, described: str) -> None:
+        error = child.fatal or described
+        if group.stop_roll():
+            log.error("roll of group %s stopped: new child cannot boot: %s", group.name, error)
+            self._roll_failed(f"group {group.name} kept generation: {error}")
+            return
+        self._metrics.child_restart(group.name, "boot_failure")
+        group.mark_fatal(error, time.monotonic())
+
+    def _crash(
+        self, group: GroupPool, slot: Slot | None, child: ChildProcess, described: str
+    ) -> None:
+        """`slot` is None when nothing is to be restarted (not a slot's child, or the
+        daemon is stopping)."""
+        if child.kill_reason is None and child.proc.returncode == -signal.SIGKILL:
+            log.warning("child %d of %s was SIGKILLed (possibly OOM-killed)", child.pid, group.name)
+        booting = "" if child.ready_at is not None else " while booting"
+        log.warning("child %d of %s died%s (%s)", child.pid, group.name, booting, described)
+        if slot is None:
+            return
+        reason = (child.kill_reason or "crash") if child.ready_at is not None else "boot_failure"
+        self._metrics.child_restart(group.name, reason)
+        group.on_crash(slot, child, time.monotonic())
+
+    def _forget_slot_series(self, child: ChildProcess) -> None:
+        """A child of a slot that no longer exists (shrunk pool, removed group) took
+        its slot's RSS series with it."""
+        pool = self._fleet.groups.get(child.group)
+        if pool is None or child.slot >= len(pool.slots):
+            self._metrics.remove_child(child.group, child.slot)
+
+
+def _handback_reason(child: ChildProcess, stopping: bool) -> str:
+    if child.kill_reason == "max_run":
+        return "max_run"
+    return "shutdown" if stopping else "worker_exit"
+
+
+def describe_exit(code: int) -> str:
+    """`exit 3`, or `signal SIGKILL` for a child a signal ended (`Popen` convention)."""
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:  # a real-time signal has no name
+        return f"signal {-code}"
