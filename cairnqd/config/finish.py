@@ -42,6 +42,13 @@ def _finish_group(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, 
         message = f"must be at least retry_backoff ({format_duration(low)})"
         ck.error_at((*path, "retry_backoff_max"), message)
         v["retry_backoff_max"] = _INVALID
+    lease, stall = v["lease"], v["stall_timeout"]
+    if _INVALID not in (lease, stall) and stall is not None and stall * 2 > lease:
+        # The stalled child must be gone and its tasks handed back before the lease
+        # it renewed last (up to lease/3 earlier) runs out.
+        message = f"must be at most half the lease ({format_duration(lease)})"
+        ck.error_at((*path, "stall_timeout"), message)
+        v["stall_timeout"] = _INVALID
     return v
 
 

@@ -235,6 +235,9 @@ SCHEMA: tuple[Setting, ...] = (
             "handlers' pace; 0 claims only free slots."),
     Setting("groups.*.lease", _Duration("1s"), "30s", _L,
             "Task lease; children renew it every lease/3."),
+    Setting("groups.*.stall_timeout", _Duration("100ms"), None, _L, nullable=True, doc=
+            "Abort a child whose event loop is blocked this long (a sync call in an async "
+            "handler) and hand its tasks back before their leases expire; null: lease/3."),
     Setting("groups.*.max_run", _Duration("1s"), None, _L, nullable=True, doc=
             "Abort an attempt that runs longer than this; null: no limit."),
     Setting("groups.*.max_tasks_per_child", _Int(1), None, _L, nullable=True, doc=

@@ -58,6 +58,9 @@ class GroupConfig:
     #: "auto" (adaptive) or a fixed count; see `Worker(prefetch=...)`.
     prefetch: int | str
     lease: timedelta
+    #: A child whose event loop stalls this long is aborted and its tasks handed
+    #: back, before their leases can expire; None: a third of `lease`.
+    stall_timeout: timedelta | None
     max_run: timedelta | None
     max_tasks_per_child: int | None
     #: Bytes of RSS.
@@ -68,6 +71,11 @@ class GroupConfig:
     retry_backoff: timedelta
     retry_backoff_max: timedelta
     resources: Mapping[str, int]
+
+    @property
+    def stall_bound(self) -> timedelta:
+        """`stall_timeout`, or its default: a third of the lease."""
+        return self.stall_timeout if self.stall_timeout is not None else self.lease / 3
 
 
 @dataclass(frozen=True)

@@ -258,7 +258,7 @@ metrix: {}
     ) == [
         "cairnq.yaml:8:5: groups.default.leese: unknown key 'leese'; did you mean 'lease'?",
         "cairnq.yaml:9:5: groups.default.colour: unknown key 'colour' (expected one of: "
-        "queues, handlers, processes, concurrency, prefetch, lease, max_run, max_tasks_per_child, "
+        "queues, handlers, processes, concurrency, prefetch, lease, stall_timeout, max_run, max_tasks_per_child, "
         "max_memory, shutdown_timeout, poll_interval, retry_backoff, retry_backoff_max, "
         "resources)",
         "cairnq.yaml:10:1: metrix: unknown key 'metrix'; did you mean 'metrics'?",
@@ -394,6 +394,19 @@ def test_groups(errors: Errors) -> None:
     assert errors(BASE.replace("groups:\n  default:\n    queues: [default]\n", "groups: {}\n")) == [
         "cairnq.yaml:5:9: groups: define at least one group"
     ]
+
+
+def test_stall_timeout_must_leave_room_inside_the_lease(load: Loader, errors: Errors) -> None:
+    assert errors(BASE + "    lease: 30s\n    stall_timeout: 20s\n") == [
+        "cairnq.yaml:9:20: groups.default.stall_timeout: must be at most half the lease (30s)"
+    ]
+    config = load(BASE + "    lease: 30s\n    stall_timeout: 15s\n")
+    assert config.groups["default"].stall_bound.total_seconds() == 15.0
+
+
+def test_stall_timeout_defaults_to_a_third_of_the_lease(load: Loader) -> None:
+    config = load(BASE + "    lease: 3s\n")
+    assert config.groups["default"].stall_bound.total_seconds() == 1.0
 
 
 def test_retry_backoff_max_below_retry_backoff(errors: Errors) -> None:
