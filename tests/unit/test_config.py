@@ -258,9 +258,9 @@ metrix: {}
     ) == [
         "cairnq.yaml:8:5: groups.default.leese: unknown key 'leese'; did you mean 'lease'?",
         "cairnq.yaml:9:5: groups.default.colour: unknown key 'colour' (expected one of: "
-        "queues, handlers, processes, concurrency, prefetch, lease, stall_timeout, max_run, max_tasks_per_child, "
-        "max_memory, shutdown_timeout, poll_interval, retry_backoff, retry_backoff_max, "
-        "resources)",
+        "queues, handlers, processes, concurrency, prefetch, lease, stall_timeout, max_run, "
+        "max_tasks_per_child, max_memory, shutdown_timeout, poll_interval, retry_backoff, "
+        "retry_backoff_max, resources)",
         "cairnq.yaml:10:1: metrix: unknown key 'metrix'; did you mean 'metrics'?",
     ]
 
