@@ -28,7 +28,6 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
-import sqlite3
 import threading
 import time
 from collections import Counter
@@ -37,11 +36,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-import psycopg_pool
 
 from cairnqd.config import Config, DatabaseConfig, PurgeRule, to_ms
-from cairnqd.errors import DatabaseUnavailable, LostLease, StoreClosed
+from cairnqd.errors import LostLease, StoreClosed
 from cairnqd.store.base import Row, TaskStore
+from cairnqd.store.errors import classify
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
@@ -81,15 +80,7 @@ _HAND_BACK_CAUSES = {
 
 def db_error_kind(exc: BaseException) -> str:
     """Classify a database error into the `kind` label: busy, timeout, connect, other."""
-    if isinstance(exc, sqlite3.OperationalError):
-        text = str(exc).lower()
-        return "busy" if "locked" in text or "busy" in text else "other"
-    # Both are OperationalErrors too, so they are tested before the connect case.
-    if isinstance(exc, TimeoutError | psycopg.errors.QueryCanceled | psycopg_pool.PoolTimeout):
-        return "timeout"
-    if isinstance(exc, DatabaseUnavailable | psycopg.OperationalError | OSError):
-        return "connect"
-    return "other"
+    return classify(exc)
 
 
 def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None = None) -> TaskStore:

@@ -38,19 +38,13 @@ from cairnqd.errors import (
     StoreClosed,
 )
 from cairnqd.store.base import Params, Row, Session, TaskStore
+from cairnqd.store.errors import is_sqlite_busy
 from cairnqd.store.migrate import apply_sqlite, pending_sqlite
 
 _OPTIMIZE_EVERY_S = 60.0
 _WAL_RETRY_S = 0.05
 # How often an idle waiter looks at `pragma data_version` (a shared-memory read).
 _WAKE_POLL_S = 0.002
-
-
-def _is_busy(exc: BaseException) -> bool:
-    # SQLITE_BUSY and its extended codes (BUSY_SNAPSHOT, BUSY_RECOVERY); never
-    # SQLITE_LOCKED, which is a same-connection conflict that retrying cannot fix.
-    code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF == 5
 
 
 def _is_memory(path: str) -> bool:
@@ -171,7 +165,7 @@ class SQLiteStore(TaskStore):
                     return
                 raise NotACairnqDatabase(f"{self.path}: cannot switch to WAL (got {mode})")
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() > deadline:
+                if not is_sqlite_busy(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(_WAL_RETRY_S)
 
@@ -269,7 +263,7 @@ class SQLiteStore(TaskStore):
                 try:
                     return self._run(self._connection(), stmt, params)
                 except sqlite3.OperationalError as exc:
-                    if not _is_busy(exc) or budget.spent():
+                    if not is_sqlite_busy(exc) or budget.spent():
                         raise
             await budget.sleep()
 
@@ -299,7 +293,7 @@ class SQLiteStore(TaskStore):
                     try:
                         rows = self._run(self._connection(), write.stmt, write.params)
                     except sqlite3.OperationalError as exc:
-                        if not _is_busy(exc) or budget.spent():
+                        if not is_sqlite_busy(exc) or budget.spent():
                             write.future.set_exception(exc)
                             return
                     except Exception as exc:
@@ -343,7 +337,7 @@ class SQLiteStore(TaskStore):
                 return conn
             except sqlite3.OperationalError as exc:
                 self._lock.release()
-                if not _is_busy(exc) or budget.spent():
+                if not is_sqlite_busy(exc) or budget.spent():
                     raise
             except BaseException:
                 self._lock.release()
