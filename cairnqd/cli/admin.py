@@ -49,8 +49,7 @@ from cairnqd.errors import (
 )
 from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, TERMINAL_STATUSES, Task
 from cairnqd.store.base import TaskStore
-from cairnqd.store.postgres import PostgresStore
-from cairnqd.store.sqlite import SQLiteStore
+from cairnqd.store.factory import store_for
 
 __all__ = ["CliError", "add_parsers", "duration", "load", "table"]
 
@@ -151,16 +150,7 @@ def _json(value: Any) -> str:
 def open_store(config: Config, *, migrate: bool | None = None) -> TaskStore:
     """A store on the configured database. Admin commands migrate only where
     `database.auto_migrate` allows; `cairnqd migrate` always does."""
-    db = config.database
-    apply = db.auto_migrate if migrate is None else migrate
-    if db.path is not None:
-        return SQLiteStore(db.path, busy_timeout_ms=to_ms(db.busy_timeout), migrate=apply)
-    assert db.dsn is not None  # the config guarantees exactly one of path and dsn
-    # One connection: a CLI command runs one statement at a time.
-    timeout = db.connect_timeout.total_seconds()
-    return PostgresStore(
-        db.dsn, min_size=1, max_size=1, connect_timeout_s=timeout, migrate=apply, listen=False
-    )
+    return store_for(config.database, "cli", migrate=migrate)
 
 
 def with_store(

@@ -198,23 +198,17 @@ class Child:
             signal.signal(sig, signal.SIG_IGN)
 
     def _make_store(self) -> TaskStore:
+        from cairnqd.store.factory import build_store
+
         db = self.boot["database"]
-        if db["backend"] == "sqlite":
-            from cairnqd.store.sqlite import SQLiteStore
-
-            return SQLiteStore(
-                db["path"],
-                busy_timeout_ms=int(db.get("busy_timeout_ms", 5000)),
-                migrate=bool(db.get("auto_migrate", True)),
-            )
-        from cairnqd.store.postgres import PostgresStore
-
-        return PostgresStore(
-            db["dsn"],
-            min_size=1,
-            max_size=max(1, int(db.get("connections", 1))),
+        return build_store(
+            "worker",
+            path=db.get("path"),
+            dsn=db.get("dsn"),
+            busy_timeout_ms=int(db.get("busy_timeout_ms", 5000)),
             connect_timeout_s=float(db.get("connect_timeout_s", 10)),
-            migrate=bool(db.get("auto_migrate", True)),
+            auto_migrate=bool(db.get("auto_migrate", True)),
+            connections=int(db.get("connections", 1)),
         )
 
     def _build_worker(self) -> Worker:

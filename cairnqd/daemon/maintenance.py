@@ -41,6 +41,7 @@ from cairnqd.config import Config, DatabaseConfig, PurgeRule, to_ms
 from cairnqd.errors import LostLease, StoreClosed
 from cairnqd.store.base import Row, TaskStore
 from cairnqd.store.errors import classify
+from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
@@ -89,31 +90,7 @@ def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None =
     `statement_timeout_ms` bounds each statement server-side on Postgres and the busy
     wait on SQLite (the metrics collector passes its 2 s scrape budget).
     """
-    if database.backend == "sqlite":
-        assert database.path is not None
-        busy_ms = to_ms(database.busy_timeout)
-        if statement_timeout_ms is not None:
-            busy_ms = min(busy_ms, statement_timeout_ms)
-        return SQLiteStore(database.path, busy_timeout_ms=busy_ms, migrate=database.auto_migrate)
-    assert database.dsn is not None
-    dsn = database.dsn
-    if statement_timeout_ms is not None:
-        dsn = _with_statement_timeout(dsn, statement_timeout_ms)
-    return PostgresStore(
-        dsn,
-        min_size=1,
-        max_size=1,
-        connect_timeout_s=database.connect_timeout.total_seconds(),
-        migrate=database.auto_migrate,
-        listen=False,
-    )
-
-
-def _with_statement_timeout(dsn: str, timeout_ms: int) -> str:
-    # Appended to any `options` the operator set, so theirs still apply.
-    options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
-    timeout = f"{options} -c statement_timeout={int(timeout_ms)}".strip()
-    return psycopg.conninfo.make_conninfo(dsn, options=timeout)
+    return store_for(database, "background", statement_timeout_ms=statement_timeout_ms)
 
 
 class LoopThread:

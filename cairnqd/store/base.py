@@ -165,6 +165,11 @@ class TaskStore(ABC):
             out[table] = [(r["name"], int(r["applied_at_ms"])) for r in rows]
         return out
 
+    async def server_connection_limits(self) -> tuple[int, int] | None:
+        """(max_connections, superuser_reserved_connections) of a database server, or
+        None when there is no server to share (SQLite). Needs no `connect()`."""
+        return None
+
     async def protocol_version(self) -> int:
         rows = await self._fetch("protocol_version", {})
         return int(rows[0]["value"]) if rows else 0

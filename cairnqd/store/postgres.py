@@ -52,6 +52,15 @@ def redact_dsn(dsn: str) -> str:
     return re.sub(r"(password\s*=\s*)\S+", r"\1***", redacted, flags=re.I)
 
 
+def _conninfo(dsn: str, statement_timeout_ms: int | None) -> str:
+    if statement_timeout_ms is None:
+        return dsn
+    # Appended to any `options` the operator set, so theirs still apply.
+    options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
+    timeout = f"{options} -c statement_timeout={int(statement_timeout_ms)}".strip()
+    return psycopg.conninfo.make_conninfo(dsn, options=timeout)
+
+
 def _bind(stmt: Statement, params: Mapping[str, Any]) -> dict[str, Any]:
     bound = {name: params.get(name) for name in stmt.params}
     if "running" in bound:
@@ -81,7 +90,10 @@ class PostgresStore(TaskStore):
         connect_timeout_s: float = 10.0,
         migrate: bool = True,
         listen: bool = True,
+        statement_timeout_ms: int | None = None,
     ) -> None:
+        """`statement_timeout_ms` sets the server's `statement_timeout` on every
+        connection (the daemon's background threads bound their queries with it)."""
         super().__init__()
         # False: no LISTEN connection (a process that never waits on wake-ups, such
         # as the daemon's parent or the CLI, should not hold one).
@@ -93,6 +105,8 @@ class PostgresStore(TaskStore):
         if min_size < 1 or max_size < min_size:
             raise ValueError(f"need 1 <= min_size <= max_size, got {min_size}, {max_size}")
         self.dsn = dsn
+        # What the connections are opened with: the DSN plus our session settings.
+        self.conninfo = _conninfo(dsn, statement_timeout_ms)
         self.schema = schema
         self.min_size = min_size
         self.max_size = max_size
@@ -115,7 +129,7 @@ class PostgresStore(TaskStore):
     async def _open_connection(self) -> AsyncConn:
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.dsn,
+                self.conninfo,
                 autocommit=True,
                 row_factory=dict_row,
                 connect_timeout=max(1, int(self.connect_timeout_s)),
@@ -154,7 +168,7 @@ class PostgresStore(TaskStore):
             row = await probe.fetchone()
             self.json_is_text = row is not None and row["probe"] == '"cairnq"'
         pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
-            self.dsn,
+            self.conninfo,
             min_size=self.min_size,
             max_size=self.max_size,
             kwargs={"autocommit": True, "row_factory": dict_row},
@@ -508,7 +522,7 @@ class _Listener:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self._store.dsn, autocommit=True, connect_timeout=10
+                    self._store.conninfo, autocommit=True, connect_timeout=10
                 )
             except psycopg.Error:
                 await asyncio.sleep(backoff)
