@@ -409,11 +409,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 # -- purge ---------------------------------------------------------------------------------
 
-# SQLite has one writer: pausing between batches lets workers commit (DAEMON.md §5).
-_SQLITE_BATCH_PAUSE_S = 0.05
 
-
-async def _purge(store: TaskStore, rule: PurgeRule, batch: int, pause_s: float) -> int:
+async def _purge(store: TaskStore, rule: PurgeRule, batch: int) -> int:
     total = 0
     while True:
         ids = await store.purge(
@@ -427,7 +424,8 @@ async def _purge(store: TaskStore, rule: PurgeRule, batch: int, pause_s: float) 
         total += deleted
         if deleted < batch:
             return total
-        await asyncio.sleep(pause_s)
+        # SQLite has one writer: pausing between batches lets workers commit.
+        await asyncio.sleep(store.purge_batch_pause_s)
 
 
 def cmd_purge(args: argparse.Namespace) -> int:
@@ -446,8 +444,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
         print(f"would delete {count} task(s): {rule.describe()}")
         return exitcodes.OK
     batch = args.limit or config.retention.batch
-    pause = _SQLITE_BATCH_PAUSE_S if config.database.backend == "sqlite" else 0.0
-    total = with_store(config, lambda store: _purge(store, rule, batch, pause))
+    total = with_store(config, lambda store: _purge(store, rule, batch))
     print(f"deleted {total} task(s): {rule.describe()}")
     return exitcodes.OK
 

@@ -43,8 +43,6 @@ from cairnqd.store.base import Row, TaskStore
 from cairnqd.store.errors import classify
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
-from cairnqd.store.postgres import PostgresStore
-from cairnqd.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
     from cairnqd.daemon.metrics import Metrics
@@ -65,7 +63,6 @@ T = TypeVar("T")
 HAND_BACK_REASONS = ("worker_exit", "shutdown", "max_run")
 #: Second key of the purge lock; the stats leader uses 2 (DAEMON.md §5).
 PURGE_LOCK_ID = 1
-_SQLITE_BATCH_PAUSE_S = 0.05
 _HAND_BACK_ATTEMPTS = 5
 _HAND_BACK_BACKOFF_MAX_S = 8.0
 # The lease-expired envelope's message names why the parent let go of the task.
@@ -464,8 +461,8 @@ class Maintenance:
         try:
             for index, rule in enumerate(rules):
                 deleted += await self._purge_rule(store, index, rule)
-            if deleted and isinstance(store, SQLiteStore):
-                await store.checkpoint_wal()
+            if deleted:
+                await store.after_purge()
         except Exception:
             self._metrics.purge_failed()
             raise
@@ -484,9 +481,9 @@ class Maintenance:
             await self.run_urgent()
             if self._purge_halted():
                 break
-            if batch_no and isinstance(store, SQLiteStore):
+            if batch_no and store.purge_batch_pause_s:
                 # Let the workers' writes in between two of our write transactions.
-                await asyncio.sleep(_SQLITE_BATCH_PAUSE_S)
+                await asyncio.sleep(store.purge_batch_pause_s)
             ids = await store.purge(
                 older_than_ms=to_ms(rule.older_than),
                 queue=rule.queue,
@@ -503,11 +500,8 @@ class Maintenance:
     @contextlib.asynccontextmanager
     async def _sweep_lock(self, store: TaskStore) -> AsyncIterator[bool]:
         # One host per interval on Postgres; SQLite has one host by construction.
-        if not isinstance(store, PostgresStore):
-            yield True
-            return
         namespace = self._config.database.lock_namespace
-        async with store.session_lock(namespace, PURGE_LOCK_ID) as held:
+        async with store.exclusive(namespace, PURGE_LOCK_ID) as held:
             yield held
 
     # -- the store -------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from __future__ import annotations
 import builtins
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cairnqd._ids import new_task_id
@@ -26,6 +26,7 @@ from cairnqd._jsoncodec import dump_json, dump_json_or_empty
 from cairnqd._protocol import Dialect
 from cairnqd.errors import AlreadyExists, LostLease, SerializationError, UnsupportedBackend
 from cairnqd.models import CONFLICTS, STATUSES, TERMINAL_STATUSES, Task, TaskRef, task_name
+from cairnqd.store.leadership import LeaderLock, SoleHost
 
 if TYPE_CHECKING:
     from cairnqd.backpressure import QueueDepthGate
@@ -98,6 +99,9 @@ class TaskStore(ABC):
     dialect: Dialect
     # How this driver returns JSON columns: text to parse (SQLite), or decoded values.
     json_is_text: bool = True
+    #: Seconds a long purge waits between two batches, so the workers' writes get in
+    #: (SQLite has one writer); 0 where writers do not queue behind each other.
+    purge_batch_pause_s: float = 0.0
 
     def __init__(self) -> None:
         self._gate: QueueDepthGate | None = None
@@ -479,6 +483,20 @@ class TaskStore(ABC):
         rows = await self._fetch("purge_count", params, supplied)
         return int(rows[0]["n"])
 
+    async def after_purge(self) -> None:
+        """Tidy up after a purge that deleted rows (SQLite checkpoints its WAL)."""
+
+    # -- leadership among hosts (the daemon's; see store/leadership.py) ----------------
+
+    def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
+        """Hold `(namespace, lock_id)` for the block if no other host does; yields
+        whether it is held, never waiting. One host only reaches this database here."""
+        return _always_held()
+
+    def leader_lock(self, namespace: int, lock_id: int) -> LeaderLock:
+        """Leadership on `(namespace, lock_id)` kept across calls; always held here."""
+        return SoleHost(namespace, lock_id)
+
     # -- claiming ----------------------------------------------------------------------
 
     def _register_wakeable(self, queues: Sequence[str]) -> None:
@@ -701,6 +719,11 @@ class TaskStore(ABC):
 
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
         await _sleep_ms(timeout_ms)
+
+
+@asynccontextmanager
+async def _always_held() -> AsyncIterator[bool]:
+    yield True
 
 
 def _claim_variant(queues: list[str], names: Sequence[str] | None) -> tuple[str, Params]:

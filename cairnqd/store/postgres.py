@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -28,7 +28,8 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from cairnqd._jsoncodec import dump_json, load_json
-from cairnqd._protocol import Statement, statement
+from cairnqd._protocol import statement
+from cairnqd.config import redact_dsn
 from cairnqd.errors import (
     DatabaseUnavailable,
     LostLease,
@@ -38,42 +39,13 @@ from cairnqd.errors import (
 )
 from cairnqd.models import Task
 from cairnqd.store.base import Params, Row, Session, TaskStore
+from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.migrate import apply_postgres, pending_postgres
+from cairnqd.store.pg_connect import AsyncConn, run, session_conninfo
+from cairnqd.store.pg_leadership import HeldSessionLock, session_lock
 
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
-
-AsyncConn = psycopg.AsyncConnection[dict[str, Any]]
-
-
-def redact_dsn(dsn: str) -> str:
-    """A DSN fit for an error message: the password replaced."""
-    redacted = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)\S+", r"\1***", redacted, flags=re.I)
-
-
-def _conninfo(dsn: str, statement_timeout_ms: int | None) -> str:
-    if statement_timeout_ms is None:
-        return dsn
-    # Appended to any `options` the operator set, so theirs still apply.
-    options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
-    timeout = f"{options} -c statement_timeout={int(statement_timeout_ms)}".strip()
-    return psycopg.conninfo.make_conninfo(dsn, options=timeout)
-
-
-def _bind(stmt: Statement, params: Mapping[str, Any]) -> dict[str, Any]:
-    bound = {name: params.get(name) for name in stmt.params}
-    if "running" in bound:
-        bound["running"] = "running"
-    return bound
-
-
-async def _run(conn: AsyncConn, stmt: Statement, params: Mapping[str, Any]) -> list[Row]:
-    cursor = await conn.execute(stmt.text, _bind(stmt, params))
-    if cursor.description is None:
-        return []
-    rows: list[Row] = list(await cursor.fetchall())
-    return rows
 
 
 class PostgresStore(TaskStore):
@@ -106,7 +78,7 @@ class PostgresStore(TaskStore):
             raise ValueError(f"need 1 <= min_size <= max_size, got {min_size}, {max_size}")
         self.dsn = dsn
         # What the connections are opened with: the DSN plus our session settings.
-        self.conninfo = _conninfo(dsn, statement_timeout_ms)
+        self.conninfo = session_conninfo(dsn, statement_timeout_ms=statement_timeout_ms)
         self.schema = schema
         self.min_size = min_size
         self.max_size = max_size
@@ -126,7 +98,9 @@ class PostgresStore(TaskStore):
             # Quoted, so a mixed-case schema name keeps its case.
             await conn.execute(sql.SQL("set search_path to {}").format(sql.Identifier(self.schema)))
 
-    async def _open_connection(self) -> AsyncConn:
+    async def dedicated_connection(self) -> AsyncConn:
+        """A new connection outside the pool, configured like the pool's, that the
+        caller closes: for connect's checks and the daemon's leadership sessions."""
         try:
             conn = await psycopg.AsyncConnection.connect(
                 self.conninfo,
@@ -152,13 +126,13 @@ class PostgresStore(TaskStore):
         if self._pool is not None:
             return
         self._ever_connected = True
-        async with await self._open_connection() as conn:
+        async with await self.dedicated_connection() as conn:
             await self._check_installation(conn)
             if self.migrate:
                 await apply_postgres(conn)
             elif pending := await pending_postgres(conn):
                 raise MigrationsPending(redact_dsn(self.dsn), pending)
-            version = await _run(conn, statement("postgres", "protocol_version"), {})
+            version = await run(conn, statement("postgres", "protocol_version"), {})
             found = int(version[0]["value"]) if version else 0
             if found != 1:
                 raise ProtocolVersionMismatch(
@@ -189,7 +163,7 @@ class PostgresStore(TaskStore):
 
     async def _check_installation(self, conn: AsyncConn) -> None:
         """Refuse to build a second, invisible installation beside an existing one."""
-        rows = await _run(conn, statement("postgres", "installations"), {})
+        rows = await run(conn, statement("postgres", "installations"), {})
         current = rows[0]["current_schema"] if rows else None
         found = [r["schema"] for r in rows if r["schema"] is not None]
         if self.schema is not None:
@@ -235,7 +209,7 @@ class PostgresStore(TaskStore):
         await self._ensure_connected()
         stmt = statement("postgres", op, supplied)
         async with self._require_pool().connection() as conn:
-            return await _run(conn, stmt, params)
+            return await run(conn, stmt, params)
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Session]:
@@ -306,7 +280,7 @@ class PostgresStore(TaskStore):
         async with self._require_pool().connection() as conn, conn.transaction():
             value = await write(UserSession(conn))
             encoded = None if value is None else dump_json(value, what="result")
-            rows = await _run(
+            rows = await run(
                 conn,
                 statement("postgres", "complete"),
                 {"id": task_id, "worker_id": worker_id, "result": encoded},
@@ -320,97 +294,19 @@ class PostgresStore(TaskStore):
     async def server_connection_limits(self) -> tuple[int, int]:
         """(max_connections, superuser_reserved_connections) of the server. Works on a
         store that is not connected: the daemon asks before anything is migrated."""
-        async with await self._open_connection() as conn:
-            rows = await _run(conn, statement("postgres", "connection_limits"), {})
+        async with await self.dedicated_connection() as conn:
+            rows = await run(conn, statement("postgres", "connection_limits"), {})
         return int(rows[0]["max_connections"]), int(rows[0]["reserved"])
 
-    @asynccontextmanager
-    async def session_lock(self, namespace: int, lock_id: int) -> AsyncIterator[bool]:
-        """Try `pg_try_advisory_lock(namespace, lock_id)` on a dedicated session and
-        hold it for the block; yields whether it was taken (False: another session has
-        it, so skip the work). Never waits for the lock.
+    def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
+        """The advisory lock `(namespace, lock_id)` on a session of its own, for the
+        block; yields False at once when another session holds it."""
+        return session_lock(self.dedicated_connection, namespace, lock_id)
 
-        The session is not a pool connection: a session lock would outlive the block
-        on a pooled connection handed to the next borrower. Closing the session on exit
-        frees the lock even when the explicit unlock fails (the server is gone).
-        """
-        params = {"lock_namespace": namespace, "lock_id": lock_id}
-        async with await self._open_connection() as conn:
-            rows = await _run(conn, statement("postgres", "try_session_lock"), params)
-            held = bool(rows and rows[0]["locked"])
-            try:
-                yield held
-            finally:
-                if held and not conn.closed:
-                    with contextlib.suppress(psycopg.Error):
-                        await _run(conn, statement("postgres", "release_session_lock"), params)
-
-    def held_session_lock(self, namespace: int, lock_id: int) -> HeldSessionLock:
-        """A session lock to keep across many calls (the stats leader's); see
-        `HeldSessionLock`. Nothing is opened until its first `ensure()`."""
-        return HeldSessionLock(self, namespace, lock_id)
-
-
-class HeldSessionLock:
-    """`pg_try_advisory_lock(namespace, lock_id)` kept for as long as its own session
-    lives: leadership that lasts until the holder closes it or its connection dies,
-    when Postgres frees the lock for the next host that asks.
-
-    Not for a pool connection, for the reason `session_lock` gives. `ensure()` is
-    called once per unit of leader-only work: it proves a held lock's session is
-    still alive (a session lock cannot be lost any other way: only its own session
-    can unlock it), or tries to take the lock when not held. Any failure closes the
-    session, so "held" never outlives the session that took it. Not thread-safe:
-    use it from one event loop.
-    """
-
-    def __init__(self, store: PostgresStore, namespace: int, lock_id: int) -> None:
-        self._store = store
-        self.key = (namespace, lock_id)
-        self._conn: AsyncConn | None = None
-        self._held = False
-
-    async def ensure(self) -> bool:
-        """Whether this session holds the lock now; never waits for the lock. Raises
-        (with the session closed) when the database cannot be reached."""
-        try:
-            if self._held and self._conn is not None:
-                try:
-                    # A round trip on the holding session; no lock call, as a second
-                    # pg_try_advisory_lock would stack another hold on this one.
-                    await self._conn.execute("select 1")
-                    return True
-                except psycopg.Error:
-                    await self._drop()  # the session is gone, and the lock with it
-            if self._conn is None or self._conn.closed:
-                self._conn = await self._store._open_connection()
-            params = {"lock_namespace": self.key[0], "lock_id": self.key[1]}
-            rows = await _run(self._conn, statement("postgres", "try_session_lock"), params)
-        except BaseException:
-            # Also on cancellation (a timed-out caller): the lock may have been taken
-            # with its answer lost, and closing the session is the one sure release.
-            await self._drop()
-            raise
-        self._held = bool(rows and rows[0]["locked"])
-        return self._held
-
-    async def close(self) -> None:
-        """Give the lock up and end the session. Idempotent."""
-        await self._drop(unlock=True)
-
-    async def _drop(self, *, unlock: bool = False) -> None:
-        conn, self._conn, held, self._held = self._conn, None, self._held, False
-        if conn is None:
-            return
-        with contextlib.suppress(psycopg.Error, OSError):
-            if unlock and held and not conn.closed:
-                # The server frees a closed session's locks only once its backend has
-                # exited, a moment after we hang up; unlocking first lets the next
-                # host take over on its very next try.
-                params = {"lock_namespace": self.key[0], "lock_id": self.key[1]}
-                await _run(conn, statement("postgres", "release_session_lock"), params)
-        with contextlib.suppress(psycopg.Error, OSError):
-            await conn.close()
+    def leader_lock(self, namespace: int, lock_id: int) -> LeaderLock:
+        """The advisory lock kept on a session of its own across calls (the stats
+        leader's). Nothing is opened until its first `ensure()`."""
+        return HeldSessionLock(self.dedicated_connection, namespace, lock_id)
 
 
 class _PgSession:
@@ -420,7 +316,7 @@ class _PgSession:
     async def fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
-        return await _run(self._conn, statement("postgres", op, supplied), params)
+        return await run(self._conn, statement("postgres", op, supplied), params)
 
 
 class UserSession:

@@ -63,6 +63,7 @@ class _Write:
 class SQLiteStore(TaskStore):
     dialect = "sqlite"
     json_is_text = True
+    purge_batch_pause_s = 0.05
 
     def __init__(
         self,
@@ -408,9 +409,9 @@ class SQLiteStore(TaskStore):
 
     # -- daemon maintenance ------------------------------------------------------------
 
-    async def checkpoint_wal(self) -> None:
-        """Passive WAL checkpoint after a purge that deleted rows: keeps the WAL small
-        without waiting on (or stalling) any reader or writer."""
+    async def after_purge(self) -> None:
+        """A passive WAL checkpoint: keeps the WAL small after a purge without waiting
+        on (or stalling) any reader or writer."""
         await self._fetch("wal_checkpoint", {})
 
 

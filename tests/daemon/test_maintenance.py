@@ -409,9 +409,9 @@ async def test_postgres_skips_the_sweep_while_another_session_holds_the_lock(
 async def test_postgres_session_lock_is_in_the_two_key_space(
     pg_dsn: str, pg_store: PostgresStore
 ) -> None:
-    async with pg_store.session_lock(1234, PURGE_LOCK_ID) as held:
+    async with pg_store.exclusive(1234, PURGE_LOCK_ID) as held:
         assert held
-        async with pg_store.session_lock(1234, PURGE_LOCK_ID) as again:
+        async with pg_store.exclusive(1234, PURGE_LOCK_ID) as again:
             assert not again  # another session: never waits, just says no
         with psycopg.connect(pg_dsn) as conn:
             rows = conn.execute(
@@ -420,7 +420,11 @@ async def test_postgres_session_lock_is_in_the_two_key_space(
             ).fetchall()
         assert (1234, PURGE_LOCK_ID, 2) in rows
     with psycopg.connect(pg_dsn) as conn:
-        left = conn.execute("select count(*) from pg_locks where locktype = 'advisory'")
+        # This database's locks only: other suites may hold advisory locks on the server.
+        left = conn.execute(
+            "select count(*) from pg_locks where locktype = 'advisory' and database = "
+            "(select oid from pg_database where datname = current_database())"
+        )
         assert left.fetchone() == (0,)
 
 

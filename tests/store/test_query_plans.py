@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql as psql
 
 from cairnqd._protocol import _PARAM, raw_sql, specialize, statement
-from cairnqd.store import postgres as pg_store
+from cairnqd.store import pg_connect
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
 
@@ -297,7 +297,7 @@ PG_IDS = [
 def _pg_explain_custom(dsn: str, op: str, params: dict[str, Any]) -> list[str]:
     stmt = statement("postgres", op)
     with psycopg.connect(dsn) as conn:
-        rows = conn.execute("explain " + stmt.text, pg_store._bind(stmt, params)).fetchall()  # type: ignore[arg-type]
+        rows = conn.execute("explain " + stmt.text, pg_connect.bind(stmt, params)).fetchall()  # type: ignore[arg-type]
     return [r[0] for r in rows]
 
 
@@ -308,7 +308,7 @@ def _pg_explain_generic(
     text = specialize(raw_sql("postgres", op), supplied)
     names = list(dict.fromkeys(_PARAM.findall(text)))
     positional = _PARAM.sub(lambda m: f"${names.index(m.group(1)) + 1}", text)
-    values = pg_store._bind(statement("postgres", op, supplied), params)
+    values = pg_connect.bind(statement("postgres", op, supplied), params)
     with psycopg.connect(dsn) as conn:
         conn.execute("set plan_cache_mode = force_generic_plan")
         conn.execute(f"prepare probe as {positional}")  # type: ignore[arg-type]
