@@ -15,33 +15,45 @@ any dialect might bind (relative times such as `lease_ms`, `delay_ms`,
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cairnqd._ids import new_task_id
-from cairnqd._jsoncodec import dump_json, dump_json_or_empty
+from cairnqd._jsoncodec import dump_json
 from cairnqd._protocol import Dialect
-from cairnqd.errors import AlreadyExists, LostLease, SerializationError, UnsupportedBackend
-from cairnqd.models import CONFLICTS, STATUSES, TERMINAL_STATUSES, Task, TaskRef, task_name
+from cairnqd.errors import (
+    AlreadyExists,
+    ErrorEnvelope,
+    LostLease,
+    SerializationError,
+    UnsupportedBackend,
+)
+from cairnqd.models import STATUSES, TERMINAL_STATUSES, Task, TaskRef
+from cairnqd.store.arguments import (
+    Params,
+    SubmitRequest,
+    check_status_filter,
+    optional_filters,
+    require_int,
+    require_str,
+)
 from cairnqd.store.leadership import LeaderLock, SoleHost
 
 if TYPE_CHECKING:
     from cairnqd.backpressure import QueueDepthGate
 
 Row = Mapping[str, Any]
-Params = dict[str, Any]
 
-LEASE_EXPIRED_ERROR: dict[str, Any] = {
-    "type": "LeaseExpired",
-    "code": "lease_expired",
-    "message": "task lease expired and max attempts reached",
-    "retryable": False,
-    "details": {},
-}
-LEASE_EXPIRED_ERROR_JSON = dump_json(LEASE_EXPIRED_ERROR)
+#: What recovery stores on a task whose lease ran out on its last attempt.
+LEASE_EXPIRED = ErrorEnvelope(
+    type="LeaseExpired",
+    code="lease_expired",
+    message="task lease expired and max attempts reached",
+)
+LEASE_EXPIRED_ERROR_JSON = dump_json(LEASE_EXPIRED.to_dict())
 
 _LIVE = frozenset({"queued", "running"})
 # Which existing task each conflict strategy hands back instead of inserting.
@@ -62,35 +74,6 @@ class Session(Protocol):
 
 
 ClaimDraw = Callable[[Sequence[str] | None, int], Awaitable[list[Task]]]
-
-
-# -- argument checks ------------------------------------------------------------------
-# Each names the argument, so a bad call is diagnosed where it was made, not by a
-# CHECK constraint deep in the driver.
-
-
-def _require_str(value: Any, arg: str, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{arg} must be a non-empty string, got {value!r}")
-
-
-def _require_int(value: Any, arg: str, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{arg} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{arg} must be >= {minimum}, got {value}")
-    return value
-
-
-def _check_status_filter(status: Any, arg: str, allowed: Sequence[str]) -> None:
-    if status is not None and status not in allowed:
-        raise ValueError(f"{arg} must be one of {', '.join(allowed)}; got {status!r}")
-
-
-def _optional_filters(params: Mapping[str, Any], names: Sequence[str]) -> frozenset[str]:
-    return frozenset(n for n in names if params.get(n) is not None)
 
 
 class TaskStore(ABC):
@@ -180,56 +163,6 @@ class TaskStore(ABC):
 
     # -- submit ------------------------------------------------------------------------
 
-    def _submit_params(
-        self,
-        *,
-        name: str,
-        payload: Any,
-        queue: str,
-        key: str | None,
-        conflict: str,
-        max_attempts: int,
-        priority: int,
-        metadata: Any,
-        parent_id: str | None,
-        root_id: str | None,
-        correlation_id: str | None,
-        delay_ms: int,
-    ) -> Params:
-        if conflict not in CONFLICTS:
-            raise ValueError(f"conflict must be one of {', '.join(CONFLICTS)}; got {conflict!r}")
-        _require_int(max_attempts, "max_attempts", minimum=1)
-        _require_int(delay_ms, "delay_ms", minimum=0)
-        _require_int(priority, "priority")
-        _require_str(name, "name")
-        _require_str(queue, "queue")
-        _require_str(key, "key", optional=True)
-        for arg, value in (
-            ("parent_id", parent_id),
-            ("root_id", root_id),
-            ("correlation_id", correlation_id),
-        ):
-            _require_str(value, arg, optional=True)
-        task_id = new_task_id()
-        return {
-            "id": task_id,
-            "name": name,
-            "queue": queue,
-            "payload": dump_json_or_empty(payload, what="payload"),
-            "metadata": dump_json_or_empty(metadata, what="metadata"),
-            # The values themselves, for tasks built without reading the row back.
-            "payload_value": {} if payload is None else payload,
-            "metadata_value": {} if metadata is None else metadata,
-            "max_attempts": max_attempts,
-            "priority": priority,
-            "parent_id": parent_id,
-            "root_id": root_id if root_id is not None else task_id,
-            "correlation_id": correlation_id,
-            "delay_ms": delay_ms,
-            "key": key,
-            "conflict": conflict,
-        }
-
     async def submit(
         self,
         *,
@@ -246,7 +179,7 @@ class TaskStore(ABC):
         correlation_id: str | None = None,
         delay_ms: int = 0,
     ) -> Task:
-        params = self._submit_params(
+        request = SubmitRequest(
             name=name,
             payload=payload,
             queue=queue,
@@ -260,6 +193,7 @@ class TaskStore(ABC):
             correlation_id=correlation_id,
             delay_ms=delay_ms,
         )
+        params = request.insert_params()
         if self._gate is not None:
             await self._gate.admit(queue)
         if key is None:
@@ -299,7 +233,7 @@ class TaskStore(ABC):
             if not isinstance(item, Mapping):
                 raise ValueError(f"tasks[{index}] must be a mapping of submit arguments")
             try:
-                prepared.append(self._submit_params(**_submit_defaults(item)))
+                prepared.append(SubmitRequest.from_mapping(item).insert_params())
             except TypeError as exc:
                 raise ValueError(f"tasks[{index}]: {exc}") from None
             except (ValueError, SerializationError) as exc:
@@ -345,22 +279,22 @@ class TaskStore(ABC):
     # -- reads -------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> Task | None:
-        _require_str(task_id, "task_id")
+        require_str(task_id, "task_id")
         rows = await self._fetch("get", {"id": task_id})
         return self._task(rows[0]) if rows else None
 
     async def get_by_key(self, key: str) -> Task | None:
-        _require_str(key, "key")
+        require_str(key, "key")
         rows = await self._fetch("get_by_key", {"key": key})
         return self._task(rows[0]) if rows else None
 
     async def get_status(self, task_id: str) -> TaskRef | None:
-        _require_str(task_id, "task_id")
+        require_str(task_id, "task_id")
         rows = await self._fetch("get_status", {"id": task_id})
         return TaskRef.from_row(rows[0]) if rows else None
 
     async def get_status_by_key(self, key: str) -> TaskRef | None:
-        _require_str(key, "key")
+        require_str(key, "key")
         rows = await self._fetch("get_status_by_key", {"key": key})
         return TaskRef.from_row(rows[0]) if rows else None
 
@@ -375,9 +309,9 @@ class TaskStore(ABC):
         limit: int = 100,
         offset: int = 0,
     ) -> list[Task]:
-        _check_status_filter(status, "status", STATUSES)
-        _require_int(limit, "limit", minimum=0)
-        _require_int(offset, "offset", minimum=0)
+        check_status_filter(status, "status", STATUSES)
+        require_int(limit, "limit", minimum=0)
+        require_int(offset, "offset", minimum=0)
         params: Params = {
             "status": status,
             "queue": queue,
@@ -387,15 +321,15 @@ class TaskStore(ABC):
             "limit": limit,
             "offset": offset,
         }
-        supplied = _optional_filters(
+        supplied = optional_filters(
             params, ("status", "queue", "name", "root_id", "correlation_id")
         )
         return self._tasks(await self._fetch("list", params, supplied))
 
     async def stats(self, queue: str | None = None) -> dict[str, dict[str, int]]:
-        _require_str(queue, "queue", optional=True)
+        require_str(queue, "queue", optional=True)
         params: Params = {"queue": queue}
-        rows = await self._fetch("stats", params, _optional_filters(params, ("queue",)))
+        rows = await self._fetch("stats", params, optional_filters(params, ("queue",)))
         out: dict[str, dict[str, int]] = {}
         if queue is not None:
             out[queue] = dict.fromkeys(STATUSES, 0)
@@ -405,25 +339,25 @@ class TaskStore(ABC):
         return out
 
     async def queue_depth(self, queue: str, max_depth: int) -> int:
-        _require_str(queue, "queue")
-        _require_int(max_depth, "max_depth", minimum=0)
+        require_str(queue, "queue")
+        require_int(max_depth, "max_depth", minimum=0)
         rows = await self._fetch("queue_depth", {"queue": queue, "max_depth": max_depth})
         return int(rows[0]["headroom"])
 
     # -- control -----------------------------------------------------------------------
 
     async def cancel(self, task_id: str) -> Task | None:
-        _require_str(task_id, "task_id")
+        require_str(task_id, "task_id")
         rows = await self._fetch("cancel", {"id": task_id})
         return self._task(rows[0]) if rows else None
 
     async def retry(self, task_id: str, *, reset_attempt: bool = False) -> Task | None:
-        _require_str(task_id, "task_id")
+        require_str(task_id, "task_id")
         rows = await self._fetch("retry", {"id": task_id, "reset_attempt": bool(reset_attempt)})
         return self._task(rows[0]) if rows else None
 
     async def _by_key(self, key: str, op: str, params: Params) -> Task | None:
-        _require_str(key, "key")
+        require_str(key, "key")
         async with self._transaction() as session:
             await self._lock_key(session, key)
             key_rows = await session.fetch("get_key", {"key": key})
@@ -446,9 +380,9 @@ class TaskStore(ABC):
         name: str | None,
         limit: int,
     ) -> tuple[Params, frozenset[str]]:
-        _require_int(older_than_ms, "older_than_ms", minimum=0)
-        _require_int(limit, "limit", minimum=1)
-        _check_status_filter(status, "status", sorted(TERMINAL_STATUSES))
+        require_int(older_than_ms, "older_than_ms", minimum=0)
+        require_int(limit, "limit", minimum=1)
+        check_status_filter(status, "status", sorted(TERMINAL_STATUSES))
         params: Params = {
             "older_than_ms": older_than_ms,
             "queue": queue,
@@ -456,7 +390,7 @@ class TaskStore(ABC):
             "name": name,
             "limit": limit,
         }
-        return params, _optional_filters(params, ("queue", "status", "name"))
+        return params, optional_filters(params, ("queue", "status", "name"))
 
     async def purge(
         self,
@@ -546,9 +480,9 @@ class TaskStore(ABC):
         if not queue_list:
             raise ValueError("queues must name at least one queue")
         for q in queue_list:
-            _require_str(q, "queues[]")
-        _require_str(worker_id, "worker_id")
-        _require_int(lease_ms, "lease_ms", minimum=1)
+            require_str(q, "queues[]")
+        require_str(worker_id, "worker_id")
+        require_int(lease_ms, "lease_ms", minimum=1)
         name_list = None if names is None else list(names)
         self._register_wakeable(queue_list)
         # Taken on every claim, so a hint never outlives the wake-up that set it.
@@ -590,8 +524,8 @@ class TaskStore(ABC):
         lease-expired envelope carrying `message`. For a worker known to be dead (the
         daemon calls it after reaping the process), never for a live one.
         Returns the rows changed: id, queue, name and new status."""
-        _require_str(worker_id, "worker_id")
-        error = dump_json({**LEASE_EXPIRED_ERROR, "message": message})
+        require_str(worker_id, "worker_id")
+        error = dump_json(dataclasses.replace(LEASE_EXPIRED, message=message).to_dict())
         async with self._transaction() as session:
             return await session.fetch("release_worker", {"worker_id": worker_id, "error": error})
 
@@ -669,11 +603,11 @@ class TaskStore(ABC):
         *,
         task_id: str,
         worker_id: str,
-        error: Mapping[str, Any],
+        error: Mapping[str, Any] | ErrorEnvelope,
         retryable: bool = True,
         delay_ms: int = 0,
     ) -> Task:
-        _require_int(delay_ms, "delay_ms", minimum=0)
+        require_int(delay_ms, "delay_ms", minimum=0)
         return await self._owned(
             "fail",
             task_id,
@@ -796,8 +730,10 @@ def _complete_many_params(worker_id: str, items: Sequence[tuple[str, str | None]
     return {"worker_id": worker_id, "items": dump_json([{"id": i, "r": r} for i, r in items])}
 
 
-def encode_error(error: Mapping[str, Any]) -> str:
+def encode_error(error: Mapping[str, Any] | ErrorEnvelope) -> str:
     """Serialize an error envelope; one that JSON cannot carry keeps its string fields."""
+    if isinstance(error, ErrorEnvelope):
+        error = error.to_dict()
     try:
         return dump_json(dict(error), what="error")
     except Exception:
@@ -807,50 +743,10 @@ def encode_error(error: Mapping[str, Any]) -> str:
         )
 
 
-_SUBMIT_ARGS = frozenset(
-    {
-        "name",
-        "payload",
-        "queue",
-        "key",
-        "conflict",
-        "max_attempts",
-        "priority",
-        "metadata",
-        "parent_id",
-        "root_id",
-        "correlation_id",
-        "delay_ms",
-    }
-)
-
-
-def _submit_defaults(item: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = item.keys() - _SUBMIT_ARGS
-    if unknown:
-        raise TypeError(f"unknown submit argument(s): {', '.join(sorted(unknown))}")
-    if "name" not in item:
-        raise TypeError("missing 'name'")
-    return {
-        "name": task_name(item["name"]),
-        "payload": item.get("payload"),
-        "queue": item.get("queue", "default"),
-        "key": item.get("key"),
-        "conflict": item.get("conflict", "reuse"),
-        "max_attempts": item.get("max_attempts", 3),
-        "priority": item.get("priority", 0),
-        "metadata": item.get("metadata"),
-        "parent_id": item.get("parent_id"),
-        "root_id": item.get("root_id"),
-        "correlation_id": item.get("correlation_id"),
-        "delay_ms": item.get("delay_ms", 0),
-    }
-
-
 async def _sleep_ms(ms: int) -> None:
     import asyncio
 
     await asyncio.sleep(max(0, ms) / 1000)
 
 
-__all__ = ["LEASE_EXPIRED_ERROR", "ClaimDraw", "Row", "Session", "TaskStore"]
+__all__ = ["LEASE_EXPIRED", "ClaimDraw", "Params", "Row", "Session", "TaskStore"]
