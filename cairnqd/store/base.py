@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import math
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -73,6 +74,17 @@ class Session(Protocol):
     ) -> list[Row]: ...
 
 
+Clock = Callable[[], int]
+"""Epoch milliseconds. SQLite binds a store's clock into every statement that reads the
+time; Postgres reads the server's clock instead, and an injected clock only moves the
+retention cut-offs (`purge`, `count_purgeable`): enough to age rows in a test without
+waiting, while leases and due times stay on the one clock all hosts share."""
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
 ClaimDraw = Callable[[Sequence[str] | None, int], Awaitable[list[Task]]]
 
 
@@ -86,7 +98,11 @@ class TaskStore(ABC):
     #: (SQLite has one writer); 0 where writers do not queue behind each other.
     purge_batch_pause_s: float = 0.0
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        # Injected: what this store's statements read as now (see Clock). Kept apart
+        # from now_ms so a dialect with a clock of its own knows when it is overridden.
+        self.clock = clock
+        self.now_ms: Clock = clock if clock is not None else wall_clock_ms
         self._gate: QueueDepthGate | None = None
         self._retention: Any = None
 
@@ -749,4 +765,4 @@ async def _sleep_ms(ms: int) -> None:
     await asyncio.sleep(max(0, ms) / 1000)
 
 
-__all__ = ["LEASE_EXPIRED", "ClaimDraw", "Params", "Row", "Session", "TaskStore"]
+__all__ = ["LEASE_EXPIRED", "ClaimDraw", "Clock", "Params", "Row", "Session", "TaskStore"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Literal
 
 from cairnqd.config import DatabaseConfig, to_ms
-from cairnqd.store.base import TaskStore
+from cairnqd.store.base import Clock, TaskStore
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
 
@@ -33,6 +33,7 @@ def store_for(
     *,
     statement_timeout_ms: int | None = None,
     migrate: bool | None = None,
+    clock: Clock | None = None,
 ) -> TaskStore:
     """A store on the configured database for `purpose`. `migrate` overrides
     `database.auto_migrate` (`cairnqd migrate` always applies)."""
@@ -45,6 +46,7 @@ def store_for(
         auto_migrate=database.auto_migrate if migrate is None else migrate,
         connections=database.connections_per_child,
         statement_timeout_ms=statement_timeout_ms,
+        clock=clock,
     )
 
 
@@ -58,11 +60,13 @@ def build_store(
     auto_migrate: bool = True,
     connections: int = 1,
     statement_timeout_ms: int | None = None,
+    clock: Clock | None = None,
 ) -> TaskStore:
     """A store on the SQLite file `path` or the Postgres `dsn` (exactly one of them).
 
     `connections` sizes a worker's pool; the other purposes always use one connection.
-    `statement_timeout_ms` bounds each statement (see the module docstring).
+    `statement_timeout_ms` bounds each statement (see the module docstring); `clock`
+    is for tests (see `Clock`).
     """
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {', '.join(PURPOSES)}; got {purpose!r}")
@@ -71,7 +75,7 @@ def build_store(
     if path is not None:
         if statement_timeout_ms is not None:
             busy_timeout_ms = min(busy_timeout_ms, statement_timeout_ms)
-        return SQLiteStore(path, busy_timeout_ms=busy_timeout_ms, migrate=auto_migrate)
+        return SQLiteStore(path, busy_timeout_ms=busy_timeout_ms, migrate=auto_migrate, clock=clock)
     assert dsn is not None
     return PostgresStore(
         dsn,
@@ -81,6 +85,7 @@ def build_store(
         migrate=auto_migrate,
         listen=purpose == "worker",
         statement_timeout_ms=statement_timeout_ms,
+        clock=clock,
     )
 
 

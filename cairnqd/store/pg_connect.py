@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from cairnqd._protocol import Statement
-from cairnqd.store.base import Row
+from cairnqd.store.base import Clock, Row
 
 AsyncConn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -25,17 +25,22 @@ def session_conninfo(dsn: str, *, statement_timeout_ms: int | None = None) -> st
     return psycopg.conninfo.make_conninfo(dsn, options=timeout)
 
 
-def bind(stmt: Statement, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The values `stmt` names, from a superset of parameters."""
+def bind(stmt: Statement, params: Mapping[str, Any], clock: Clock | None = None) -> dict[str, Any]:
+    """The values `stmt` names, from a superset of parameters. A statement that names
+    `now_ms` reads the server clock when it is bound NULL, `clock` when one is given."""
     bound = {name: params.get(name) for name in stmt.params}
     if "running" in bound:
         bound["running"] = "running"
+    if clock is not None and "now_ms" in bound:
+        bound["now_ms"] = clock()
     return bound
 
 
-async def run(conn: AsyncConn, stmt: Statement, params: Mapping[str, Any]) -> list[Row]:
+async def run(
+    conn: AsyncConn, stmt: Statement, params: Mapping[str, Any], clock: Clock | None = None
+) -> list[Row]:
     """Run one statement; its rows, or [] for a statement that returns none."""
-    cursor = await conn.execute(stmt.text, bind(stmt, params))
+    cursor = await conn.execute(stmt.text, bind(stmt, params, clock))
     if cursor.description is None:
         return []
     rows: list[Row] = list(await cursor.fetchall())

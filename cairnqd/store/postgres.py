@@ -38,7 +38,7 @@ from cairnqd.errors import (
     SchemaMismatch,
 )
 from cairnqd.models import Task
-from cairnqd.store.base import Params, Row, Session, TaskStore
+from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
 from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.migrate import apply_postgres, pending_postgres
 from cairnqd.store.pg_connect import AsyncConn, run, session_conninfo
@@ -63,10 +63,12 @@ class PostgresStore(TaskStore):
         migrate: bool = True,
         listen: bool = True,
         statement_timeout_ms: int | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """`statement_timeout_ms` sets the server's `statement_timeout` on every
-        connection (the daemon's background threads bound their queries with it)."""
-        super().__init__()
+        connection (the daemon's background threads bound their queries with it).
+        `clock` moves the retention cut-offs only; see `Clock`."""
+        super().__init__(clock=clock)
         # False: no LISTEN connection (a process that never waits on wake-ups, such
         # as the daemon's parent or the CLI, should not hold one).
         self.listen = listen
@@ -209,13 +211,13 @@ class PostgresStore(TaskStore):
         await self._ensure_connected()
         stmt = statement("postgres", op, supplied)
         async with self._require_pool().connection() as conn:
-            return await run(conn, stmt, params)
+            return await run(conn, stmt, params, self.clock)
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Session]:
         await self._ensure_connected()
         async with self._require_pool().connection() as conn, conn.transaction():
-            yield _PgSession(conn)
+            yield _PgSession(conn, self.clock)
 
     # -- push wake-ups -------------------------------------------------------------------
 
@@ -310,13 +312,14 @@ class PostgresStore(TaskStore):
 
 
 class _PgSession:
-    def __init__(self, conn: AsyncConn) -> None:
+    def __init__(self, conn: AsyncConn, clock: Clock | None) -> None:
         self._conn = conn
+        self._clock = clock
 
     async def fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
-        return await run(self._conn, statement("postgres", op, supplied), params)
+        return await run(self._conn, statement("postgres", op, supplied), params, self._clock)
 
 
 class UserSession:

@@ -37,7 +37,7 @@ from cairnqd.errors import (
     ProtocolVersionMismatch,
     StoreClosed,
 )
-from cairnqd.store.base import Params, Row, Session, TaskStore
+from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
 from cairnqd.store.errors import is_sqlite_busy
 from cairnqd.store.migrate import apply_sqlite, pending_sqlite
 
@@ -72,13 +72,17 @@ class SQLiteStore(TaskStore):
         busy_timeout_ms: int = 5000,
         synchronous: str = "full",
         migrate: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         """`synchronous="full"` (the default) fsyncs the WAL on every commit, so a
         submitted or finished task survives a power cut. `"normal"` skips that fsync
         (commits are ~30x cheaper): a crash of the process loses nothing, but a power
         cut may roll back the last commits, re-running tasks that had finished and
-        losing tasks submitted in the final moments."""
-        super().__init__()
+        losing tasks submitted in the final moments.
+
+        `clock` (epoch milliseconds) is what every statement reads as now; tests pass
+        one to age rows without waiting."""
+        super().__init__(clock=clock)
         if synchronous not in ("full", "normal"):
             raise ValueError(f"synchronous must be 'full' or 'normal', got {synchronous!r}")
         self.path = str(path)
@@ -208,38 +212,6 @@ class SQLiteStore(TaskStore):
 
     # -- binding -----------------------------------------------------------------------
 
-    @staticmethod
-    def _bind(stmt: Statement, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Derive the absolute times this statement names, once, at bind time."""
-        now = int(time.time() * 1000)
-        bound: dict[str, Any] = {}
-        for name in stmt.params:
-            if name == "now_ms":
-                bound[name] = now
-            elif name == "lease_until_ms":
-                bound[name] = now + int(params["lease_ms"])
-            elif name == "run_at_ms":
-                bound[name] = now + int(params.get("delay_ms", 0))
-            elif name == "before_ms":
-                bound[name] = now - int(params.get("older_than_ms", 0))
-            else:
-                value = params.get(name)
-                if isinstance(value, list | tuple):
-                    value = json.dumps(list(value))
-                elif isinstance(value, bool):
-                    value = int(value)
-                bound[name] = value
-        return bound
-
-    @staticmethod
-    def _run(conn: sqlite3.Connection, stmt: Statement, params: Mapping[str, Any]) -> list[Row]:
-        cursor = conn.execute(stmt.text, SQLiteStore._bind(stmt, params))
-        rows = cursor.fetchall()
-        if not rows:
-            return []
-        columns = [d[0] for d in cursor.description]
-        return [dict(zip(columns, row, strict=True)) for row in rows]
-
     # -- primitives --------------------------------------------------------------------
 
     async def _fetch(
@@ -262,7 +234,7 @@ class SQLiteStore(TaskStore):
         while True:
             async with self._lock:
                 try:
-                    return self._run(self._connection(), stmt, params)
+                    return _run(self._connection(), stmt, params, self.now_ms)
                 except sqlite3.OperationalError as exc:
                     if not is_sqlite_busy(exc) or budget.spent():
                         raise
@@ -292,7 +264,7 @@ class SQLiteStore(TaskStore):
             while True:
                 async with self._lock:
                     try:
-                        rows = self._run(self._connection(), write.stmt, write.params)
+                        rows = _run(self._connection(), write.stmt, write.params, self.now_ms)
                     except sqlite3.OperationalError as exc:
                         if not is_sqlite_busy(exc) or budget.spent():
                             write.future.set_exception(exc)
@@ -310,7 +282,9 @@ class SQLiteStore(TaskStore):
         try:
             for write in batch:
                 try:
-                    outcomes.append((write, self._run(conn, write.stmt, write.params), None))
+                    outcomes.append(
+                        (write, _run(conn, write.stmt, write.params, self.now_ms), None)
+                    )
                 except Exception as exc:
                     outcomes.append((write, None, exc))
             conn.execute("COMMIT")
@@ -351,7 +325,7 @@ class SQLiteStore(TaskStore):
             await self.connect()
         conn = await self._begin_immediate()
         try:
-            yield _SQLiteSession(conn)
+            yield _SQLiteSession(conn, self.now_ms)
             conn.execute("COMMIT")
             self._local_commits += 1
         except BaseException:
@@ -415,14 +389,49 @@ class SQLiteStore(TaskStore):
         await self._fetch("wal_checkpoint", {})
 
 
+def _bind(stmt: Statement, params: Mapping[str, Any], clock: Clock) -> dict[str, Any]:
+    """Derive the absolute times this statement names, once, at bind time."""
+    now = clock()
+    bound: dict[str, Any] = {}
+    for name in stmt.params:
+        if name == "now_ms":
+            bound[name] = now
+        elif name == "lease_until_ms":
+            bound[name] = now + int(params["lease_ms"])
+        elif name == "run_at_ms":
+            bound[name] = now + int(params.get("delay_ms", 0))
+        elif name == "before_ms":
+            bound[name] = now - int(params.get("older_than_ms", 0))
+        else:
+            value = params.get(name)
+            if isinstance(value, list | tuple):
+                value = json.dumps(list(value))
+            elif isinstance(value, bool):
+                value = int(value)
+            bound[name] = value
+    return bound
+
+
+def _run(
+    conn: sqlite3.Connection, stmt: Statement, params: Mapping[str, Any], clock: Clock
+) -> list[Row]:
+    cursor = conn.execute(stmt.text, _bind(stmt, params, clock))
+    rows = cursor.fetchall()
+    if not rows:
+        return []
+    columns = [d[0] for d in cursor.description]
+    return [dict(zip(columns, row, strict=True)) for row in rows]
+
+
 class _SQLiteSession:
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, clock: Clock) -> None:
         self._conn = conn
+        self._clock = clock
 
     async def fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
-        return SQLiteStore._run(self._conn, statement("sqlite", op, supplied), params)
+        return _run(self._conn, statement("sqlite", op, supplied), params, self._clock)
 
 
 class _Backoff:
