@@ -3,8 +3,8 @@
 The dialect classes supply three primitives (run one statement, open a write
 transaction, take the per-key lock) plus their connect sequence; every decision the
 protocol makes (validation, the conflict strategies, which claim variant a draw uses,
-backoff-free semantics of each write) lives here, above the storage seam, so the two
-dialects cannot drift apart.
+what each write returns) lives here, above the storage seam, so the two dialects
+cannot drift apart. Retrying a busy database is the dialect's business.
 
 Parameters follow the protocol's "superset in" rule: an operation passes every value
 any dialect might bind (relative times such as `lease_ms`, `delay_ms`,
@@ -14,6 +14,7 @@ any dialect might bind (relative times such as `lease_ms`, `delay_ms`,
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import dataclasses
 import math
@@ -760,8 +761,6 @@ def encode_error(error: Mapping[str, Any] | ErrorEnvelope) -> str:
 
 
 async def _sleep_ms(ms: int) -> None:
-    import asyncio
-
     await asyncio.sleep(max(0, ms) / 1000)
 
 

@@ -1,7 +1,8 @@
 """`PostgresStore`: the protocol on Postgres, through psycopg 3 (async).
 
 - Time comes from the database clock in every statement; the store passes relative
-  values (`lease_ms`, `delay_ms`, `older_than_ms`).
+  values (`lease_ms`, `delay_ms`, `older_than_ms`). An injected clock moves only the
+  retention cut-off (see `Clock` in store/base.py).
 - Keyed operations start their transaction with the advisory lock on
   `hashtextextended(key, 0)`: the same function and seed as the public SDKs, so our
   keyed writes and theirs exclude each other.
@@ -36,6 +37,7 @@ from cairnqd.errors import (
     MigrationsPending,
     ProtocolVersionMismatch,
     SchemaMismatch,
+    StoreClosed,
 )
 from cairnqd.models import Task
 from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
@@ -198,8 +200,6 @@ class PostgresStore(TaskStore):
 
     def _require_pool(self) -> AsyncConnectionPool[AsyncConn]:
         if self._pool is None:
-            from cairnqd.errors import StoreClosed
-
             raise StoreClosed("Postgres store is not connected (call connect())")
         return self._pool
 

@@ -6,8 +6,9 @@ Design notes.
   microseconds; a hop to a helper thread per statement (what aiosqlite does) costs more
   than the work. What must never happen on the loop is *waiting*: after connect the
   connection's busy_timeout is 0, and SQLITE_BUSY is retried with an awaited, jittered
-  backoff (1 ms doubling to 50 ms, within `busy_timeout_ms`), re-taking the in-process
-  lock on each attempt so reads keep flowing meanwhile.
+  backoff (0.5 ms doubling to 4 ms, within `busy_timeout_ms`; `_Backoff` says why the
+  cap is small), re-taking the in-process lock on each attempt so reads keep flowing
+  meanwhile.
 - Group commit. Single-statement writes are queued; one flusher runs everything queued
   in one `BEGIN IMMEDIATE … COMMIT` (a lone write runs in autocommit), and resolves
   each caller only after COMMIT. A statement error fails only its caller. The flusher
