@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import dataclasses
 import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from cairnqd._jsoncodec import dump_json
 from cairnqd._protocol import Dialect
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from cairnqd.backpressure import QueueDepthGate
 
 Row = Mapping[str, Any]
+T = TypeVar("T")
 
 #: What recovery stores on a task whose lease ran out on its last attempt.
 LEASE_EXPIRED = ErrorEnvelope(
@@ -125,6 +127,22 @@ class TaskStore(ABC):
     @abstractmethod
     def _transaction(self) -> AbstractAsyncContextManager[Session]:
         """A write transaction; commits on clean exit, rolls back on error."""
+
+    async def _scan(
+        self,
+        op: str,
+        params: Params,
+        supplied: frozenset[str],
+        convert: Callable[[builtins.list[Row]], builtins.list[T]],
+    ) -> builtins.list[T]:
+        """A read whose cost grows with the table (`list`, `stats`), converted to
+        values. Dialects override it to keep the event loop free while it runs."""
+        return convert(await self._fetch(op, params, supplied))
+
+    def _operation(self) -> AbstractContextManager[None]:
+        """Bracket a public operation of several statements, so a dialect that drains
+        at close (SQLite) lets it finish as a whole once it has begun."""
+        return contextlib.nullcontext()
 
     async def _lock_key(self, session: Session, key: str) -> None:
         """Serialize keyed operations on `key` for the rest of the transaction.
@@ -211,13 +229,14 @@ class TaskStore(ABC):
             delay_ms=delay_ms,
         )
         params = request.insert_params()
-        if self._gate is not None:
-            await self._gate.admit(queue)
-        if key is None:
-            rows = await self._fetch("insert_task", params)
-            return self._task(rows[0])
-        async with self._transaction() as session:
-            return await self._submit_keyed(session, params)
+        with self._operation():
+            if self._gate is not None:
+                await self._gate.admit(queue)
+            if key is None:
+                rows = await self._fetch("insert_task", params)
+                return self._task(rows[0])
+            async with self._transaction() as session:
+                return await self._submit_keyed(session, params)
 
     async def _submit_keyed(self, session: Session, params: Params) -> Task:
         key, conflict = params["key"], params["conflict"]
@@ -256,12 +275,14 @@ class TaskStore(ABC):
             except (ValueError, SerializationError) as exc:
                 raise type(exc)(f"tasks[{index}]: {exc}") from None
         if not prepared:
+            await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return []
-        if self._gate is not None:
-            for params in prepared:
-                await self._gate.admit(params["queue"])
-        async with self._transaction() as session:
-            return await self._insert_prepared(session, prepared)
+        with self._operation():
+            if self._gate is not None:
+                for params in prepared:
+                    await self._gate.admit(params["queue"])
+            async with self._transaction() as session:
+                return await self._insert_prepared(session, prepared)
 
     async def _insert_prepared(self, session: Session, prepared: list[Params]) -> list[Task]:
         """Insert validated submits in list order inside `session`.
@@ -341,12 +362,12 @@ class TaskStore(ABC):
         supplied = optional_filters(
             params, ("status", "queue", "name", "root_id", "correlation_id")
         )
-        return self._tasks(await self._fetch("list", params, supplied))
+        return await self._scan("list", params, supplied, self._tasks)
 
     async def stats(self, queue: str | None = None) -> dict[str, dict[str, int]]:
         require_str(queue, "queue", optional=True)
         params: Params = {"queue": queue}
-        rows = await self._fetch("stats", params, optional_filters(params, ("queue",)))
+        rows = await self._scan("stats", params, optional_filters(params, ("queue",)), _rows)
         out: dict[str, dict[str, int]] = {}
         if queue is not None:
             out[queue] = dict.fromkeys(STATUSES, 0)
@@ -431,7 +452,7 @@ class TaskStore(ABC):
     ) -> int:
         """How many rows `purge` with these filters would delete (all batches)."""
         params, supplied = self._purge_params(older_than_ms, queue, status, name, 1)
-        rows = await self._fetch("purge_count", params, supplied)
+        rows = await self._scan("purge_count", params, supplied, _rows)
         return int(rows[0]["n"])
 
     async def after_purge(self) -> None:
@@ -501,11 +522,26 @@ class TaskStore(ABC):
         require_str(worker_id, "worker_id")
         require_int(lease_ms, "lease_ms", minimum=1)
         name_list = None if names is None else list(names)
-        self._register_wakeable(queue_list)
+        with self._operation():
+            return await self._claim(
+                queue_list, name_list, worker_id, lease_ms, plan, settle, on_settled
+            )
+
+    async def _claim(
+        self,
+        queues: builtins.list[str],
+        names: builtins.list[str] | None,
+        worker_id: str,
+        lease_ms: int,
+        plan: Callable[[ClaimDraw], Awaitable[Any]],
+        settle: Sequence[tuple[str, str | None]],
+        on_settled: Callable[[dict[str, str]], None] | None,
+    ) -> Any:
+        self._register_wakeable(queues)
         # Taken on every claim, so a hint never outlives the wake-up that set it.
         pushed = self._take_push_hint()
         if not settle and not pushed:
-            probe = await self._fetch("claimable_probe", {"queues": queue_list, "names": name_list})
+            probe = await self._fetch("claimable_probe", {"queues": queues, "names": names})
             if not probe or not probe[0]["has_work"]:
                 return None
         base: Params = {"worker_id": worker_id, "lease_ms": lease_ms}
@@ -521,7 +557,7 @@ class TaskStore(ABC):
             async def draw(draw_names: Sequence[str] | None, limit: int) -> list[Task]:
                 if limit <= 0 or (draw_names is not None and len(draw_names) == 0):
                     return []
-                op, params = _claim_variant(queue_list, draw_names)
+                op, params = _claim_variant(queues, draw_names)
                 rows = await session.fetch(op, {**base, **params, "limit": limit})
                 return self._tasks(rows)
 
@@ -548,12 +584,12 @@ class TaskStore(ABC):
 
     async def oldest_queued_age_ms(self) -> dict[str, int]:
         """Per queue: how long the oldest claimable queued task has been due."""
-        rows = await self._fetch("oldest_queued", {})
+        rows = await self._scan("oldest_queued", {}, frozenset(), _rows)
         return {r["queue"]: max(0, int(r["age_ms"])) for r in rows}
 
     async def expired_leases(self) -> dict[str, int]:
         """Per queue: running tasks whose lease expired and await recovery."""
-        rows = await self._fetch("leases_expired", {})
+        rows = await self._scan("leases_expired", {}, frozenset(), _rows)
         return {r["queue"]: int(r["n"]) for r in rows}
 
     # -- owned writes ------------------------------------------------------------------
@@ -574,6 +610,7 @@ class TaskStore(ABC):
     ) -> dict[str, bool]:
         ids = list(task_ids)
         if not ids:
+            await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return {}
         rows = await self._fetch(
             "heartbeat_batch", {"ids": ids, "worker_id": worker_id, "lease_ms": lease_ms}
@@ -646,6 +683,7 @@ class TaskStore(ABC):
         missing from it had lost its lease.
         """
         if not items:
+            await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return {}
         rows = await self._fetch("complete_many", _complete_many_params(worker_id, items))
         return {r["id"]: r["status"] for r in rows}
@@ -670,6 +708,10 @@ class TaskStore(ABC):
 
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
         await _sleep_ms(timeout_ms)
+
+
+def _rows(rows: list[Row]) -> list[Row]:
+    return rows
 
 
 @asynccontextmanager

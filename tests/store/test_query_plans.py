@@ -1,7 +1,7 @@
 """The plans the SQL comments argue for, pinned (SPEC §9.3, §10.0, §11 lessons 87-89).
 
 SQLite: `EXPLAIN QUERY PLAN` of the exact text the store runs (`statement(...)`, bound by
-`sqlite._bind`) on a seeded, analyzed database. Postgres: `EXPLAIN` on a seeded,
+`sqlite_statements.bind`) on a seeded, analyzed database. Postgres: `EXPLAIN` on a seeded,
 analyzed table, both as the store sends it (custom plan, parameters known) and as a
 prepared statement settles after a few runs (generic plan).
 """
@@ -20,8 +20,7 @@ import pytest
 from psycopg import sql as psql
 
 from cairnqd._protocol import _PARAM, raw_sql, specialize, statement
-from cairnqd.store import pg_connect
-from cairnqd.store import sqlite as sqlite_store
+from cairnqd.store import pg_connect, sqlite_statements
 from cairnqd.store.base import wall_clock_ms
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
@@ -102,7 +101,7 @@ def sqlite_plan(
     supplied: frozenset[str] = frozenset(),
 ) -> list[str]:
     stmt = statement("sqlite", op, supplied)
-    bound = sqlite_store._bind(stmt, params, wall_clock_ms)
+    bound = sqlite_statements.bind(stmt, params, wall_clock_ms)
     return [row[3] for row in conn.execute("explain query plan " + stmt.text, bound).fetchall()]
 
 
