@@ -1,7 +1,18 @@
 """Argument checks for the store's operations, and `SubmitRequest`.
 
 Each check names the argument, so a bad call is diagnosed where it was made, not by
-a CHECK constraint deep in the driver.
+a CHECK constraint deep in the driver. The limits are Postgres's, applied on SQLite
+too, so every row either dialect writes can move to the other (and to the public
+SDKs) unchanged:
+
+- Integer columns (`priority`, `max_attempts`) are Postgres `integer`: 32 bits.
+- Durations (`delay_ms`, `lease_ms`, `older_than_ms`) are at most 100 years, so a time
+  derived from one stays an integer every SDK reads exactly (below 2**53).
+- Text cannot hold NUL and must be valid Unicode (no lone surrogates).
+- Names, queues, keys and the parent/root/correlation ids are at most 1,000 bytes of
+  UTF-8 (1,000 ASCII characters): each is indexed, and Postgres refuses an index entry
+  over ~2,700 bytes; the claim indexes hold a queue and a name together.
+- JSON values follow the same text rules (see `_jsoncodec`).
 """
 
 from __future__ import annotations
@@ -17,19 +28,62 @@ from cairnqd.models import CONFLICTS, task_name
 Params = dict[str, Any]
 
 
-def require_str(value: Any, arg: str, *, optional: bool = False) -> None:
+INT4_MIN = -(2**31)
+INT4_MAX = 2**31 - 1
+INT8_MAX = 2**63 - 1
+MAX_DURATION_MS = 100 * 365 * 86_400_000
+MAX_TEXT_BYTES = 1000
+
+
+def require_str(
+    value: Any, arg: str, *, optional: bool = False, max_bytes: int | None = None
+) -> None:
+    """A non-empty string both dialects can store (and, with `max_bytes`, index)."""
     if value is None and optional:
         return
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{arg} must be a non-empty string, got {value!r}")
+        raise ValueError(f"{arg} must be a non-empty string, got {_short(value)}")
+    check_text(value, arg, max_bytes=max_bytes)
 
 
-def require_int(value: Any, arg: str, *, minimum: int | None = None) -> int:
+def check_text(value: str, arg: str, *, max_bytes: int | None = None) -> None:
+    """Text Postgres can store: no NUL, no lone surrogate, at most `max_bytes`."""
+    if value.isascii():
+        size = len(value)
+    else:
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{arg} contains a lone UTF-16 surrogate, which is not valid Unicode text"
+            ) from None
+    if "\x00" in value:
+        raise ValueError(f"{arg} must not contain a NUL character (\\x00)")
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(f"{arg} is {size} bytes in UTF-8; the limit is {max_bytes}")
+
+
+def require_int(
+    value: Any, arg: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{arg} must be an integer, got {value!r}")
+        raise ValueError(f"{arg} must be an integer, got {_short(value)}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{arg} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{arg} must be <= {maximum}, got {value}")
     return value
+
+
+def require_duration(value: Any, arg: str, *, minimum: int = 0) -> int:
+    """Milliseconds, from `minimum` up to 100 years."""
+    return require_int(value, arg, minimum=minimum, maximum=MAX_DURATION_MS)
+
+
+def _short(value: Any) -> str:
+    # An error message quotes the value, but never megabytes of it.
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def check_status_filter(status: Any, arg: str, allowed: Sequence[str]) -> None:
@@ -65,15 +119,13 @@ class SubmitRequest:
             raise ValueError(
                 f"conflict must be one of {', '.join(CONFLICTS)}; got {self.conflict!r}"
             )
-        require_int(self.max_attempts, "max_attempts", minimum=1)
-        require_int(self.delay_ms, "delay_ms", minimum=0)
-        require_int(self.priority, "priority")
-        require_str(self.name, "name")
-        require_str(self.queue, "queue")
-        require_str(self.key, "key", optional=True)
-        require_str(self.parent_id, "parent_id", optional=True)
-        require_str(self.root_id, "root_id", optional=True)
-        require_str(self.correlation_id, "correlation_id", optional=True)
+        require_int(self.max_attempts, "max_attempts", minimum=1, maximum=INT4_MAX)
+        require_duration(self.delay_ms, "delay_ms")
+        require_int(self.priority, "priority", minimum=INT4_MIN, maximum=INT4_MAX)
+        require_str(self.name, "name", max_bytes=MAX_TEXT_BYTES)
+        require_str(self.queue, "queue", max_bytes=MAX_TEXT_BYTES)
+        for arg in ("key", "parent_id", "root_id", "correlation_id"):
+            require_str(getattr(self, arg), arg, optional=True, max_bytes=MAX_TEXT_BYTES)
 
     @classmethod
     def from_mapping(cls, item: Mapping[str, Any]) -> SubmitRequest:
@@ -113,9 +165,16 @@ class SubmitRequest:
 _ARGUMENTS = frozenset(f.name for f in fields(SubmitRequest))
 
 __all__ = [
+    "INT4_MAX",
+    "INT4_MIN",
+    "INT8_MAX",
+    "MAX_DURATION_MS",
+    "MAX_TEXT_BYTES",
     "SubmitRequest",
     "check_status_filter",
+    "check_text",
     "optional_filters",
+    "require_duration",
     "require_int",
     "require_str",
 ]

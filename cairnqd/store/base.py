@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from cairnqd._jsoncodec import dump_json
+from cairnqd._jsoncodec import check_storable, dump_json
 from cairnqd._protocol import Dialect
 from cairnqd.errors import (
     AlreadyExists,
@@ -36,10 +36,13 @@ from cairnqd.errors import (
 )
 from cairnqd.models import STATUSES, TERMINAL_STATUSES, Task, TaskRef
 from cairnqd.store.arguments import (
+    INT8_MAX,
     Params,
     SubmitRequest,
     check_status_filter,
+    check_text,
     optional_filters,
+    require_duration,
     require_int,
     require_str,
 )
@@ -214,6 +217,9 @@ class TaskStore(ABC):
         correlation_id: str | None = None,
         delay_ms: int = 0,
     ) -> Task:
+        """Queue one task. A bad argument raises ValueError (or SerializationError for
+        a payload or metadata) naming it, before anything is written; the limits are
+        Postgres's on both dialects (store/arguments.py lists them)."""
         request = SubmitRequest(
             name=name,
             payload=payload,
@@ -348,8 +354,8 @@ class TaskStore(ABC):
         offset: int = 0,
     ) -> list[Task]:
         check_status_filter(status, "status", STATUSES)
-        require_int(limit, "limit", minimum=0)
-        require_int(offset, "offset", minimum=0)
+        require_int(limit, "limit", minimum=0, maximum=INT8_MAX)
+        require_int(offset, "offset", minimum=0, maximum=INT8_MAX)
         params: Params = {
             "status": status,
             "queue": queue,
@@ -378,7 +384,7 @@ class TaskStore(ABC):
 
     async def queue_depth(self, queue: str, max_depth: int) -> int:
         require_str(queue, "queue")
-        require_int(max_depth, "max_depth", minimum=0)
+        require_int(max_depth, "max_depth", minimum=0, maximum=INT8_MAX)
         rows = await self._fetch("queue_depth", {"queue": queue, "max_depth": max_depth})
         return int(rows[0]["headroom"])
 
@@ -418,8 +424,8 @@ class TaskStore(ABC):
         name: str | None,
         limit: int,
     ) -> tuple[Params, frozenset[str]]:
-        require_int(older_than_ms, "older_than_ms", minimum=0)
-        require_int(limit, "limit", minimum=1)
+        require_duration(older_than_ms, "older_than_ms")
+        require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
         check_status_filter(status, "status", sorted(TERMINAL_STATUSES))
         params: Params = {
             "older_than_ms": older_than_ms,
@@ -520,7 +526,7 @@ class TaskStore(ABC):
         for q in queue_list:
             require_str(q, "queues[]")
         require_str(worker_id, "worker_id")
-        require_int(lease_ms, "lease_ms", minimum=1)
+        require_duration(lease_ms, "lease_ms", minimum=1)
         name_list = None if names is None else list(names)
         with self._operation():
             return await self._claim(
@@ -630,6 +636,7 @@ class TaskStore(ABC):
                 raise ValueError(f"progress must be a number, got {progress!r}")
             if not math.isfinite(progress):
                 raise ValueError(f"progress must be finite, got {progress!r}")
+        _check_message(message)
         return await self._owned(
             "progress",
             task_id,
@@ -647,6 +654,7 @@ class TaskStore(ABC):
     async def succeed(
         self, *, task_id: str, worker_id: str, result: Any, message: str | None = None
     ) -> Task:
+        _check_message(message)
         encoded = None if result is None else dump_json(result, what="result")
         return await self._owned(
             "succeed", task_id, {"worker_id": worker_id, "result": encoded, "message": message}
@@ -661,7 +669,7 @@ class TaskStore(ABC):
         retryable: bool = True,
         delay_ms: int = 0,
     ) -> Task:
-        require_int(delay_ms, "delay_ms", minimum=0)
+        require_duration(delay_ms, "delay_ms")
         return await self._owned(
             "fail",
             task_id,
@@ -678,9 +686,10 @@ class TaskStore(ABC):
     ) -> dict[str, str]:
         """Complete many owned tasks in one statement, each with `complete`'s rules.
 
-        `items` pairs a task id with its result already encoded as JSON text (None
-        stores SQL NULL). Returns {task_id: new status} for the rows settled; an id
-        missing from it had lost its lease.
+        `items` pairs a task id with its result already encoded as JSON text by
+        `dump_json` (None stores SQL NULL); the text is not checked again here.
+        Returns {task_id: new status} for the rows settled; an id missing from it had
+        lost its lease.
         """
         if not items:
             await asyncio.sleep(0)  # every operation yields, even one with nothing to do
@@ -708,6 +717,14 @@ class TaskStore(ABC):
 
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
         await _sleep_ms(timeout_ms)
+
+
+def _check_message(message: Any) -> None:
+    if message is None:
+        return
+    if not isinstance(message, str):
+        raise ValueError(f"message must be a string or None, got {type(message).__name__}")
+    check_text(message, "message")
 
 
 def _rows(rows: list[Row]) -> list[Row]:
@@ -779,27 +796,30 @@ def _insert_many_params(run: Sequence[Params]) -> Params:
                     "delay_ms": p["delay_ms"],
                 }
                 for p in run
-            ]
+            ],
+            check=False,  # every field was checked when its SubmitRequest was made
         )
     }
 
 
 def _complete_many_params(worker_id: str, items: Sequence[tuple[str, str | None]]) -> Params:
-    # Both dialects read one JSON array; results travel as JSON text inside it.
-    return {"worker_id": worker_id, "items": dump_json([{"id": i, "r": r} for i, r in items])}
+    # Both dialects read one JSON array; results travel as JSON text inside it, already
+    # checked by the dump_json that encoded each (see complete_many).
+    items_json = dump_json([{"id": i, "r": r} for i, r in items], check=False)
+    return {"worker_id": worker_id, "items": items_json}
 
 
 def encode_error(error: Mapping[str, Any] | ErrorEnvelope) -> str:
-    """Serialize an error envelope; one that JSON cannot carry keeps its string fields."""
-    if isinstance(error, ErrorEnvelope):
-        error = error.to_dict()
+    """Serialize an error envelope. One holding values JSON cannot carry keeps its
+    scalar fields; text Postgres cannot store (NUL, lone surrogates) is refused."""
+    envelope = error.to_dict() if isinstance(error, ErrorEnvelope) else dict(error)
     try:
-        return dump_json(dict(error), what="error")
-    except Exception:
-        return dump_json(
-            {k: v for k, v in error.items() if isinstance(v, str | bool | int | float)},
-            what="error",
-        )
+        text = dump_json(envelope, what="error", check=False)
+    except SerializationError:
+        scalars = {k: v for k, v in envelope.items() if isinstance(v, str | bool | int | float)}
+        text = dump_json(scalars, what="error", check=False)
+    check_storable(text, what="error")
+    return text
 
 
 async def _sleep_ms(ms: int) -> None:
