@@ -20,7 +20,7 @@ from typing import Literal
 
 from cairnqd.config import DatabaseConfig, to_ms
 from cairnqd.store.base import Clock, TaskStore
-from cairnqd.store.postgres import PostgresStore
+from cairnqd.store.postgres import DEFAULT_CALL_TIMEOUT_S, PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
 
 StorePurpose = Literal["worker", "background", "cli"]
@@ -33,6 +33,7 @@ def store_for(
     *,
     statement_timeout_ms: int | None = None,
     migrate: bool | None = None,
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
     clock: Clock | None = None,
 ) -> TaskStore:
     """A store on the configured database for `purpose`. `migrate` overrides
@@ -46,6 +47,7 @@ def store_for(
         auto_migrate=database.auto_migrate if migrate is None else migrate,
         connections=database.connections_per_child,
         statement_timeout_ms=statement_timeout_ms,
+        call_timeout_s=call_timeout_s,
         clock=clock,
     )
 
@@ -60,13 +62,16 @@ def build_store(
     auto_migrate: bool = True,
     connections: int = 1,
     statement_timeout_ms: int | None = None,
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
     clock: Clock | None = None,
 ) -> TaskStore:
     """A store on the SQLite file `path` or the Postgres `dsn` (exactly one of them).
 
     `connections` sizes a worker's pool; the other purposes always use one connection.
-    `statement_timeout_ms` bounds each statement (see the module docstring); `clock`
-    is for tests (see `Clock`).
+    `statement_timeout_ms` bounds each statement (see the module docstring);
+    `call_timeout_s` bounds each Postgres operation on our side, so one on a server that
+    stopped answering fails instead of hanging (see `PostgresStore._borrow`); `clock` is
+    for tests (see `Clock`).
     """
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {', '.join(PURPOSES)}; got {purpose!r}")
@@ -85,6 +90,7 @@ def build_store(
         migrate=auto_migrate,
         listen=purpose == "worker",
         statement_timeout_ms=statement_timeout_ms,
+        call_timeout_s=call_timeout_s,
         clock=clock,
     )
 

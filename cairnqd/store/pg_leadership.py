@@ -6,12 +6,17 @@ connection handed to the next borrower would carry it along. Never waits for the
 either: a host that does not get it skips the work. Closing the session frees the lock
 even when the explicit unlock cannot run (the server is gone).
 
+Every statement on a leadership session is bounded by the store's call timeout: a
+session whose server stopped answering is closed (which frees the lock server-side
+once the server notices) rather than waited on.
+
 These live in store/ because only store/ speaks to psycopg; `PostgresStore.exclusive()`
 and `PostgresStore.leader_lock()` hand them out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -30,20 +35,24 @@ def _params(key: tuple[int, int]) -> dict[str, int]:
 
 @asynccontextmanager
 async def session_lock(
-    open_session: OpenSession, namespace: int, lock_id: int
+    open_session: OpenSession, namespace: int, lock_id: int, *, timeout_s: float | None
 ) -> AsyncIterator[bool]:
     """Try the lock on a new session and hold it for the block; yields whether it was
     taken (False: another session has it, so skip the work)."""
     params = _params((namespace, lock_id))
     async with await open_session() as conn:
-        rows = await run(conn, statement("postgres", "try_session_lock"), params)
+        async with asyncio.timeout(timeout_s):
+            rows = await run(conn, statement("postgres", "try_session_lock"), params)
         held = bool(rows and rows[0]["locked"])
         try:
             yield held
         finally:
             if held and not conn.closed:
-                with contextlib.suppress(psycopg.Error):
-                    await run(conn, statement("postgres", "release_session_lock"), params)
+                # Best effort: closing the session releases the lock in any case.
+                with contextlib.suppress(psycopg.Error, TimeoutError):
+                    async with asyncio.timeout(timeout_s):
+                        release = statement("postgres", "release_session_lock")
+                        await run(conn, release, params)
 
 
 class HeldSessionLock:
@@ -57,8 +66,11 @@ class HeldSessionLock:
     that took it. Not thread-safe: use it from one event loop.
     """
 
-    def __init__(self, open_session: OpenSession, namespace: int, lock_id: int) -> None:
+    def __init__(
+        self, open_session: OpenSession, namespace: int, lock_id: int, *, timeout_s: float | None
+    ) -> None:
         self._open_session = open_session
+        self._timeout_s = timeout_s
         self.key = (namespace, lock_id)
         self._conn: AsyncConn | None = None
         self._held = False
@@ -67,26 +79,29 @@ class HeldSessionLock:
         """Whether this session holds the lock now; never waits for the lock. Raises
         (with the session closed) when the database cannot be reached."""
         try:
-            if self._held and self._conn is not None:
-                try:
-                    # A round trip on the holding session; no lock call, as a second
-                    # pg_try_advisory_lock would stack another hold on this one.
-                    await self._conn.execute("select 1")
-                    return True
-                except psycopg.Error:
-                    await self._drop()  # the session is gone, and the lock with it
-            if self._conn is None or self._conn.closed:
-                self._conn = await self._open_session()
-            rows = await run(
-                self._conn, statement("postgres", "try_session_lock"), _params(self.key)
-            )
+            async with asyncio.timeout(self._timeout_s):
+                held = await self._check_or_take()
         except BaseException:
             # Also on cancellation (a timed-out caller): the lock may have been taken
             # with its answer lost, and closing the session is the one sure release.
             await self._drop()
             raise
-        self._held = bool(rows and rows[0]["locked"])
-        return self._held
+        self._held = held
+        return held
+
+    async def _check_or_take(self) -> bool:
+        if self._held and self._conn is not None:
+            try:
+                # A round trip on the holding session; no lock call, as a second
+                # pg_try_advisory_lock would stack another hold on this one.
+                await self._conn.execute("select 1")
+                return True
+            except psycopg.Error:
+                await self._drop()  # the session is gone, and the lock with it
+        if self._conn is None or self._conn.closed:
+            self._conn = await self._open_session()
+        rows = await run(self._conn, statement("postgres", "try_session_lock"), _params(self.key))
+        return bool(rows and rows[0]["locked"])
 
     async def close(self) -> None:
         """Give the lock up and end the session. Idempotent."""
@@ -96,13 +111,14 @@ class HeldSessionLock:
         conn, self._conn, held, self._held = self._conn, None, self._held, False
         if conn is None:
             return
-        with contextlib.suppress(psycopg.Error, OSError):
+        with contextlib.suppress(psycopg.Error, OSError, TimeoutError):
             if unlock and held and not conn.closed:
                 # The server frees a closed session's locks only once its backend has
                 # exited, a moment after we hang up; unlocking first lets the next
                 # host take over on its very next try.
-                release = statement("postgres", "release_session_lock")
-                await run(conn, release, _params(self.key))
+                async with asyncio.timeout(self._timeout_s):
+                    release = statement("postgres", "release_session_lock")
+                    await run(conn, release, _params(self.key))
         with contextlib.suppress(psycopg.Error, OSError):
             await conn.close()
 

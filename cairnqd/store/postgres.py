@@ -45,11 +45,14 @@ from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.migrate import apply_postgres, pending_postgres
 from cairnqd.store.pg_connect import AsyncConn, bind, run, session_conninfo
 from cairnqd.store.pg_leadership import HeldSessionLock, session_lock
+from cairnqd.store.pg_listen import Listener
 
 T = TypeVar("T")
 
 # Rows a scan decodes before letting the loop run: ~2 ms for a typical task row.
 _SCAN_CHUNK = 128
+#: Longest a store operation may take on our side before its connection is dropped.
+DEFAULT_CALL_TIMEOUT_S = 60.0
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
 
@@ -69,11 +72,13 @@ class PostgresStore(TaskStore):
         migrate: bool = True,
         listen: bool = True,
         statement_timeout_ms: int | None = None,
+        call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
         clock: Clock | None = None,
     ) -> None:
         """`statement_timeout_ms` sets the server's `statement_timeout` on every
         connection (the daemon's background threads bound their queries with it).
-        `clock` moves the retention cut-offs only; see `Clock`."""
+        `call_timeout_s` bounds each operation on our side (None: unbounded); see
+        `_borrow`. `clock` moves the retention cut-offs only; see `Clock`."""
         super().__init__(clock=clock)
         # False: no LISTEN connection (a process that never waits on wake-ups, such
         # as the daemon's parent or the CLI, should not hold one).
@@ -91,8 +96,11 @@ class PostgresStore(TaskStore):
         self.min_size = min_size
         self.max_size = max_size
         self.connect_timeout_s = connect_timeout_s
+        if call_timeout_s is not None and call_timeout_s <= 0:
+            raise ValueError(f"call_timeout_s must be positive or None, got {call_timeout_s}")
+        self.call_timeout_s = call_timeout_s
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
-        self._listeners: dict[str, _Listener] = {}
+        self._listeners: dict[str, Listener] = {}
         self._push_hint = False
         self._ever_connected = False
 
@@ -209,12 +217,32 @@ class PostgresStore(TaskStore):
 
     # -- primitives --------------------------------------------------------------------
 
+    @asynccontextmanager
+    async def _borrow(self) -> AsyncIterator[AsyncConn]:
+        """A pool connection for one operation, which must end within call_timeout_s.
+
+        The server may stop answering without the socket failing (a hung backend, a
+        proxy that holds the connection open): the keepalives never fire, and without
+        a deadline of our own the call would wait forever. When the deadline passes
+        (or the caller is cancelled) mid-operation, the connection's state is unknown,
+        so it is closed rather than returned: the pool opens a fresh one. psycopg first
+        tries to cancel a running query server-side, which adds up to ~10 s.
+        """
+        await self._ensure_connected()
+        async with self._require_pool().connection() as conn:
+            try:
+                async with asyncio.timeout(self.call_timeout_s):
+                    yield conn
+            except BaseException as exc:
+                if isinstance(exc, TimeoutError | asyncio.CancelledError) and not conn.closed:
+                    await conn.close()
+                raise
+
     async def _fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
-        await self._ensure_connected()
         stmt = statement("postgres", op, supplied)
-        async with self._require_pool().connection() as conn:
+        async with self._borrow() as conn:
             return await run(conn, stmt, params, self.clock)
 
     async def _scan(
@@ -226,10 +254,9 @@ class PostgresStore(TaskStore):
     ) -> list[T]:
         # psycopg decodes rows (jsonb included) as they are fetched: fetch a chunk at a
         # time and let the loop run between chunks.
-        await self._ensure_connected()
         stmt = statement("postgres", op, supplied)
         out: list[T] = []
-        async with self._require_pool().connection() as conn:
+        async with self._borrow() as conn:
             cursor = await conn.execute(stmt.text, bind(stmt, params, self.clock))
             while True:
                 rows: list[Row] = list(await cursor.fetchmany(_SCAN_CHUNK))
@@ -240,19 +267,32 @@ class PostgresStore(TaskStore):
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Session]:
-        await self._ensure_connected()
-        async with self._require_pool().connection() as conn, conn.transaction():
-            yield _PgSession(conn, self.clock)
+        async with self._borrow() as conn:
+            # BEGIN/COMMIT by hand rather than conn.transaction(): when the deadline
+            # cancels us mid-transaction, a ROLLBACK would wait on the same silent
+            # server, so the connection is closed instead (the server rolls back).
+            await conn.execute("begin")
+            try:
+                yield _PgSession(conn, self.clock)
+            except BaseException:
+                task = asyncio.current_task()
+                if not conn.closed and not (task is not None and task.cancelling()):
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.execute("rollback")
+                raise
+            await conn.execute("commit")
 
     # -- push wake-ups -------------------------------------------------------------------
 
-    def _push(self, channel: str) -> _Listener | None:
+    def _push(self, channel: str) -> Listener | None:
         """The listener for `channel`, started on first use; None when push is off."""
         if self._pool is None or not self.listen:
             return None
         listener = self._listeners.get(channel)
         if listener is None:
-            listener = self._listeners[channel] = _Listener(self, channel)
+            listener = self._listeners[channel] = Listener(
+                self.conninfo, channel, connect_timeout_s=self.connect_timeout_s
+            )
             listener.start()
         return None if listener.disabled else listener
 
@@ -303,7 +343,9 @@ class PostgresStore(TaskStore):
         self, *, task_id: str, worker_id: str, write: Callable[[Any], Awaitable[Any]]
     ) -> tuple[Task, Any]:
         """Run the caller's writes and the settlement in one transaction: a lost lease
-        rolls back both, so there is no window where one landed without the other."""
+        rolls back both, so there is no window where one landed without the other.
+        No call deadline here: how long the caller's own writes may take is theirs to
+        say (the connection's keepalives still catch a dead peer)."""
         async with self._require_pool().connection() as conn, conn.transaction():
             value = await write(UserSession(conn))
             encoded = None if value is None else dump_json(value, what="result")
@@ -328,12 +370,16 @@ class PostgresStore(TaskStore):
     def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
         """The advisory lock `(namespace, lock_id)` on a session of its own, for the
         block; yields False at once when another session holds it."""
-        return session_lock(self.dedicated_connection, namespace, lock_id)
+        return session_lock(
+            self.dedicated_connection, namespace, lock_id, timeout_s=self.call_timeout_s
+        )
 
     def leader_lock(self, namespace: int, lock_id: int) -> LeaderLock:
         """The advisory lock kept on a session of its own across calls (the stats
         leader's). Nothing is opened until its first `ensure()`."""
-        return HeldSessionLock(self.dedicated_connection, namespace, lock_id)
+        return HeldSessionLock(
+            self.dedicated_connection, namespace, lock_id, timeout_s=self.call_timeout_s
+        )
 
 
 class _PgSession:
@@ -363,118 +409,3 @@ class UserSession:
 
     async def execute(self, sql: str) -> None:
         await self.connection.execute(sql)
-
-
-class _Listener:
-    """One LISTEN connection for one channel, opened straight from the DSN.
-
-    A store opens a channel's listener only when something first waits on it: the
-    `cairnq_queued` one when a worker first claims, the `cairnq_done` one when a
-    caller first waits for a task. So a worker that never waits is not sent a
-    notification for every task it completes, and an API process that never claims
-    is not sent one for every submit.
-
-    Push is an accelerator only: every waiter also has its poll timeout. Until the
-    LISTEN is in place (and after a drop), a wait returns as soon as it is, so the
-    caller re-reads the database instead of trusting a channel that may have missed
-    the event. A refused LISTEN (e.g. behind a transaction pooler) turns push off
-    for good; a dropped connection reconnects with backoff.
-    """
-
-    def __init__(self, store: PostgresStore, channel: str) -> None:
-        self._store = store
-        self.channel = channel
-        # Payload -> waiters. For cairnq_queued the payload is a queue name and only
-        # registered queues are kept, so per-tenant queue names cannot grow this; a
-        # wake that arrives while nobody waits stays set until the next wait.
-        self._events: dict[str, asyncio.Event] = {}
-        self._waiters: dict[str, list[asyncio.Event]] = {}
-        self._task: asyncio.Task[None] | None = None
-        self.disabled = False
-        self.connected = asyncio.Event()
-
-    def start(self) -> None:
-        if self._task is None and not self.disabled:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._release_all()
-
-    async def until_listening(self, timeout_s: float) -> bool:
-        """True if the LISTEN is in place; else waits for it (up to `timeout_s`) and
-        returns False, telling the caller to re-read before waiting on a wake."""
-        self.start()
-        if self.connected.is_set():
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.connected.wait(), timeout_s)
-        return False
-
-    def sticky(self, keys: Sequence[str]) -> list[asyncio.Event]:
-        """Wake flags for `keys` that stay set until cleared (claim wake-ups)."""
-        return [self._events.setdefault(k, asyncio.Event()) for k in keys]
-
-    async def wait_once(self, key: str, timeout_s: float) -> None:
-        """Wait for one notification with payload `key` (a task finishing)."""
-        event = asyncio.Event()
-        self._waiters.setdefault(key, []).append(event)
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout_s)
-        finally:
-            waiters = self._waiters.get(key, [])
-            with contextlib.suppress(ValueError):
-                waiters.remove(event)
-            if not waiters:
-                self._waiters.pop(key, None)
-
-    def _release_all(self) -> None:
-        for events in self._waiters.values():
-            for event in events:
-                event.set()
-        for event in self._events.values():
-            event.set()
-
-    async def _run(self) -> None:
-        listen = sql.SQL("listen {}").format(sql.Identifier(self.channel))
-        backoff = 1.0
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self._store.conninfo, autocommit=True, connect_timeout=10
-                )
-            except psycopg.Error:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-                continue
-            try:
-                async with conn:
-                    try:
-                        await conn.execute(listen)
-                    except psycopg.errors.FeatureNotSupported:
-                        self.disabled = True
-                        self._release_all()
-                        return
-                    backoff = 1.0
-                    self.connected.set()
-                    async for note in conn.notifies():
-                        self._dispatch(note.payload)
-            except psycopg.Error:
-                pass
-            # Dropped: let every waiter fall back to its own poll, then reconnect.
-            self.connected.clear()
-            self._release_all()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
-
-    def _dispatch(self, payload: str) -> None:
-        event = self._events.get(payload)
-        if event is not None:
-            event.set()
-        for waiter in self._waiters.get(payload, ()):
-            waiter.set()
