@@ -269,13 +269,17 @@ class SQLiteStore(TaskStore):
     ) -> list[T]:
         conn = self._connection()
         cursor = await self._stepped(conn, conn.execute, stmt.text, bind(stmt, params, self.now_ms))
-        columns = [d[0] for d in cursor.description]
-        out: list[T] = []
-        while True:
-            rows = await self._stepped(conn, cursor.fetchmany, _SCAN_CHUNK)
-            out.extend(convert([dict(zip(columns, row, strict=True)) for row in rows]))
-            if len(rows) < _SCAN_CHUNK:
-                return out
+        try:
+            columns = [d[0] for d in cursor.description]
+            out: list[T] = []
+            while True:
+                rows = await self._stepped(conn, cursor.fetchmany, _SCAN_CHUNK)
+                out.extend(convert([dict(zip(columns, row, strict=True)) for row in rows]))
+                if len(rows) < _SCAN_CHUNK:
+                    return out
+        finally:
+            # An abandoned scan must not keep its read transaction open.
+            cursor.close()
 
     async def _stepped(self, conn: sqlite3.Connection, step: Callable[..., T], *args: Any) -> T:
         """`step(*args)` on the scan thread, the in-process lock held by the caller."""
@@ -290,7 +294,9 @@ class SQLiteStore(TaskStore):
             conn.interrupt()
             while not done.done():
                 with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(done)
+                    await asyncio.wait({done})
+            if not done.cancelled():
+                done.exception()  # "interrupted": what we asked for, nothing to report
             raise
 
     async def _flush_pending(self) -> None:

@@ -118,6 +118,21 @@ async def test_a_large_list_leaves_the_loop_free(dialect: str, db_target: str) -
     assert max(gaps) < 0.05, f"the loop stalled for {max(gaps) * 1000:.0f} ms"
 
 
+async def test_a_cancelled_scan_leaves_the_store_usable(sqlite_path: str) -> None:
+    async with SQLiteStore(sqlite_path, synchronous="normal") as store:
+        await store.submit_many([{"name": "bulk"} for _ in range(20_000)])
+        for delay_s in (0.0, 0.005, 0.05):
+            listing = asyncio.create_task(store.list(limit=20_000))
+            await asyncio.sleep(delay_s)
+            listing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await listing
+            # The connection is free again and no read was left open.
+            written = await store.submit(name="after.cancel")
+            assert (await store.get(written.id)) is not None
+        assert len(await store.list(limit=30_000)) == 20_003
+
+
 # -- close ---------------------------------------------------------------------------------
 
 
