@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from cairnqd._jsoncodec import check_storable, dump_json
+from cairnqd._jsoncodec import dump_json
 from cairnqd._protocol import Dialect
 from cairnqd.errors import (
     AlreadyExists,
@@ -47,20 +47,22 @@ from cairnqd.store.arguments import (
     require_str,
 )
 from cairnqd.store.leadership import LeaderLock, SoleHost
+from cairnqd.store.statement_params import (
+    INSERT_MANY_CHUNK,
+    LEASE_EXPIRED,
+    LEASE_EXPIRED_ERROR_JSON,
+    claim_variant,
+    complete_many_params,
+    encode_error,
+    insert_many_params,
+    new_task,
+)
 
 if TYPE_CHECKING:
     from cairnqd.backpressure import QueueDepthGate
 
 Row = Mapping[str, Any]
 T = TypeVar("T")
-
-#: What recovery stores on a task whose lease ran out on its last attempt.
-LEASE_EXPIRED = ErrorEnvelope(
-    type="LeaseExpired",
-    code="lease_expired",
-    message="task lease expired and max attempts reached",
-)
-LEASE_EXPIRED_ERROR_JSON = dump_json(LEASE_EXPIRED.to_dict())
 
 _LIVE = frozenset({"queued", "running"})
 # Which existing task each conflict strategy hands back instead of inserting.
@@ -302,17 +304,17 @@ class TaskStore(ABC):
 
         async def flush_run() -> None:
             if run:
-                rows = await session.fetch("insert_many", _insert_many_params(run))
+                rows = await session.fetch("insert_many", insert_many_params(run))
                 # Only the times come back; the rest is what we inserted, so the rows
                 # are not parsed back out of their JSON.
                 times = {r["id"]: (int(r["run_at_ms"]), int(r["created_at_ms"])) for r in rows}
-                out.extend(_new_task(p, *times[p["id"]]) for p in run)
+                out.extend(new_task(p, *times[p["id"]]) for p in run)
                 run.clear()
 
         for params in prepared:
             if params["key"] is None:
                 run.append(params)
-                if len(run) >= _INSERT_MANY_CHUNK:
+                if len(run) >= INSERT_MANY_CHUNK:
                     await flush_run()
             else:
                 await flush_run()
@@ -554,16 +556,14 @@ class TaskStore(ABC):
         settled: dict[str, str] = {}
         async with self._transaction() as session:
             if settle:
-                rows = await session.fetch(
-                    "complete_many", _complete_many_params(worker_id, settle)
-                )
+                rows = await session.fetch("complete_many", complete_many_params(worker_id, settle))
                 settled = {r["id"]: r["status"] for r in rows}
             await session.fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
 
             async def draw(draw_names: Sequence[str] | None, limit: int) -> list[Task]:
                 if limit <= 0 or (draw_names is not None and len(draw_names) == 0):
                     return []
-                op, params = _claim_variant(queues, draw_names)
+                op, params = claim_variant(queues, draw_names)
                 rows = await session.fetch(op, {**base, **params, "limit": limit})
                 return self._tasks(rows)
 
@@ -694,7 +694,7 @@ class TaskStore(ABC):
         if not items:
             await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return {}
-        rows = await self._fetch("complete_many", _complete_many_params(worker_id, items))
+        rows = await self._fetch("complete_many", complete_many_params(worker_id, items))
         return {r["id"]: r["status"] for r in rows}
 
     async def complete_in(
@@ -734,92 +734,6 @@ def _rows(rows: list[Row]) -> list[Row]:
 @asynccontextmanager
 async def _always_held() -> AsyncIterator[bool]:
     yield True
-
-
-def _claim_variant(queues: list[str], names: Sequence[str] | None) -> tuple[str, Params]:
-    """Pick the claim statement whose equality predicates the planner can read in
-    claim order: the list forms sort the whole claimable backlog."""
-    one_queue = len(queues) == 1
-    one_name = names is not None and len(names) == 1
-    if one_queue and one_name:
-        assert names is not None
-        return "claim_one_queue_one_name", {"queue": queues[0], "name": names[0]}
-    if one_name:
-        assert names is not None
-        return "claim_one_name", {"queues": queues, "name": names[0]}
-    name_list = None if names is None else list(names)
-    if one_queue:
-        return "claim_one_queue", {"queue": queues[0], "names": name_list}
-    return "claim", {"queues": queues, "names": name_list}
-
-
-def _new_task(params: Params, run_at_ms: int, created_at_ms: int) -> Task:
-    return Task(
-        id=params["id"],
-        name=params["name"],
-        queue=params["queue"],
-        status="queued",
-        payload=params["payload_value"],
-        metadata=params["metadata_value"],
-        max_attempts=params["max_attempts"],
-        priority=params["priority"],
-        parent_id=params["parent_id"],
-        root_id=params["root_id"],
-        correlation_id=params["correlation_id"],
-        run_at_ms=run_at_ms,
-        created_at_ms=created_at_ms,
-        updated_at_ms=created_at_ms,
-    )
-
-
-# Rows per insert_many statement: big enough to amortize, small enough for the
-# statement's JSON/array parameters to stay a few MB at most.
-_INSERT_MANY_CHUNK = 5000
-
-
-def _insert_many_params(run: Sequence[Params]) -> Params:
-    """Both dialects read one JSON array of the new tasks."""
-    return {
-        "new_tasks": dump_json(
-            [
-                {
-                    "id": p["id"],
-                    "name": p["name"],
-                    "queue": p["queue"],
-                    "p": p["payload"],
-                    "m": p["metadata"],
-                    "max_attempts": p["max_attempts"],
-                    "priority": p["priority"],
-                    "parent_id": p["parent_id"],
-                    "root_id": p["root_id"],
-                    "correlation_id": p["correlation_id"],
-                    "delay_ms": p["delay_ms"],
-                }
-                for p in run
-            ],
-            check=False,  # every field was checked when its SubmitRequest was made
-        )
-    }
-
-
-def _complete_many_params(worker_id: str, items: Sequence[tuple[str, str | None]]) -> Params:
-    # Both dialects read one JSON array; results travel as JSON text inside it, already
-    # checked by the dump_json that encoded each (see complete_many).
-    items_json = dump_json([{"id": i, "r": r} for i, r in items], check=False)
-    return {"worker_id": worker_id, "items": items_json}
-
-
-def encode_error(error: Mapping[str, Any] | ErrorEnvelope) -> str:
-    """Serialize an error envelope. One holding values JSON cannot carry keeps its
-    scalar fields; text Postgres cannot store (NUL, lone surrogates) is refused."""
-    envelope = error.to_dict() if isinstance(error, ErrorEnvelope) else dict(error)
-    try:
-        text = dump_json(envelope, what="error", check=False)
-    except SerializationError:
-        scalars = {k: v for k, v in envelope.items() if isinstance(v, str | bool | int | float)}
-        text = dump_json(scalars, what="error", check=False)
-    check_storable(text, what="error")
-    return text
 
 
 async def _sleep_ms(ms: int) -> None:
