@@ -5,11 +5,16 @@ represent without loss: NaN/Infinity are refused (Python would write bare `NaN`,
 JavaScript cannot parse), and so are bytes, sets, datetimes and other objects the
 stdlib would reject. Tuples become arrays and non-string keys become strings, as the
 stdlib does. Text is compact and ASCII-escaped, the bytes the public Python SDK writes.
+
+Both dialects must also be able to store it, so the rules are Postgres jsonb's, checked
+here for SQLite too: no NUL character (`\u0000`) and no lone UTF-16 surrogate in any
+string, keys included, and no nesting deeper than Python can encode (~1,000 levels).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from cairnqd.errors import SerializationError
@@ -17,13 +22,60 @@ from cairnqd.errors import SerializationError
 _encoder = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
 _decoder = json.JSONDecoder()
 
+# One escape of ASCII-escaped JSON text: a backslash and what it escapes. Backslashes
+# occur nowhere else in JSON, so scanning these left to right pairs them correctly.
+_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)")
 
-def dump_json(value: Any, *, what: str = "value") -> str:
-    """Encode `value`; `what` names the argument in the error ("payload", "result")."""
+
+def dump_json(value: Any, *, what: str = "value", check: bool = True) -> str:
+    """Encode `value`; `what` names the argument in the error ("payload", "result").
+
+    `check=False` skips the storage rules, for documents built from values already
+    encoded and checked (the batch statements' arrays)."""
     try:
-        return _encoder.encode(value)
+        text = _encoder.encode(value)
     except (TypeError, ValueError) as exc:
         raise SerializationError(f"{what} is not JSON-serializable: {exc}") from exc
+    except RecursionError:
+        raise SerializationError(f"{what} nests too deeply to encode as JSON") from None
+    if check:
+        check_storable(text, what=what)
+    return text
+
+
+def check_storable(text: str, *, what: str) -> None:
+    """Refuse JSON text (as `dump_json` writes it) that Postgres jsonb cannot hold."""
+    # Both escapes are rare, so one substring search each keeps the common case cheap.
+    if "\\u0000" in text or "\\ud" in text or "\\uD" in text:
+        _check_escapes(text, what)
+
+
+def _check_escapes(text: str, what: str) -> None:
+    high_ends_at = -1  # where an unpaired high surrogate escape ended
+    for match in _ESCAPE.finditer(text):
+        code = match.group(1)
+        unit = int(code[1:], 16) if code[0] == "u" else -1
+        if high_ends_at >= 0 and not (0xDC00 <= unit <= 0xDFFF and match.start() == high_ends_at):
+            raise _lone_surrogate(what)
+        if unit == 0:
+            raise SerializationError(
+                f"{what} contains a NUL character (\\u0000), which Postgres cannot store"
+            )
+        if 0xD800 <= unit <= 0xDBFF:
+            high_ends_at = match.end()
+        elif 0xDC00 <= unit <= 0xDFFF and high_ends_at < 0:
+            raise _lone_surrogate(what)
+        else:
+            high_ends_at = -1
+    if high_ends_at >= 0:
+        raise _lone_surrogate(what)
+
+
+def _lone_surrogate(what: str) -> SerializationError:
+    return SerializationError(
+        f"{what} contains a lone UTF-16 surrogate, which is not valid Unicode text "
+        "(Postgres refuses it)"
+    )
 
 
 def dump_json_or_empty(value: Any, *, what: str) -> str:

@@ -6,6 +6,7 @@ for it runs unchanged after `import cairnqd as cairnq`. `submit_many` is ours.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import time
 from collections.abc import Mapping, Sequence
@@ -265,11 +266,5 @@ async def wait_for_task(
         if ref is not None:
             await store.task_done_wake(ref.id, sleep_ms)
         else:
-            await _sleep(sleep_ms)
+            await asyncio.sleep(sleep_ms / 1000)
         interval = next_poll_ms(interval, max_poll_ms)
-
-
-async def _sleep(ms: int) -> None:
-    import asyncio
-
-    await asyncio.sleep(ms / 1000)

@@ -20,15 +20,65 @@ written against the public cairnq SDK match on them, so they follow upstream exa
     ├── NotACairnqDatabase       the file holds something else (cairnqd only)
     ├── MigrationsPending        migrations missing and auto-migrate is off (cairnqd)
     └── DatabaseUnavailable      the server cannot be reached (cairnqd only)
+
+`ErrorEnvelope` is the shape a failed task's `error` column holds (both SDKs read it):
+type, code, message, retryable and details.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cairnqd.models import Task
+
+
+@dataclass(frozen=True)
+class ErrorEnvelope:
+    """Why a task attempt failed, as stored in its `error` column."""
+
+    type: str
+    code: str
+    message: str
+    retryable: bool = False
+    details: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form: exactly the five keys, details as a plain dict."""
+        return {
+            "type": self.type,
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+            "details": dict(self.details),
+        }
+
+    @classmethod
+    def from_exception(
+        cls, exc: BaseException, *, retryable: bool, code: str = "handler_error"
+    ) -> ErrorEnvelope:
+        """The envelope of an exception a handler raised: a `TaskError` keeps its own
+        fields (and its own `retryable`); anything else is named by its class."""
+        if isinstance(exc, TaskError):
+            return exc.to_envelope()
+        return cls(type=type(exc).__name__, code=code, message=str(exc), retryable=retryable)
+
+    @classmethod
+    def from_stored(cls, error: object) -> ErrorEnvelope:
+        """Read a stored envelope, which another SDK (or an older one) may have written
+        with fields missing or of other types: each falls back to a neutral default."""
+        stored: Mapping[str, Any] = error if isinstance(error, Mapping) else {}
+        details = stored.get("details")
+        return cls(
+            type=str(stored.get("type", "Error")),
+            code=str(stored.get("code", "task_error")),
+            message=str(stored.get("message", "task failed")),
+            retryable=bool(stored.get("retryable", False)),
+            details=details if isinstance(details, dict) else {},
+        )
 
 
 class CairnQError(Exception):
@@ -102,14 +152,13 @@ class TaskFailed(CairnQError):
     """The task ended `failed`; the envelope's fields are unpacked."""
 
     def __init__(self, error: dict[str, Any] | None) -> None:
-        envelope = error if isinstance(error, dict) else {}
+        envelope = ErrorEnvelope.from_stored(error)
         self.error = error
-        self.type: str = str(envelope.get("type", "Error"))
-        self.code: str = str(envelope.get("code", "task_error"))
-        self.message: str = str(envelope.get("message", "task failed"))
-        self.retryable: bool = bool(envelope.get("retryable", False))
-        details = envelope.get("details")
-        self.details: dict[str, Any] = details if isinstance(details, dict) else {}
+        self.type: str = envelope.type
+        self.code: str = envelope.code
+        self.message: str = envelope.message
+        self.retryable: bool = envelope.retryable
+        self.details: dict[str, Any] = dict(envelope.details)
         super().__init__(f"{self.type} [{self.code}]: {self.message}")
 
 
@@ -190,11 +239,15 @@ class TaskError(CairnQError):
         self.details = dict(details) if details else {}
         super().__init__(message)
 
+    def to_envelope(self) -> ErrorEnvelope:
+        return ErrorEnvelope(
+            type=self.type,
+            code=self.code,
+            message=self.message,
+            retryable=self.retryable,
+            details=self.details,
+        )
+
     def envelope(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "code": self.code,
-            "message": self.message,
-            "retryable": self.retryable,
-            "details": self.details,
-        }
+        """The stored form of `to_envelope()`."""
+        return self.to_envelope().to_dict()

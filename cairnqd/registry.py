@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, overload
 
+from cairnqd.config.handler_path import parse_handler_path
 from cairnqd.errors import CairnQError
 from cairnqd.models import TaskDef, task_name
 
@@ -136,15 +137,6 @@ class TaskRegistry:
         if name in self._handlers:
             raise ValueError(f"task {name!r} is already registered")
         self._handlers[name] = Registration(fn, batch, resource)
-
-
-def parse_handler_path(spec: str) -> tuple[str, str]:
-    """`"pkg.mod:registry"` -> `("pkg.mod", "registry")`; ValueError on bad syntax."""
-    module, sep, attribute = spec.partition(":")
-    dotted_ok = all(part.isidentifier() for text in (module, attribute) for part in text.split("."))
-    if not sep or not dotted_ok:
-        raise ValueError(f"expected module:attribute (e.g. myapp.tasks:registry), got {spec!r}")
-    return module, attribute
 
 
 def _import_attribute(spec: str) -> object:

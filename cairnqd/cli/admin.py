@@ -17,14 +17,11 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import sqlite3
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-
-import psycopg
 
 from cairnqd.client import wait_for_task
 from cairnqd.config import (
@@ -49,8 +46,8 @@ from cairnqd.errors import (
 )
 from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, TERMINAL_STATUSES, Task
 from cairnqd.store.base import TaskStore
-from cairnqd.store.postgres import PostgresStore
-from cairnqd.store.sqlite import SQLiteStore
+from cairnqd.store.errors import is_operational
+from cairnqd.store.factory import store_for
 
 __all__ = ["CliError", "add_parsers", "duration", "load", "table"]
 
@@ -151,16 +148,7 @@ def _json(value: Any) -> str:
 def open_store(config: Config, *, migrate: bool | None = None) -> TaskStore:
     """A store on the configured database. Admin commands migrate only where
     `database.auto_migrate` allows; `cairnqd migrate` always does."""
-    db = config.database
-    apply = db.auto_migrate if migrate is None else migrate
-    if db.path is not None:
-        return SQLiteStore(db.path, busy_timeout_ms=to_ms(db.busy_timeout), migrate=apply)
-    assert db.dsn is not None  # the config guarantees exactly one of path and dsn
-    # One connection: a CLI command runs one statement at a time.
-    timeout = db.connect_timeout.total_seconds()
-    return PostgresStore(
-        db.dsn, min_size=1, max_size=1, connect_timeout_s=timeout, migrate=apply, listen=False
-    )
+    return store_for(config.database, "cli", migrate=migrate)
 
 
 def with_store(
@@ -179,8 +167,6 @@ def with_store(
         return asyncio.run(session())
     except DatabaseUnavailable as exc:  # already names the (redacted) DSN
         raise CliError(exitcodes.UNAVAILABLE, _one_line(exc)) from None
-    except (psycopg.OperationalError, sqlite3.OperationalError) as exc:
-        raise CliError(exitcodes.UNAVAILABLE, _unavailable(config, exc)) from None
     except (
         NotACairnqDatabase,
         ProtocolVersionMismatch,
@@ -188,6 +174,10 @@ def with_store(
         MigrationsPending,
     ) as exc:
         raise CliError(exitcodes.DATAERR, _one_line(exc)) from None
+    except Exception as exc:
+        if not is_operational(exc):
+            raise
+        raise CliError(exitcodes.UNAVAILABLE, _unavailable(config, exc)) from None
 
 
 # -- migrate, stats ------------------------------------------------------------------------
@@ -419,11 +409,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 # -- purge ---------------------------------------------------------------------------------
 
-# SQLite has one writer: pausing between batches lets workers commit (DAEMON.md §5).
-_SQLITE_BATCH_PAUSE_S = 0.05
 
-
-async def _purge(store: TaskStore, rule: PurgeRule, batch: int, pause_s: float) -> int:
+async def _purge(store: TaskStore, rule: PurgeRule, batch: int) -> int:
     total = 0
     while True:
         ids = await store.purge(
@@ -437,7 +424,8 @@ async def _purge(store: TaskStore, rule: PurgeRule, batch: int, pause_s: float) 
         total += deleted
         if deleted < batch:
             return total
-        await asyncio.sleep(pause_s)
+        # SQLite has one writer: pausing between batches lets workers commit.
+        await asyncio.sleep(store.purge_batch_pause_s)
 
 
 def cmd_purge(args: argparse.Namespace) -> int:
@@ -456,8 +444,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
         print(f"would delete {count} task(s): {rule.describe()}")
         return exitcodes.OK
     batch = args.limit or config.retention.batch
-    pause = _SQLITE_BATCH_PAUSE_S if config.database.backend == "sqlite" else 0.0
-    total = with_store(config, lambda store: _purge(store, rule, batch, pause))
+    total = with_store(config, lambda store: _purge(store, rule, batch))
     print(f"deleted {total} task(s): {rule.describe()}")
     return exitcodes.OK
 

@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from cairnqd.config.dsn import _dsn_problem
+from cairnqd.config.handler_path import parse_handler_path
 from cairnqd.config.sections import ListenAddress
 from cairnqd.config.units import format_duration, format_size, parse_duration, parse_size
 from cairnqd.config.yamlload import (
@@ -23,7 +24,6 @@ from cairnqd.config.yamlload import (
     YamlScalar,
     YamlSequence,
 )
-from cairnqd.registry import parse_handler_path
 
 if TYPE_CHECKING:
     from cairnqd.config.checker import _Checker

@@ -7,8 +7,8 @@ what a child needs, so defaults live in the config schema only; the child decode
 the message strictly (`decode_boot`), and a missing or mistyped field is a protocol
 error that stops it (exit 78), never a silent default.
 
-The database part stays a plain mapping of values: the child's store is built from
-it (`Child._make_store`).
+The database part carries exactly what the store factory needs
+(`Child._make_store`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,18 @@ class WorkerSettings:
 
 
 @dataclass(frozen=True)
+class DatabaseSettings:
+    """Where the child's store connects, and how (see `store.factory.build_store`)."""
+
+    path: str | None
+    dsn: str | None
+    busy_timeout_ms: int
+    connect_timeout_s: float
+    connections: int
+    auto_migrate: bool
+
+
+@dataclass(frozen=True)
 class Boot:
     kind: ClassVar[Literal["boot"]] = "boot"
     #: The pipe protocol's version: a child of other code refuses to run (exit 78).
@@ -58,7 +70,7 @@ class Boot:
     max_tasks: int | None
     #: Bytes of RSS; None: no limit.
     max_memory: int | None
-    database: Mapping[str, Any]
+    database: DatabaseSettings
     group_config: WorkerSettings
 
 
@@ -85,17 +97,16 @@ def boot_for(
     )
 
 
-def _database(config: Config) -> dict[str, Any]:
+def _database(config: Config) -> DatabaseSettings:
     db = config.database
-    return {
-        "backend": db.backend,
-        "path": db.path,
-        "dsn": db.dsn,
-        "busy_timeout_ms": to_ms(db.busy_timeout),
-        "connect_timeout_s": db.connect_timeout.total_seconds(),
-        "connections": db.connections_per_child,
-        "auto_migrate": db.auto_migrate,
-    }
+    return DatabaseSettings(
+        path=db.path,
+        dsn=db.dsn,
+        busy_timeout_ms=to_ms(db.busy_timeout),
+        connect_timeout_s=db.connect_timeout.total_seconds(),
+        connections=db.connections_per_child,
+        auto_migrate=bool(db.auto_migrate),
+    )
 
 
 def _worker_settings(group: GroupConfig) -> WorkerSettings:

@@ -60,6 +60,7 @@ from cairnqd.errors import (
 from cairnqd.models import Task
 from cairnqd.registry import resolve_handlers
 from cairnqd.store.base import TaskStore
+from cairnqd.store.factory import build_store
 from cairnqd.worker import Worker
 
 log = logging.getLogger("cairnqd.child")
@@ -231,22 +232,14 @@ class Child:
 
     def _make_store(self) -> TaskStore:
         db = self.boot.database
-        if db["backend"] == "sqlite":
-            from cairnqd.store.sqlite import SQLiteStore
-
-            return SQLiteStore(
-                db["path"],
-                busy_timeout_ms=int(db.get("busy_timeout_ms", 5000)),
-                migrate=bool(db.get("auto_migrate", True)),
-            )
-        from cairnqd.store.postgres import PostgresStore
-
-        return PostgresStore(
-            db["dsn"],
-            min_size=1,
-            max_size=max(1, int(db.get("connections", 1))),
-            connect_timeout_s=float(db.get("connect_timeout_s", 10)),
-            migrate=bool(db.get("auto_migrate", True)),
+        return build_store(
+            "worker",
+            path=db.path,
+            dsn=db.dsn,
+            busy_timeout_ms=db.busy_timeout_ms,
+            connect_timeout_s=db.connect_timeout_s,
+            auto_migrate=db.auto_migrate,
+            connections=db.connections,
         )
 
     def _build_worker(self) -> Worker:

@@ -36,10 +36,13 @@ def check_connection_budget(config: Config) -> str | None:
     if db.backend != "postgres" or db.connection_check == "off":
         return None
     try:
-        limit, reserved = asyncio.run(_connection_limits(config))
+        limits = asyncio.run(_connection_limits(config))
     except Exception as exc:  # the children will wait for the database; say so and go on
         log.warning("could not check the connection budget: %s", exc)
         return None
+    if limits is None:
+        return None
+    limit, reserved = limits
     available = limit - reserved
     needed = connection_budget(config)
     if needed <= available:
@@ -57,13 +60,7 @@ def check_connection_budget(config: Config) -> str | None:
     return message
 
 
-async def _connection_limits(config: Config) -> tuple[int, int]:
-    from cairnqd.store.postgres import PostgresStore
+async def _connection_limits(config: Config) -> tuple[int, int] | None:
+    from cairnqd.store.factory import store_for
 
-    assert config.database.dsn is not None
-    store = PostgresStore(
-        config.database.dsn,
-        max_size=1,
-        connect_timeout_s=config.database.connect_timeout.total_seconds(),
-    )
-    return await store.server_connection_limits()
+    return await store_for(config.database, "background").server_connection_limits()

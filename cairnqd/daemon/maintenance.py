@@ -28,7 +28,6 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
-import sqlite3
 import threading
 import time
 from collections import Counter
@@ -36,16 +35,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-import psycopg_pool
-
 from cairnqd.config import Config, DatabaseConfig, PurgeRule, to_ms
 from cairnqd.daemon.dbthread import LoopThread
-from cairnqd.errors import DatabaseUnavailable, LostLease, StoreClosed
+from cairnqd.errors import LostLease
 from cairnqd.store.base import Row, TaskStore
+from cairnqd.store.errors import classify
+from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
-from cairnqd.store.postgres import PostgresStore
-from cairnqd.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
     from cairnqd.daemon.metrics import Metrics
@@ -63,7 +59,6 @@ log = logging.getLogger("cairnqd.maintenance")
 HAND_BACK_REASONS = ("worker_exit", "shutdown", "max_run")
 #: Second key of the purge lock; the stats leader uses 2 (metrics/database.py).
 PURGE_LOCK_ID = 1
-_SQLITE_BATCH_PAUSE_S = 0.05
 _HAND_BACK_ATTEMPTS = 5
 _HAND_BACK_BACKOFF_MAX_S = 8.0
 # The lease-expired envelope's message names why the parent let go of the task.
@@ -79,15 +74,7 @@ _HAND_BACK_CAUSES = {
 
 def db_error_kind(exc: BaseException) -> str:
     """Classify a database error into the `kind` label: busy, timeout, connect, other."""
-    if isinstance(exc, sqlite3.OperationalError):
-        text = str(exc).lower()
-        return "busy" if "locked" in text or "busy" in text else "other"
-    # Both are OperationalErrors too, so they are tested before the connect case.
-    if isinstance(exc, TimeoutError | psycopg.errors.QueryCanceled | psycopg_pool.PoolTimeout):
-        return "timeout"
-    if isinstance(exc, DatabaseUnavailable | psycopg.OperationalError | OSError):
-        return "connect"
-    return "other"
+    return classify(exc)
 
 
 def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None = None) -> TaskStore:
@@ -96,31 +83,7 @@ def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None =
     `statement_timeout_ms` bounds each statement server-side on Postgres and the busy
     wait on SQLite (the metrics collector passes its 2 s scrape budget).
     """
-    if database.backend == "sqlite":
-        assert database.path is not None
-        busy_ms = to_ms(database.busy_timeout)
-        if statement_timeout_ms is not None:
-            busy_ms = min(busy_ms, statement_timeout_ms)
-        return SQLiteStore(database.path, busy_timeout_ms=busy_ms, migrate=database.auto_migrate)
-    assert database.dsn is not None
-    dsn = database.dsn
-    if statement_timeout_ms is not None:
-        dsn = _with_statement_timeout(dsn, statement_timeout_ms)
-    return PostgresStore(
-        dsn,
-        min_size=1,
-        max_size=1,
-        connect_timeout_s=database.connect_timeout.total_seconds(),
-        migrate=database.auto_migrate,
-        listen=False,
-    )
-
-
-def _with_statement_timeout(dsn: str, timeout_ms: int) -> str:
-    # Appended to any `options` the operator set, so theirs still apply.
-    options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
-    timeout = f"{options} -c statement_timeout={int(timeout_ms)}".strip()
-    return psycopg.conninfo.make_conninfo(dsn, options=timeout)
+    return store_for(database, "background", statement_timeout_ms=statement_timeout_ms)
 
 
 # -- the maintenance thread ----------------------------------------------------------------
@@ -430,8 +393,8 @@ class Maintenance:
         try:
             for index, rule in enumerate(rules):
                 deleted += await self._purge_rule(store, index, rule)
-            if deleted and isinstance(store, SQLiteStore):
-                await store.checkpoint_wal()
+            if deleted:
+                await store.after_purge()
         except Exception:
             self._metrics.purge_failed()
             raise
@@ -450,9 +413,9 @@ class Maintenance:
             await self.run_urgent()
             if self._purge_halted():
                 break
-            if batch_no and isinstance(store, SQLiteStore):
+            if batch_no and store.purge_batch_pause_s:
                 # Let the workers' writes in between two of our write transactions.
-                await asyncio.sleep(_SQLITE_BATCH_PAUSE_S)
+                await asyncio.sleep(store.purge_batch_pause_s)
             ids = await store.purge(
                 older_than_ms=to_ms(rule.older_than),
                 queue=rule.queue,
@@ -469,16 +432,13 @@ class Maintenance:
     @contextlib.asynccontextmanager
     async def _sweep_lock(self, store: TaskStore) -> AsyncIterator[bool]:
         # One host per interval on Postgres; SQLite has one host by construction.
-        if not isinstance(store, PostgresStore):
-            yield True
-            return
         namespace = self._config.database.lock_namespace
-        async with store.session_lock(namespace, PURGE_LOCK_ID) as held:
+        async with store.exclusive(namespace, PURGE_LOCK_ID) as held:
             yield held
 
     # -- the store -------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Close the store (done by `stop()`; call it after awaiting duties directly)."""
-        with contextlib.suppress(StoreClosed, psycopg.Error, OSError):
+        with contextlib.suppress(Exception):  # a broken connection may fail to close
             await self._store.close()

@@ -3,8 +3,8 @@
 The dialect classes supply three primitives (run one statement, open a write
 transaction, take the per-key lock) plus their connect sequence; every decision the
 protocol makes (validation, the conflict strategies, which claim variant a draw uses,
-backoff-free semantics of each write) lives here, above the storage seam, so the two
-dialects cannot drift apart.
+what each write returns) lives here, above the storage seam, so the two dialects
+cannot drift apart. Retrying a busy database is the dialect's business.
 
 Parameters follow the protocol's "superset in" rule: an operation passes every value
 any dialect might bind (relative times such as `lease_ms`, `delay_ms`,
@@ -14,33 +14,56 @@ any dialect might bind (relative times such as `lease_ms`, `delay_ms`,
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import contextlib
+import dataclasses
 import math
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from cairnqd._ids import new_task_id
-from cairnqd._jsoncodec import dump_json, dump_json_or_empty
+from cairnqd._jsoncodec import dump_json
 from cairnqd._protocol import Dialect
-from cairnqd.errors import AlreadyExists, LostLease, SerializationError, UnsupportedBackend
-from cairnqd.models import CONFLICTS, STATUSES, TERMINAL_STATUSES, Task, TaskRef, task_name
+from cairnqd.errors import (
+    AlreadyExists,
+    ErrorEnvelope,
+    LostLease,
+    SerializationError,
+    UnsupportedBackend,
+)
+from cairnqd.models import STATUSES, TERMINAL_STATUSES, Task, TaskRef
+from cairnqd.store.arguments import (
+    INT8_MAX,
+    Params,
+    SubmitRequest,
+    check_status_filter,
+    check_text,
+    optional_filters,
+    require_duration,
+    require_int,
+    require_str,
+)
+from cairnqd.store.leadership import LeaderLock, SoleHost
+from cairnqd.store.statement_params import (
+    INSERT_MANY_CHUNK,
+    LEASE_EXPIRED,
+    LEASE_EXPIRED_ERROR_JSON,
+    SettleItem,
+    claim_variant,
+    complete_many_params,
+    encode_error,
+    insert_many_params,
+    new_task,
+)
 
 if TYPE_CHECKING:
-    from cairnqd.backpressure import QueueDepthGate
+    from cairnqd.store.backpressure import QueueDepthGate
 
 Row = Mapping[str, Any]
-Params = dict[str, Any]
-
-LEASE_EXPIRED_ERROR: dict[str, Any] = {
-    "type": "LeaseExpired",
-    "code": "lease_expired",
-    "message": "task lease expired and max attempts reached",
-    "retryable": False,
-    "details": {},
-}
-LEASE_EXPIRED_ERROR_JSON = dump_json(LEASE_EXPIRED_ERROR)
+T = TypeVar("T")
 
 _LIVE = frozenset({"queued", "running"})
 # Which existing task each conflict strategy hands back instead of inserting.
@@ -60,36 +83,18 @@ class Session(Protocol):
     ) -> list[Row]: ...
 
 
+Clock = Callable[[], int]
+"""Epoch milliseconds. SQLite binds a store's clock into every statement that reads the
+time; Postgres reads the server's clock instead, and an injected clock only moves the
+retention cut-offs (`purge`, `count_purgeable`): enough to age rows in a test without
+waiting, while leases and due times stay on the one clock all hosts share."""
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
 ClaimDraw = Callable[[Sequence[str] | None, int], Awaitable[list[Task]]]
-
-
-# -- argument checks ------------------------------------------------------------------
-# Each names the argument, so a bad call is diagnosed where it was made, not by a
-# CHECK constraint deep in the driver.
-
-
-def _require_str(value: Any, arg: str, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{arg} must be a non-empty string, got {value!r}")
-
-
-def _require_int(value: Any, arg: str, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{arg} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{arg} must be >= {minimum}, got {value}")
-    return value
-
-
-def _check_status_filter(status: Any, arg: str, allowed: Sequence[str]) -> None:
-    if status is not None and status not in allowed:
-        raise ValueError(f"{arg} must be one of {', '.join(allowed)}; got {status!r}")
-
-
-def _optional_filters(params: Mapping[str, Any], names: Sequence[str]) -> frozenset[str]:
-    return frozenset(n for n in names if params.get(n) is not None)
 
 
 class TaskStore(ABC):
@@ -98,8 +103,15 @@ class TaskStore(ABC):
     dialect: Dialect
     # How this driver returns JSON columns: text to parse (SQLite), or decoded values.
     json_is_text: bool = True
+    #: Seconds a long purge waits between two batches, so the workers' writes get in
+    #: (SQLite has one writer); 0 where writers do not queue behind each other.
+    purge_batch_pause_s: float = 0.0
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        # Injected: what this store's statements read as now (see Clock). Kept apart
+        # from now_ms so a dialect with a clock of its own knows when it is overridden.
+        self.clock = clock
+        self.now_ms: Clock = clock if clock is not None else wall_clock_ms
         self._gate: QueueDepthGate | None = None
         self._retention: Any = None
 
@@ -121,6 +133,22 @@ class TaskStore(ABC):
     @abstractmethod
     def _transaction(self) -> AbstractAsyncContextManager[Session]:
         """A write transaction; commits on clean exit, rolls back on error."""
+
+    async def _scan(
+        self,
+        op: str,
+        params: Params,
+        supplied: frozenset[str],
+        convert: Callable[[builtins.list[Row]], builtins.list[T]],
+    ) -> builtins.list[T]:
+        """A read whose cost grows with the table (`list`, `stats`), converted to
+        values. Dialects override it to keep the event loop free while it runs."""
+        return convert(await self._fetch(op, params, supplied))
+
+    def _operation(self) -> AbstractContextManager[None]:
+        """Bracket a public operation of several statements, so a dialect that drains
+        at close (SQLite) lets it finish as a whole once it has begun."""
+        return contextlib.nullcontext()
 
     async def _lock_key(self, session: Session, key: str) -> None:
         """Serialize keyed operations on `key` for the rest of the transaction.
@@ -146,7 +174,7 @@ class TaskStore(ABC):
     def use_backpressure(
         self, max_queue_depth: int | Mapping[str, int], *, max_queue_wait_ms: int = 600_000
     ) -> None:
-        from cairnqd.backpressure import QueueDepthGate
+        from cairnqd.store.backpressure import QueueDepthGate
 
         self._gate = QueueDepthGate(self, max_queue_depth, max_queue_wait_ms=max_queue_wait_ms)
 
@@ -165,61 +193,16 @@ class TaskStore(ABC):
             out[table] = [(r["name"], int(r["applied_at_ms"])) for r in rows]
         return out
 
+    async def server_connection_limits(self) -> tuple[int, int] | None:
+        """(max_connections, superuser_reserved_connections) of a database server, or
+        None when there is no server to share (SQLite). Needs no `connect()`."""
+        return None
+
     async def protocol_version(self) -> int:
         rows = await self._fetch("protocol_version", {})
         return int(rows[0]["value"]) if rows else 0
 
     # -- submit ------------------------------------------------------------------------
-
-    def _submit_params(
-        self,
-        *,
-        name: str,
-        payload: Any,
-        queue: str,
-        key: str | None,
-        conflict: str,
-        max_attempts: int,
-        priority: int,
-        metadata: Any,
-        parent_id: str | None,
-        root_id: str | None,
-        correlation_id: str | None,
-        delay_ms: int,
-    ) -> Params:
-        if conflict not in CONFLICTS:
-            raise ValueError(f"conflict must be one of {', '.join(CONFLICTS)}; got {conflict!r}")
-        _require_int(max_attempts, "max_attempts", minimum=1)
-        _require_int(delay_ms, "delay_ms", minimum=0)
-        _require_int(priority, "priority")
-        _require_str(name, "name")
-        _require_str(queue, "queue")
-        _require_str(key, "key", optional=True)
-        for arg, value in (
-            ("parent_id", parent_id),
-            ("root_id", root_id),
-            ("correlation_id", correlation_id),
-        ):
-            _require_str(value, arg, optional=True)
-        task_id = new_task_id()
-        return {
-            "id": task_id,
-            "name": name,
-            "queue": queue,
-            "payload": dump_json_or_empty(payload, what="payload"),
-            "metadata": dump_json_or_empty(metadata, what="metadata"),
-            # The values themselves, for tasks built without reading the row back.
-            "payload_value": {} if payload is None else payload,
-            "metadata_value": {} if metadata is None else metadata,
-            "max_attempts": max_attempts,
-            "priority": priority,
-            "parent_id": parent_id,
-            "root_id": root_id if root_id is not None else task_id,
-            "correlation_id": correlation_id,
-            "delay_ms": delay_ms,
-            "key": key,
-            "conflict": conflict,
-        }
 
     async def submit(
         self,
@@ -237,7 +220,10 @@ class TaskStore(ABC):
         correlation_id: str | None = None,
         delay_ms: int = 0,
     ) -> Task:
-        params = self._submit_params(
+        """Queue one task. A bad argument raises ValueError (or SerializationError for
+        a payload or metadata) naming it, before anything is written; the limits are
+        Postgres's on both dialects (store/arguments.py lists them)."""
+        request = SubmitRequest(
             name=name,
             payload=payload,
             queue=queue,
@@ -251,13 +237,15 @@ class TaskStore(ABC):
             correlation_id=correlation_id,
             delay_ms=delay_ms,
         )
-        if self._gate is not None:
-            await self._gate.admit(queue)
-        if key is None:
-            rows = await self._fetch("insert_task", params)
-            return self._task(rows[0])
-        async with self._transaction() as session:
-            return await self._submit_keyed(session, params)
+        params = request.insert_params()
+        with self._operation():
+            if self._gate is not None:
+                await self._gate.admit(queue)
+            if key is None:
+                rows = await self._fetch("insert_task", params)
+                return self._task(rows[0])
+            async with self._transaction() as session:
+                return await self._submit_keyed(session, params)
 
     async def _submit_keyed(self, session: Session, params: Params) -> Task:
         key, conflict = params["key"], params["conflict"]
@@ -290,18 +278,20 @@ class TaskStore(ABC):
             if not isinstance(item, Mapping):
                 raise ValueError(f"tasks[{index}] must be a mapping of submit arguments")
             try:
-                prepared.append(self._submit_params(**_submit_defaults(item)))
+                prepared.append(SubmitRequest.from_mapping(item).insert_params())
             except TypeError as exc:
                 raise ValueError(f"tasks[{index}]: {exc}") from None
             except (ValueError, SerializationError) as exc:
                 raise type(exc)(f"tasks[{index}]: {exc}") from None
         if not prepared:
+            await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return []
-        if self._gate is not None:
-            for params in prepared:
-                await self._gate.admit(params["queue"])
-        async with self._transaction() as session:
-            return await self._insert_prepared(session, prepared)
+        with self._operation():
+            if self._gate is not None:
+                for params in prepared:
+                    await self._gate.admit(params["queue"])
+            async with self._transaction() as session:
+                return await self._insert_prepared(session, prepared)
 
     async def _insert_prepared(self, session: Session, prepared: list[Params]) -> list[Task]:
         """Insert validated submits in list order inside `session`.
@@ -315,17 +305,17 @@ class TaskStore(ABC):
 
         async def flush_run() -> None:
             if run:
-                rows = await session.fetch("insert_many", _insert_many_params(run))
+                rows = await session.fetch("insert_many", insert_many_params(run))
                 # Only the times come back; the rest is what we inserted, so the rows
                 # are not parsed back out of their JSON.
                 times = {r["id"]: (int(r["run_at_ms"]), int(r["created_at_ms"])) for r in rows}
-                out.extend(_new_task(p, *times[p["id"]]) for p in run)
+                out.extend(new_task(p, *times[p["id"]]) for p in run)
                 run.clear()
 
         for params in prepared:
             if params["key"] is None:
                 run.append(params)
-                if len(run) >= _INSERT_MANY_CHUNK:
+                if len(run) >= INSERT_MANY_CHUNK:
                     await flush_run()
             else:
                 await flush_run()
@@ -336,22 +326,22 @@ class TaskStore(ABC):
     # -- reads -------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> Task | None:
-        _require_str(task_id, "task_id")
+        require_str(task_id, "task_id")
         rows = await self._fetch("get", {"id": task_id})
         return self._task(rows[0]) if rows else None
 
     async def get_by_key(self, key: str) -> Task | None:
-        _require_str(key, "key")
+        require_str(key, "key")
         rows = await self._fetch("get_by_key", {"key": key})
         return self._task(rows[0]) if rows else None
 
     async def get_status(self, task_id: str) -> TaskRef | None:
-        _require_str(task_id, "task_id")
+        require_str(task_id, "task_id")
         rows = await self._fetch("get_status", {"id": task_id})
         return TaskRef.from_row(rows[0]) if rows else None
 
     async def get_status_by_key(self, key: str) -> TaskRef | None:
-        _require_str(key, "key")
+        require_str(key, "key")
         rows = await self._fetch("get_status_by_key", {"key": key})
         return TaskRef.from_row(rows[0]) if rows else None
 
@@ -366,9 +356,9 @@ class TaskStore(ABC):
         limit: int = 100,
         offset: int = 0,
     ) -> list[Task]:
-        _check_status_filter(status, "status", STATUSES)
-        _require_int(limit, "limit", minimum=0)
-        _require_int(offset, "offset", minimum=0)
+        check_status_filter(status, "status", STATUSES)
+        require_int(limit, "limit", minimum=0, maximum=INT8_MAX)
+        require_int(offset, "offset", minimum=0, maximum=INT8_MAX)
         params: Params = {
             "status": status,
             "queue": queue,
@@ -378,15 +368,15 @@ class TaskStore(ABC):
             "limit": limit,
             "offset": offset,
         }
-        supplied = _optional_filters(
+        supplied = optional_filters(
             params, ("status", "queue", "name", "root_id", "correlation_id")
         )
-        return self._tasks(await self._fetch("list", params, supplied))
+        return await self._scan("list", params, supplied, self._tasks)
 
     async def stats(self, queue: str | None = None) -> dict[str, dict[str, int]]:
-        _require_str(queue, "queue", optional=True)
+        require_str(queue, "queue", optional=True)
         params: Params = {"queue": queue}
-        rows = await self._fetch("stats", params, _optional_filters(params, ("queue",)))
+        rows = await self._scan("stats", params, optional_filters(params, ("queue",)), _rows)
         out: dict[str, dict[str, int]] = {}
         if queue is not None:
             out[queue] = dict.fromkeys(STATUSES, 0)
@@ -396,25 +386,25 @@ class TaskStore(ABC):
         return out
 
     async def queue_depth(self, queue: str, max_depth: int) -> int:
-        _require_str(queue, "queue")
-        _require_int(max_depth, "max_depth", minimum=0)
+        require_str(queue, "queue")
+        require_int(max_depth, "max_depth", minimum=0, maximum=INT8_MAX)
         rows = await self._fetch("queue_depth", {"queue": queue, "max_depth": max_depth})
         return int(rows[0]["headroom"])
 
     # -- control -----------------------------------------------------------------------
 
     async def cancel(self, task_id: str) -> Task | None:
-        _require_str(task_id, "task_id")
+        require_str(task_id, "task_id")
         rows = await self._fetch("cancel", {"id": task_id})
         return self._task(rows[0]) if rows else None
 
     async def retry(self, task_id: str, *, reset_attempt: bool = False) -> Task | None:
-        _require_str(task_id, "task_id")
+        require_str(task_id, "task_id")
         rows = await self._fetch("retry", {"id": task_id, "reset_attempt": bool(reset_attempt)})
         return self._task(rows[0]) if rows else None
 
     async def _by_key(self, key: str, op: str, params: Params) -> Task | None:
-        _require_str(key, "key")
+        require_str(key, "key")
         async with self._transaction() as session:
             await self._lock_key(session, key)
             key_rows = await session.fetch("get_key", {"key": key})
@@ -437,9 +427,9 @@ class TaskStore(ABC):
         name: str | None,
         limit: int,
     ) -> tuple[Params, frozenset[str]]:
-        _require_int(older_than_ms, "older_than_ms", minimum=0)
-        _require_int(limit, "limit", minimum=1)
-        _check_status_filter(status, "status", sorted(TERMINAL_STATUSES))
+        require_duration(older_than_ms, "older_than_ms")
+        require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
+        check_status_filter(status, "status", sorted(TERMINAL_STATUSES))
         params: Params = {
             "older_than_ms": older_than_ms,
             "queue": queue,
@@ -447,7 +437,7 @@ class TaskStore(ABC):
             "name": name,
             "limit": limit,
         }
-        return params, _optional_filters(params, ("queue", "status", "name"))
+        return params, optional_filters(params, ("queue", "status", "name"))
 
     async def purge(
         self,
@@ -471,8 +461,22 @@ class TaskStore(ABC):
     ) -> int:
         """How many rows `purge` with these filters would delete (all batches)."""
         params, supplied = self._purge_params(older_than_ms, queue, status, name, 1)
-        rows = await self._fetch("purge_count", params, supplied)
+        rows = await self._scan("purge_count", params, supplied, _rows)
         return int(rows[0]["n"])
+
+    async def after_purge(self) -> None:
+        """Tidy up after a purge that deleted rows (SQLite checkpoints its WAL)."""
+
+    # -- leadership among hosts (the daemon's; see store/leadership.py) ----------------
+
+    def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
+        """Hold `(namespace, lock_id)` for the block if no other host does; yields
+        whether it is held, never waiting. One host only reaches this database here."""
+        return _always_held()
+
+    def leader_lock(self, namespace: int, lock_id: int) -> LeaderLock:
+        """Leadership on `(namespace, lock_id)` kept across calls; always held here."""
+        return SoleHost(namespace, lock_id)
 
     # -- claiming ----------------------------------------------------------------------
 
@@ -523,31 +527,44 @@ class TaskStore(ABC):
         if not queue_list:
             raise ValueError("queues must name at least one queue")
         for q in queue_list:
-            _require_str(q, "queues[]")
-        _require_str(worker_id, "worker_id")
-        _require_int(lease_ms, "lease_ms", minimum=1)
+            require_str(q, "queues[]")
+        require_str(worker_id, "worker_id")
+        require_duration(lease_ms, "lease_ms", minimum=1)
         name_list = None if names is None else list(names)
-        self._register_wakeable(queue_list)
+        with self._operation():
+            return await self._claim(
+                queue_list, name_list, worker_id, lease_ms, plan, settle, on_settled
+            )
+
+    async def _claim(
+        self,
+        queues: builtins.list[str],
+        names: builtins.list[str] | None,
+        worker_id: str,
+        lease_ms: int,
+        plan: Callable[[ClaimDraw], Awaitable[Any]],
+        settle: Sequence[SettleItem],
+        on_settled: Callable[[dict[str, str]], None] | None,
+    ) -> Any:
+        self._register_wakeable(queues)
         # Taken on every claim, so a hint never outlives the wake-up that set it.
         pushed = self._take_push_hint()
         if not settle and not pushed:
-            probe = await self._fetch("claimable_probe", {"queues": queue_list, "names": name_list})
+            probe = await self._fetch("claimable_probe", {"queues": queues, "names": names})
             if not probe or not probe[0]["has_work"]:
                 return None
         base: Params = {"worker_id": worker_id, "lease_ms": lease_ms}
         settled: dict[str, str] = {}
         async with self._transaction() as session:
             if settle:
-                rows = await session.fetch(
-                    "complete_many", _complete_many_params(worker_id, settle)
-                )
+                rows = await session.fetch("complete_many", complete_many_params(worker_id, settle))
                 settled = {r["id"]: r["status"] for r in rows}
             await session.fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
 
             async def draw(draw_names: Sequence[str] | None, limit: int) -> list[Task]:
                 if limit <= 0 or (draw_names is not None and len(draw_names) == 0):
                     return []
-                op, params = _claim_variant(queue_list, draw_names)
+                op, params = claim_variant(queues, draw_names)
                 rows = await session.fetch(op, {**base, **params, "limit": limit})
                 return self._tasks(rows)
 
@@ -577,8 +594,8 @@ class TaskStore(ABC):
         their handler: those are queued again with the attempt their claim spent given
         back (a pending cancel still wins). Anything not listed counts as started.
         Returns the rows changed: id, queue, name and new status."""
-        _require_str(worker_id, "worker_id")
-        error = dump_json({**LEASE_EXPIRED_ERROR, "message": message})
+        require_str(worker_id, "worker_id")
+        error = dump_json(dataclasses.replace(LEASE_EXPIRED, message=message).to_dict())
         async with self._transaction() as session:
             returned: builtins.list[Row] = []
             if unstarted:
@@ -593,12 +610,12 @@ class TaskStore(ABC):
 
     async def oldest_queued_age_ms(self) -> dict[str, int]:
         """Per queue: how long the oldest claimable queued task has been due."""
-        rows = await self._fetch("oldest_queued", {})
+        rows = await self._scan("oldest_queued", {}, frozenset(), _rows)
         return {r["queue"]: max(0, int(r["age_ms"])) for r in rows}
 
     async def expired_leases(self) -> dict[str, int]:
         """Per queue: running tasks whose lease expired and await recovery."""
-        rows = await self._fetch("leases_expired", {})
+        rows = await self._scan("leases_expired", {}, frozenset(), _rows)
         return {r["queue"]: int(r["n"]) for r in rows}
 
     # -- owned writes ------------------------------------------------------------------
@@ -628,6 +645,7 @@ class TaskStore(ABC):
         lapsed, it claimed the task again) learns which of them the lease is now for."""
         ids = list(task_ids)
         if not ids:
+            await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return {}
         rows = await self._fetch(
             "heartbeat_batch", {"ids": ids, "worker_id": worker_id, "lease_ms": lease_ms}
@@ -647,6 +665,7 @@ class TaskStore(ABC):
                 raise ValueError(f"progress must be a number, got {progress!r}")
             if not math.isfinite(progress):
                 raise ValueError(f"progress must be finite, got {progress!r}")
+        _check_message(message)
         return await self._owned(
             "progress",
             task_id,
@@ -664,6 +683,7 @@ class TaskStore(ABC):
     async def succeed(
         self, *, task_id: str, worker_id: str, result: Any, message: str | None = None
     ) -> Task:
+        _check_message(message)
         encoded = None if result is None else dump_json(result, what="result")
         return await self._owned(
             "succeed", task_id, {"worker_id": worker_id, "result": encoded, "message": message}
@@ -674,11 +694,11 @@ class TaskStore(ABC):
         *,
         task_id: str,
         worker_id: str,
-        error: Mapping[str, Any],
+        error: Mapping[str, Any] | ErrorEnvelope,
         retryable: bool = True,
         delay_ms: int = 0,
     ) -> Task:
-        _require_int(delay_ms, "delay_ms", minimum=0)
+        require_duration(delay_ms, "delay_ms")
         return await self._owned(
             "fail",
             task_id,
@@ -693,13 +713,15 @@ class TaskStore(ABC):
     async def complete_many(self, *, worker_id: str, items: Sequence[SettleItem]) -> dict[str, str]:
         """Complete many owned tasks in one statement, each with `complete`'s rules.
 
-        `items` pairs a task id with its result already encoded as JSON text (None
-        stores SQL NULL). Returns {task_id: new status} for the rows settled; an id
-        missing from it had lost its lease.
+        `items` pairs a task id with its result already encoded as JSON text by
+        `dump_json` (None stores SQL NULL); the text is not checked again here.
+        Returns {task_id: new status} for the rows settled; an id missing from it had
+        lost its lease.
         """
         if not items:
+            await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return {}
-        rows = await self._fetch("complete_many", _complete_many_params(worker_id, items))
+        rows = await self._fetch("complete_many", complete_many_params(worker_id, items))
         return {r["id"]: r["status"] for r in rows}
 
     async def complete_in(
@@ -724,142 +746,25 @@ class TaskStore(ABC):
         await _sleep_ms(timeout_ms)
 
 
-def _claim_variant(queues: list[str], names: Sequence[str] | None) -> tuple[str, Params]:
-    """Pick the claim statement whose equality predicates the planner can read in
-    claim order: the list forms sort the whole claimable backlog."""
-    one_queue = len(queues) == 1
-    one_name = names is not None and len(names) == 1
-    if one_queue and one_name:
-        assert names is not None
-        return "claim_one_queue_one_name", {"queue": queues[0], "name": names[0]}
-    if one_name:
-        assert names is not None
-        return "claim_one_name", {"queues": queues, "name": names[0]}
-    name_list = None if names is None else list(names)
-    if one_queue:
-        return "claim_one_queue", {"queue": queues[0], "names": name_list}
-    return "claim", {"queues": queues, "names": name_list}
+def _check_message(message: Any) -> None:
+    if message is None:
+        return
+    if not isinstance(message, str):
+        raise ValueError(f"message must be a string or None, got {type(message).__name__}")
+    check_text(message, "message")
 
 
-def _new_task(params: Params, run_at_ms: int, created_at_ms: int) -> Task:
-    return Task(
-        id=params["id"],
-        name=params["name"],
-        queue=params["queue"],
-        status="queued",
-        payload=params["payload_value"],
-        metadata=params["metadata_value"],
-        max_attempts=params["max_attempts"],
-        priority=params["priority"],
-        parent_id=params["parent_id"],
-        root_id=params["root_id"],
-        correlation_id=params["correlation_id"],
-        run_at_ms=run_at_ms,
-        created_at_ms=created_at_ms,
-        updated_at_ms=created_at_ms,
-    )
+def _rows(rows: list[Row]) -> list[Row]:
+    return rows
 
 
-# Rows per insert_many statement: big enough to amortize, small enough for the
-# statement's JSON/array parameters to stay a few MB at most.
-_INSERT_MANY_CHUNK = 5000
-
-
-def _insert_many_params(run: Sequence[Params]) -> Params:
-    """Both dialects read one JSON array of the new tasks."""
-    return {
-        "new_tasks": dump_json(
-            [
-                {
-                    "id": p["id"],
-                    "name": p["name"],
-                    "queue": p["queue"],
-                    "p": p["payload"],
-                    "m": p["metadata"],
-                    "max_attempts": p["max_attempts"],
-                    "priority": p["priority"],
-                    "parent_id": p["parent_id"],
-                    "root_id": p["root_id"],
-                    "correlation_id": p["correlation_id"],
-                    "delay_ms": p["delay_ms"],
-                }
-                for p in run
-            ]
-        )
-    }
-
-
-#: A result to write: (task id, result as JSON text or None), optionally with the
-#: attempt it belongs to, so it cannot settle a later attempt of the same task.
-SettleItem = tuple[str, str | None] | tuple[str, str | None, int]
-
-
-def _complete_many_params(worker_id: str, items: Sequence[SettleItem]) -> Params:
-    # Both dialects read one JSON array; results travel as JSON text inside it.
-    rows = [
-        {"id": item[0], "r": item[1]}
-        if len(item) == 2
-        else {"id": item[0], "r": item[1], "a": item[2]}
-        for item in items
-    ]
-    return {"worker_id": worker_id, "items": dump_json(rows)}
-
-
-def encode_error(error: Mapping[str, Any]) -> str:
-    """Serialize an error envelope; one that JSON cannot carry keeps its string fields."""
-    try:
-        return dump_json(dict(error), what="error")
-    except Exception:
-        return dump_json(
-            {k: v for k, v in error.items() if isinstance(v, str | bool | int | float)},
-            what="error",
-        )
-
-
-_SUBMIT_ARGS = frozenset(
-    {
-        "name",
-        "payload",
-        "queue",
-        "key",
-        "conflict",
-        "max_attempts",
-        "priority",
-        "metadata",
-        "parent_id",
-        "root_id",
-        "correlation_id",
-        "delay_ms",
-    }
-)
-
-
-def _submit_defaults(item: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = item.keys() - _SUBMIT_ARGS
-    if unknown:
-        raise TypeError(f"unknown submit argument(s): {', '.join(sorted(unknown))}")
-    if "name" not in item:
-        raise TypeError("missing 'name'")
-    return {
-        "name": task_name(item["name"]),
-        "payload": item.get("payload"),
-        "queue": item.get("queue", "default"),
-        "key": item.get("key"),
-        "conflict": item.get("conflict", "reuse"),
-        "max_attempts": item.get("max_attempts", 3),
-        "priority": item.get("priority", 0),
-        "metadata": item.get("metadata"),
-        "parent_id": item.get("parent_id"),
-        "root_id": item.get("root_id"),
-        "correlation_id": item.get("correlation_id"),
-        "delay_ms": item.get("delay_ms", 0),
-    }
+@asynccontextmanager
+async def _always_held() -> AsyncIterator[bool]:
+    yield True
 
 
 async def _sleep_ms(ms: int) -> None:
-    import asyncio
-
     await asyncio.sleep(max(0, ms) / 1000)
 
 
-__all__ = ["LEASE_EXPIRED_ERROR", "ClaimDraw", "Row", "Session", "TaskStore"]
+__all__ = ["LEASE_EXPIRED", "ClaimDraw", "Clock", "Params", "Row", "Session", "TaskStore"]

@@ -1,7 +1,8 @@
 """`PostgresStore`: the protocol on Postgres, through psycopg 3 (async).
 
 - Time comes from the database clock in every statement; the store passes relative
-  values (`lease_ms`, `delay_ms`, `older_than_ms`).
+  values (`lease_ms`, `delay_ms`, `older_than_ms`). An injected clock moves only the
+  retention cut-off (see `Clock` in store/base.py).
 - Keyed operations start their transaction with the advisory lock on
   `hashtextextended(key, 0)`: the same function and seed as the public SDKs, so our
   keyed writes and theirs exclude each other.
@@ -17,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -28,43 +29,32 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from cairnqd._jsoncodec import dump_json, load_json
-from cairnqd._protocol import Statement, statement
+from cairnqd._protocol import statement
+from cairnqd.config import redact_dsn
 from cairnqd.errors import (
     DatabaseUnavailable,
     LostLease,
     MigrationsPending,
     ProtocolVersionMismatch,
     SchemaMismatch,
+    StoreClosed,
 )
 from cairnqd.models import Task
-from cairnqd.store.base import Params, Row, Session, TaskStore
+from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
+from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.migrate import apply_postgres, pending_postgres
+from cairnqd.store.pg_connect import AsyncConn, bind, run, session_conninfo
+from cairnqd.store.pg_leadership import HeldSessionLock, session_lock
+from cairnqd.store.pg_listen import Listener
 
+T = TypeVar("T")
+
+# Rows a scan decodes before letting the loop run: ~2 ms for a typical task row.
+_SCAN_CHUNK = 128
+#: Longest a store operation may take on our side before its connection is dropped.
+DEFAULT_CALL_TIMEOUT_S = 60.0
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
-
-AsyncConn = psycopg.AsyncConnection[dict[str, Any]]
-
-
-def redact_dsn(dsn: str) -> str:
-    """A DSN fit for an error message: the password replaced."""
-    redacted = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)\S+", r"\1***", redacted, flags=re.I)
-
-
-def _bind(stmt: Statement, params: Mapping[str, Any]) -> dict[str, Any]:
-    bound = {name: params.get(name) for name in stmt.params}
-    if "running" in bound:
-        bound["running"] = "running"
-    return bound
-
-
-async def _run(conn: AsyncConn, stmt: Statement, params: Mapping[str, Any]) -> list[Row]:
-    cursor = await conn.execute(stmt.text, _bind(stmt, params))
-    if cursor.description is None:
-        return []
-    rows: list[Row] = list(await cursor.fetchall())
-    return rows
 
 
 class PostgresStore(TaskStore):
@@ -81,8 +71,15 @@ class PostgresStore(TaskStore):
         connect_timeout_s: float = 10.0,
         migrate: bool = True,
         listen: bool = True,
+        statement_timeout_ms: int | None = None,
+        call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
+        clock: Clock | None = None,
     ) -> None:
-        super().__init__()
+        """`statement_timeout_ms` sets the server's `statement_timeout` on every
+        connection (the daemon's background threads bound their queries with it).
+        `call_timeout_s` bounds each operation on our side (None: unbounded); see
+        `_borrow`. `clock` moves the retention cut-offs only; see `Clock`."""
+        super().__init__(clock=clock)
         # False: no LISTEN connection (a process that never waits on wake-ups, such
         # as the daemon's parent or the CLI, should not hold one).
         self.listen = listen
@@ -93,12 +90,17 @@ class PostgresStore(TaskStore):
         if min_size < 1 or max_size < min_size:
             raise ValueError(f"need 1 <= min_size <= max_size, got {min_size}, {max_size}")
         self.dsn = dsn
+        # What the connections are opened with: the DSN plus our session settings.
+        self.conninfo = session_conninfo(dsn, statement_timeout_ms=statement_timeout_ms)
         self.schema = schema
         self.min_size = min_size
         self.max_size = max_size
         self.connect_timeout_s = connect_timeout_s
+        if call_timeout_s is not None and call_timeout_s <= 0:
+            raise ValueError(f"call_timeout_s must be positive or None, got {call_timeout_s}")
+        self.call_timeout_s = call_timeout_s
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
-        self._listeners: dict[str, _Listener] = {}
+        self._listeners: dict[str, Listener] = {}
         self._push_hint = False
         self._ever_connected = False
 
@@ -112,10 +114,12 @@ class PostgresStore(TaskStore):
             # Quoted, so a mixed-case schema name keeps its case.
             await conn.execute(sql.SQL("set search_path to {}").format(sql.Identifier(self.schema)))
 
-    async def _open_connection(self) -> AsyncConn:
+    async def dedicated_connection(self) -> AsyncConn:
+        """A new connection outside the pool, configured like the pool's, that the
+        caller closes: for connect's checks and the daemon's leadership sessions."""
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.dsn,
+                self.conninfo,
                 autocommit=True,
                 row_factory=dict_row,
                 connect_timeout=max(1, int(self.connect_timeout_s)),
@@ -138,13 +142,13 @@ class PostgresStore(TaskStore):
         if self._pool is not None:
             return
         self._ever_connected = True
-        async with await self._open_connection() as conn:
+        async with await self.dedicated_connection() as conn:
             await self._check_installation(conn)
             if self.migrate:
                 await apply_postgres(conn)
             elif pending := await pending_postgres(conn):
                 raise MigrationsPending(redact_dsn(self.dsn), pending)
-            version = await _run(conn, statement("postgres", "protocol_version"), {})
+            version = await run(conn, statement("postgres", "protocol_version"), {})
             found = int(version[0]["value"]) if version else 0
             if found != 1:
                 raise ProtocolVersionMismatch(
@@ -154,7 +158,7 @@ class PostgresStore(TaskStore):
             row = await probe.fetchone()
             self.json_is_text = row is not None and row["probe"] == '"cairnq"'
         pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
-            self.dsn,
+            self.conninfo,
             min_size=self.min_size,
             max_size=self.max_size,
             kwargs={"autocommit": True, "row_factory": dict_row},
@@ -175,7 +179,7 @@ class PostgresStore(TaskStore):
 
     async def _check_installation(self, conn: AsyncConn) -> None:
         """Refuse to build a second, invisible installation beside an existing one."""
-        rows = await _run(conn, statement("postgres", "installations"), {})
+        rows = await run(conn, statement("postgres", "installations"), {})
         current = rows[0]["current_schema"] if rows else None
         found = [r["schema"] for r in rows if r["schema"] is not None]
         if self.schema is not None:
@@ -208,36 +212,87 @@ class PostgresStore(TaskStore):
 
     def _require_pool(self) -> AsyncConnectionPool[AsyncConn]:
         if self._pool is None:
-            from cairnqd.errors import StoreClosed
-
             raise StoreClosed("Postgres store is not connected (call connect())")
         return self._pool
 
     # -- primitives --------------------------------------------------------------------
 
+    @asynccontextmanager
+    async def _borrow(self) -> AsyncIterator[AsyncConn]:
+        """A pool connection for one operation, which must end within call_timeout_s.
+
+        The server may stop answering without the socket failing (a hung backend, a
+        proxy that holds the connection open): the keepalives never fire, and without
+        a deadline of our own the call would wait forever. When the deadline passes
+        (or the caller is cancelled) mid-operation, the connection's state is unknown,
+        so it is closed rather than returned: the pool opens a fresh one. psycopg first
+        tries to cancel a running query server-side, which adds up to ~10 s.
+        """
+        await self._ensure_connected()
+        async with self._require_pool().connection() as conn:
+            try:
+                async with asyncio.timeout(self.call_timeout_s):
+                    yield conn
+            except BaseException as exc:
+                if isinstance(exc, TimeoutError | asyncio.CancelledError) and not conn.closed:
+                    await conn.close()
+                raise
+
     async def _fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
-        await self._ensure_connected()
         stmt = statement("postgres", op, supplied)
-        async with self._require_pool().connection() as conn:
-            return await _run(conn, stmt, params)
+        async with self._borrow() as conn:
+            return await run(conn, stmt, params, self.clock)
+
+    async def _scan(
+        self,
+        op: str,
+        params: Params,
+        supplied: frozenset[str],
+        convert: Callable[[list[Row]], list[T]],
+    ) -> list[T]:
+        # psycopg decodes rows (jsonb included) as they are fetched: fetch a chunk at a
+        # time and let the loop run between chunks.
+        stmt = statement("postgres", op, supplied)
+        out: list[T] = []
+        async with self._borrow() as conn:
+            cursor = await conn.execute(stmt.text, bind(stmt, params, self.clock))
+            while True:
+                rows: list[Row] = list(await cursor.fetchmany(_SCAN_CHUNK))
+                out.extend(convert(rows))
+                if len(rows) < _SCAN_CHUNK:
+                    return out
+                await asyncio.sleep(0)
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Session]:
-        await self._ensure_connected()
-        async with self._require_pool().connection() as conn, conn.transaction():
-            yield _PgSession(conn)
+        async with self._borrow() as conn:
+            # BEGIN/COMMIT by hand rather than conn.transaction(): when the deadline
+            # cancels us mid-transaction, a ROLLBACK would wait on the same silent
+            # server, so the connection is closed instead (the server rolls back).
+            await conn.execute("begin")
+            try:
+                yield _PgSession(conn, self.clock)
+            except BaseException:
+                task = asyncio.current_task()
+                if not conn.closed and not (task is not None and task.cancelling()):
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.execute("rollback")
+                raise
+            await conn.execute("commit")
 
     # -- push wake-ups -------------------------------------------------------------------
 
-    def _push(self, channel: str) -> _Listener | None:
+    def _push(self, channel: str) -> Listener | None:
         """The listener for `channel`, started on first use; None when push is off."""
         if self._pool is None or not self.listen:
             return None
         listener = self._listeners.get(channel)
         if listener is None:
-            listener = self._listeners[channel] = _Listener(self, channel)
+            listener = self._listeners[channel] = Listener(
+                self.conninfo, channel, connect_timeout_s=self.connect_timeout_s
+            )
             listener.start()
         return None if listener.disabled else listener
 
@@ -288,11 +343,13 @@ class PostgresStore(TaskStore):
         self, *, task_id: str, worker_id: str, write: Callable[[Any], Awaitable[Any]]
     ) -> tuple[Task, Any]:
         """Run the caller's writes and the settlement in one transaction: a lost lease
-        rolls back both, so there is no window where one landed without the other."""
+        rolls back both, so there is no window where one landed without the other.
+        No call deadline here: how long the caller's own writes may take is theirs to
+        say (the connection's keepalives still catch a dead peer)."""
         async with self._require_pool().connection() as conn, conn.transaction():
             value = await write(UserSession(conn))
             encoded = None if value is None else dump_json(value, what="result")
-            rows = await _run(
+            rows = await run(
                 conn,
                 statement("postgres", "complete"),
                 {"id": task_id, "worker_id": worker_id, "result": encoded},
@@ -306,107 +363,34 @@ class PostgresStore(TaskStore):
     async def server_connection_limits(self) -> tuple[int, int]:
         """(max_connections, superuser_reserved_connections) of the server. Works on a
         store that is not connected: the daemon asks before anything is migrated."""
-        async with await self._open_connection() as conn:
-            rows = await _run(conn, statement("postgres", "connection_limits"), {})
+        async with await self.dedicated_connection() as conn:
+            rows = await run(conn, statement("postgres", "connection_limits"), {})
         return int(rows[0]["max_connections"]), int(rows[0]["reserved"])
 
-    @asynccontextmanager
-    async def session_lock(self, namespace: int, lock_id: int) -> AsyncIterator[bool]:
-        """Try `pg_try_advisory_lock(namespace, lock_id)` on a dedicated session and
-        hold it for the block; yields whether it was taken (False: another session has
-        it, so skip the work). Never waits for the lock.
+    def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
+        """The advisory lock `(namespace, lock_id)` on a session of its own, for the
+        block; yields False at once when another session holds it."""
+        return session_lock(
+            self.dedicated_connection, namespace, lock_id, timeout_s=self.call_timeout_s
+        )
 
-        The session is not a pool connection: a session lock would outlive the block
-        on a pooled connection handed to the next borrower. Closing the session on exit
-        frees the lock even when the explicit unlock fails (the server is gone).
-        """
-        params = {"lock_namespace": namespace, "lock_id": lock_id}
-        async with await self._open_connection() as conn:
-            rows = await _run(conn, statement("postgres", "try_session_lock"), params)
-            held = bool(rows and rows[0]["locked"])
-            try:
-                yield held
-            finally:
-                if held and not conn.closed:
-                    with contextlib.suppress(psycopg.Error):
-                        await _run(conn, statement("postgres", "release_session_lock"), params)
-
-    def held_session_lock(self, namespace: int, lock_id: int) -> HeldSessionLock:
-        """A session lock to keep across many calls (the stats leader's); see
-        `HeldSessionLock`. Nothing is opened until its first `ensure()`."""
-        return HeldSessionLock(self, namespace, lock_id)
-
-
-class HeldSessionLock:
-    """`pg_try_advisory_lock(namespace, lock_id)` kept for as long as its own session
-    lives: leadership that lasts until the holder closes it or its connection dies,
-    when Postgres frees the lock for the next host that asks.
-
-    Not for a pool connection, for the reason `session_lock` gives. `ensure()` is
-    called once per unit of leader-only work: it proves a held lock's session is
-    still alive (a session lock cannot be lost any other way: only its own session
-    can unlock it), or tries to take the lock when not held. Any failure closes the
-    session, so "held" never outlives the session that took it. Not thread-safe:
-    use it from one event loop.
-    """
-
-    def __init__(self, store: PostgresStore, namespace: int, lock_id: int) -> None:
-        self._store = store
-        self.key = (namespace, lock_id)
-        self._conn: AsyncConn | None = None
-        self._held = False
-
-    async def ensure(self) -> bool:
-        """Whether this session holds the lock now; never waits for the lock. Raises
-        (with the session closed) when the database cannot be reached."""
-        try:
-            if self._held and self._conn is not None:
-                try:
-                    # A round trip on the holding session; no lock call, as a second
-                    # pg_try_advisory_lock would stack another hold on this one.
-                    await self._conn.execute("select 1")
-                    return True
-                except psycopg.Error:
-                    await self._drop()  # the session is gone, and the lock with it
-            if self._conn is None or self._conn.closed:
-                self._conn = await self._store._open_connection()
-            params = {"lock_namespace": self.key[0], "lock_id": self.key[1]}
-            rows = await _run(self._conn, statement("postgres", "try_session_lock"), params)
-        except BaseException:
-            # Also on cancellation (a timed-out caller): the lock may have been taken
-            # with its answer lost, and closing the session is the one sure release.
-            await self._drop()
-            raise
-        self._held = bool(rows and rows[0]["locked"])
-        return self._held
-
-    async def close(self) -> None:
-        """Give the lock up and end the session. Idempotent."""
-        await self._drop(unlock=True)
-
-    async def _drop(self, *, unlock: bool = False) -> None:
-        conn, self._conn, held, self._held = self._conn, None, self._held, False
-        if conn is None:
-            return
-        with contextlib.suppress(psycopg.Error, OSError):
-            if unlock and held and not conn.closed:
-                # The server frees a closed session's locks only once its backend has
-                # exited, a moment after we hang up; unlocking first lets the next
-                # host take over on its very next try.
-                params = {"lock_namespace": self.key[0], "lock_id": self.key[1]}
-                await _run(conn, statement("postgres", "release_session_lock"), params)
-        with contextlib.suppress(psycopg.Error, OSError):
-            await conn.close()
+    def leader_lock(self, namespace: int, lock_id: int) -> LeaderLock:
+        """The advisory lock kept on a session of its own across calls (the stats
+        leader's). Nothing is opened until its first `ensure()`."""
+        return HeldSessionLock(
+            self.dedicated_connection, namespace, lock_id, timeout_s=self.call_timeout_s
+        )
 
 
 class _PgSession:
-    def __init__(self, conn: AsyncConn) -> None:
+    def __init__(self, conn: AsyncConn, clock: Clock | None) -> None:
         self._conn = conn
+        self._clock = clock
 
     async def fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
-        return await _run(self._conn, statement("postgres", op, supplied), params)
+        return await run(self._conn, statement("postgres", op, supplied), params, self._clock)
 
 
 class UserSession:
@@ -425,118 +409,3 @@ class UserSession:
 
     async def execute(self, sql: str) -> None:
         await self.connection.execute(sql)
-
-
-class _Listener:
-    """One LISTEN connection for one channel, opened straight from the DSN.
-
-    A store opens a channel's listener only when something first waits on it: the
-    `cairnq_queued` one when a worker first claims, the `cairnq_done` one when a
-    caller first waits for a task. So a worker that never waits is not sent a
-    notification for every task it completes, and an API process that never claims
-    is not sent one for every submit.
-
-    Push is an accelerator only: every waiter also has its poll timeout. Until the
-    LISTEN is in place (and after a drop), a wait returns as soon as it is, so the
-    caller re-reads the database instead of trusting a channel that may have missed
-    the event. A refused LISTEN (e.g. behind a transaction pooler) turns push off
-    for good; a dropped connection reconnects with backoff.
-    """
-
-    def __init__(self, store: PostgresStore, channel: str) -> None:
-        self._store = store
-        self.channel = channel
-        # Payload -> waiters. For cairnq_queued the payload is a queue name and only
-        # registered queues are kept, so per-tenant queue names cannot grow this; a
-        # wake that arrives while nobody waits stays set until the next wait.
-        self._events: dict[str, asyncio.Event] = {}
-        self._waiters: dict[str, list[asyncio.Event]] = {}
-        self._task: asyncio.Task[None] | None = None
-        self.disabled = False
-        self.connected = asyncio.Event()
-
-    def start(self) -> None:
-        if self._task is None and not self.disabled:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._release_all()
-
-    async def until_listening(self, timeout_s: float) -> bool:
-        """True if the LISTEN is in place; else waits for it (up to `timeout_s`) and
-        returns False, telling the caller to re-read before waiting on a wake."""
-        self.start()
-        if self.connected.is_set():
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.connected.wait(), timeout_s)
-        return False
-
-    def sticky(self, keys: Sequence[str]) -> list[asyncio.Event]:
-        """Wake flags for `keys` that stay set until cleared (claim wake-ups)."""
-        return [self._events.setdefault(k, asyncio.Event()) for k in keys]
-
-    async def wait_once(self, key: str, timeout_s: float) -> None:
-        """Wait for one notification with payload `key` (a task finishing)."""
-        event = asyncio.Event()
-        self._waiters.setdefault(key, []).append(event)
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout_s)
-        finally:
-            waiters = self._waiters.get(key, [])
-            with contextlib.suppress(ValueError):
-                waiters.remove(event)
-            if not waiters:
-                self._waiters.pop(key, None)
-
-    def _release_all(self) -> None:
-        for events in self._waiters.values():
-            for event in events:
-                event.set()
-        for event in self._events.values():
-            event.set()
-
-    async def _run(self) -> None:
-        listen = sql.SQL("listen {}").format(sql.Identifier(self.channel))
-        backoff = 1.0
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self._store.dsn, autocommit=True, connect_timeout=10
-                )
-            except psycopg.Error:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-                continue
-            try:
-                async with conn:
-                    try:
-                        await conn.execute(listen)
-                    except psycopg.errors.FeatureNotSupported:
-                        self.disabled = True
-                        self._release_all()
-                        return
-                    backoff = 1.0
-                    self.connected.set()
-                    async for note in conn.notifies():
-                        self._dispatch(note.payload)
-            except psycopg.Error:
-                pass
-            # Dropped: let every waiter fall back to its own poll, then reconnect.
-            self.connected.clear()
-            self._release_all()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
-
-    def _dispatch(self, payload: str) -> None:
-        event = self._events.get(payload)
-        if event is not None:
-            event.set()
-        for waiter in self._waiters.get(payload, ()):
-            waiter.set()

@@ -6,55 +6,67 @@ Design notes.
   microseconds; a hop to a helper thread per statement (what aiosqlite does) costs more
   than the work. What must never happen on the loop is *waiting*: after connect the
   connection's busy_timeout is 0, and SQLITE_BUSY is retried with an awaited, jittered
-  backoff (1 ms doubling to 50 ms, within `busy_timeout_ms`), re-taking the in-process
-  lock on each attempt so reads keep flowing meanwhile.
+  backoff (0.5 ms doubling to 4 ms, within `busy_timeout_ms`; `Backoff` says why the
+  cap is small), re-taking the in-process lock on each attempt so reads keep flowing
+  meanwhile.
+- A fair share of the loop. Every operation yields at least once (an uncontended
+  asyncio.Lock does not), so a coroutine that loops on reads cannot starve the rest.
+  A read whose cost grows with the table (`list`, `stats`, the metrics' aggregates:
+  `_scan`) steps its statement on the store's own thread, where SQLite releases the
+  GIL (sorting 50,000 rows for `list` took ~150 ms), and turns the rows into values
+  on the loop a chunk at a time, yielding between chunks.
 - Group commit. Single-statement writes are queued; one flusher runs everything queued
   in one `BEGIN IMMEDIATE … COMMIT` (a lone write runs in autocommit), and resolves
   each caller only after COMMIT. A statement error fails only its caller. The flusher
   loops while writes are pending rather than re-arming per batch.
 - Transactions (keyed submits, claim sessions) hold the in-process lock for their
   whole life: one connection cannot interleave two transactions.
-- Connect (open, WAL, migrations, statistics) runs in a thread: a cold start may wait
-  on another process's migration, and that wait must not stall the loop.
+- Close drains. An operation admitted before `close()` (a task scheduled before the
+  call, not yet run, included) finishes; one that arrives while closing is refused with
+  StoreClosed, so the drain stays finite. Afterwards a file-backed store reopens on its
+  next use; an in-memory one keeps refusing, as its data died with the connection.
+- Opening (WAL, migrations, statistics: store/sqlite_open.py) runs in a thread: a cold
+  start may wait on another process's migration, and that wait must not stall the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import random
+import contextlib
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from contextvars import ContextVar, Token
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cairnqd._protocol import Statement, statement
-from cairnqd.errors import (
-    MigrationsPending,
-    NotACairnqDatabase,
-    ProtocolVersionMismatch,
-    StoreClosed,
+from cairnqd.errors import StoreClosed
+from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
+from cairnqd.store.errors import is_sqlite_busy
+from cairnqd.store.sqlite_open import is_memory, open_database, refresh_statistics
+from cairnqd.store.sqlite_statements import (
+    Backoff,
+    SQLiteSession,
+    bind,
+    is_read,
+    rollback,
+    run,
 )
-from cairnqd.store.base import Params, Row, Session, TaskStore
-from cairnqd.store.migrate import apply_sqlite, pending_sqlite
+
+T = TypeVar("T")
 
 _OPTIMIZE_EVERY_S = 60.0
-_WAL_RETRY_S = 0.05
 # How often an idle waiter looks at `pragma data_version` (a shared-memory read).
 _WAKE_POLL_S = 0.002
-
-
-def _is_busy(exc: BaseException) -> bool:
-    # SQLITE_BUSY and its extended codes (BUSY_SNAPSHOT, BUSY_RECOVERY); never
-    # SQLITE_LOCKED, which is a same-connection conflict that retrying cannot fix.
-    code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF == 5
-
-
-def _is_memory(path: str) -> bool:
-    return path == ":memory:" or "mode=memory" in path
+# Rows a scan hands to the loop at once: ~2 ms of decoding for a typical task row.
+_SCAN_CHUNK = 128
+# The admitted operation the current task is inside, so its nested statements pass
+# while the store is closing. A token outlives its operation only in tasks the
+# operation spawned, and a dead token no longer admits.
+_OPERATION: ContextVar[object | None] = ContextVar("cairnqd_sqlite_operation", default=None)
 
 
 class _Write:
@@ -69,6 +81,7 @@ class _Write:
 class SQLiteStore(TaskStore):
     dialect = "sqlite"
     json_is_text = True
+    purge_batch_pause_s = 0.05
 
     def __init__(
         self,
@@ -77,13 +90,17 @@ class SQLiteStore(TaskStore):
         busy_timeout_ms: int = 5000,
         synchronous: str = "full",
         migrate: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         """`synchronous="full"` (the default) fsyncs the WAL on every commit, so a
         submitted or finished task survives a power cut. `"normal"` skips that fsync
         (commits are ~30x cheaper): a crash of the process loses nothing, but a power
         cut may roll back the last commits, re-running tasks that had finished and
-        losing tasks submitted in the final moments."""
-        super().__init__()
+        losing tasks submitted in the final moments.
+
+        `clock` (epoch milliseconds) is what every statement reads as now; tests pass
+        one to age rows without waiting."""
+        super().__init__(clock=clock)
         if synchronous not in ("full", "normal"):
             raise ValueError(f"synchronous must be 'full' or 'normal', got {synchronous!r}")
         self.path = str(path)
@@ -95,183 +112,192 @@ class SQLiteStore(TaskStore):
         self._lock = asyncio.Lock()
         self._pending: list[_Write] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._closing = False
+        self._opening: asyncio.Task[None] | None = None
+        self._closing_task: asyncio.Task[None] | None = None
+        self._refusing = False
         self._closed_memory = False
+        self._operations: set[object] = set()
+        self._drained: asyncio.Event | None = None
+        self._scan_thread: ThreadPoolExecutor | None = None
         self._last_optimize = 0.0
         # Bumped after each of our own commits; wakes this process's idle waiters.
         self._local_commits = 0
         self._wake_baseline: tuple[int, int] | None = None
-        self._ever_connected = False
+
+    @property
+    def closing(self) -> bool:
+        """True while `close()` drains: new operations are refused meanwhile."""
+        return self._refusing
 
     # -- connect / close ---------------------------------------------------------------
 
     async def connect(self) -> None:
-        if self._conn is not None:
-            return
-        if self._closed_memory:
-            raise StoreClosed(
-                "this in-memory store was closed and its data is gone; create a new store"
+        if self._refusing:
+            raise StoreClosed(f"SQLite store {self.path} is closing")
+        await self._open()
+
+    async def _open(self) -> sqlite3.Connection:
+        """The connection, opened first when needed; concurrent callers share one open
+        (first use connects, as the public SDK does, and so does use after close)."""
+        while self._conn is None:
+            if self._closed_memory:
+                raise StoreClosed(
+                    "this in-memory store was closed and its data is gone; create a new store"
+                )
+            if self._opening is None:
+                self._opening = asyncio.get_running_loop().create_task(self._open_now())
+                self._opening.add_done_callback(_retrieve)
+            await asyncio.shield(self._opening)
+        return self._conn
+
+    async def _open_now(self) -> None:
+        try:
+            self._conn = await asyncio.to_thread(
+                open_database,
+                self.path,
+                busy_timeout_ms=self.busy_timeout_ms,
+                synchronous=self.synchronous,
+                migrate=self.migrate,
             )
-        self._closing = False
-        self._ever_connected = True
-        self._conn = await asyncio.to_thread(self._open)
-        version = await self.protocol_version()
-        if version != 1:
-            conn, self._conn = self._conn, None
-            conn.close()
-            raise ProtocolVersionMismatch(
-                f"{self.path}: storage protocol_version={version}, cairnqd supports 1"
-            )
+            self._last_optimize = time.monotonic()
+        finally:
+            self._opening = None
         if self._retention is not None:
             self._retention.start()
 
-    def _open(self) -> sqlite3.Connection:
-        memory = _is_memory(self.path)
-        if not memory:
-            Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(
-            self.path,
-            isolation_level=None,
-            check_same_thread=False,
-            uri=self.path.startswith("file:"),
-            cached_statements=256,
-        )
-        try:
-            conn.execute(f"pragma busy_timeout = {int(self.busy_timeout_ms)}")
-            if not memory:
-                self._enable_wal(conn)
-            conn.execute("pragma foreign_keys = on")
-            conn.execute(f"pragma synchronous = {self.synchronous}")
-            if self.migrate:
-                apply_sqlite(conn)
-            elif pending := pending_sqlite(conn):
-                raise MigrationsPending(self.path, pending)
-            self._refresh_statistics(conn)
-            conn.execute("pragma busy_timeout = 0")
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            if not _looks_foreign(exc):
-                raise
-            raise NotACairnqDatabase(
-                f"{self.path} is not a SQLite database cairnqd can use: {exc}"
-            ) from exc
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _enable_wal(self, conn: sqlite3.Connection) -> None:
-        # Switching to WAL answers SQLITE_BUSY at once instead of honouring
-        # busy_timeout while another process holds the file, so retry it.
-        deadline = time.monotonic() + max(self.busy_timeout_ms, 1) / 1000
-        while True:
-            try:
-                mode = conn.execute("pragma journal_mode = wal").fetchone()
-                if mode and str(mode[0]).lower() == "wal":
-                    return
-                raise NotACairnqDatabase(f"{self.path}: cannot switch to WAL (got {mode})")
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(_WAL_RETRY_S)
-
-    def _refresh_statistics(self, conn: sqlite3.Connection) -> None:
-        """Without statistics the planner guesses half the table is `running` and
-        skips the partial lease index; before 3.46 `pragma optimize` never creates
-        the first statistics, so bootstrap them with an explicit ANALYZE."""
-        self._last_optimize = time.monotonic()
-        try:
-            has_stats = (
-                conn.execute("select 1 from sqlite_master where name = 'sqlite_stat1'").fetchone()
-                and conn.execute(
-                    "select 1 from sqlite_stat1 where tbl = 'cairnq_tasks' limit 1"
-                ).fetchone()
-            )
-            conn.execute("pragma optimize" if has_stats else "analyze cairnq_tasks")
-        except sqlite3.OperationalError:
-            pass  # best effort: busy or read-only; plans are still correct, just slower
-
     async def close(self) -> None:
-        if self._conn is None:
-            return
-        self._closing = True
-        if self._retention is not None:
-            await self._retention.stop()
-        while self._flusher is not None:
-            await asyncio.shield(self._flusher)
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                conn.close()
-        if _is_memory(self.path):
-            self._closed_memory = True
+        """Let admitted operations finish, refuse new ones meanwhile, then close."""
+        if self._closing_task is None:
+            # A task of its own: every task scheduled before this call takes its first
+            # step (and is admitted) before the close begins.
+            self._closing_task = asyncio.get_running_loop().create_task(self._close_now())
+        closing = self._closing_task
+        try:
+            await asyncio.shield(closing)
+        finally:
+            if closing.done() and self._closing_task is closing:
+                self._closing_task = None
+
+    async def _close_now(self) -> None:
+        self._refusing = True
+        try:
+            if self._opening is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._opening)  # a connect in flight lands first
+            if self._conn is None:
+                return
+            if self._retention is not None:
+                await self._retention.stop()
+            while self._operations:
+                self._drained = asyncio.Event()
+                await self._drained.wait()
+            while self._flusher is not None:
+                await asyncio.shield(self._flusher)
+            async with self._lock:
+                conn, self._conn = self._conn, None
+                if conn is not None:
+                    conn.close()
+            if is_memory(self.path):
+                self._closed_memory = True
+        finally:
+            self._refusing = False
+            if self._scan_thread is not None:
+                self._scan_thread.shutdown(wait=False)
+                self._scan_thread = None
+
+    def _operation(self) -> _Admission:
+        """Admit one operation (refused while closing); nested ones pass through."""
+        return _Admission(self)
 
     def _connection(self) -> sqlite3.Connection:
-        if self._closing or self._conn is None:
+        if self._conn is None:
             raise StoreClosed(f"SQLite store {self.path} is closed")
         return self._conn
-
-    # -- binding -----------------------------------------------------------------------
-
-    @staticmethod
-    def _bind(stmt: Statement, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Derive the absolute times this statement names, once, at bind time."""
-        now = int(time.time() * 1000)
-        bound: dict[str, Any] = {}
-        for name in stmt.params:
-            if name == "now_ms":
-                bound[name] = now
-            elif name == "lease_until_ms":
-                bound[name] = now + int(params["lease_ms"])
-            elif name == "run_at_ms":
-                bound[name] = now + int(params.get("delay_ms", 0))
-            elif name == "before_ms":
-                bound[name] = now - int(params.get("older_than_ms", 0))
-            else:
-                value = params.get(name)
-                if isinstance(value, list | tuple):
-                    value = json.dumps(list(value))
-                elif isinstance(value, bool):
-                    value = int(value)
-                bound[name] = value
-        return bound
-
-    @staticmethod
-    def _run(conn: sqlite3.Connection, stmt: Statement, params: Mapping[str, Any]) -> list[Row]:
-        cursor = conn.execute(stmt.text, SQLiteStore._bind(stmt, params))
-        rows = cursor.fetchall()
-        if not rows:
-            return []
-        columns = [d[0] for d in cursor.description]
-        return [dict(zip(columns, row, strict=True)) for row in rows]
 
     # -- primitives --------------------------------------------------------------------
 
     async def _fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
-        if self._conn is None and not self._ever_connected:
-            await self.connect()  # first use connects, as the public SDK does
-        stmt = statement("sqlite", op, supplied)
-        if _is_read(stmt):
-            return await self._read(stmt, params)
-        self._connection()  # refuse new work while closing
-        future: asyncio.Future[list[Row]] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Write(stmt, params, future))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush_pending())
-        return await future
+        with self._operation():
+            stmt = statement("sqlite", op, supplied)
+            if self._conn is None:
+                await self._open()
+            if is_read(stmt):
+                return await self._read(stmt, params)
+            future: asyncio.Future[list[Row]] = asyncio.get_running_loop().create_future()
+            self._pending.append(_Write(stmt, params, future))
+            if self._flusher is None:
+                self._flusher = asyncio.create_task(self._flush_pending())
+            return await future
 
     async def _read(self, stmt: Statement, params: Params) -> list[Row]:
-        budget = _Backoff(self.busy_timeout_ms)
+        # Yield even when the lock is free: see "a fair share of the loop".
+        await asyncio.sleep(0)
+        budget = Backoff(self.busy_timeout_ms)
         while True:
             async with self._lock:
                 try:
-                    return self._run(self._connection(), stmt, params)
+                    return run(self._connection(), stmt, params, self.now_ms)
                 except sqlite3.OperationalError as exc:
-                    if not _is_busy(exc) or budget.spent():
+                    if not is_sqlite_busy(exc) or budget.spent():
                         raise
             await budget.sleep()
+
+    async def _scan(
+        self,
+        op: str,
+        params: Params,
+        supplied: frozenset[str],
+        convert: Callable[[list[Row]], list[T]],
+    ) -> list[T]:
+        with self._operation():
+            stmt = statement("sqlite", op, supplied)
+            await self._open()
+            budget = Backoff(self.busy_timeout_ms)
+            while True:
+                async with self._lock:
+                    try:
+                        return await self._scan_locked(stmt, params, convert)
+                    except sqlite3.OperationalError as exc:
+                        if not is_sqlite_busy(exc) or budget.spent():
+                            raise
+                await budget.sleep()
+
+    async def _scan_locked(
+        self, stmt: Statement, params: Params, convert: Callable[[list[Row]], list[T]]
+    ) -> list[T]:
+        conn = self._connection()
+        cursor = await self._stepped(conn, conn.execute, stmt.text, bind(stmt, params, self.now_ms))
+        try:
+            columns = [d[0] for d in cursor.description]
+            out: list[T] = []
+            while True:
+                rows = await self._stepped(conn, cursor.fetchmany, _SCAN_CHUNK)
+                out.extend(convert([dict(zip(columns, row, strict=True)) for row in rows]))
+                if len(rows) < _SCAN_CHUNK:
+                    return out
+        finally:
+            # An abandoned scan must not keep its read transaction open.
+            cursor.close()
+
+    async def _stepped(self, conn: sqlite3.Connection, step: Callable[..., T], *args: Any) -> T:
+        """`step(*args)` on the scan thread, the in-process lock held by the caller."""
+        if self._scan_thread is None:
+            self._scan_thread = ThreadPoolExecutor(1, thread_name_prefix="cairnqd-sqlite-scan")
+        done = asyncio.get_running_loop().run_in_executor(self._scan_thread, step, *args)
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            # The statement still runs on our connection: stop it, and keep the lock
+            # (held by our caller) until it has stopped.
+            conn.interrupt()
+            while not done.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({done})
+            if not done.cancelled():
+                done.exception()  # "interrupted": what we asked for, nothing to report
+            raise
 
     async def _flush_pending(self) -> None:
         try:
@@ -292,35 +318,20 @@ class SQLiteStore(TaskStore):
 
     async def _write_batch(self, batch: list[_Write]) -> None:
         if len(batch) == 1:
-            write = batch[0]
-            budget = _Backoff(self.busy_timeout_ms)
-            while True:
-                async with self._lock:
-                    try:
-                        rows = self._run(self._connection(), write.stmt, write.params)
-                    except sqlite3.OperationalError as exc:
-                        if not _is_busy(exc) or budget.spent():
-                            write.future.set_exception(exc)
-                            return
-                    except Exception as exc:
-                        write.future.set_exception(exc)
-                        return
-                    else:
-                        self._local_commits += 1
-                        write.future.set_result(rows)
-                        return
-                await budget.sleep()
+            await self._write_one(batch[0])
+            return
         conn = await self._begin_immediate()
         outcomes: list[tuple[_Write, list[Row] | None, BaseException | None]] = []
         try:
             for write in batch:
                 try:
-                    outcomes.append((write, self._run(conn, write.stmt, write.params), None))
+                    rows = run(conn, write.stmt, write.params, self.now_ms)
+                    outcomes.append((write, rows, None))
                 except Exception as exc:
                     outcomes.append((write, None, exc))
             conn.execute("COMMIT")
         except BaseException:
-            _rollback(conn)
+            rollback(conn)
             raise
         finally:
             self._maybe_optimize(conn)
@@ -332,9 +343,29 @@ class SQLiteStore(TaskStore):
             else:
                 write.future.set_result(got or [])
 
+    async def _write_one(self, write: _Write) -> None:
+        """A lone write, in autocommit."""
+        budget = Backoff(self.busy_timeout_ms)
+        while True:
+            async with self._lock:
+                try:
+                    rows = run(self._connection(), write.stmt, write.params, self.now_ms)
+                except sqlite3.OperationalError as exc:
+                    if not is_sqlite_busy(exc) or budget.spent():
+                        write.future.set_exception(exc)
+                        return
+                except Exception as exc:
+                    write.future.set_exception(exc)
+                    return
+                else:
+                    self._local_commits += 1
+                    write.future.set_result(rows)
+                    return
+            await budget.sleep()
+
     async def _begin_immediate(self) -> sqlite3.Connection:
         """Take the in-process lock and SQLite's write lock; both held on return."""
-        budget = _Backoff(self.busy_timeout_ms)
+        budget = Backoff(self.busy_timeout_ms)
         while True:
             await self._lock.acquire()
             try:
@@ -343,7 +374,7 @@ class SQLiteStore(TaskStore):
                 return conn
             except sqlite3.OperationalError as exc:
                 self._lock.release()
-                if not _is_busy(exc) or budget.spent():
+                if not is_sqlite_busy(exc) or budget.spent():
                     raise
             except BaseException:
                 self._lock.release()
@@ -352,18 +383,20 @@ class SQLiteStore(TaskStore):
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Session]:
-        if self._conn is None and not self._ever_connected:
-            await self.connect()
-        conn = await self._begin_immediate()
-        try:
-            yield _SQLiteSession(conn)
-            conn.execute("COMMIT")
-            self._local_commits += 1
-        except BaseException:
-            _rollback(conn)
-            raise
-        finally:
-            self._lock.release()
+        with self._operation():
+            if self._conn is None:
+                await self._open()
+            await asyncio.sleep(0)  # see "a fair share of the loop"
+            conn = await self._begin_immediate()
+            try:
+                yield SQLiteSession(conn, self.now_ms)
+                conn.execute("COMMIT")
+                self._local_commits += 1
+            except BaseException:
+                rollback(conn)
+                raise
+            finally:
+                self._lock.release()
 
     # -- wake-ups ----------------------------------------------------------------------
 
@@ -410,66 +443,52 @@ class SQLiteStore(TaskStore):
     def _maybe_optimize(self, conn: sqlite3.Connection) -> None:
         # A connection opened on an empty database would plan as empty for days.
         if time.monotonic() - self._last_optimize > _OPTIMIZE_EVERY_S:
-            self._refresh_statistics(conn)
+            self._last_optimize = time.monotonic()
+            refresh_statistics(conn)
 
     # -- daemon maintenance ------------------------------------------------------------
 
-    async def checkpoint_wal(self) -> None:
-        """Passive WAL checkpoint after a purge that deleted rows: keeps the WAL small
-        without waiting on (or stalling) any reader or writer."""
+    async def after_purge(self) -> None:
+        """A passive WAL checkpoint: keeps the WAL small after a purge without waiting
+        on (or stalling) any reader or writer."""
         await self._fetch("wal_checkpoint", {})
 
 
-class _SQLiteSession:
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+class _Admission:
+    """One admitted operation of a SQLiteStore, for `close()` to wait for. A class
+    rather than a generator context manager: it brackets every statement."""
 
-    async def fetch(
-        self, op: str, params: Params, supplied: frozenset[str] = frozenset()
-    ) -> list[Row]:
-        return SQLiteStore._run(self._conn, statement("sqlite", op, supplied), params)
+    __slots__ = ("_reset", "_store", "_token")
 
+    def __init__(self, store: SQLiteStore) -> None:
+        self._store = store
+        self._token: object | None = None
+        self._reset: Token[object | None] | None = None
 
-class _Backoff:
-    """Jittered exponential waits for SQLITE_BUSY within a total budget.
+    def __enter__(self) -> None:
+        store = self._store
+        current = _OPERATION.get()
+        if current is not None and current in store._operations:
+            return  # nested in an operation already admitted
+        if store._refusing:
+            raise StoreClosed(f"SQLite store {store.path} is closing")
+        self._token = token = object()
+        store._operations.add(token)
+        self._reset = _OPERATION.set(token)
 
-    The cap is small on purpose. SQLite has no queue for its write lock: whoever asks
-    the moment it is free wins. A process that just committed asks again within
-    microseconds, so a rival backing off for tens of milliseconds almost never gets a
-    turn (measured: 4 draining processes split 2,000 tasks 34/408/1558/0). Retrying
-    every few milliseconds costs a failed BEGIN, a few microseconds, and gives every
-    process its share.
-    """
-
-    _FIRST_S = 0.0005
-    _CAP_S = 0.004
-
-    def __init__(self, budget_ms: int) -> None:
-        self._deadline = time.monotonic() + budget_ms / 1000
-        self._delay = self._FIRST_S
-
-    def spent(self) -> bool:
-        return time.monotonic() >= self._deadline
-
-    async def sleep(self) -> None:
-        await asyncio.sleep(random.uniform(self._delay / 2, self._delay))
-        self._delay = min(self._delay * 2, self._CAP_S)
+    def __exit__(self, *exc: object) -> None:
+        if self._token is None:
+            return
+        store = self._store
+        assert self._reset is not None
+        _OPERATION.reset(self._reset)
+        store._operations.discard(self._token)
+        if not store._operations and store._drained is not None:
+            store._drained.set()
 
 
-def _rollback(conn: sqlite3.Connection) -> None:
-    # Never let a failed rollback replace the error that caused it.
-    try:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-    except Exception:
-        pass
-
-
-def _is_read(stmt: Statement) -> bool:
-    head = stmt.text.lstrip()[:6].lower()
-    return head == "select" or (head.startswith("with") and "returning" not in stmt.text.lower())
-
-
-def _looks_foreign(exc: sqlite3.DatabaseError) -> bool:
-    text = str(exc).lower()
-    return "not a database" in text or "file is encrypted" in text
+def _retrieve(task: asyncio.Task[None]) -> None:
+    # A failed open is raised to every caller waiting on it; with none left (all
+    # cancelled), reading it here keeps asyncio from reporting it as never retrieved.
+    if not task.cancelled():
+        task.exception()

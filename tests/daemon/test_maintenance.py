@@ -21,11 +21,13 @@ from cairnqd.config import Config
 from cairnqd.daemon.maintenance import PURGE_LOCK_ID, Maintenance, db_error_kind
 from cairnqd.daemon.metrics import Metrics
 from cairnqd.errors import DatabaseUnavailable
-from cairnqd.store.base import Row, TaskStore
+from cairnqd.store.base import Clock, Row, TaskStore
+from cairnqd.store.factory import store_for
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
 from tests.conftest import make_store
 from tests.daemon.harness import daemon_config
+from tests.store.helpers import ShiftedClock
 
 RULES = [
     {"status": "succeeded", "queue": "default", "older_than": "1s"},
@@ -56,11 +58,24 @@ def closing() -> Iterator[list[Maintenance | Metrics]]:
             thing.close()
 
 
-def make(closing: list[Maintenance | Metrics], config: Config) -> tuple[Maintenance, Metrics]:
+def make(
+    closing: list[Maintenance | Metrics], config: Config, *, clock: Clock | None = None
+) -> tuple[Maintenance, Metrics]:
+    """A Maintenance on its own store; `clock` is that store's (rows look older to it
+    when the clock runs ahead)."""
     metrics = Metrics(config)
-    maintenance = Maintenance(config, metrics)
+
+    def clocked_store() -> TaskStore:
+        return store_for(config.database, "background", clock=clock)
+
+    maintenance = Maintenance(config, metrics, store_factory=clocked_store if clock else None)
     closing.extend([maintenance, metrics])
     return maintenance, metrics
+
+
+def ahead(ms: int) -> ShiftedClock:
+    """A maintenance clock `ms` ahead of the rows the test's own store writes."""
+    return ShiftedClock(offset_ms=ms)
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:
@@ -273,20 +288,21 @@ async def test_purge_deletes_only_what_the_rules_name(
     old_failed = await finished(store, "default", "failed")  # rule 2 keeps it an hour
     queued = (await store.submit(name="demo.echo", queue="live")).id
     running = await claimed(store, "email", "w-live")
-    await asyncio.sleep(1.1)
-    fresh = await finished(store, "default", "succeeded")  # younger than its rule
 
-    maintenance, metrics = make(closing, config_for(tmp_path, dialect, db_target))
+    clock = ahead(0)
+    maintenance, metrics = make(closing, config_for(tmp_path, dialect, db_target), clock=clock)
     before = sample(metrics, "cairnq_purge_last_success_timestamp_seconds")
+    assert await maintenance.purge_once() == 0  # all younger than their rules
+    clock.offset_ms = 1_100
     assert await maintenance.purge_once() == 2
     assert await status_of(store, old_default) is None
     assert await status_of(store, old_canceled) is None
-    for kept in (old_email, old_failed, fresh, queued, running):
+    for kept in (old_email, old_failed, queued, running):
         assert await status_of(store, kept) is not None, kept
     assert sample(metrics, "cairnq_purge_deleted_total", rule="0") == 1
     assert sample(metrics, "cairnq_purge_deleted_total", rule="1") == 1
     assert sample(metrics, "cairnq_purge_deleted_total", rule="2") == 0
-    assert sample(metrics, "cairnq_purge_runs_total") == 1
+    assert sample(metrics, "cairnq_purge_runs_total") == 2
     assert sample(metrics, "cairnq_purge_failures_total") == 0
     assert sample(metrics, "cairnq_purge_last_success_timestamp_seconds") >= before
     await maintenance.aclose()
@@ -296,10 +312,9 @@ async def test_purge_batches_are_bounded_per_sweep(
     dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
 ) -> None:
     ids = [await finished(store, "default", "canceled") for _ in range(7)]
-    await asyncio.sleep(1.1)
     retention = {"interval": "1h", "batch": 2, "max_batches": 2, "rules": RULES}
     maintenance, metrics = make(
-        closing, config_for(tmp_path, dialect, db_target, retention=retention)
+        closing, config_for(tmp_path, dialect, db_target, retention=retention), clock=ahead(1_100)
     )
     assert await maintenance.purge_once() == 4  # two full batches, then wait an interval
     assert await maintenance.purge_once() == 3  # the short batch ends the rule
@@ -315,10 +330,11 @@ async def test_first_sweep_one_interval_after_start(
     old = await finished(store, "default", "succeeded")
     orphan = await store.submit(name="demo.echo", queue="orphans")
     await store.claim(queues=["orphans"], worker_id="gone:3", lease_ms=50)
-    await asyncio.sleep(1.1)
+    await eventually(lambda: _expired(store))  # so the boot-time reaper has work
     retention = {"interval": "2s", "rules": RULES}
+    # Old enough for its rule at once: a sweep at boot would delete it.
     maintenance, metrics = make(
-        closing, config_for(tmp_path, dialect, db_target, retention=retention)
+        closing, config_for(tmp_path, dialect, db_target, retention=retention), clock=ahead(1_100)
     )
     started = time.monotonic()
     maintenance.start()
@@ -339,8 +355,9 @@ async def test_paused_purge_does_not_sweep(
     dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
 ) -> None:
     old = await finished(store, "default", "succeeded")
-    await asyncio.sleep(1.1)
-    maintenance, metrics = make(closing, config_for(tmp_path, dialect, db_target))
+    maintenance, metrics = make(
+        closing, config_for(tmp_path, dialect, db_target), clock=ahead(1_100)
+    )
     maintenance.pause_purge()
     assert await maintenance.purge_once() is None
     assert await status_of(store, old) is not None
@@ -391,10 +408,9 @@ async def test_postgres_skips_the_sweep_while_another_session_holds_the_lock(
     pg_dsn: str, pg_store: PostgresStore, tmp_path: Path, closing: list[Any]
 ) -> None:
     old = await finished(pg_store, "default", "canceled")
-    await asyncio.sleep(1.1)
     config = config_for(tmp_path, "postgres", pg_dsn)
     namespace = config.database.lock_namespace
-    maintenance, metrics = make(closing, config)
+    maintenance, metrics = make(closing, config, clock=ahead(1_100))
     with psycopg.connect(pg_dsn, autocommit=True) as other_host:
         other_host.execute("select pg_advisory_lock(%s, %s)", (namespace, PURGE_LOCK_ID))
         assert await maintenance.purge_once() is None
@@ -409,9 +425,9 @@ async def test_postgres_skips_the_sweep_while_another_session_holds_the_lock(
 async def test_postgres_session_lock_is_in_the_two_key_space(
     pg_dsn: str, pg_store: PostgresStore
 ) -> None:
-    async with pg_store.session_lock(1234, PURGE_LOCK_ID) as held:
+    async with pg_store.exclusive(1234, PURGE_LOCK_ID) as held:
         assert held
-        async with pg_store.session_lock(1234, PURGE_LOCK_ID) as again:
+        async with pg_store.exclusive(1234, PURGE_LOCK_ID) as again:
             assert not again  # another session: never waits, just says no
         with psycopg.connect(pg_dsn) as conn:
             rows = conn.execute(
@@ -420,7 +436,11 @@ async def test_postgres_session_lock_is_in_the_two_key_space(
             ).fetchall()
         assert (1234, PURGE_LOCK_ID, 2) in rows
     with psycopg.connect(pg_dsn) as conn:
-        left = conn.execute("select count(*) from pg_locks where locktype = 'advisory'")
+        # This database's locks only: other suites may hold advisory locks on the server.
+        left = conn.execute(
+            "select count(*) from pg_locks where locktype = 'advisory' and database = "
+            "(select oid from pg_database where datname = current_database())"
+        )
         assert left.fetchone() == (0,)
 
 
@@ -430,12 +450,11 @@ async def test_postgres_two_hosts_purging_at_once_sweep_once(
     await pg_store.submit_many([{"name": "demo.echo", "queue": "bulk"} for _ in range(200)])
     for task in await pg_store.list(queue="bulk", limit=200):
         await pg_store.cancel(task.id)
-    await asyncio.sleep(1.1)
     # Batches of one make the winner's sweep long enough to overlap the loser's try.
     retention = {"interval": "1h", "batch": 1, "max_batches": 1000, "rules": RULES}
     config = config_for(tmp_path, "postgres", pg_dsn, retention=retention)
-    first, first_metrics = make(closing, config)
-    second, second_metrics = make(closing, config)
+    first, first_metrics = make(closing, config, clock=ahead(1_100))
+    second, second_metrics = make(closing, config, clock=ahead(1_100))
     await first.reap_once()  # connect both stores first, so the race is the lock's
     await second.reap_once()
     results = await asyncio.gather(first.purge_once(), second.purge_once())

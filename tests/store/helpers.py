@@ -124,6 +124,20 @@ def meta(dialect: str, target: str) -> dict[str, str]:
     return dict(query(dialect, target, "select key, value from cairnq_meta"))
 
 
+# -- time ----------------------------------------------------------------------------
+
+
+class ShiftedClock:
+    """A store clock (epoch ms): the wall clock plus an offset a test moves, so rows
+    can be aged without sleeping."""
+
+    def __init__(self, offset_ms: int = 0) -> None:
+        self.offset_ms = offset_ms
+
+    def __call__(self) -> int:
+        return int(time.time() * 1000) + self.offset_ms
+
+
 # -- polling ----------------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """The plans the SQL comments argue for, pinned (SPEC §9.3, §10.0, §11 lessons 87-89).
 
 SQLite: `EXPLAIN QUERY PLAN` of the exact text the store runs (`statement(...)`, bound by
-`SQLiteStore._bind`) on a seeded, analyzed database. Postgres: `EXPLAIN` on a seeded,
+`sqlite_statements.bind`) on a seeded, analyzed database. Postgres: `EXPLAIN` on a seeded,
 analyzed table, both as the store sends it (custom plan, parameters known) and as a
 prepared statement settles after a few runs (generic plan).
 """
@@ -20,7 +20,8 @@ import pytest
 from psycopg import sql as psql
 
 from cairnqd._protocol import _PARAM, raw_sql, specialize, statement
-from cairnqd.store import postgres as pg_store
+from cairnqd.store import pg_connect, sqlite_statements
+from cairnqd.store.base import wall_clock_ms
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
 
@@ -100,7 +101,7 @@ def sqlite_plan(
     supplied: frozenset[str] = frozenset(),
 ) -> list[str]:
     stmt = statement("sqlite", op, supplied)
-    bound = SQLiteStore._bind(stmt, params)
+    bound = sqlite_statements.bind(stmt, params, wall_clock_ms)
     return [row[3] for row in conn.execute("explain query plan " + stmt.text, bound).fetchall()]
 
 
@@ -297,7 +298,7 @@ PG_IDS = [
 def _pg_explain_custom(dsn: str, op: str, params: dict[str, Any]) -> list[str]:
     stmt = statement("postgres", op)
     with psycopg.connect(dsn) as conn:
-        rows = conn.execute("explain " + stmt.text, pg_store._bind(stmt, params)).fetchall()  # type: ignore[arg-type]
+        rows = conn.execute("explain " + stmt.text, pg_connect.bind(stmt, params)).fetchall()  # type: ignore[arg-type]
     return [r[0] for r in rows]
 
 
@@ -308,7 +309,7 @@ def _pg_explain_generic(
     text = specialize(raw_sql("postgres", op), supplied)
     names = list(dict.fromkeys(_PARAM.findall(text)))
     positional = _PARAM.sub(lambda m: f"${names.index(m.group(1)) + 1}", text)
-    values = pg_store._bind(statement("postgres", op, supplied), params)
+    values = pg_connect.bind(statement("postgres", op, supplied), params)
     with psycopg.connect(dsn) as conn:
         conn.execute("set plan_cache_mode = force_generic_plan")
         conn.execute(f"prepare probe as {positional}")  # type: ignore[arg-type]

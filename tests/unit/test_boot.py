@@ -47,7 +47,8 @@ def test_boot_carries_the_config_and_round_trips(tmp_path: Path) -> None:
         retry_backoff_max_ms=30_000,
         resources={"gpu": 1},
     )
-    assert boot.database["backend"] == "sqlite" and boot.database["auto_migrate"] is True
+    assert boot.database.path is not None and boot.database.dsn is None
+    assert boot.database.auto_migrate is True
     assert decode_boot(encode(boot).rstrip(b"\n")) == boot
 
 

@@ -19,16 +19,18 @@ from hypothesis import strategies as st
 from cairnqd._jsoncodec import dump_json, dump_json_or_empty, load_json
 from cairnqd.errors import SerializationError
 
+# Text Postgres can store: no NUL, no lone surrogates (the codec refuses both).
+storable_text = st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)))
 json_scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(),
     st.floats(allow_nan=False, allow_infinity=False),
-    st.text(),
+    storable_text,
 )
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(), inner)),
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(storable_text, inner)),
     max_leaves=25,
 )
 not_finite = st.sampled_from([math.nan, math.inf, -math.inf])
@@ -81,3 +83,9 @@ def test_absent_payload_is_stored_as_an_empty_object(value: Any) -> None:
     # None means "no payload" (both public SDKs store `{}`); every other value is kept.
     assert load_json(dump_json_or_empty(None, what="payload")) == {}
     assert same_json(load_json(dump_json_or_empty(value, what="payload")), value)
+
+
+@given(st.text(), st.text())
+def test_text_with_a_nul_is_refused_anywhere(before: str, after: str) -> None:
+    with pytest.raises(SerializationError, match="NUL"):
+        dump_json({"k": [before + "\x00" + after]})

@@ -38,7 +38,7 @@ from cairnqd.daemon.metrics.labels import QueueLabels
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.lazy import LazyStore
-from cairnqd.store.postgres import HeldSessionLock, PostgresStore
+from cairnqd.store.leadership import LeaderLock
 
 # One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
@@ -110,7 +110,7 @@ class DatabaseCollector:
         # Read on the collector's loop, replaced whole from the supervisor's thread.
         self._queue_stats = queue_stats
         self._lock_namespace = lock_namespace
-        self._leader_lock: HeldSessionLock | None = None
+        self._leader_lock: LeaderLock | None = None
         self._leading: bool | None = None  # for logging changes only
         self._labels = queue_labels
         self._ttl_s = ttl_s
@@ -230,10 +230,11 @@ class DatabaseCollector:
             # now, so another host need not wait for our restart to take over.
             self._leader_lock = None
             await lock.close()
-        if mode != "leader" or not isinstance(store, PostgresStore):
-            return True  # `all`, or SQLite, where this host is the only one
+        if mode != "leader":
+            return True
         if self._leader_lock is None:
-            self._leader_lock = store.held_session_lock(*key)
+            # On SQLite, where this host is the only one, the lock is always held.
+            self._leader_lock = store.leader_lock(*key)
         try:
             leading = await self._leader_lock.ensure()
         except BaseException:

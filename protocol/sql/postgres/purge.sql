@@ -5,12 +5,14 @@
 -- queue index so a queue-filtered purge can use it. Key rows cascade.
 -- The ::text on the first use types the parameter: an absent filter is bound as NULL,
 -- and Postgres cannot infer a type from "is null" (it rejects the statement).
+-- now is the database clock unless :now_ms is given (a test's clock; NULL otherwise).
 delete from cairnq_tasks
 where id in (
     select id from cairnq_tasks
     where status in ('succeeded', 'failed', 'canceled')
       and completed_at_ms is not null
-      and completed_at_ms < (extract(epoch from now()) * 1000)::bigint - :older_than_ms
+      and completed_at_ms < coalesce(:now_ms::bigint, (extract(epoch from now()) * 1000)::bigint)
+          - :older_than_ms
       and (:queue::text is null or queue = :queue)
       and (:status::text is null or status = :status)
       and (:name::text is null or name = :name)

@@ -1,0 +1,180 @@
+"""Argument checks for the store's operations, and `SubmitRequest`.
+
+Each check names the argument, so a bad call is diagnosed where it was made, not by
+a CHECK constraint deep in the driver. The limits are Postgres's, applied on SQLite
+too, so every row either dialect writes can move to the other (and to the public
+SDKs) unchanged:
+
+- Integer columns (`priority`, `max_attempts`) are Postgres `integer`: 32 bits.
+- Durations (`delay_ms`, `lease_ms`, `older_than_ms`) are at most 100 years, so a time
+  derived from one stays an integer every SDK reads exactly (below 2**53).
+- Text cannot hold NUL and must be valid Unicode (no lone surrogates).
+- Names, queues, keys and the parent/root/correlation ids are at most 1,000 bytes of
+  UTF-8 (1,000 ASCII characters): each is indexed, and Postgres refuses an index entry
+  over ~2,700 bytes; the claim indexes hold a queue and a name together.
+- JSON values follow the same text rules (see `_jsoncodec`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from cairnqd._ids import new_task_id
+from cairnqd._jsoncodec import dump_json_or_empty
+from cairnqd.models import CONFLICTS, task_name
+
+Params = dict[str, Any]
+
+
+INT4_MIN = -(2**31)
+INT4_MAX = 2**31 - 1
+INT8_MAX = 2**63 - 1
+MAX_DURATION_MS = 100 * 365 * 86_400_000
+MAX_TEXT_BYTES = 1000
+
+
+def require_str(
+    value: Any, arg: str, *, optional: bool = False, max_bytes: int | None = None
+) -> None:
+    """A non-empty string both dialects can store (and, with `max_bytes`, index)."""
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{arg} must be a non-empty string, got {_short(value)}")
+    check_text(value, arg, max_bytes=max_bytes)
+
+
+def check_text(value: str, arg: str, *, max_bytes: int | None = None) -> None:
+    """Text Postgres can store: no NUL, no lone surrogate, at most `max_bytes`."""
+    if value.isascii():
+        size = len(value)
+    else:
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{arg} contains a lone UTF-16 surrogate, which is not valid Unicode text"
+            ) from None
+    if "\x00" in value:
+        raise ValueError(f"{arg} must not contain a NUL character (\\x00)")
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(f"{arg} is {size} bytes in UTF-8; the limit is {max_bytes}")
+
+
+def require_int(
+    value: Any, arg: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{arg} must be an integer, got {_short(value)}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{arg} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{arg} must be <= {maximum}, got {value}")
+    return value
+
+
+def require_duration(value: Any, arg: str, *, minimum: int = 0) -> int:
+    """Milliseconds, from `minimum` up to 100 years."""
+    return require_int(value, arg, minimum=minimum, maximum=MAX_DURATION_MS)
+
+
+def _short(value: Any) -> str:
+    # An error message quotes the value, but never megabytes of it.
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def check_status_filter(status: Any, arg: str, allowed: Sequence[str]) -> None:
+    if status is not None and status not in allowed:
+        raise ValueError(f"{arg} must be one of {', '.join(allowed)}; got {status!r}")
+
+
+def optional_filters(params: Mapping[str, Any], names: Sequence[str]) -> frozenset[str]:
+    """The optional filters a call actually set, for `_protocol.specialize`."""
+    return frozenset(n for n in names if params.get(n) is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """One task to submit: `TaskStore.submit`'s arguments and their defaults, checked
+    when the request is made so a bad one never reaches the database."""
+
+    name: str
+    payload: Any = None
+    queue: str = "default"
+    key: str | None = None
+    conflict: str = "reuse"
+    max_attempts: int = 3
+    priority: int = 0
+    metadata: Any = None
+    parent_id: str | None = None
+    root_id: str | None = None
+    correlation_id: str | None = None
+    delay_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.conflict not in CONFLICTS:
+            raise ValueError(
+                f"conflict must be one of {', '.join(CONFLICTS)}; got {self.conflict!r}"
+            )
+        require_int(self.max_attempts, "max_attempts", minimum=1, maximum=INT4_MAX)
+        require_duration(self.delay_ms, "delay_ms")
+        require_int(self.priority, "priority", minimum=INT4_MIN, maximum=INT4_MAX)
+        require_str(self.name, "name", max_bytes=MAX_TEXT_BYTES)
+        require_str(self.queue, "queue", max_bytes=MAX_TEXT_BYTES)
+        for arg in ("key", "parent_id", "root_id", "correlation_id"):
+            require_str(getattr(self, arg), arg, optional=True, max_bytes=MAX_TEXT_BYTES)
+
+    @classmethod
+    def from_mapping(cls, item: Mapping[str, Any]) -> SubmitRequest:
+        """A request from a mapping of submit arguments (`submit_many`'s items); `name`
+        may be a TaskDef. Unknown or missing arguments raise TypeError."""
+        unknown = item.keys() - _ARGUMENTS
+        if unknown:
+            raise TypeError(f"unknown submit argument(s): {', '.join(sorted(unknown))}")
+        if "name" not in item:
+            raise TypeError("missing 'name'")
+        return cls(**{**item, "name": task_name(item["name"])})
+
+    def insert_params(self) -> Params:
+        """The insert statements' parameters, under a new task id. JSON is encoded
+        here, so a value JSON cannot carry fails before anything is written."""
+        task_id = new_task_id()
+        return {
+            "id": task_id,
+            "name": self.name,
+            "queue": self.queue,
+            "payload": dump_json_or_empty(self.payload, what="payload"),
+            "metadata": dump_json_or_empty(self.metadata, what="metadata"),
+            # The values themselves, for tasks built without reading the row back.
+            "payload_value": {} if self.payload is None else self.payload,
+            "metadata_value": {} if self.metadata is None else self.metadata,
+            "max_attempts": self.max_attempts,
+            "priority": self.priority,
+            "parent_id": self.parent_id,
+            "root_id": self.root_id if self.root_id is not None else task_id,
+            "correlation_id": self.correlation_id,
+            "delay_ms": self.delay_ms,
+            "key": self.key,
+            "conflict": self.conflict,
+        }
+
+
+_ARGUMENTS = frozenset(f.name for f in fields(SubmitRequest))
+
+__all__ = [
+    "INT4_MAX",
+    "INT4_MIN",
+    "INT8_MAX",
+    "MAX_DURATION_MS",
+    "MAX_TEXT_BYTES",
+    "SubmitRequest",
+    "check_status_filter",
+    "check_text",
+    "optional_filters",
+    "require_duration",
+    "require_int",
+    "require_str",
+]

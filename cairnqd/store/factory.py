@@ -1,0 +1,98 @@
+"""Build a store from a database configuration, shaped for the process that uses it.
+
+Every store the daemon and the CLI open comes from here, so how a purpose maps onto
+connections, LISTEN and timeouts is decided once:
+
+- **worker**: a worker child. Its pool holds `connections` connections (Postgres) and it
+  may LISTEN for wake-ups.
+- **background**: one of the parent's threads (maintenance, metrics). One connection,
+  no LISTEN (it never waits for a wake-up), and an optional per-statement bound: the
+  server's `statement_timeout` on Postgres, a shorter busy wait on SQLite.
+- **cli**: one command of `cairnqd`. One connection, no LISTEN.
+
+`store_for` reads a `DatabaseConfig`; `build_store` takes plain values, for a process
+that has the settings but not the config (a worker child gets them over its pipe).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from cairnqd.config import DatabaseConfig, to_ms
+from cairnqd.store.base import Clock, TaskStore
+from cairnqd.store.postgres import DEFAULT_CALL_TIMEOUT_S, PostgresStore
+from cairnqd.store.sqlite import SQLiteStore
+
+StorePurpose = Literal["worker", "background", "cli"]
+PURPOSES: tuple[StorePurpose, ...] = ("worker", "background", "cli")
+
+
+def store_for(
+    database: DatabaseConfig,
+    purpose: StorePurpose,
+    *,
+    statement_timeout_ms: int | None = None,
+    migrate: bool | None = None,
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
+    clock: Clock | None = None,
+) -> TaskStore:
+    """A store on the configured database for `purpose`. `migrate` overrides
+    `database.auto_migrate` (`cairnqd migrate` always applies)."""
+    return build_store(
+        purpose,
+        path=database.path,
+        dsn=database.dsn,
+        busy_timeout_ms=to_ms(database.busy_timeout),
+        connect_timeout_s=database.connect_timeout.total_seconds(),
+        auto_migrate=database.auto_migrate if migrate is None else migrate,
+        connections=database.connections_per_child,
+        statement_timeout_ms=statement_timeout_ms,
+        call_timeout_s=call_timeout_s,
+        clock=clock,
+    )
+
+
+def build_store(
+    purpose: StorePurpose,
+    *,
+    path: str | None = None,
+    dsn: str | None = None,
+    busy_timeout_ms: int = 5000,
+    connect_timeout_s: float = 10.0,
+    auto_migrate: bool = True,
+    connections: int = 1,
+    statement_timeout_ms: int | None = None,
+    call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
+    clock: Clock | None = None,
+) -> TaskStore:
+    """A store on the SQLite file `path` or the Postgres `dsn` (exactly one of them).
+
+    `connections` sizes a worker's pool; the other purposes always use one connection.
+    `statement_timeout_ms` bounds each statement (see the module docstring);
+    `call_timeout_s` bounds each Postgres operation on our side, so one on a server that
+    stopped answering fails instead of hanging (see `PostgresStore._borrow`); `clock` is
+    for tests (see `Clock`).
+    """
+    if purpose not in PURPOSES:
+        raise ValueError(f"purpose must be one of {', '.join(PURPOSES)}; got {purpose!r}")
+    if (path is None) == (dsn is None):
+        raise ValueError("give exactly one of path (SQLite) and dsn (Postgres)")
+    if path is not None:
+        if statement_timeout_ms is not None:
+            busy_timeout_ms = min(busy_timeout_ms, statement_timeout_ms)
+        return SQLiteStore(path, busy_timeout_ms=busy_timeout_ms, migrate=auto_migrate, clock=clock)
+    assert dsn is not None
+    return PostgresStore(
+        dsn,
+        min_size=1,
+        max_size=max(1, connections) if purpose == "worker" else 1,
+        connect_timeout_s=connect_timeout_s,
+        migrate=auto_migrate,
+        listen=purpose == "worker",
+        statement_timeout_ms=statement_timeout_ms,
+        call_timeout_s=call_timeout_s,
+        clock=clock,
+    )
+
+
+__all__ = ["PURPOSES", "StorePurpose", "build_store", "store_for"]

@@ -1,0 +1,126 @@
+"""The daemon's leadership locks on Postgres: `pg_try_advisory_lock(namespace, lock_id)`
+held by a session of its own.
+
+Never a pool connection: a session lock outlives the block that took it, so a pooled
+connection handed to the next borrower would carry it along. Never waits for the lock
+either: a host that does not get it skips the work. Closing the session frees the lock
+even when the explicit unlock cannot run (the server is gone).
+
+Every statement on a leadership session is bounded by the store's call timeout: a
+session whose server stopped answering is closed (which frees the lock server-side
+once the server notices) rather than waited on.
+
+These live in store/ because only store/ speaks to psycopg; `PostgresStore.exclusive()`
+and `PostgresStore.leader_lock()` hand them out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import psycopg
+
+from cairnqd._protocol import statement
+from cairnqd.store.pg_connect import AsyncConn, run
+
+OpenSession = Callable[[], Awaitable[AsyncConn]]
+
+
+def _params(key: tuple[int, int]) -> dict[str, int]:
+    return {"lock_namespace": key[0], "lock_id": key[1]}
+
+
+@asynccontextmanager
+async def session_lock(
+    open_session: OpenSession, namespace: int, lock_id: int, *, timeout_s: float | None
+) -> AsyncIterator[bool]:
+    """Try the lock on a new session and hold it for the block; yields whether it was
+    taken (False: another session has it, so skip the work)."""
+    params = _params((namespace, lock_id))
+    async with await open_session() as conn:
+        async with asyncio.timeout(timeout_s):
+            rows = await run(conn, statement("postgres", "try_session_lock"), params)
+        held = bool(rows and rows[0]["locked"])
+        try:
+            yield held
+        finally:
+            if held and not conn.closed:
+                # Best effort: closing the session releases the lock in any case.
+                with contextlib.suppress(psycopg.Error, TimeoutError):
+                    async with asyncio.timeout(timeout_s):
+                        release = statement("postgres", "release_session_lock")
+                        await run(conn, release, params)
+
+
+class HeldSessionLock:
+    """The lock kept for as long as its own session lives: leadership that lasts until
+    the holder closes it or its connection dies, when Postgres frees the lock for the
+    next host that asks.
+
+    `ensure()` proves a held lock's session is still alive (a session lock cannot be
+    lost any other way: only its own session can unlock it), or tries to take the lock
+    when not held. Any failure closes the session, so "held" never outlives the session
+    that took it. Not thread-safe: use it from one event loop.
+    """
+
+    def __init__(
+        self, open_session: OpenSession, namespace: int, lock_id: int, *, timeout_s: float | None
+    ) -> None:
+        self._open_session = open_session
+        self._timeout_s = timeout_s
+        self.key = (namespace, lock_id)
+        self._conn: AsyncConn | None = None
+        self._held = False
+
+    async def ensure(self) -> bool:
+        """Whether this session holds the lock now; never waits for the lock. Raises
+        (with the session closed) when the database cannot be reached."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                held = await self._check_or_take()
+        except BaseException:
+            # Also on cancellation (a timed-out caller): the lock may have been taken
+            # with its answer lost, and closing the session is the one sure release.
+            await self._drop()
+            raise
+        self._held = held
+        return held
+
+    async def _check_or_take(self) -> bool:
+        if self._held and self._conn is not None:
+            try:
+                # A round trip on the holding session; no lock call, as a second
+                # pg_try_advisory_lock would stack another hold on this one.
+                await self._conn.execute("select 1")
+                return True
+            except psycopg.Error:
+                await self._drop()  # the session is gone, and the lock with it
+        if self._conn is None or self._conn.closed:
+            self._conn = await self._open_session()
+        rows = await run(self._conn, statement("postgres", "try_session_lock"), _params(self.key))
+        return bool(rows and rows[0]["locked"])
+
+    async def close(self) -> None:
+        """Give the lock up and end the session. Idempotent."""
+        await self._drop(unlock=True)
+
+    async def _drop(self, *, unlock: bool = False) -> None:
+        conn, self._conn, held, self._held = self._conn, None, self._held, False
+        if conn is None:
+            return
+        with contextlib.suppress(psycopg.Error, OSError, TimeoutError):
+            if unlock and held and not conn.closed:
+                # The server frees a closed session's locks only once its backend has
+                # exited, a moment after we hang up; unlocking first lets the next
+                # host take over on its very next try.
+                async with asyncio.timeout(self._timeout_s):
+                    release = statement("postgres", "release_session_lock")
+                    await run(conn, release, _params(self.key))
+        with contextlib.suppress(psycopg.Error, OSError):
+            await conn.close()
+
+
+__all__ = ["HeldSessionLock", "session_lock"]

@@ -1,0 +1,129 @@
+"""How the store's operations turn their values into statement parameters, and the
+fixed values the protocol writes (the lease-expired envelope)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cairnqd._jsoncodec import check_storable, dump_json
+from cairnqd.errors import ErrorEnvelope, SerializationError
+from cairnqd.models import Task
+from cairnqd.store.arguments import Params
+
+#: What recovery stores on a task whose lease ran out on its last attempt.
+LEASE_EXPIRED = ErrorEnvelope(
+    type="LeaseExpired",
+    code="lease_expired",
+    message="task lease expired and max attempts reached",
+)
+LEASE_EXPIRED_ERROR_JSON = dump_json(LEASE_EXPIRED.to_dict())
+
+
+def claim_variant(queues: list[str], names: Sequence[str] | None) -> tuple[str, Params]:
+    """Pick the claim statement whose equality predicates the planner can read in
+    claim order: the list forms sort the whole claimable backlog."""
+    one_queue = len(queues) == 1
+    one_name = names is not None and len(names) == 1
+    if one_queue and one_name:
+        assert names is not None
+        return "claim_one_queue_one_name", {"queue": queues[0], "name": names[0]}
+    if one_name:
+        assert names is not None
+        return "claim_one_name", {"queues": queues, "name": names[0]}
+    name_list = None if names is None else list(names)
+    if one_queue:
+        return "claim_one_queue", {"queue": queues[0], "names": name_list}
+    return "claim", {"queues": queues, "names": name_list}
+
+
+def new_task(params: Params, run_at_ms: int, created_at_ms: int) -> Task:
+    return Task(
+        id=params["id"],
+        name=params["name"],
+        queue=params["queue"],
+        status="queued",
+        payload=params["payload_value"],
+        metadata=params["metadata_value"],
+        max_attempts=params["max_attempts"],
+        priority=params["priority"],
+        parent_id=params["parent_id"],
+        root_id=params["root_id"],
+        correlation_id=params["correlation_id"],
+        run_at_ms=run_at_ms,
+        created_at_ms=created_at_ms,
+        updated_at_ms=created_at_ms,
+    )
+
+
+# Rows per insert_many statement: big enough to amortize, small enough for the
+# statement's JSON/array parameters to stay a few MB at most.
+INSERT_MANY_CHUNK = 5000
+
+
+def insert_many_params(run: Sequence[Params]) -> Params:
+    """Both dialects read one JSON array of the new tasks."""
+    return {
+        "new_tasks": dump_json(
+            [
+                {
+                    "id": p["id"],
+                    "name": p["name"],
+                    "queue": p["queue"],
+                    "p": p["payload"],
+                    "m": p["metadata"],
+                    "max_attempts": p["max_attempts"],
+                    "priority": p["priority"],
+                    "parent_id": p["parent_id"],
+                    "root_id": p["root_id"],
+                    "correlation_id": p["correlation_id"],
+                    "delay_ms": p["delay_ms"],
+                }
+                for p in run
+            ],
+            check=False,  # every field was checked when its SubmitRequest was made
+        )
+    }
+
+
+#: A result to write: (task id, result as JSON text or None), optionally with the
+#: attempt it belongs to, so it cannot settle a later attempt of the same task.
+SettleItem = tuple[str, str | None] | tuple[str, str | None, int]
+
+
+def complete_many_params(worker_id: str, items: Sequence[SettleItem]) -> Params:
+    # Both dialects read one JSON array; results travel as JSON text inside it, already
+    # checked by the dump_json that encoded each (see complete_many).
+    rows = [
+        {"id": item[0], "r": item[1]}
+        if len(item) == 2
+        else {"id": item[0], "r": item[1], "a": item[2]}
+        for item in items
+    ]
+    return {"worker_id": worker_id, "items": dump_json(rows, check=False)}
+
+
+def encode_error(error: Mapping[str, Any] | ErrorEnvelope) -> str:
+    """Serialize an error envelope. One holding values JSON cannot carry keeps its
+    scalar fields; text Postgres cannot store (NUL, lone surrogates) is refused."""
+    envelope = error.to_dict() if isinstance(error, ErrorEnvelope) else dict(error)
+    try:
+        text = dump_json(envelope, what="error", check=False)
+    except SerializationError:
+        scalars = {k: v for k, v in envelope.items() if isinstance(v, str | bool | int | float)}
+        text = dump_json(scalars, what="error", check=False)
+    check_storable(text, what="error")
+    return text
+
+
+__all__ = [
+    "INSERT_MANY_CHUNK",
+    "LEASE_EXPIRED",
+    "LEASE_EXPIRED_ERROR_JSON",
+    "SettleItem",
+    "claim_variant",
+    "complete_many_params",
+    "encode_error",
+    "insert_many_params",
+    "new_task",
+]
