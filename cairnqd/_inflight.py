@@ -43,10 +43,13 @@ ErrorReporter = Callable[[BaseException, dict[str, Any]], None]
 class WorkerObserver(Protocol):
     """Hooks a host process (the daemon's child) uses to follow a worker's tasks.
 
-    `task_started` runs synchronously right before the handler is called;
-    `task_ended` runs once for every task the worker held, started or not, with the
-    outcome: succeeded, failed, retried, canceled, or lease_lost (written by nobody:
-    the lease was gone, or the result could not be written)."""
+    `task_held` runs when a claimed task is taken into the worker; `task_started`
+    runs synchronously right before its handler is called; `task_ended` runs once for
+    every task the worker held, started or not, with the outcome: succeeded, failed,
+    retried, canceled, or lease_lost (written by nobody: the lease was gone, or the
+    result could not be written)."""
+
+    def task_held(self, task: Task) -> None: ...
 
     def task_started(self, task: Task) -> None: ...
 
@@ -123,6 +126,8 @@ class InFlight:
         """Track a claimed task; its lease is ours until `claim_sent_at + lease`."""
         ctx.lease_deadline = claim_sent_at + self.lease_s
         self._held[ctx.identity] = ctx
+        if self.observer is not None:
+            self.observer.task_held(ctx.task)
 
     def stale(self, ctx: TaskContext) -> bool:
         """True (and `ctx` released as lease_lost) when its lease is gone or may be."""

@@ -64,7 +64,13 @@ class Boot:
     gen: int
     #: `logs.logging_settings()`: the child logs exactly as the parent does.
     logging: Mapping[str, Any]
+    #: How often the heartbeat thread reports: often enough to see a stall in time.
     hb_interval_s: float
+    #: A loop stalled this long gets the child aborted; the child reports its lag.
+    stall_timeout_s: float
+    #: Histogram bounds the child buckets task durations and waits into.
+    duration_buckets: tuple[float, ...]
+    wait_buckets: tuple[float, ...]
     shutdown_timeout_s: float
     #: This incarnation's task limit, jitter included; None: no limit.
     max_tasks: int | None
@@ -88,13 +94,23 @@ def boot_for(
         nslots=group.processes,
         gen=generation,
         logging=logging_settings(config.logging),
-        hb_interval_s=config.supervisor.heartbeat_interval.total_seconds(),
+        hb_interval_s=heartbeat_interval_s(config, group),
+        stall_timeout_s=group.stall_bound.total_seconds(),
+        duration_buckets=tuple(config.metrics.duration_buckets),
+        wait_buckets=tuple(config.metrics.wait_buckets),
         shutdown_timeout_s=config.shutdown_timeout_for(group.name).total_seconds(),
         max_tasks=max_tasks,
         max_memory=group.max_memory,
         database=_database(config),
         group_config=_worker_settings(group),
     )
+
+
+def heartbeat_interval_s(config: Config, group: GroupConfig) -> float:
+    """`supervisor.heartbeat_interval`, or a quarter of the group's stall bound if that
+    is shorter: the parent must hear of a stalled loop well before the bound passes."""
+    configured = config.supervisor.heartbeat_interval.total_seconds()
+    return min(configured, group.stall_bound.total_seconds() / 4)
 
 
 def _database(config: Config) -> DatabaseSettings:

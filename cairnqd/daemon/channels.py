@@ -69,7 +69,7 @@ class ChildChannels:
                 self._malformed(child, exc)
                 continue
             child.on_message(message, time.monotonic())
-            self._metrics.record_event(child.group, child.slot, message)
+            self._metrics.record_event(child.group, child.slot, message, child=child.worker_id)
             changed |= isinstance(message, _STATE_MESSAGES)
         if child.events.closed:
             self._forget_fd(child)
@@ -94,6 +94,7 @@ class ChildChannels:
             self.read(child.events.fd)
             self._forget_fd(child)
             child.close_pipes()
+            self._metrics.forget_incarnation(child.worker_id)
             yield child, code
 
     def _forget_fd(self, child: ChildProcess) -> None:

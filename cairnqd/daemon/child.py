@@ -5,12 +5,17 @@ or logging handler from the parent. Boot, in order: tie our life to the parent's
 (PR_SET_PDEATHSIG, then a getppid check for the race), set signal dispositions, read
 the `boot` message from the control pipe, import handlers (failure: `fatal`, exit 78),
 connect (an unreachable database is `db_wait` and retried, never a crash), send
-`ready`, run the SDK worker. The parent learns everything through the events pipe:
-`ready`, `hb` every few seconds from a thread (so a wedged loop shows as silence),
-`start`/`end` per task, `dberr`, and `bye`/`fatal` before exiting.
+`ready`, run the SDK worker. The parent learns everything through the events pipe,
+which never blocks this process (`daemon.outbox`): `ready`; `hb` from a thread of its
+own, often enough to see a stall in time, carrying the event loop's lag (so a blocked
+loop shows even though the thread still talks) and the tasks running past `max_run`;
+`tally` a few times a second (`daemon.reporter`); `dberr`; `bye`/`fatal` before
+exiting. Which held tasks it started goes to the start table (`daemon.starts`).
 
 Exit codes: 0 planned (drain, max_tasks, max_memory), 78 cannot boot (the group goes
-FATAL instead of crash-looping), 75 aborted (QUIT, or the parent vanished).
+FATAL instead of crash-looping), 75 aborted (QUIT, or the parent vanished). QUIT
+first writes the results already returned (for at most a second), so a hard stop does
+not throw finished work away.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from setproctitle import setproctitle
 from cairnqd.daemon.boot import Boot, BootVersionMismatch, decode_boot
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
+from cairnqd.daemon.loopwatch import LoopWatch
 from cairnqd.daemon.messages import (
     PROTOCOL_VERSION,
     DatabaseTrouble,
@@ -43,13 +49,13 @@ from cairnqd.daemon.messages import (
     Ready,
     ReopenLogs,
     SetLogging,
-    TaskEnded,
-    TaskRan,
-    TaskStarted,
     decode_control,
-    encode_atomic,
+    encode,
 )
-from cairnqd.daemon.pipes import MessageReader, MessageWriter, PipeError, read_one
+from cairnqd.daemon.outbox import Outbox
+from cairnqd.daemon.pipes import MessageReader, PipeError, read_one
+from cairnqd.daemon.reporter import ChildReporter
+from cairnqd.daemon.starts import StartTable
 from cairnqd.errors import (
     DatabaseUnavailable,
     MigrationsPending,
@@ -57,7 +63,6 @@ from cairnqd.errors import (
     ProtocolVersionMismatch,
     SchemaMismatch,
 )
-from cairnqd.models import Task
 from cairnqd.registry import resolve_handlers
 from cairnqd.store.base import TaskStore
 from cairnqd.store.factory import build_store
@@ -67,6 +72,8 @@ log = logging.getLogger("cairnqd.child")
 
 _PR_SET_PDEATHSIG = 1
 _BOOT_TIMEOUT_S = 10.0
+#: On QUIT, how long returned results may take to be written before we exit anyway.
+_QUIT_FLUSH_S = 1.0
 
 
 def _die_with_parent() -> None:
@@ -88,80 +95,22 @@ def _rss_bytes() -> int:
         return 0
 
 
-class ChildReporter:
-    """The worker's observer: turns task events into pipe messages and decides when
-    this incarnation has done enough (max_tasks) or grown too big (max_memory).
-
-    Task events are buffered for a few milliseconds and written together: at
-    thousands of tasks a second, one parent wake-up per event cost more CPU in the
-    parent than the events themselves. A task that starts and ends within one such
-    window goes out as a single `task` message instead of `start` + `end`: the parent
-    then decodes half as many messages and never tracks it as in flight."""
-
-    FLUSH_AFTER_S = 0.01
-
-    def __init__(self, child: Child) -> None:
-        self.child = child
-        self.started: dict[str, float] = {}
-        self.finished = 0
-        self._buffer: list[bytes] = []
-        # Starts not yet written, by task id: an end arriving first merges with them.
-        self._unsent_starts: dict[str, TaskStarted] = {}
-        self._flush_armed = False
-
-    def _arm(self) -> None:
-        if not self._flush_armed and self.child.loop is not None:
-            self._flush_armed = True
-            self.child.loop.call_later(self.FLUSH_AFTER_S, self.flush)
-
-    def flush(self) -> None:
-        self._flush_armed = False
-        starts, self._unsent_starts = self._unsent_starts, {}
-        lines, self._buffer = self._buffer, []
-        lines.extend(encode_atomic(start) for start in starts.values())
-        if lines:
-            self.child.events.send_lines(lines)
-
-    def task_started(self, task: Task) -> None:
-        self.started[task.id] = time.monotonic()
-        wait_s = max(0.0, (task.updated_at_ms - task.run_at_ms) / 1000)
-        self._unsent_starts[task.id] = TaskStarted(
-            task.id, task.queue, task.name, task.attempt, round(wait_s, 6)
-        )
-        self._arm()
-
-    def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None:
-        began = self.started.pop(task.id, None)
-        dur = time.monotonic() - began if began is not None else duration_s
-        dur = round(dur, 6)
-        start = self._unsent_starts.pop(task.id, None)
-        if start is not None:
-            ran = TaskRan(
-                start.id, start.queue, start.name, start.attempt, start.wait_s,
-                outcome, reason, dur,
-            )  # fmt: skip
-            self._buffer.append(encode_atomic(ran))
-        else:
-            ended = TaskEnded(task.id, task.queue, task.name, outcome, reason, dur)
-            self._buffer.append(encode_atomic(ended))
-        self._arm()
-        self.finished += 1
-        self.child.after_task(self.finished)
-
-
 class Child:
     def __init__(self, args: argparse.Namespace) -> None:
         self.parent_pid: int = args.parent_pid
-        self.events = MessageWriter(args.events)
+        self.events = Outbox(args.events)
         self.control_fd: int = args.control
+        self._starts_fd: int | None = args.starts
         self._boot: Boot | None = None
         self.state = "starting"
         self.worker: Worker | None = None
         self.bye_reason = "drain"
         self.stop_requested = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.reporter = ChildReporter(self)
+        self.reporter: ChildReporter | None = None
+        self.loop_watch = LoopWatch()
         self._control: MessageReader | None = None
+        self._aborting = False
 
     # -- boot --------------------------------------------------------------------------
 
@@ -178,15 +127,15 @@ class Child:
         try:
             line, rest = read_one(self.control_fd, _BOOT_TIMEOUT_S)
         except PipeError as exc:
-            self.events.send(Fatal(f"no boot message from the parent: {exc}"))
+            self._send_final(Fatal(f"no boot message from the parent: {exc}"))
             return TEMPFAIL
         try:
             self._boot = decode_boot(line)
         except BootVersionMismatch as exc:
-            self.events.send(Fatal(f"pipe protocol mismatch ({exc}): restart cairnqd"))
+            self._send_final(Fatal(f"pipe protocol mismatch ({exc}): restart cairnqd"))
             return CONFIG
         except MessageError as exc:
-            self.events.send(Fatal(f"bad boot message from the parent: {exc}"))
+            self._send_final(Fatal(f"bad boot message from the parent: {exc}"))
             return CONFIG
         self._control = MessageReader(self.control_fd, rest)
         self._configure_logging(dict(self.boot.logging))
@@ -194,7 +143,7 @@ class Child:
         try:
             worker = self._build_worker()
         except Exception as exc:
-            self.events.send(Fatal(f"{type(exc).__name__}: {exc}"))
+            self._send_final(Fatal(f"{type(exc).__name__}: {exc}"))
             log.error("cannot boot: %s", exc)
             return CONFIG
         self.worker = worker
@@ -263,7 +212,9 @@ class Child:
         for spec in handlers.values():
             worker.register(spec.name, spec.fn, batch=spec.batch, resource=spec.resource)
         worker.worker_id = self.boot.worker_id
-        self.reporter = ChildReporter(self)
+        starts = StartTable.attach(self._starts_fd) if self._starts_fd is not None else None
+        buckets = (self.boot.duration_buckets, self.boot.wait_buckets)
+        self.reporter = ChildReporter(self.events, starts, buckets, self.after_task)
         worker.observer = self.reporter
         # Retire on the limits before claiming, not only after a task ends: a claim
         # (prefetch included) made after the limit is work the retiring child must
@@ -278,6 +229,9 @@ class Child:
 
     async def _serve(self, worker: Worker) -> int:
         self.loop = loop = asyncio.get_running_loop()
+        self.loop_watch.start(loop)
+        if self.reporter is not None:
+            self.reporter.start(loop)
         loop.add_signal_handler(signal.SIGTERM, self.request_stop, "drain")
         loop.add_signal_handler(signal.SIGQUIT, self._abort)
         loop.add_signal_handler(signal.SIGUSR1, self._quiet)
@@ -292,14 +246,14 @@ class Child:
             NotACairnqDatabase,
         ) as exc:
             # No restart can fix these; the group goes FATAL instead of looping.
-            self.events.send(Fatal(str(exc)))
+            self._send_final(Fatal(str(exc)))
             log.error("cannot boot: %s", exc)
             return CONFIG
         if not connected:
             return OK if self.stop_requested else TEMPFAIL
         self.state = "run"
         self._title("ready")
-        self.events.send(
+        self._send(
             Ready(
                 v=PROTOCOL_VERSION, pid=os.getpid(), worker_id=worker.worker_id,
                 gen=self.boot.gen, rss=_rss_bytes(),
@@ -316,10 +270,10 @@ class Child:
             # the default action when the loop closes.
             loop.remove_signal_handler(signal.SIGTERM)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        self.reporter.flush()
+        self._final_tally()
         if self.state == "orphaned":
             return TEMPFAIL
-        self.events.send(Goodbye(self.bye_reason))
+        self._send_final(Goodbye(self.bye_reason))
         return OK
 
     async def _connect(self, store: TaskStore) -> bool:
@@ -332,7 +286,7 @@ class Child:
                 if self.state != "db_wait":
                     log.warning("database unavailable, retrying: %s", exc)
                 self.state = "db_wait"
-                self.events.send(DatabaseTrouble("connect"))
+                self._send(DatabaseTrouble("connect"))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         return False
@@ -374,11 +328,27 @@ class Child:
         self._title("quiet")
 
     def _abort(self) -> None:
-        # No database write here: a commit torn by os._exit is worse than a lease
-        # left to the parent's hand-back.
-        in_flight = [c.task_id for c in self.worker.in_flight.contexts()] if self.worker else []
-        log.warning("QUIT: aborting with %d task(s) in flight: %s", len(in_flight), in_flight)
-        self.reporter.flush()
+        """QUIT: stop now. Results already returned are written first (bounded by
+        `_QUIT_FLUSH_S`): without that, a finished task would run again. No other
+        database write: a commit torn by the exit is worse than a lease the parent
+        hands back."""
+        if self._aborting:
+            return
+        self._aborting = True
+        worker = self.worker
+        held = [c.task_id for c in worker.in_flight.contexts()] if worker else []
+        log.warning("QUIT: stopping with %d task(s) held: %s", len(held), held)
+        assert self.loop is not None
+        self.loop.create_task(self._abort_after_flush())
+
+    async def _abort_after_flush(self) -> None:
+        worker = self.worker
+        if worker is not None:
+            worker.claiming = False
+            unwritten = await worker.flush_results(_QUIT_FLUSH_S)
+            if unwritten:
+                log.warning("QUIT: %d result(s) could not be written in time", unwritten)
+        self._final_tally()
         os._exit(TEMPFAIL)
 
     def _on_control(self) -> None:
@@ -411,18 +381,54 @@ class Child:
 
     def _on_error(self, exc: BaseException, info: dict[str, Any]) -> None:
         kind = "busy" if "locked" in str(exc) or "busy" in str(exc) else "other"
-        self.events.send(DatabaseTrouble(kind, str(info.get("phase", ""))))
+        self._send(DatabaseTrouble(kind, str(info.get("phase", ""))))
         log.warning("%s error: %s", info.get("phase", "worker"), exc)
 
     def _heartbeat_thread(self) -> None:
         interval = self.boot.hb_interval_s
+        max_run_ms = self.boot.group_config.max_run_ms
+        max_run_s = None if max_run_ms is None else max_run_ms / 1000
         while True:
             time.sleep(interval)
             if os.getppid() != self.parent_pid and self.loop is not None:
                 self.loop.call_soon_threadsafe(self._orphaned)
-            busy = len(self.worker.in_flight) if self.worker is not None else 0
-            if not self.events.send(Heartbeat(busy=busy, rss=_rss_bytes(), state=self.state)):
+            if not self._send(self._heartbeat(max_run_s)):
                 return
+
+    def _heartbeat(self, max_run_s: float | None) -> Heartbeat:
+        worker, reporter = self.worker, self.reporter
+        executing, overdue, longest = (
+            reporter.running_report(max_run_s) if reporter is not None else (0, (), None)
+        )
+        held = len(worker.in_flight.backlog) if worker is not None else 0
+        lag = self.loop_watch.lag() if self.loop is not None else 0.0
+        return Heartbeat(
+            rss=_rss_bytes(), state=self.state, executing=executing, held=held,
+            lag_s=round(lag, 3), overdue=overdue, longest=longest,
+        )  # fmt: skip
+
+    # -- the events pipe ---------------------------------------------------------------
+
+    def _send(self, message: Any) -> bool:
+        """Queue a message; never blocks. False once the parent has gone."""
+        return self.events.send(encode(message))
+
+    def _send_final(self, message: Any) -> None:
+        """A last word before exiting: wait (briefly) until the parent has it."""
+        self._send(message)
+        deadline = time.monotonic() + 2.0
+        while not self.events.flush() and not self.events.broken:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+
+    def _final_tally(self) -> None:
+        if self.reporter is not None:
+            self.reporter.stop()
+            self.reporter.send_tally(force=True)
+        deadline = time.monotonic() + 2.0
+        while not self.events.flush() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--events", type=int, required=True)
     parser.add_argument("--control", type=int, required=True)
+    parser.add_argument("--starts", type=int, default=None)
     return Child(parser.parse_args(argv)).run()
 
 

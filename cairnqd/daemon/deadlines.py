@@ -1,13 +1,24 @@
-"""The deadlines the parent holds its children to: boot, heartbeat, max_run and drain.
+"""The deadlines the parent holds its children to: boot, liveness, stalls, max_run, drain.
 
-A child that does not boot or stops heartbeating in time gets SIGABRT, so its
-faulthandler dumps every thread's stack to stderr, then SIGKILL if it is still
-there `KILL_GRACE_S` later. A child holding a task 10 s past `max_run` (the worker's
-own `max_run` limit did not end it) gets SIGKILL at once. A draining child (a
-shutdown, a roll, a shrink, a removed group) that is still there at its drain
-deadline (its group's `shutdown_timeout`) gets SIGQUIT, then SIGKILL `QUIT_GRACE_S`
-later; the supervisor hands its tasks back once it is reaped. So one long task can
-hold up neither a shutdown nor a roll past `shutdown_timeout`.
+- **Boot**: a child not ready `supervisor.boot_timeout` after it was spawned (waiting
+  for the database excepted) is aborted.
+- **Liveness**: a ready child silent for `supervisor.heartbeat_timeout` is aborted.
+- **Stall**: a child whose event loop has not run for its group's stall bound
+  (`groups.*.stall_timeout`, a third of the lease by default) is aborted, whatever its
+  heartbeat thread says. The bound sits well inside the lease, so the child is gone
+  and its tasks handed back before any lease it renewed can expire: a blocked loop
+  never yields two copies of a task running at once.
+- **max_run**: a child with a handler running `MAX_RUN_GRACE_S` past its group's
+  `max_run` (its own timeout did not end it: a blocked loop, a handler that ignores
+  cancellation) is aborted; once reaped, each such task is failed as
+  `max_run_exceeded`, with the normal retry backoff, before the rest is handed back.
+- **Drain**: a draining child (a shutdown, a roll, a shrink, a removed group) still
+  there at its drain deadline (its group's `shutdown_timeout`) gets SIGQUIT, then
+  SIGKILL `QUIT_GRACE_S` later.
+
+Aborting is SIGABRT, so the child's faulthandler writes every thread's stack to the
+log, then SIGKILL if it is still there a grace period later: short for a stall or an
+overrun, where every second counts against the lease.
 """
 
 from __future__ import annotations
@@ -16,58 +27,91 @@ import logging
 import signal
 import time
 from collections.abc import Iterable
+from datetime import timedelta
 
 from cairnqd.config import SupervisorConfig
+from cairnqd.daemon.messages import Overrun
 from cairnqd.daemon.pool import ChildProcess, GroupPool
 
 # Enforced by the supervisor's loop, and logged as such.
 log = logging.getLogger("cairnqd.supervisor")
 
 KILL_GRACE_S = 5.0
+#: After SIGABRT for a stall or an overrun: the dump takes milliseconds.
+FAST_KILL_GRACE_S = 1.0
 QUIT_GRACE_S = 2.0
+#: How long past `max_run` the parent waits for the child's own timeout to act.
+MAX_RUN_GRACE_S = 2.0
+#: A parent loop that went this long without a tick (stopped, swapped out) does not
+#: blame its children for the silence it could not hear.
+PARENT_STALL_S = 1.0
 
 
 def check_deadlines(pools: Iterable[GroupPool], sup: SupervisorConfig) -> None:
     now = time.monotonic()
     for pool in pools:
-        max_run = pool.config.max_run
         for child in pool.children():
-            if child.quit_sent_at is not None:
-                if now - child.quit_sent_at > QUIT_GRACE_S:
-                    child.signal(signal.SIGKILL)
-                continue
-            if child.drain_deadline is not None and now > child.drain_deadline:
-                log.warning(
-                    "child %d of %s is still draining at its shutdown_timeout; stopping it "
-                    "(its tasks are handed back)", child.pid, child.group,
-                )  # fmt: skip
-                child.quit(now)
-                continue
-            if child.abort_sent_at is not None:
-                if now - child.abort_sent_at > KILL_GRACE_S:
-                    child.signal(signal.SIGKILL)
-                continue
-            if (
-                child.state == "starting"
-                and now - child.spawned_at > sup.boot_timeout.total_seconds()
-            ):
-                _abort(child, "boot_timeout")
-            elif (
-                child.state != "starting"
-                and child.state != "db_wait"
-                and (now - child.last_heard > sup.heartbeat_timeout.total_seconds())
-            ):
-                _abort(child, "heartbeat_timeout")
-            elif max_run is not None and any(
-                now - task.seen > max_run.total_seconds() + 10 for task in child.in_flight.values()
-            ):
-                child.kill_reason = "max_run"
-                log.error("child %d exceeded max_run by 10s; killing it", child.pid)
-                child.signal(signal.SIGKILL)
+            _check_child(pool, child, sup, now)
 
 
-def _abort(child: ChildProcess, reason: str) -> None:
-    log.error("child %d of %s: %s; sending SIGABRT", child.pid, child.group, reason)
+def forgive_silence(pools: Iterable[GroupPool], now: float) -> None:
+    """The parent itself stalled: count every child as heard from now."""
+    for pool in pools:
+        for child in pool.children():
+            child.last_heard = max(child.last_heard, now)
+
+
+def _check_child(pool: GroupPool, child: ChildProcess, sup: SupervisorConfig, now: float) -> None:
+    if child.quit_sent_at is not None:
+        if now - child.quit_sent_at > QUIT_GRACE_S:
+            child.signal(signal.SIGKILL)
+        return
+    if child.abort_sent_at is not None:
+        grace = FAST_KILL_GRACE_S if child.kill_reason in ("stall", "max_run") else KILL_GRACE_S
+        if now - child.abort_sent_at > grace:
+            child.signal(signal.SIGKILL)
+        return
+    stall_s = pool.config.stall_bound.total_seconds()
+    max_run = pool.config.max_run
+    if child.drain_deadline is not None and now > child.drain_deadline:
+        log.warning(
+            "child %d of %s is still draining at its shutdown_timeout; stopping it "
+            "(its tasks are handed back)", child.pid, child.group,
+        )  # fmt: skip
+        child.quit(now)
+    elif child.state == "starting" and now - child.spawned_at > sup.boot_timeout.total_seconds():
+        _abort(child, "boot_timeout", "not ready within supervisor.boot_timeout")
+    elif child.state not in ("starting", "db_wait") and (
+        now - child.last_heard > sup.heartbeat_timeout.total_seconds()
+    ):
+        _abort(child, "heartbeat_timeout", "silent for longer than supervisor.heartbeat_timeout")
+    elif child.lag_s > stall_s:
+        _abort(
+            child,
+            "stall",
+            f"its event loop has been blocked for {child.lag_s:.1f}s (stall_timeout "
+            f"{stall_s:g}s: a blocking call in an async handler?); its tasks go back "
+            "before their leases expire",
+        )
+    elif overruns := _overruns(child, max_run):
+        assert max_run is not None
+        child.max_run_kills = overruns
+        listed = ", ".join(f"{o.id} ({o.age_s:.1f}s)" for o in overruns)
+        _abort(child, "max_run", f"task(s) past max_run {max_run.total_seconds():g}s: {listed}")
+
+
+def _overruns(child: ChildProcess, max_run: timedelta | None) -> tuple[Overrun, ...]:
+    if max_run is None:
+        return ()
+    limit = max_run.total_seconds() + MAX_RUN_GRACE_S
+    return tuple(o for o in child.overdue if o.age_s > limit)
+
+
+def _abort(child: ChildProcess, reason: str, why: str) -> None:
+    log.error(
+        "child %d of %s: %s; aborting it (SIGABRT: its stacks follow in the log)",
+        child.pid, child.group, why,
+    )  # fmt: skip
     child.kill_reason = reason
     child.abort_sent_at = time.monotonic()
     child.signal(signal.SIGABRT)

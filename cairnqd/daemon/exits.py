@@ -2,7 +2,10 @@
 
 Design note. First the tasks: a child that did not say goodbye may hold leases, so its
 tasks are handed back at once (`Maintenance.hand_back`, scoped by its worker_id and
-queued only now that waitpid has returned), not when the leases expire. Then what the
+queued only now that waitpid has returned), not when the leases expire. Tasks its
+start table shows it held but never started get back the attempt their claim spent;
+tasks that got it killed for running past `max_run` are failed first, as
+`max_run_exceeded` with the normal retry backoff. Then what the
 end means for its pool, in this order:
 
 - exit 0 after `bye`: planned (drain, max_tasks, max_memory); its slot refills now.
@@ -22,11 +25,13 @@ import signal
 import time
 from collections.abc import Callable
 
+from cairnqd.config import to_ms
 from cairnqd.daemon.exitcodes import CONFIG, OK
 from cairnqd.daemon.fleet import Fleet
 from cairnqd.daemon.maintenance import Maintenance
 from cairnqd.daemon.metrics import Metrics
 from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot
+from cairnqd.worker import backoff_delay_ms
 
 log = logging.getLogger("cairnqd.supervisor")
 
@@ -49,8 +54,11 @@ class ChildExits:
         where = self._fleet.detach(child)
         self._forget_slot_series(child)
         planned = code == OK and child.bye is not None
+        unstarted = child.unstarted()  # read (and closed) whatever the exit
         if not planned:
-            self._maintenance.hand_back(child.worker_id, _handback_reason(child, stopping))
+            self._fail_overruns(child)
+            reason = _handback_reason(child, stopping)
+            self._maintenance.hand_back(child.worker_id, reason, unstarted)
         described = describe_exit(code)
         group = where.pool
         if group is None:
@@ -68,6 +76,24 @@ class ChildExits:
         else:
             slot = where.slot if where.role == "slot" and not stopping else None
             self._crash(group, slot, child, described)
+
+    def _fail_overruns(self, child: ChildProcess) -> None:
+        """Tasks past max_run got the child killed: each is a failed attempt, queued
+        ahead of the hand-back, retried after the group's usual backoff."""
+        if not child.max_run_kills:
+            return
+        pools = [p for p in self._fleet.pools() if p.name == child.group]
+        if not pools or pools[0].config.max_run is None:
+            return
+        group = pools[0].config
+        assert group.max_run is not None
+        for overrun in child.max_run_kills:
+            delay = backoff_delay_ms(
+                overrun.attempt, to_ms(group.retry_backoff), to_ms(group.retry_backoff_max)
+            )
+            self._maintenance.fail_task_max_run(
+                overrun.id, child.worker_id, group.max_run.total_seconds(), delay
+            )
 
     def _failed_successor(
         self, group: GroupPool, slot: Slot, child: ChildProcess, described: str

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +93,8 @@ def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None =
 class _HandBack:
     worker_id: str
     reason: str
+    #: (task id, attempt) of the tasks it held and never started.
+    unstarted: tuple[tuple[str, int], ...] = ()
     attempts: int = 0
 
     def describe(self) -> str:
@@ -104,6 +106,8 @@ class _MaxRunFailure:
     task_id: str
     worker_id: str
     max_run_s: float
+    #: The retry delay, from the group's backoff settings.
+    delay_ms: int = 0
     attempts: int = 0
 
     def describe(self) -> str:
@@ -187,18 +191,23 @@ class Maintenance:
         self._serving = None
         return clean and stopped
 
-    def hand_back(self, worker_id: str, reason: str) -> None:
+    def hand_back(
+        self, worker_id: str, reason: str, unstarted: Sequence[tuple[str, int]] = ()
+    ) -> None:
         """Queue the release of every task `worker_id` still holds, ahead of all other
-        maintenance. Only for a worker whose process has been reaped."""
+        maintenance. Only for a worker whose process has been reaped. `unstarted`
+        (task id, attempt) pairs get back the attempt their claim spent."""
         if reason not in HAND_BACK_REASONS:
             raise ValueError(f"reason must be one of {', '.join(HAND_BACK_REASONS)}")
-        self._enqueue(_HandBack(worker_id, reason))
+        self._enqueue(_HandBack(worker_id, reason, tuple(unstarted)))
 
-    def fail_task_max_run(self, task_id: str, worker_id: str, max_run_s: float) -> None:
-        """Queue failing `task_id` as `max_run_exceeded` under its dead worker. Queue it
-        before that worker's hand-back: jobs run in order, so the overrun task is failed
-        (retryable) and the hand-back then releases the rest."""
-        self._enqueue(_MaxRunFailure(task_id, worker_id, max_run_s))
+    def fail_task_max_run(
+        self, task_id: str, worker_id: str, max_run_s: float, delay_ms: int = 0
+    ) -> None:
+        """Queue failing `task_id` as `max_run_exceeded` under its dead worker, retried
+        after `delay_ms`. Queue it before that worker's hand-back: jobs run in order, so
+        the overrun task is failed and the hand-back then releases the rest."""
+        self._enqueue(_MaxRunFailure(task_id, worker_id, max_run_s, delay_ms))
 
     def pause_purge(self) -> None:
         """No new sweep, and a sweep in progress stops after its current batch (drain)."""
@@ -309,9 +318,9 @@ class Maintenance:
 
     async def _run_job(self, job: _Job) -> None:
         if isinstance(job, _HandBack):
-            await self.release_worker(job.worker_id, job.reason)
+            await self.release_worker(job.worker_id, job.reason, job.unstarted)
         else:
-            await self.fail_max_run(job.task_id, job.worker_id, job.max_run_s)
+            await self.fail_max_run(job.task_id, job.worker_id, job.max_run_s, job.delay_ms)
 
     def _requeue(self, job: _Job) -> bool:
         """Put a failed job back at the head, due after a backoff. False when it is
@@ -328,23 +337,32 @@ class Maintenance:
 
     # -- duties (awaitable directly in tests) ------------------------------------------------
 
-    async def release_worker(self, worker_id: str, reason: str) -> list[Row]:
-        """Hand back every task `worker_id` holds, with recovery's outcomes, now."""
+    async def release_worker(
+        self, worker_id: str, reason: str, unstarted: Sequence[tuple[str, int]] = ()
+    ) -> list[Row]:
+        """Hand back every task `worker_id` holds, with recovery's outcomes, now; the
+        `unstarted` ones with their attempt given back."""
         store = await self._store.get()
         message = (
             f"task lease released and max attempts reached: {_HAND_BACK_CAUSES[reason]} ({reason})"
         )
-        rows = await store.release_worker(worker_id, message=message)
+        rows = await store.release_worker(worker_id, message=message, unstarted=unstarted)
         self._count_recoveries(rows, reason)
         if rows:
             outcomes = Counter(str(r["status"]) for r in rows)
             summary = ", ".join(f"{status} {n}" for status, n in sorted(outcomes.items()))
-            log.info("handed back %d task(s) of %s (%s): %s", len(rows), worker_id, reason, summary)
+            spared = f"; {len(unstarted)} never started kept their attempt" if unstarted else ""
+            log.info(
+                "handed back %d task(s) of %s (%s): %s%s",
+                len(rows), worker_id, reason, summary, spared,
+            )  # fmt: skip
         return rows
 
-    async def fail_max_run(self, task_id: str, worker_id: str, max_run_s: float) -> bool:
-        """Fail an overrun attempt (retryable; cancel-wins and max_attempts apply).
-        False if the task was no longer that worker's."""
+    async def fail_max_run(
+        self, task_id: str, worker_id: str, max_run_s: float, delay_ms: int = 0
+    ) -> bool:
+        """Fail an overrun attempt (retryable after `delay_ms`; cancel-wins and
+        max_attempts apply). False if the task was no longer that worker's."""
         store = await self._store.get()
         error = {
             "type": "MaxRunExceeded",
@@ -354,7 +372,9 @@ class Maintenance:
             "details": {"max_run_s": max_run_s},
         }
         try:
-            task = await store.fail(task_id=task_id, worker_id=worker_id, error=error)
+            task = await store.fail(
+                task_id=task_id, worker_id=worker_id, error=error, delay_ms=delay_ms
+            )
         except LostLease:
             return False
         self._metrics.lease_recoveries(task.queue, "max_run", 1)

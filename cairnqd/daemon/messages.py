@@ -9,9 +9,11 @@ the descriptor, a half-upgraded install), the supervisor gets a typed message wh
 fields it can use without checking, or a `MessageError` it counts and logs. Fields a
 reader does not know are ignored, so a field can be added without a version bump.
 
-Child to parent: `ready`, `hb`, `start`, `end`, `task` (a start and its end sent
-together), `dberr`, `bye`, `fatal`. Parent to child: `boot` (`daemon.boot`),
-`log_level`, `reopen_logs`.
+Child to parent: `ready`, `hb` (liveness, loop lag, tasks running and held, overruns),
+`tally` (cumulative task counts, `daemon.tally`), `dberr`, `bye`, `fatal`. There is no
+message per task: which held tasks a child started is in its start table
+(`daemon.starts`), which the parent reads after the child is gone. Parent to child:
+`boot` (`daemon.boot`), `log_level`, `reopen_logs`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Union
 
 #: The pipe protocol's version, carried by `boot` and `ready`. A parent spawns the code
 #: installed on disk, which an upgrade may have replaced; a mismatch stops the child.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 #: POSIX makes a pipe write of at most this many bytes atomic: a child's threads never
 #: interleave half-lines, as long as each message fits.
 PIPE_BUF = 4096
@@ -55,59 +57,66 @@ class Ready:
 
 
 @dataclass(frozen=True)
+class Overrun:
+    """A task whose handler has run longer than the group's `max_run`."""
+
+    id: str
+    attempt: int
+    age_s: float
+
+
+@dataclass(frozen=True)
+class LongestTask:
+    """The task whose handler has been running longest, for status views."""
+
+    id: str
+    name: str
+    age_s: float
+
+
+@dataclass(frozen=True)
 class Heartbeat:
-    """Every `heartbeat_interval`, from a thread of its own: silence means stuck."""
+    """Every `hb_interval_s`, from a thread of its own, whether or not the event loop
+    runs: silence means the process is stuck; `lag_s` says whether its loop is."""
 
     kind: ClassVar[Literal["hb"]] = "hb"
-    busy: int
     rss: int
     #: starting, run, db_wait, draining, quiet or orphaned.
     state: str
+    #: Tasks whose handler is running (or whose result waits to be written).
+    executing: int
+    #: Tasks claimed ahead that wait for a free slot.
+    held: int
+    #: Seconds the event loop has gone without running (0 while it keeps up).
+    lag_s: float
+    overdue: tuple[Overrun, ...]
+    longest: LongestTask | None
 
 
 @dataclass(frozen=True)
-class TaskStarted:
-    kind: ClassVar[Literal["start"]] = "start"
-    id: str
+class TallyCount:
+    """One cumulative task counter (see `daemon.tally`)."""
+
     queue: str
     name: str
-    attempt: int
-    wait_s: float
-
-
-@dataclass(frozen=True)
-class TaskEnded:
-    kind: ClassVar[Literal["end"]] = "end"
-    id: str
-    queue: str
-    name: str
-    #: succeeded, failed, retried, canceled or lease_lost.
-    outcome: str
-    #: The error code of a failure, else empty.
+    #: started, succeeded, failed, retried or canceled.
+    what: str
+    #: A failure's bounded reason, else empty.
     reason: str
-    dur_s: float
+    n: int
 
 
 @dataclass(frozen=True)
-class TaskRan:
-    """A task that started and ended between two flushes of the child's buffer: one
-    message instead of two, and nothing for the parent to track as in flight."""
+class Tally:
+    """The child's task counts since it started, sent a few times a second while they
+    change; cumulative, so one lost on the way loses nothing."""
 
-    kind: ClassVar[Literal["task"]] = "task"
-    id: str
-    queue: str
-    name: str
-    attempt: int
-    wait_s: float
-    outcome: str
-    reason: str
-    dur_s: float
-
-    def started(self) -> TaskStarted:
-        return TaskStarted(self.id, self.queue, self.name, self.attempt, self.wait_s)
-
-    def ended(self) -> TaskEnded:
-        return TaskEnded(self.id, self.queue, self.name, self.outcome, self.reason, self.dur_s)
+    kind: ClassVar[Literal["tally"]] = "tally"
+    counts: tuple[TallyCount, ...]
+    #: Per queue: per-bucket counts of task durations (+Inf last), then their sum.
+    durations: Mapping[str, tuple[float, ...]]
+    #: Per queue: the same for queue waits.
+    waits: Mapping[str, tuple[float, ...]]
 
 
 @dataclass(frozen=True)
@@ -137,9 +146,7 @@ class Fatal:
     error: str
 
 
-ChildMessage = (
-    Ready | Heartbeat | TaskStarted | TaskEnded | TaskRan | DatabaseTrouble | Goodbye | Fatal
-)
+ChildMessage = Ready | Heartbeat | Tally | DatabaseTrouble | Goodbye | Fatal
 
 # -- parent to child -------------------------------------------------------------------------
 
@@ -162,8 +169,7 @@ class ReopenLogs:
 ControlMessage = SetLogging | ReopenLogs
 
 _CHILD_KINDS: dict[str, type[Any]] = {
-    cls.kind: cls
-    for cls in (Ready, Heartbeat, TaskStarted, TaskEnded, TaskRan, DatabaseTrouble, Goodbye, Fatal)
+    cls.kind: cls for cls in (Ready, Heartbeat, Tally, DatabaseTrouble, Goodbye, Fatal)
 }
 _CONTROL_KINDS: dict[str, type[Any]] = {cls.kind: cls for cls in (SetLogging, ReopenLogs)}
 # Wire names that differ from the field's: `kind` is the class tag in Python.

@@ -1,7 +1,8 @@
 """Child processes and the per-group pools that keep them at size.
 
-A `ChildProcess` is one incarnation: its Popen, its two pipes and what its events
-told us (ready, in-flight tasks, memory). A `GroupPool` owns a group's slots and
+A `ChildProcess` is one incarnation: its Popen, its two pipes, its start table
+(`starts`) and what its messages told us (ready, tasks running and held, loop lag,
+memory). A `GroupPool` owns a group's slots and
 decides, per tick, what each needs: spawn now, wait out a backoff, or stay empty
 (crashloop, FATAL, stopping). Spawning is fork+exec of `python -m cairnqd.daemon.child`, so
 nothing of the parent (threads, connections, locks) reaches a child.
@@ -30,26 +31,18 @@ from cairnqd.daemon.messages import (
     Fatal,
     Goodbye,
     Heartbeat,
+    LongestTask,
+    Overrun,
     Ready,
-    TaskEnded,
-    TaskRan,
-    TaskStarted,
+    Tally,
     encode,
 )
 from cairnqd.daemon.pipes import MessageReader, MessageWriter
 from cairnqd.daemon.restart_budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
+from cairnqd.daemon.starts import StartTable
 from cairnqd.daemon.systemd import child_environment
 
 log = logging.getLogger("cairnqd.supervisor")
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """A task a child reported started and not yet ended."""
-
-    task: TaskStarted
-    #: When the parent heard of it (monotonic): max_run counts from here.
-    seen: float
 
 
 @dataclass
@@ -65,7 +58,16 @@ class ChildProcess:
     state: str = "starting"  # starting, ready, draining, db_wait, quiet
     ready_at: float | None = None
     last_heard: float = field(default_factory=time.monotonic)
-    in_flight: dict[str, InFlight] = field(default_factory=dict)
+    #: Which held tasks it started, readable after it dies (None: no table).
+    starts: StartTable | None = None
+    #: From its last heartbeat: tasks running and held, its loop's lag, overruns.
+    executing: int = 0
+    held: int = 0
+    lag_s: float = 0.0
+    overdue: tuple[Overrun, ...] = ()
+    longest: LongestTask | None = None
+    #: Overruns that got it killed; each is failed as max_run_exceeded once reaped.
+    max_run_kills: tuple[Overrun, ...] = ()
     rss: int = 0
     bye: str | None = None
     fatal: str | None = None
@@ -116,18 +118,17 @@ class ChildProcess:
                 if message.state in ("db_wait", "draining", "quiet"):
                     self.state = message.state
                 self.rss = message.rss
-            case TaskStarted():
-                self.in_flight[message.id] = InFlight(message, seen=now)
-            case TaskEnded():
-                self.in_flight.pop(message.id, None)
+                self.executing, self.held = message.executing, message.held
+                self.lag_s, self.overdue = message.lag_s, message.overdue
+                self.longest = message.longest
             case Goodbye():
                 self.bye = message.reason
             case Fatal():
                 self.fatal = message.error
             case DatabaseTrouble() if self.state == "starting":
                 self.state = "db_wait"
-            case TaskRan() | DatabaseTrouble():
-                pass  # nothing to track: never in flight as far as we know
+            case Tally() | DatabaseTrouble():
+                pass  # counting is the metrics' business
 
     def count_malformed(self, now: float, log_every_s: float) -> bool:
         """Count a line that was no valid message; True when it is time to say so."""
@@ -141,6 +142,21 @@ class ChildProcess:
         for fd in (self.events.fd, self.control.fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def unstarted(self) -> list[tuple[str, int]]:
+        """After it died: the (task id, attempt) of each task it held and never started.
+        The table is closed on the way out; an unreadable one lists nothing, so
+        everything counts as started."""
+        table, self.starts = self.starts, None
+        if table is None:
+            return []
+        try:
+            return table.unstarted()
+        except (ValueError, OSError) as exc:
+            log.error("cannot read the start table of child %d: %s", self.pid, exc)
+            return []
+        finally:
+            table.close()
 
 
 @dataclass
@@ -161,20 +177,27 @@ def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) 
     events_r, events_w = os.pipe2(os.O_CLOEXEC)
     control_r, control_w = os.pipe2(os.O_CLOEXEC)
     try:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "cairnqd.daemon.child",
-                "--parent-pid", str(os.getpid()),
-                "--events", str(events_w),
-                "--control", str(control_r),
-            ],
-            pass_fds=(events_w, control_r),
-            close_fds=True,
-            env=child_environment(),
-        )  # fmt: skip
+        starts = StartTable.create()
+    except OSError as exc:
+        # Without it the hand-back counts every held task as started, as before.
+        log.warning("no start table for a child of %s (%s)", group.name, exc)
+        starts = None
+    passed = (events_w, control_r) if starts is None else (events_w, control_r, starts.fd)
+    argv = [
+        sys.executable, "-m", "cairnqd.daemon.child",
+        "--parent-pid", str(os.getpid()),
+        "--events", str(events_w),
+        "--control", str(control_r),
+    ]  # fmt: skip
+    if starts is not None:
+        argv += ["--starts", str(starts.fd)]
+    try:
+        proc = subprocess.Popen(argv, pass_fds=passed, close_fds=True, env=child_environment())
     except BaseException:
         for fd in (events_r, events_w, control_r, control_w):
             os.close(fd)
+        if starts is not None:
+            starts.close()
         raise
     os.close(events_w)
     os.close(control_r)
@@ -187,6 +210,7 @@ def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) 
         events=MessageReader(events_r),
         control=MessageWriter(control_w),
         spawned_at=time.monotonic(),
+        starts=starts,
     )
     boot = boot_for(config, group, slot, generation, child.worker_id)
     if not child.control.send_whole(encode(boot)):

@@ -131,8 +131,11 @@ def status_dump(
 
 
 def _describe(child: ChildProcess, now: float) -> str:
-    tasks = ", ".join(f"{tid} ({now - t.seen:.1f}s)" for tid, t in child.in_flight.items())
+    del now
+    longest = child.longest
+    oldest = f", longest {longest.name} {longest.id} ({longest.age_s:.1f}s)" if longest else ""
+    lag = f", loop lag {child.lag_s:.1f}s" if child.lag_s >= 0.5 else ""
     return (
-        f"pid {child.pid} {child.state} gen {child.generation} "
-        f"rss {child.rss >> 20}MiB in flight: {tasks or 'none'}"
+        f"pid {child.pid} {child.state} gen {child.generation} rss {child.rss >> 20}MiB, "
+        f"{child.executing} executing, {child.held} held{oldest}{lag}"
     )

@@ -32,7 +32,7 @@ from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon import systemd
 from cairnqd.daemon.channels import ChildChannels
 from cairnqd.daemon.connection_budget import check_connection_budget
-from cairnqd.daemon.deadlines import check_deadlines
+from cairnqd.daemon.deadlines import PARENT_STALL_S, check_deadlines, forgive_silence
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.exits import ChildExits
 from cairnqd.daemon.fleet import Fleet, Retiring
@@ -77,6 +77,7 @@ class Supervisor:
         self.config_path = os.path.abspath(config_path)
         self.config = config
         self.generation = 1
+        self._last_tick = time.monotonic()
         self.fleet = Fleet(config)
         self.selector = selectors.DefaultSelector()
         self.signals: deque[int] = deque()
@@ -165,6 +166,12 @@ class Supervisor:
         """The loop's named steps; True once the parent should exit."""
         self._reap()
         self.fleet.check_ownership(self.channels.live())
+        now = time.monotonic()
+        if now - self._last_tick > PARENT_STALL_S:
+            # We were stopped or starved, not the children: their silence was ours.
+            log.warning("the supervisor loop stalled for %.1fs", now - self._last_tick)
+            forgive_silence(self.fleet.pools(), now)
+        self._last_tick = now
         check_deadlines(self.fleet.pools(), self.config.supervisor)
         if self.stopping:
             if self._stop_step():

@@ -4,10 +4,10 @@ Design note. At thousands of tasks a second, one pipe message per task cost the 
 more CPU than the tasks (the daemon drained 13-28% slower than a bare worker). A child
 now counts in `TaskTally`: attempts started, and how they ended, per (queue, task
 name), plus the duration and queue-wait histogram buckets per queue. The counts are
-cumulative since the child started and travel as one `tally` message every fraction of
-a second. Being cumulative, any tally may be lost or superseded in the outbox: the next
-one still carries everything, and the parent (`TallyBook`) applies only the difference
-from the last one it saw of that child.
+cumulative since the child started and travel as one `tally` message
+(`messages.Tally`) every fraction of a second. Being cumulative, any tally may be lost
+or superseded in the outbox: the next one still carries everything, and the parent
+(`TallyBook`) applies only the difference from the last one it saw of that child.
 
 What a child counts, by outcome (`_inflight.WorkerObserver.task_ended`): succeeded,
 canceled, retried (a failed attempt queued again; also counted as failed), failed, and
@@ -20,7 +20,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from cairnqd.daemon.messages import Tally, TallyCount
 
 #: Counter kinds; "failed" counts every failed attempt, "retried" the requeued subset.
 KINDS = ("started", "succeeded", "failed", "retried", "canceled")
@@ -85,13 +86,13 @@ class TaskTally:
         key = (queue, name, kind, reason)
         self.counters[key] = self.counters.get(key, 0) + 1
 
-    def snapshot(self) -> dict[str, Any]:
-        """The counts as a JSON-able mapping (the `tally` message's fields)."""
-        return {
-            "counters": [[*key, n] for key, n in self.counters.items()],
-            "durations": {q: [*h.counts, h.total] for q, h in self.durations.items()},
-            "waits": {q: [*h.counts, h.total] for q, h in self.waits.items()},
-        }
+    def snapshot(self) -> Tally:
+        """The counts so far, as the `tally` message carries them."""
+        return Tally(
+            counts=tuple(TallyCount(*key, n) for key, n in self.counters.items()),
+            durations={q: (*h.counts, h.total) for q, h in self.durations.items()},
+            waits={q: (*h.counts, h.total) for q, h in self.waits.items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -115,49 +116,51 @@ class TallyBook:
     """The parent's memory of each child's last tally, to turn the next into deltas."""
 
     def __init__(self) -> None:
-        self._last: dict[str, dict[str, Any]] = {}
+        self._last: dict[str, Tally] = {}
 
     def forget(self, child: str) -> None:
         self._last.pop(child, None)
 
-    def apply(
-        self, child: str, tally: Mapping[str, Any]
-    ) -> tuple[list[CounterDelta], list[HistogramDelta]]:
-        """What changed since `child`'s previous tally. Raises ValueError/TypeError on
-        a malformed tally (the caller's guard counts it and moves on)."""
-        previous = self._last.get(child, {})
-        counters = _counter_deltas(previous.get("counters", []), tally["counters"])
+    def apply(self, child: str, tally: Tally) -> tuple[list[CounterDelta], list[HistogramDelta]]:
+        """What changed since `child`'s previous tally. ValueError on a tally whose
+        counts are not counts (the caller's guard counts it and moves on)."""
+        previous = self._last.get(child)
+        before = {} if previous is None else {_key(c): c.n for c in previous.counts}
+        counters = []
+        for count in tally.counts:
+            if count.what not in KINDS or count.n < 0:
+                raise ValueError(f"bad tally count {count!r}")
+            amount = count.n - before.get(_key(count), 0)
+            if amount > 0:
+                counters.append(
+                    CounterDelta(count.queue, count.name, count.what, count.reason, amount)
+                )
+        durations, waits = (previous.durations, previous.waits) if previous else ({}, {})
         histograms = [
-            delta
-            for which in ("durations", "waits")
-            for delta in _histogram_deltas(which, previous.get(which, {}), tally[which])
+            *_histogram_deltas("durations", durations, tally.durations),
+            *_histogram_deltas("waits", waits, tally.waits),
         ]
-        self._last[child] = dict(tally)
+        self._last[child] = tally
         return counters, histograms
 
 
-def _counter_deltas(before: list[list[Any]], now: list[list[Any]]) -> list[CounterDelta]:
-    seen = {tuple(row[:4]): int(row[4]) for row in before}
-    deltas = []
-    for row in now:
-        queue, name, kind, reason, n = str(row[0]), str(row[1]), str(row[2]), str(row[3]), row[4]
-        if kind not in KINDS or isinstance(n, bool) or not isinstance(n, int):
-            raise ValueError(f"bad tally counter {row!r}")
-        amount = n - seen.get((queue, name, kind, reason), 0)
-        if amount > 0:
-            deltas.append(CounterDelta(queue, name, kind, reason, amount))
-    return deltas
+def _key(count: TallyCount) -> CounterKey:
+    return (count.queue, count.name, count.what, count.reason)
 
 
 def _histogram_deltas(
-    which: str, before: Mapping[str, list[Any]], now: Mapping[str, list[Any]]
+    which: str,
+    before: Mapping[str, tuple[float, ...]],
+    now: Mapping[str, tuple[float, ...]],
 ) -> Iterator[HistogramDelta]:
     for queue, values in now.items():
-        old = before.get(queue)
+        if len(values) < 2:
+            raise ValueError(f"bad tally histogram for {queue!r}")
         counts = [int(v) for v in values[:-1]]
         total = float(values[-1])
+        old = before.get(queue)
         if old is not None:
             counts = [c - int(o) for c, o in zip(counts, old[:-1], strict=True)]
             total -= float(old[-1])
         if any(counts):
-            yield HistogramDelta(which, str(queue), tuple(counts), total)
+            yield HistogramDelta(which, queue, tuple(counts), total)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -251,11 +251,13 @@ class FlakyStore(SQLiteStore):
 
     failures = 1
 
-    async def release_worker(self, worker_id: str, *, message: str) -> list[Row]:
+    async def release_worker(
+        self, worker_id: str, *, message: str, unstarted: Sequence[tuple[str, int]] = ()
+    ) -> list[Row]:
         if type(self).failures:
             type(self).failures -= 1
             raise sqlite3.OperationalError("database is locked")
-        return await super().release_worker(worker_id, message=message)
+        return await super().release_worker(worker_id, message=message, unstarted=unstarted)
 
 
 async def test_failed_hand_back_is_retried(

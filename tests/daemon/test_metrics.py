@@ -22,8 +22,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cairnqd.config import Config
-from cairnqd.daemon.messages import MessageError, decode_child
+from cairnqd.daemon.messages import MessageError, decode_child, encode
 from cairnqd.daemon.metrics import METRIC_NAMES, OTHER_QUEUE, Metrics
+from cairnqd.daemon.tally import TaskTally
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
@@ -252,54 +253,63 @@ def test_slow_database_times_out_within_budget(
 # -- counters from the children's pipe events ---------------------------------------------------
 
 
-HEARTBEAT = {"t": "hb", "busy": 0, "rss": 1, "state": "run"}
+HEARTBEAT: dict[str, Any] = {
+    "t": "hb", "rss": 1, "state": "run", "executing": 0, "held": 0, "lag_s": 0.0,
+    "overdue": [], "longest": None,
+}  # fmt: skip
 
 
-def feed(metrics: Metrics, group: str, slot: int, event: dict[str, Any]) -> bool:
+def feed(metrics: Metrics, group: str, slot: int, event: dict[str, Any], child: str = "") -> bool:
     """Hand `event` to the metrics as the supervisor does: decoded from its JSON line.
     False when the decoder refuses it (the supervisor counts and logs those)."""
     try:
         message = decode_child(json.dumps(event).encode())
     except MessageError:
         return False
-    metrics.record_event(group, slot, message)
+    metrics.record_event(group, slot, message, child=child)
     return True
 
 
-def _task_events(metrics: Metrics) -> None:
+def tally_event(tally: TaskTally) -> dict[str, Any]:
+    """The `tally` message a child would send now, as its JSON object."""
+    event: dict[str, Any] = json.loads(encode(tally.snapshot()))
+    return event
+
+
+def _task_events(metrics: Metrics, config: Config) -> None:
+    # Counted by the child's own tally (as a child does), sent twice: tallies are
+    # cumulative, so the second carries the first's counts again.
+    tally = TaskTally(config.metrics.duration_buckets, config.metrics.wait_buckets)
+    for queue, name, wait_s in [
+        ("default", "a", 0.2), ("default", "a", 40), ("email", "b", 0), ("email", "b", 0),
+        ("email", "b", 0),
+    ]:  # fmt: skip
+        tally.started(queue, name, wait_s)
+    tally.ended("default", "a", "succeeded", "", 0.01)
+    tally.ended("default", "a", "retried", "handler_code_42", 2)
+    assert feed(metrics, "default", 1, tally_event(tally), child="w1")
+    tally.ended("email", "b", "failed", "max_run_exceeded", 700)
+    tally.ended("email", "b", "lease_lost", "", 1)
+    tally.ended("email", "b", "canceled", "", 1)
+    tally.started("default", "a", 0.1)
+    tally.ended("default", "a", "succeeded", "", 0.02)
     events: list[dict[str, Any]] = [
-        {"t": "start", "id": "t1", "queue": "default", "name": "a", "attempt": 1, "wait_s": 0.2},
-        {"t": "start", "id": "t2", "queue": "default", "name": "a", "attempt": 1, "wait_s": 40},
-        {"t": "start", "id": "t3", "queue": "email", "name": "b", "attempt": 1, "wait_s": 0},
-        {"t": "start", "id": "t4", "queue": "email", "name": "b", "attempt": 2, "wait_s": 0},
-        {"t": "start", "id": "t5", "queue": "email", "name": "b", "attempt": 1, "wait_s": 0},
-        {"t": "end", "id": "t1", "queue": "default", "name": "a", "outcome": "succeeded",
-         "reason": "", "dur_s": 0.01},
-        {"t": "end", "id": "t2", "queue": "default", "name": "a", "outcome": "retried",
-         "reason": "handler_code_42", "dur_s": 2},
-        {"t": "end", "id": "t3", "queue": "email", "name": "b", "outcome": "failed",
-         "reason": "max_run_exceeded", "dur_s": 700},
-        {"t": "end", "id": "t4", "queue": "email", "name": "b", "outcome": "lease_lost",
-         "reason": "", "dur_s": 1},
-        {"t": "end", "id": "t5", "queue": "email", "name": "b", "outcome": "canceled",
-         "reason": "", "dur_s": 1},
-        # Started and ended between two flushes: one message for both.
-        {"t": "task", "id": "t6", "queue": "default", "name": "a", "attempt": 1, "wait_s": 0.1,
-         "outcome": "succeeded", "reason": "", "dur_s": 0.02},
+        tally_event(tally),
         {"t": "dberr", "kind": "busy"},
         {"t": "dberr", "kind": "something-new"},
-        {"t": "hb", "busy": 1, "rss": 123456789, "state": "run"},
+        {**HEARTBEAT, "rss": 123456789, "executing": 3, "held": 7, "lag_s": 0.5},
         {"t": "bye", "reason": "drain"},
-    ]  # fmt: skip
+    ]
     for event in events:
-        assert feed(metrics, "default", 1, event), event
+        assert feed(metrics, "default", 1, event, child="w1"), event
     # What the supervisor's decoder refuses never reaches the counters.
-    assert not feed(metrics, "default", 1, {"t": "end", "queue": "default"})
+    assert not feed(metrics, "default", 1, {"t": "tally", "counts": [{"queue": "x"}]})
 
 
 def test_task_counters_from_events(sqlite_path: str, tmp_path: Path, served: list[Metrics]) -> None:
-    metrics = Metrics(daemon_config(tmp_path, "sqlite", sqlite_path))
-    _task_events(metrics)
+    config = daemon_config(tmp_path, "sqlite", sqlite_path)
+    metrics = Metrics(config)
+    _task_events(metrics, config)
     found = samples(scrape(serve(served, metrics))[1])
     assert value(found, "cairnq_tasks_started_total", queue="default") == 3
     assert value(found, "cairnq_tasks_started_total", queue="email") == 3
@@ -323,9 +333,14 @@ def test_task_counters_from_events(sqlite_path: str, tmp_path: Path, served: lis
     assert value(found, "cairnq_child_resident_memory_bytes", group="default", slot="1") == (
         123456789
     )
+    child = {"group": "default", "slot": "1"}
+    assert value(found, "cairnq_child_tasks", **child, state="executing") == 3
+    assert value(found, "cairnq_child_tasks", **child, state="held") == 7
+    assert value(found, "cairnq_child_loop_lag_seconds", **child) == 0.5
     metrics.remove_child("default", 1)
     after = samples(scrape(metrics.port or 0)[1])
     assert value(after, "cairnq_child_resident_memory_bytes", group="default", slot="1") is None
+    assert value(after, "cairnq_child_tasks", **child, state="held") is None
 
 
 def test_task_name_label(sqlite_path: str, tmp_path: Path, served: list[Metrics]) -> None:
@@ -336,7 +351,7 @@ def test_task_name_label(sqlite_path: str, tmp_path: Path, served: list[Metrics]
         metrics={"listen": "127.0.0.1:0", "task_name_label": True},
     )
     metrics = Metrics(config)
-    _task_events(metrics)
+    _task_events(metrics, config)
     found = samples(scrape(serve(served, metrics))[1])
     assert value(found, "cairnq_tasks_started_total", queue="email", name="b") == 3
     assert value(found, "cairnq_tasks_failed_total", queue="email", reason="max_run", name="b") == 1
@@ -417,9 +432,10 @@ async def test_unknown_queues_beyond_twenty_are_other(
     assert value(found, "cairnq_tasks", queue=OTHER_QUEUE, status="queued") == 80
     assert value(found, "cairnq_tasks", queue="tenant-000", status="queued") == 1
     # Pipe events share the same bound: a queue past the twenty is `_other` there too.
+    tally = TaskTally((1.0,), (1.0,))
     for queue in ("tenant-099", "tenant-005"):
-        start = {"t": "start", "id": "t", "queue": queue, "name": "x", "attempt": 1, "wait_s": 0}
-        assert feed(metrics, "default", 0, start)
+        tally.started(queue, "x", 0)
+    assert feed(metrics, "default", 0, tally_event(tally))
     found = samples((await asyncio.to_thread(scrape, metrics.port or 0))[1])
     assert value(found, "cairnq_tasks_started_total", queue=OTHER_QUEUE) == 1
     assert value(found, "cairnq_tasks_started_total", queue="tenant-005") == 1

@@ -64,8 +64,12 @@ def test_two_groups_titles_and_metrics_match_stats(
         return True
 
     wait_for("/metrics to equal stats()", metrics_match, timeout=30)
-    text = scrape(port)
-    assert gauge(text, "cairnq_tasks_succeeded_total", queue="fast") == 50.0
+    # Children send their counts a few times a second, not per task.
+    wait_for(
+        "the succeeded counter to reach 50",
+        lambda: gauge(scrape(port), "cairnq_tasks_succeeded_total", queue="fast") == 50.0,
+        timeout=10,
+    )
     assert daemon.stop() == 0
 
 

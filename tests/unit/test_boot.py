@@ -10,7 +10,7 @@ import pytest
 
 from cairnqd.config import Config, load_config
 from cairnqd.daemon.boot import Boot, BootVersionMismatch, WorkerSettings, boot_for, decode_boot
-from cairnqd.daemon.messages import MessageError, encode
+from cairnqd.daemon.messages import PROTOCOL_VERSION, MessageError, encode
 
 
 def config(tmp_path: Path, group: str = "{queues: [q]}") -> Config:
@@ -88,8 +88,8 @@ def test_a_missing_or_mistyped_field_is_a_protocol_error(
 
 def test_another_protocol_version_is_a_mismatch(tmp_path: Path) -> None:
     data = _wire(tmp_path)
-    data["v"] = 2
-    with pytest.raises(BootVersionMismatch, match="pipe protocol 2"):
+    data["v"] = PROTOCOL_VERSION + 1
+    with pytest.raises(BootVersionMismatch, match=f"pipe protocol {PROTOCOL_VERSION + 1}"):
         decode_boot(json.dumps(data).encode())
 
 

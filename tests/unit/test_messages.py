@@ -13,25 +13,39 @@ from cairnqd.daemon.messages import (
     Fatal,
     Goodbye,
     Heartbeat,
+    LongestTask,
     MessageError,
+    Overrun,
     Ready,
     ReopenLogs,
     SetLogging,
-    TaskEnded,
-    TaskRan,
-    TaskStarted,
+    Tally,
+    TallyCount,
     decode_child,
     decode_control,
     encode,
     encode_atomic,
 )
 
+HEARTBEAT = Heartbeat(rss=1, state="run", executing=0, held=0, lag_s=0.0, overdue=(), longest=None)
+_HB = b'"executing":0,"held":0,"lag_s":0,"overdue":[],"longest":null'
+
 CHILD_MESSAGES: list[Any] = [
     Ready(v=1, pid=42, worker_id="h:g.0:01", gen=3, rss=1 << 20),
-    Heartbeat(busy=2, rss=123, state="run"),
-    TaskStarted("t1", "q", "n", 1, 0.25),
-    TaskEnded("t1", "q", "n", "succeeded", "", 1.5),
-    TaskRan("t2", "q", "n", 2, 0.0, "retried", "boom", 0.01),
+    Heartbeat(
+        rss=123,
+        state="run",
+        executing=2,
+        held=5,
+        lag_s=0.25,
+        overdue=(Overrun("t1", 2, 31.5),),
+        longest=LongestTask("t1", "n", 31.5),
+    ),
+    Tally(
+        (TallyCount("q", "n", "started", "", 3), TallyCount("q", "n", "failed", "error", 1)),
+        {"q": (1.0, 2.0, 0.0, 0.75)},
+        {"q": (3.0, 0.0, 0.0, 0.1)},
+    ),
     DatabaseTrouble("busy", "claim"),
     Goodbye("max_tasks"),
     Fatal("ImportError: no module named x"),
@@ -52,7 +66,7 @@ def test_wire_names_are_the_protocol_s() -> None:
         "kind": "timeout",
         "phase": "",
     }
-    assert json.loads(encode(Heartbeat(busy=0, rss=1, state="run")))["t"] == "hb"
+    assert json.loads(encode(HEARTBEAT))["t"] == "hb"
 
 
 def test_control_messages_round_trip() -> None:
@@ -60,24 +74,34 @@ def test_control_messages_round_trip() -> None:
     assert decode_control(encode(SetLogging(settings))) == SetLogging(settings)
     assert decode_control(encode(ReopenLogs())) == ReopenLogs()
     with pytest.raises(MessageError, match="unknown message kind 'hb'"):
-        decode_control(encode(Heartbeat(busy=0, rss=1, state="run")))
+        decode_control(encode(HEARTBEAT))
 
 
 def test_unknown_fields_are_ignored_and_ints_read_as_floats() -> None:
-    line = b'{"t":"start","id":"a","queue":"q","name":"n","attempt":1,"wait_s":2,"new":true}'
+    line = (
+        b'{"t":"hb","rss":1,"state":"run","executing":0,"held":0,"lag_s":2,'
+        b'"overdue":[],"longest":null,"new":true}'
+    )
     message = decode_child(line)
-    assert message == TaskStarted("a", "q", "n", 1, 2.0)
-    assert isinstance(message, TaskStarted) and isinstance(message.wait_s, float)
+    assert message == Heartbeat(1, "run", 0, 0, 2.0, (), None)
+    assert isinstance(message, Heartbeat) and isinstance(message.lag_s, float)
 
 
 @pytest.mark.parametrize(
     ("line", "error"),
     [
-        (b'{"t":"hb","busy":0,"rss":"x","state":"run"}', "hb.rss: expected integer, got str"),
-        (b'{"t":"hb","busy":0,"rss":true,"state":"run"}', "hb.rss: expected integer, got a bool"),
-        (b'{"t":"hb","busy":0,"rss":1e400,"state":"run"}', "hb.rss: expected integer, got float"),
-        (b'{"t":"hb","busy":0,"rss":' + b"9" * 30 + b',"state":"run"}', "out of range"),
-        (b'{"t":"hb","busy":0,"state":"run"}', "hb message without 'rss'"),
+        (b'{"t":"hb","rss":"x","state":"run",' + _HB + b"}", "hb.rss: expected integer, got str"),
+        (
+            b'{"t":"hb","rss":true,"state":"run",' + _HB + b"}",
+            "hb.rss: expected integer, got a bool",
+        ),
+        (
+            b'{"t":"hb","rss":1e400,"state":"run",' + _HB + b"}",
+            "hb.rss: expected integer, got float",
+        ),
+        (b'{"t":"hb","rss":' + b"9" * 30 + b',"state":"run",' + _HB + b"}", "out of range"),
+        (b'{"t":"hb","state":"run",' + _HB + b"}", "hb message without 'rss'"),
+        (b'{"t":"hb","rss":1,"state":"run","executing":0}', "hb message without 'held'"),
         (b'{"t":"bye","reason":null}', "bye.reason: expected string, got NoneType"),
         (b'{"t":"nope"}', "unknown message kind 'nope'"),
         (b'{"kind":"hb"}', "unknown message kind None"),

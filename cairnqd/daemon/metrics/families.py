@@ -7,10 +7,12 @@ reload that changes them has `Metrics` rebuild those; every other family is buil
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics import MetricWrapperBase
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from cairnqd.config import MetricsConfig
+from cairnqd.daemon.metrics.buckets import BucketHistogram
 
 
 class Families:
@@ -60,6 +62,19 @@ class Families:
         self.child_memory = Gauge(
             "cairnq_child_resident_memory_bytes",
             "Each child's RSS, from its heartbeats.",
+            ["group", "slot"],
+            registry=r,
+        )
+        self.child_tasks = Gauge(
+            "cairnq_child_tasks",
+            "Tasks each child holds: executing (handler running or result being written) "
+            "or held (claimed ahead, waiting for a free slot).",
+            ["group", "slot", "state"],
+            registry=r,
+        )
+        self.child_loop_lag = Gauge(
+            "cairnq_child_loop_lag_seconds",
+            "How long each child's event loop has gone without running, from its heartbeats.",
             ["group", "slot"],
             registry=r,
         )
@@ -136,22 +151,23 @@ class Families:
         self.tasks_canceled = Counter(
             "cairnq_tasks_canceled_total", "Attempts that ended canceled.", labels, registry=r
         )
-        self.task_duration = Histogram(
+        # Children send these already bucketed (`daemon.tally`).
+        self.task_duration = BucketHistogram(
             "cairnq_task_duration_seconds",
             "Wall time of task attempts.",
             ["queue"],
-            buckets=settings.duration_buckets,
-            registry=r,
+            settings.duration_buckets,
         )
-        self.task_queue_wait = Histogram(
+        self.task_queue_wait = BucketHistogram(
             "cairnq_task_queue_wait_seconds",
             "Time from run_at to claim.",
             ["queue"],
-            buckets=settings.wait_buckets,
-            registry=r,
+            settings.wait_buckets,
         )
+        r.register(self.task_duration)
+        r.register(self.task_queue_wait)
 
-    def _task_metrics(self) -> list[MetricWrapperBase]:
+    def _task_metrics(self) -> list[Any]:
         return [
             self.tasks_started,
             self.tasks_succeeded,

@@ -57,6 +57,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "cairnq_child_restarts_total",
     "cairnq_group_state",
     "cairnq_child_resident_memory_bytes",
+    "cairnq_child_tasks",
+    "cairnq_child_loop_lag_seconds",
     "cairnq_purge_deleted_total",
     "cairnq_purge_runs_total",
     "cairnq_purge_failures_total",
@@ -106,16 +108,6 @@ class QueueLabels:
 
 def configured_queues(config: Config) -> list[str]:
     return sorted({q for group in config.groups.values() for q in group.queues})
-
-
-def failure_reason(outcome: str, reason: str) -> str:
-    """Map a child's outcome and error code onto the bounded `reason` enum; a
-    handler's own error codes are not label values."""
-    if outcome == "lease_lost":
-        return "lease_lost"
-    if reason.startswith("max_run"):
-        return "max_run"
-    return reason if reason in FAILURE_REASONS else "error"
 
 
 def check_enum(what: str, value: str, allowed: Sequence[str]) -> None:

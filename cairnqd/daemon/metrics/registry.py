@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import disable_created_metrics
-from prometheus_client.metrics import MetricWrapperBase
 
 from cairnqd import __version__
 from cairnqd.config import Config
@@ -25,9 +24,7 @@ from cairnqd.daemon.messages import (
     DatabaseTrouble,
     Heartbeat,
     Ready,
-    TaskEnded,
-    TaskRan,
-    TaskStarted,
+    Tally,
 )
 from cairnqd.daemon.metrics.database import DB_QUERY_TIMEOUT_S, DatabaseCollector
 from cairnqd.daemon.metrics.families import Families
@@ -42,10 +39,10 @@ from cairnqd.daemon.metrics.labels import (
     QueueLabels,
     check_enum,
     configured_queues,
-    failure_reason,
 )
-from cairnqd.daemon.metrics.series import SeriesBook
+from cairnqd.daemon.metrics.series import Labelled, SeriesBook
 from cairnqd.daemon.metrics.server import Health, HttpServer
+from cairnqd.daemon.tally import TallyBook
 from cairnqd.store.base import TaskStore
 
 # One logger for the whole metrics package: one name to filter on.
@@ -72,6 +69,7 @@ class Metrics(Families):
         self._config = config
         self._wall_clock = wall_clock
         self._series = SeriesBook()
+        self._tallies = TallyBook()
         self.queue_labels = QueueLabels(configured_queues(config))
         self._server: HttpServer | None = None
         factory = store_factory or (
@@ -130,7 +128,7 @@ class Metrics(Families):
         for reason in FAILURE_REASONS:
             self._child(self.tasks_failed, ("queue", "reason"), queue, reason)
 
-    def _child(self, metric: MetricWrapperBase, labelnames: Sequence[str], *values: str) -> Any:
+    def _child(self, metric: Labelled, labelnames: Sequence[str], *values: str) -> Any:
         return self._series.child(metric, labelnames, *values)
 
     # -- reload ---------------------------------------------------------------------------
@@ -160,45 +158,61 @@ class Metrics(Families):
 
     # -- updates from the supervisor --------------------------------------------------------
 
-    def record_event(self, group: str, slot: int, event: ChildMessage) -> None:
-        """Count one message from child `group`/`slot`; kinds without counters are
-        ignored. Messages come decoded (`messages.decode_child`), so fields are typed."""
+    def record_event(self, group: str, slot: int, event: ChildMessage, *, child: str = "") -> None:
+        """Count one message from child `group`/`slot` (`child` names the incarnation,
+        whose tallies are cumulative); kinds without counters are ignored. Messages
+        come decoded (`messages.decode_child`), so fields are typed."""
         match event:
-            case TaskStarted():
-                self._on_start(event)
-            case TaskEnded():
-                self._on_end(event)
-            case TaskRan():
-                self._on_start(event.started())
-                self._on_end(event.ended())
+            case Tally():
+                self._on_tally(child or f"{group}/{slot}", event)
             case DatabaseTrouble():
                 self.db_error("child", event.error_kind)
-            case Heartbeat() | Ready():
+            case Heartbeat():
+                labels = (group, str(slot))
+                self._child(self.child_memory, ("group", "slot"), *labels).set(event.rss)
+                self._child(self.child_loop_lag, ("group", "slot"), *labels).set(event.lag_s)
+                tasks = self.child_tasks
+                names = ("group", "slot", "state")
+                self._child(tasks, names, *labels, "executing").set(event.executing)
+                self._child(tasks, names, *labels, "held").set(event.held)
+            case Ready():
                 self._child(self.child_memory, ("group", "slot"), group, str(slot)).set(event.rss)
 
-    def _on_start(self, event: TaskStarted) -> None:
-        queue = self.queue_labels.label(event.queue)
-        self._task_counter(self.tasks_started, queue, event.name).inc()
-        self._child(self.task_queue_wait, ("queue",), queue).observe(max(0.0, event.wait_s))
+    def forget_incarnation(self, child: str) -> None:
+        """A child was reaped: its next incarnation's tallies start from zero."""
+        self._tallies.forget(child)
 
-    def _on_end(self, event: TaskEnded) -> None:
-        queue = self.queue_labels.label(event.queue)
-        outcome = event.outcome
-        if outcome == "succeeded":
-            self._task_counter(self.tasks_succeeded, queue, event.name).inc()
-        elif outcome == "canceled":
-            self._task_counter(self.tasks_canceled, queue, event.name).inc()
-        elif outcome in ("failed", "retried", "lease_lost"):
-            reason = failure_reason(outcome, event.reason)
-            self._task_counter(self.tasks_failed, queue, event.name, reason).inc()
-            if outcome == "retried":
-                self._task_counter(self.tasks_retried, queue, event.name).inc()
-        else:
-            log.debug("ignoring task end with unknown outcome %r", outcome)
+    def _on_tally(self, child: str, tally: Tally) -> None:
+        try:
+            counters, histograms = self._tallies.apply(child, tally)
+        except ValueError as exc:
+            log.warning("ignoring a malformed tally from child %s: %s", child, exc)
             return
-        self._child(self.task_duration, ("queue",), queue).observe(max(0.0, event.dur_s))
+        for delta in counters:
+            queue = self.queue_labels.label(delta.queue)
+            if delta.kind == "failed":
+                counter = self._task_counter(self.tasks_failed, queue, delta.name, delta.reason)
+            else:
+                counter = self._task_counter(self._counters[delta.kind], queue, delta.name)
+            counter.inc(delta.amount)
+        for histogram in histograms:
+            queue = self.queue_labels.label(histogram.queue)
+            family = self.task_duration if histogram.which == "durations" else self.task_queue_wait
+            try:
+                self._child(family, ("queue",), queue).add(histogram.counts, histogram.total)
+            except ValueError as exc:  # bucket counts of another config
+                log.debug("ignoring %s from child %s: %s", histogram.which, child, exc)
 
-    def _task_counter(self, counter: MetricWrapperBase, queue: str, name: str, *extra: str) -> Any:
+    @property
+    def _counters(self) -> dict[str, Labelled]:
+        return {
+            "started": self.tasks_started,
+            "succeeded": self.tasks_succeeded,
+            "retried": self.tasks_retried,
+            "canceled": self.tasks_canceled,
+        }
+
+    def _task_counter(self, counter: Labelled, queue: str, name: str, *extra: str) -> Any:
         labelnames = self._failed_labels if extra else self._task_labels
         values = (queue, *extra, name) if self._name_label else (queue, *extra)
         return self._child(counter, labelnames, *values)
@@ -232,8 +246,11 @@ class Metrics(Families):
             child.set(1 if candidate == state else 0)
 
     def remove_child(self, group: str, slot: int) -> None:
-        """Drop a retired slot's RSS series."""
+        """Drop a retired slot's per-child series."""
         self._series.remove(self.child_memory, group, str(slot))
+        self._series.remove(self.child_loop_lag, group, str(slot))
+        for state in ("executing", "held"):
+            self._series.remove(self.child_tasks, group, str(slot), state)
 
     def reload_result(self, ok: bool, generation: int) -> None:
         self.config_reload_successful.set(1 if ok else 0)

@@ -10,9 +10,16 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from prometheus_client.metrics import MetricWrapperBase
+
+class Labelled(Protocol):
+    """What the book needs of a labelled family: a prometheus_client metric, or our
+    `BucketHistogram`."""
+
+    def labels(self, *values: str) -> Any: ...
+
+    def remove(self, *values: str) -> None: ...
 
 
 class SeriesBook:
@@ -21,12 +28,12 @@ class SeriesBook:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: dict[int, tuple[MetricWrapperBase, tuple[str, ...], set[tuple[str, ...]]]] = {}
+        self._seen: dict[int, tuple[Labelled, tuple[str, ...], set[tuple[str, ...]]]] = {}
         # The labelled child per (metric, values): task events hit the same few series
         # thousands of times a second, and `labels()` re-validates every call.
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
-    def child(self, metric: MetricWrapperBase, labelnames: Sequence[str], *values: str) -> Any:
+    def child(self, metric: Labelled, labelnames: Sequence[str], *values: str) -> Any:
         found = self._children.get((id(metric), values))
         if found is not None:
             return found
@@ -36,13 +43,13 @@ class SeriesBook:
             found = self._children[(id(metric), values)] = metric.labels(*values)
         return found
 
-    def forget(self, metric: MetricWrapperBase) -> None:
+    def forget(self, metric: Labelled) -> None:
         with self._lock:
             self._seen.pop(id(metric), None)
             for key in [k for k in self._children if k[0] == id(metric)]:
                 del self._children[key]
 
-    def remove(self, metric: MetricWrapperBase, *values: str) -> None:
+    def remove(self, metric: Labelled, *values: str) -> None:
         """Drop one series (and the cached child that would otherwise outlive it)."""
         with self._lock:
             self._children.pop((id(metric), values), None)
