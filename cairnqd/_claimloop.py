@@ -177,15 +177,16 @@ class ClaimLoop:
         # The lease deadline of what this claim takes counts from before it is sent.
         self._claim_sent_at = self._inflight.clock()
         try:
-            result = await self._store.claim_session(
-                queues=self._queues,
-                worker_id=self._inflight.worker_id,
-                lease_ms=self._inflight.lease_ms,
-                names=names,
-                plan=plan,
-                settle=[(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in settle],
-                on_settled=lambda statuses: settlement.finish(settle, statuses),
-            )
+            with settlement.carried(settle):
+                result = await self._store.claim_session(
+                    queues=self._queues,
+                    worker_id=self._inflight.worker_id,
+                    lease_ms=self._inflight.lease_ms,
+                    names=names,
+                    plan=plan,
+                    settle=[(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in settle],
+                    on_settled=lambda statuses: settlement.finish(settle, statuses),
+                )
         except BaseException:
             settlement.put_back(settle)
             raise

@@ -21,9 +21,10 @@ over a later attempt of the same task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cairnqd._inflight import InFlight, LoopState
@@ -81,6 +82,10 @@ class Settlement:
         self._oldest = 0.0  # monotonic time the oldest pending result was queued
         self._flusher: asyncio.Task[None] | None = None
         self._retrying = False
+        # Results taken into a claim transaction that has not ended yet.
+        self._carried = 0
+        self._nothing_carried = asyncio.Event()
+        self._nothing_carried.set()
 
     @property
     def worker_id(self) -> str:
@@ -172,10 +177,29 @@ class Settlement:
             await asyncio.shield(self._flusher)
 
     async def drain(self) -> None:
-        """Write everything queued (the claim loop has ended)."""
+        """Write everything queued, and wait for claims carrying results to end."""
         self.put_back([])
-        while self._flusher is not None:
-            await asyncio.shield(self._flusher)
+        while self._flusher is not None or self._carried:
+            if self._flusher is not None:
+                await asyncio.shield(self._flusher)
+            else:
+                await self._nothing_carried.wait()
+
+    @contextlib.contextmanager
+    def carried(self, batch: list[Pending]) -> Iterator[None]:
+        """Around a claim transaction that carries `batch` (from `take`): `drain`
+        waits for it too."""
+        if not batch:
+            yield
+            return
+        self._carried += 1
+        self._nothing_carried.clear()
+        try:
+            yield
+        finally:
+            self._carried -= 1
+            if not self._carried:
+                self._nothing_carried.set()
 
     @property
     def pending(self) -> int:

@@ -25,6 +25,7 @@ RESTART_REASONS = (
     "crash",
     "signal",
     "heartbeat_timeout",
+    "stall",
     "boot_failure",
     "max_run",
     "max_tasks",
