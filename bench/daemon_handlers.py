@@ -25,6 +25,18 @@ async def noop(ctx: Any, payload: Any) -> None:
     return None
 
 
+@registry.task("bench.record")
+async def record(ctx: Any, payload: Any) -> None:
+    """Appends `<task id> <attempt>` to the file in `log` (one atomic O_APPEND write)
+    and sleeps `seconds`: bench/chaos.py counts executions from that file."""
+    fd = os.open(payload["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{ctx.task_id} {ctx.attempt}\n".encode())
+    finally:
+        os.close(fd)
+    await asyncio.sleep(float(payload["seconds"]))
+
+
 @registry.task("bench.block")
 async def block(ctx: Any, payload: Any) -> None:
     # Released by the bench process creating the file: no in-process event to await.
