@@ -223,6 +223,10 @@ def test_quit_writes_results_already_returned(
 # -- SIGKILL chaos under prefetch -------------------------------------------------------------
 
 
+def ready_children(daemon: Any) -> list[int]:
+    return [pid for pid, title in daemon.children().items() if "ready" in title]
+
+
 def test_sigkill_chaos_never_fails_a_task_that_never_ran(
     tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
 ) -> None:
@@ -232,17 +236,23 @@ def test_sigkill_chaos_never_fails_a_task_that_never_ran(
     group = {"queues": ["q"], "processes": 2, "concurrency": 8}
     groups = {"a": dict(group), "b": dict(group)}
     daemon = daemon_factory(fault_config(tmp_path, dialect, db_target, groups)).start()
-    payloads = [{"log": str(log), "seconds": 0.001 + (i % 5) / 1000} for i in range(3000)]
-    ids = submit(dialect, db_target, "f.quick", payloads, queue="q", max_attempts=3)
+    # Submitted in waves, each followed by a kill while it is being claimed: a fast machine
+    # drains 3,000 tasks of 1-5 ms in about a second, and a kill on a timer would miss it.
+    ids: list[str] = []
     kills = 0
-    deadline = time.monotonic() + 120
-    while terminal_count(dialect, db_target) < len(ids):
-        assert time.monotonic() < deadline, "the tasks did not finish"
-        ready = [pid for pid, title in daemon.children().items() if "ready" in title]
+    deadline = time.monotonic() + 180
+    for wave in range(10):
+        wait_for("a ready child", lambda: bool(ready_children(daemon)), 60)
+        payloads = [{"log": str(log), "seconds": 0.001 + (i % 5) / 1000} for i in range(300)]
+        ids += submit(dialect, db_target, "f.quick", payloads, queue="q", max_attempts=3)
+        time.sleep(0.05 * (wave % 3))  # vary the moment: mid-claim, mid-run, mid-settle
+        ready = ready_children(daemon)
         if ready:
             os.kill(ready[kills % len(ready)], signal.SIGKILL)
             kills += 1
-        time.sleep(0.3)
+    while terminal_count(dialect, db_target) < len(ids):
+        assert time.monotonic() < deadline, "the tasks did not finish"
+        time.sleep(0.2)
     assert kills >= 5, "the chaos must actually kill children"
     failed: list[Any] = client_call(
         dialect, db_target, lambda c: c.list(status="failed", limit=len(ids))
