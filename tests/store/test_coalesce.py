@@ -88,9 +88,7 @@ async def test_a_refused_submit_fails_alone(pg: PostgresStore, pg_dsn: str) -> N
     assert rows_named(pg_dsn, "poison") == []
 
 
-async def test_a_submit_cancelled_while_queued_never_lands(
-    pg: PostgresStore, pg_dsn: str
-) -> None:
+async def test_a_submit_cancelled_while_queued_never_lands(pg: PostgresStore, pg_dsn: str) -> None:
     slow = asyncio.create_task(pg.submit(name="slow"))
     await asyncio.sleep(0.1)  # the slow insert is being written; the next ones queue
     cancelled = asyncio.create_task(pg.submit(name="n", payload="cancelled"))
