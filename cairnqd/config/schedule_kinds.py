@@ -45,7 +45,8 @@ class _Timezone(_Str):
         try:
             ZoneInfo(text)
         except (ZoneInfoNotFoundError, ValueError):
-            raise _Invalid(f"unknown time zone {text!r} (expected an IANA name like Europe/Berlin)")
+            message = f"unknown time zone {text!r} (expected an IANA name like Europe/Berlin)"
+            raise _Invalid(message) from None
         return text
 
 
