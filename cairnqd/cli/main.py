@@ -156,6 +156,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"database: {describe_database(config)}")
     for line in [*map(_describe_group, config.groups.values()), *handler_lines]:
         print(line)
+    schedule_lines, schedule_warnings = cli_schedules.check_lines(config, handlers=args.handlers)
+    for line in schedule_lines:
+        print(line)
+    for unhandled in schedule_warnings:
+        print(f"warning: {unhandled}", file=sys.stderr)
     rules = config.retention.rules
     every = format_duration(config.retention.interval)
     described = "; ".join(r.describe() for r in rules) if rules else "off (rules: [])"

@@ -18,6 +18,7 @@ from cairnqd.cli.admin import CliError, load, with_store
 from cairnqd.config import Config, ScheduleConfig
 from cairnqd.daemon import exitcodes
 from cairnqd.daemon.scheduler import host_label, rule_of
+from cairnqd.registry import HandlerError, resolve_handlers
 from cairnqd.schedules import from_ms
 from cairnqd.store.base import TaskStore
 from cairnqd.store.schedules import ScheduleRow, ScheduleTable
@@ -117,6 +118,37 @@ def _text(data: dict[str, Any]) -> list[str]:
         else "leader: none seen yet"
     )
     return lines
+
+
+def check_lines(config: Config, *, handlers: bool) -> tuple[list[str], list[str]]:
+    """For `cairnqd check`: a line per schedule, and (with --handlers) warnings for a
+    task name that no group of this config claiming the queue registers."""
+    lines, warnings = [], []
+    now = datetime.now(UTC)
+    for name, schedule in config.schedules.items():
+        upcoming = _next_slots(schedule, None, now)[:1]
+        state = f"next {upcoming[0]}" if upcoming else "disabled"
+        lines.append(
+            f"schedule {name}: {schedule.name} on {schedule.queue}, {schedule.rule}, {state}"
+        )
+        if handlers and not _registered_here(config, schedule):
+            warnings.append(
+                f"schedule {name}: no group here that claims {schedule.queue!r} registers "
+                f"{schedule.name!r}; its tasks wait for a worker elsewhere"
+            )
+    return lines, warnings
+
+
+def _registered_here(config: Config, schedule: ScheduleConfig) -> bool:
+    for group in config.groups.values():
+        if schedule.queue not in group.queues:
+            continue
+        try:
+            if schedule.name in resolve_handlers(group.handlers):
+                return True
+        except HandlerError:
+            continue  # `check --handlers` reports the import failure itself
+    return False
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:

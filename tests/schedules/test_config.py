@@ -3,6 +3,8 @@ builds, and what a reload does with an added, changed or removed schedule."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from datetime import timedelta
 from pathlib import Path
@@ -173,3 +175,21 @@ def test_reload_of_schedules_is_hot_and_rolls_nothing(tmp_path: Path) -> None:
     assert set(plan.hot) == set(changes)
     removed = {c.path for c in diff_configs(new, old)}
     assert "schedules.b" in removed
+
+
+def test_check_lists_schedules_and_warns_of_an_unregistered_task(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "known:\n  name: demo.echo\n  every: 1m\nunknown:\n  name: demo.nope\n  every: 1h\n",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "cairnqd.cli", "check", "--handlers", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "schedule known: demo.echo on default, every 1m, next " in proc.stdout
+    assert "schedule unknown: demo.nope on default, every 1h, next " in proc.stdout
+    assert "registers 'demo.nope'" in proc.stderr and "demo.echo'" not in proc.stderr
