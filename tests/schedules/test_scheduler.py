@@ -240,3 +240,31 @@ async def test_only_one_host_leads_on_postgres(pg_dsn: str, tmp_path: Path) -> N
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
+
+
+def test_slot_request_is_keyed_tagged_and_jittered_alike_on_every_host(tmp_path: Path) -> None:
+    rule = {**TICK, "every": "1m", "jitter": "20s", "priority": 5, "max_attempts": 2}
+    config = schedules_config(tmp_path, "sqlite", str(tmp_path / "q.db"), tick=rule)
+    schedule = config.schedules["tick"]
+    slot = _at(T0 + 60)
+    slot_ms = int((T0 + 60) * 1000)
+    request = slot_request(schedule, slot, now_ms=slot_ms)
+    assert request.key == slot_key("tick", slot_ms) and request.conflict == "reuse"
+    assert request.metadata == {"schedule": "tick", "slot": "2027-01-15T08:01:00.000Z"}
+    assert (request.name, request.queue, request.priority, request.max_attempts) == (
+        "demo.echo",
+        "default",
+        5,
+        2,
+    )
+    assert 0 <= request.delay_ms < 20_000
+    # Another host, a second later: the same run_at.
+    later = slot_request(schedule, slot, now_ms=slot_ms + 1000)
+    assert later.delay_ms == max(0, request.delay_ms - 1000)
+    offsets = {
+        slot_request(schedule, _at(T0 + 60 * k), now_ms=int((T0 + 60 * k) * 1000)).delay_ms
+        for k in range(1, 30)
+    }
+    assert len(offsets) > 10 and max(offsets) < 20_000  # spread, and within the jitter
+    no_jitter = schedules_config(tmp_path, "sqlite", str(tmp_path / "q.db"), tick=TICK)
+    assert slot_request(no_jitter.schedules["tick"], slot, now_ms=slot_ms).delay_ms == 0
