@@ -22,10 +22,17 @@ chosen by whether the expression names its hours:
 
 This is Debian cron's rule, extended to expressions that fix the hour but not the
 minute, which cronsim by itself would fire twice in a repeated hour.
+
+How: cronsim steps the fields over naive local wall times only; this module places each
+wall time on the timeline itself (`CronSlots._instants`). Wall-clock placements follow
+wall-time order; elapsed-time ones do not across a repeated hour (01:45 first pass comes
+before 01:30 second pass), so those are merged in time order through a small heap that
+reads up to two hours of wall time ahead.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -42,6 +49,9 @@ _ONE_SECOND = timedelta(seconds=1)
 _ONE_MINUTE = timedelta(minutes=1)
 # The longest gap any zone has had is a day (Samoa, 2011): a bound on the walk out of one.
 _MAX_GAP = timedelta(days=2)
+# The most a wall clock is set back at once (an hour nearly everywhere; two for the
+# double summer times of the 1940s): how far elapsed-time iteration looks ahead.
+_MAX_FOLD = timedelta(hours=2)
 #: A slot this late is still on time; later, it was missed (see `misfire`).
 MAX_GRACE = timedelta(seconds=10)
 
@@ -147,41 +157,70 @@ class CronSlots(Slots):
         return cls(parse_cron(text), timezone)
 
     def after(self, t: datetime) -> Iterator[datetime]:
-        if self.expression.names_its_hours:
-            return self._wall_after(t)
-        return self._elapsed(t, reverse=False)
+        heap: list[tuple[datetime, datetime]] = []
+        last = t
+        lookahead = self._lookahead()
+        walls = CronSim(self.expression.five_fields, self._local(t) - lookahead)
+        for wall in _until_exhausted(walls):
+            if wall is not None:
+                for instant in self._instants(wall):
+                    if instant > t:
+                        heapq.heappush(heap, (instant, wall))
+            # Walls still to come lie later on the wall clock, and the wall clock never
+            # goes back by more than `lookahead`: an instant whose wall is that far behind
+            # comes before every instant still to come.
+            while heap and (wall is None or heap[0][1] <= wall - lookahead):
+                instant, _ = heapq.heappop(heap)
+                if instant > last:  # a gap's collapsed times come out once
+                    last = instant
+                    yield instant
+            if wall is None:
+                return
 
     def at_or_before(self, t: datetime) -> Iterator[datetime]:
-        if self.expression.names_its_hours:
-            return self._wall_at_or_before(t)
-        return self._elapsed(t, reverse=True)
+        heap: list[tuple[int, datetime, datetime]] = []
+        last: datetime | None = None
+        lookahead = self._lookahead()
+        # The reverse iteration starts one second before its start; added in UTC, since
+        # on the wall 01:59:59 + 1 s may be an hour later. It starts a fold ahead: from
+        # the second pass of a repeated hour, later wall times have happened already.
+        start = self._local(_floor_second(t) + _ONE_SECOND) + _MAX_FOLD
+        walls = CronSim(self.expression.five_fields, start, reverse=True)
+        for wall in _until_exhausted(walls):
+            if wall is not None:
+                for instant in self._instants(wall):
+                    if instant <= t:
+                        heapq.heappush(heap, (-to_ms(instant), instant, wall))
+            while heap and (wall is None or heap[0][2] >= wall + lookahead):
+                _, instant, _ = heapq.heappop(heap)
+                if last is None or instant < last:
+                    last = instant
+                    yield instant
+            if wall is None:
+                return
 
-    # -- wall-clock rules: iterate local times, then place each on the timeline --------
+    def _lookahead(self) -> timedelta:
+        """How far behind the wall time being read an instant must be before it can be
+        given out. Wall-clock rules place each time at its first occurrence (or a gap's
+        end), which follows wall-time order: none. Elapsed-time rules give both passes of
+        a repeated hour, so a later wall time can be an earlier instant."""
+        return timedelta(0) if self.expression.names_its_hours else _MAX_FOLD
 
     def _local(self, t: datetime) -> datetime:
         return t.astimezone(self.zone).replace(tzinfo=None)
 
-    def _wall_after(self, t: datetime) -> Iterator[datetime]:
-        last = t
-        for wall in CronSim(self.expression.five_fields, self._local(t)):
-            instant = self._place(wall)
-            # Strictly later than the last one given: a gap's collapsed times and the
-            # second pass of a repeated hour (placed at its first pass) drop out here.
-            if instant > last:
-                last = instant
-                yield instant
-
-    def _wall_at_or_before(self, t: datetime) -> Iterator[datetime]:
-        start = self._local(_floor_second(t)) + _MAX_GAP + _ONE_SECOND
-        previous: datetime | None = None
-        for wall in CronSim(self.expression.five_fields, start, reverse=True):
-            instant = self._place(wall)
-            if instant > t or instant == previous:
-                continue
-            if previous is not None and instant > previous:
-                continue  # a repeated hour's time, already given at its first pass
-            previous = instant
-            yield instant
+    def _instants(self, wall: datetime) -> list[datetime]:
+        """The instants a local wall time stands for under this rule."""
+        if self.expression.names_its_hours:
+            return [self._place(wall)]
+        # Elapsed time: every real occurrence (two in a repeated hour, none in a gap).
+        found: list[datetime] = []
+        for fold in (0, 1):
+            aware = wall.replace(tzinfo=self.zone, fold=fold)
+            instant = aware.astimezone(UTC)
+            if instant.astimezone(self.zone).replace(tzinfo=None) == wall and instant not in found:
+                found.append(instant)
+        return sorted(found)
 
     def _place(self, wall: datetime) -> datetime:
         """The instant a local wall time means: its first occurrence, or the end of
@@ -197,21 +236,17 @@ class CronSlots(Slots):
         aware = wall.replace(tzinfo=self.zone)
         return aware.astimezone(UTC).astimezone(self.zone).replace(tzinfo=None) == wall
 
-    # -- elapsed-time rules: iterate the real timeline in the zone ---------------------
 
-    def _elapsed(self, t: datetime, *, reverse: bool) -> Iterator[datetime]:
-        local = _floor_second(t).astimezone(self.zone)
-        if reverse:
-            local += _ONE_SECOND  # the iteration starts one second before its start
-        for slot in CronSim(self.expression.five_fields, local, reverse=reverse):
-            if _imaginary(slot):
-                continue  # a local time inside a gap: it never happened
-            yield slot.astimezone(UTC)
+def _until_exhausted(walls: CronSim) -> Iterator[datetime | None]:
+    """The wall times, then None once cronsim finds no more (it gives up after 50
+    years), so the caller can flush what it holds."""
+    while True:
+        try:
+            yield next(walls)
+        except StopIteration:
+            yield None
+            return
 
 
 def _floor_second(t: datetime) -> datetime:
     return t.replace(microsecond=0)
-
-
-def _imaginary(aware: datetime) -> bool:
-    return aware != aware.astimezone(UTC).astimezone(aware.tzinfo)

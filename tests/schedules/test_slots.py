@@ -8,6 +8,8 @@ from itertools import islice, pairwise
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cairnqd.schedules import CronSlots, EverySlots, Misfire, parse_cron, plan_due
 from cairnqd.schedules.slots import from_ms, to_ms
@@ -246,3 +248,57 @@ def test_misfire_policy_is_checked() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Misfire("catch_up", 0)
     assert Misfire("catch_up", 3).describe() == "catch_up 3"
+
+
+# -- forward and backward agree, in any zone, across any DST change ------------------------
+
+_EXPRS = [
+    "30 2 * * *",
+    "*/20 1,2,3 * * *",
+    "0 * * * *",
+    "*/15 * * * *",
+    "45 0 * * MON-FRI",
+    "0 0 L * *",
+    "@daily",
+]
+_ZONES = ["UTC", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Kolkata"]
+
+
+@settings(max_examples=300)
+@given(
+    expr=st.sampled_from(_EXPRS),
+    zone=st.sampled_from(_ZONES),
+    t=st.datetimes(
+        min_value=datetime(2025, 1, 1), max_value=datetime(2028, 12, 31), timezones=st.just(UTC)
+    ),
+)
+def test_next_and_previous_slots_agree(expr: str, zone: str, t: datetime) -> None:
+    slots = CronSlots.parse(expr, zone)
+    following = slots.next_n(t, 3)
+    assert t < following[0] < following[1] < following[2]
+    first = following[0]
+    # The slot is its own latest-at-or-before, and nothing lies between t and it.
+    assert next(slots.at_or_before(first)) == first
+    before = next(slots.at_or_before(first - timedelta(microseconds=1)))
+    assert before <= t
+    assert slots.next_after(before) == first
+
+
+def test_a_half_hour_fold_keeps_every_real_occurrence() -> None:
+    # Lord Howe sets its clocks back 30 minutes (02:00 -> 01:30) on 2026-04-05: 02:05
+    # happens once, after the change, and an elapsed-time rule must not lose it.
+    zone = ZoneInfo("Australia/Lord_Howe")
+    slots = CronSlots.parse("5 */2 * * *", "Australia/Lord_Howe")
+    found = slots.next_n(utc(2026, 4, 4, 13, 34), 2)
+    assert local(found, zone) == ["04-05 02:05+1030", "04-05 04:05+1030"]
+    assert next(slots.at_or_before(found[1] - timedelta(seconds=1))) == found[0]
+    quarter = CronSlots.parse("*/15 * * * *", "Australia/Lord_Howe")
+    # 01:30-01:59 happens twice: both passes fire, in real-time order.
+    assert local(quarter.next_n(utc(2026, 4, 4, 14, 20), 6), zone) == [
+        "04-05 01:30+1100",
+        "04-05 01:45+1100",
+        "04-05 01:30+1030",
+        "04-05 01:45+1030",
+        "04-05 02:00+1030",
+        "04-05 02:15+1030",
+    ]
