@@ -5,7 +5,7 @@ changed rule starting from its next slot, leadership on Postgres, and the metric
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,22 @@ async def store(dialect: str, db_target: str) -> AsyncIterator[TaskStore]:
         yield s
 
 
+_OPENED: list[Metrics] = []
+
+
+@pytest.fixture(autouse=True)
+def close_metrics() -> Iterator[None]:
+    """A scrape (`sample`) starts each Metrics' database collector: close them all."""
+    yield
+    while _OPENED:
+        _OPENED.pop().close()
+
+
 def scheduler_for(
     config: Config, dialect: str, target: str, clock: Clock, host: str
 ) -> tuple[Scheduler, Metrics]:
     metrics = Metrics(config)
+    _OPENED.append(metrics)
     factory: Callable[[], TaskStore] = lambda: make_store(dialect, target)  # noqa: E731
     return Scheduler(config, metrics, store_factory=factory, wall_clock=clock, host=host), metrics
 
