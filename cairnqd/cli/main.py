@@ -52,7 +52,7 @@ __all__ = ["main"]
 ENV_CONFIG = "CAIRNQD_CONFIG"
 STORAGE_PROTOCOL_VERSION = 1
 _LEVELS = ("debug", "info", "warning", "error", "critical")
-# DAEMON.md §6: `check` warns above this many metric series.
+# `check` warns above this many metric series: each costs Prometheus memory and scrape time.
 _SERIES_WARNING = 5000
 
 
@@ -85,7 +85,7 @@ def _queues(config: Config) -> list[str]:
 
 
 def estimate_series(config: Config, task_names: int | None = None) -> int:
-    """Metric series this config produces (DAEMON.md §6), for `check`'s cardinality
+    """Metric series this config produces, for `check`'s cardinality
     warning. Counts configured queues only; `task_name_label` multiplies the task
     counters by the handler count when known (`--handlers`), else by 1."""
     metrics = config.metrics

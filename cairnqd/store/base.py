@@ -242,10 +242,24 @@ class TaskStore(ABC):
             if self._gate is not None:
                 await self._gate.admit(queue)
             if key is None:
-                rows = await self._fetch("insert_task", params)
-                return self._task(rows[0])
+                return await self._insert_keyless(params)
             async with self._transaction() as session:
                 return await self._submit_keyed(session, params)
+
+    async def _insert_keyless(self, params: Params) -> Task:
+        """One keyless submit. A dialect may queue it with concurrent ones (see
+        store/coalesce.py); SQLite's group commit already shares its transaction."""
+        return await self._insert_one(params)
+
+    async def _insert_one(self, params: Params) -> Task:
+        rows = await self._fetch("insert_task", params)
+        return self._task(rows[0])
+
+    async def _insert_many_keyless(self, prepared: Sequence[Params]) -> builtins.list[Task]:
+        """Keyless submits in one statement, atomically."""
+        rows = await self._fetch("insert_many", insert_many_params(prepared))
+        times = {r["id"]: (int(r["run_at_ms"]), int(r["created_at_ms"])) for r in rows}
+        return [new_task(p, *times[p["id"]]) for p in prepared]
 
     async def _submit_keyed(self, session: Session, params: Params) -> Task:
         key, conflict = params["key"], params["conflict"]
