@@ -135,7 +135,11 @@ def test_example_documents_every_key() -> None:
 def test_schema_matches_the_dataclasses() -> None:
     """Every section's dataclass fields are exactly its schema keys (plus extras the
     loader fills itself), so building `cls(**values)` cannot drift."""
-    extras = {"Config": {"source", "warnings"}, "GroupConfig": {"name"}}
+    extras = {
+        "Config": {"source", "warnings"},
+        "GroupConfig": {"name"},
+        "ScheduleConfig": {"schedule"},
+    }
     sections: dict[str, type] = {"": Config}
     for setting in SCHEMA:
         cls = getattr(setting.kind, "cls", None)

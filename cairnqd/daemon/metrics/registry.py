@@ -111,6 +111,7 @@ class Metrics(Families):
                 self._child(self.child_restarts, ("group", "reason"), name, reason)
         for index in range(len(config.retention.rules)):
             self._child(self.purge_deleted_total, ("rule",), str(index))
+        self.schedules.configure(config.schedules)
 
     def _zero_queue(self, queue: str) -> None:
         for reason in RECOVERY_REASONS:
