@@ -7,8 +7,10 @@ without a traceback. This module must not import `cairnqd.cli`: `python -m cairn
 runs that file as `__main__`, and importing it again would create a second `CliError`
 class that `main` does not catch.
 
-Opening a store applies pending migrations (both stores do it in `connect()`), so every
-command here migrates as a side effect, on Postgres too.
+Opening a store applies pending migrations where `database.auto_migrate` allows it.
+Only `cairnqd migrate` may create a SQLite database: every other command refuses a
+missing file (exit 66), since a mistyped or misplaced path would otherwise leave a new
+empty database behind and report "(no tasks)".
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -48,6 +51,7 @@ from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, TERMIN
 from cairnqd.store.base import TaskStore
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import store_for
+from cairnqd.store.sqlite_open import is_memory
 
 __all__ = ["CliError", "add_parsers", "duration", "load", "table"]
 
@@ -151,13 +155,37 @@ def open_store(config: Config, *, migrate: bool | None = None) -> TaskStore:
     return store_for(config.database, "cli", migrate=migrate)
 
 
+def missing_database(config: Config) -> str | None:
+    """The SQLite file the config names, if it does not exist; None otherwise."""
+    path = config.database.path
+    if path is None or is_memory(path) or path.startswith("file:") or os.path.exists(path):
+        return None
+    return path
+
+
+def require_database(config: Config) -> None:
+    """CliError(66) when the SQLite database does not exist: see the module docstring."""
+    path = missing_database(config)
+    if path is not None:
+        where = f" (database.path in {config.source})" if config.source else ""
+        raise CliError(
+            exitcodes.NOINPUT,
+            f"no database at {path}{where}; `cairnqd -c {config.source or 'FILE'} migrate` "
+            "or the daemon creates it",
+        )
+
+
 def with_store(
     config: Config,
     action: Callable[[TaskStore], Awaitable[T]],
     *,
     migrate: bool | None = None,
+    create: bool = False,
 ) -> T:
-    """Connect, run `action`, close; database failures become CliError (69 or 65)."""
+    """Connect, run `action`, close; database failures become CliError (69 or 65).
+    A missing SQLite file is CliError(66) unless `create`."""
+    if not create:
+        require_database(config)
 
     async def session() -> T:
         async with open_store(config, migrate=migrate) as store:
@@ -189,7 +217,7 @@ async def _migrate(store: TaskStore) -> tuple[int, dict[str, list[tuple[str, int
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     config = load(args.config)
-    version, ledgers = with_store(config, _migrate, migrate=True)
+    version, ledgers = with_store(config, _migrate, migrate=True, create=True)
     print(f"database: {describe_database(config)}")
     print(f"protocol_version: {version}")
     for ledger, rows in ledgers.items():

@@ -19,8 +19,10 @@ Decisions worth knowing:
 - `handlers` lists `module:attribute` registries. A group's own `handlers` list
   *replaces* the top-level one (null inherits it): a group serving a dedicated queue
   should not import, or claim for, every other group's handlers.
-- Relative paths (`database.path`, `database.dsn_file`, `logging.file`) are taken
-  from the working directory, as the children inherit it.
+- Relative paths (`database.path`, `database.dsn_file`, `logging.file`,
+  `runtime_dir`, `python_path`) are taken from the config file's directory, never the
+  working directory, and held absolute: every command and every child reads the same
+  files wherever it was started.
 - Backend-dependent defaults (`database.auto_migrate`, `retention.batch`) and
   `runtime_dir` are resolved at load, so a dump shows what actually runs.
 

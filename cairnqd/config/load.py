@@ -26,7 +26,8 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     """Read, interpolate and validate a config file.
 
     Raises ConfigError with every problem found. `env` (default `os.environ`) feeds
-    `${VAR}` interpolation and the default `runtime_dir`."""
+    `${VAR}` interpolation and the default `runtime_dir`. Relative paths in the file
+    are resolved against the file's directory."""
     filename = os.fspath(path)
     environ = os.environ if env is None else env
     try:
@@ -38,7 +39,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         at = exc.position
         raise ConfigError([ConfigProblem(at.file, at.line, at.col, "", exc.message)]) from None
     root, interpolation_problems = interpolate(document.root, environ)
-    ck = _Checker(root, environ)
+    ck = _Checker(root, environ, os.path.dirname(os.path.abspath(filename)))
     for problem in (*document.problems, *interpolation_problems):
         ck.error(problem.position, problem.path, problem.message)
         if problem.value_lost:

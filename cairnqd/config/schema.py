@@ -191,7 +191,8 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("database", _Section(DatabaseConfig, _finish_database), {}, None,
             "Where the tasks live."),
     Setting("database.path", _Path(), None, _R, nullable=True, example="./cairnq.db", doc=
-            "SQLite database file (created if missing); set exactly one of path, dsn, dsn_file."),
+            "SQLite database file, relative to this file's directory (the daemon and `cairnqd "
+            "migrate` create it); set exactly one of path, dsn, dsn_file."),
     Setting("database.dsn", _Dsn(), None, _R, nullable=True, alternative=True,
             example="postgresql://cairnq@localhost/cairnq", doc=
             "Postgres connection string (postgresql://user:pass@host/db or key=value pairs); "
