@@ -41,7 +41,6 @@ from cairnqd.config.yamlload import (
 )
 from cairnqd.daemon import exitcodes
 from cairnqd.daemon.statefile import DaemonState, StateFile, StateFileError, state_path
-from cairnqd.registry import HandlerError, resolve_handlers
 
 __all__ = ["main"]
 
@@ -115,24 +114,23 @@ def _describe_group(group: GroupConfig) -> str:
 
 
 def _check_handlers(config: Config) -> tuple[int, list[str], list[str]]:
-    """Import each distinct registry list once, as a child would. Returns the number
-    of task names, a line per group, and the failures among them."""
-    names: set[str] = set()
-    outcomes: dict[tuple[str, ...], tuple[bool, str]] = {}
+    """Import each distinct registry list once, in a process set up exactly as a
+    child is (`handler_probe`). Returns the number of task names, a line per group,
+    and the failures among them."""
+    from cairnqd.daemon.handler_probe import probe_handlers
+
+    lists = list(dict.fromkeys(g.handlers for g in config.groups.values()))
+    timeout = config.supervisor.boot_timeout.total_seconds()
+    results = dict(zip(lists, probe_handlers(config.python_path, lists, timeout), strict=True))
+    names = {name for result in results.values() for name in result.names}
     lines: list[str] = []
     failures: list[str] = []
     for group in config.groups.values():
-        if group.handlers not in outcomes:
-            try:
-                handlers = resolve_handlers(group.handlers)
-            except HandlerError as exc:
-                outcomes[group.handlers] = (False, f"cannot load handlers: {exc}")
-            else:
-                names.update(handlers)
-                listed = ", ".join(sorted(handlers)) or "(none)"
-                outcomes[group.handlers] = (True, f"handlers {listed}")
-        ok, text = outcomes[group.handlers]
-        (lines if ok else failures).append(f"group {group.name}: {text}")
+        result = results[group.handlers]
+        if result.ok:
+            lines.append(f"group {group.name}: handlers {', '.join(result.names) or '(none)'}")
+        else:
+            failures.append(f"group {group.name}: cannot load handlers: {result.error}")
     return len(names), lines, failures
 
 

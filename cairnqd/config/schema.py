@@ -220,6 +220,12 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("handlers", _List(_HandlerPath()), [], _L, example=["cairnqd.demo:registry"], doc=
             "Handler registries for every group: module:attribute of a cairnqd TaskRegistry "
             "or of a cairnq Worker."),
+    # -- python_path: where handler modules are imported from --------------------------
+    Setting("python_path", _List(_Path()), ["."], _L, doc=
+            "Directories put first on sys.path to import the handlers from, relative to this "
+            "file's directory ([.]: the directory of this file); used alike by every child "
+            "and `cairnqd check --handlers`. The working directory is not on the path."),
+    # ----------------------------------------------------------------------------------
     Setting("groups", _Groups(GroupConfig, _finish_group), _REQUIRED, None,
             example=_EXAMPLE_GROUPS, doc=
             "Pools of identical worker processes, by name (^[a-z][a-z0-9_-]*$); at least one."),

@@ -7,11 +7,13 @@ the arguments choose the config.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,27 @@ def db_config(tmp_path: Path, dialect: str, db_target: str, run: Run) -> Path:
     migrated = run("migrate")
     assert migrated.returncode == 0, migrated.stderr
     return path
+
+
+@contextlib.contextmanager
+def running_daemon(
+    config: Path, cwd: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """`cairnqd -c CONFIG` (the daemon) started in `cwd`, stopped by TERM on exit."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "cairnqd.cli", "-c", str(config)],
+        cwd=cwd,
+        env=env or cli_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as daemon:
+        try:
+            yield daemon
+        finally:
+            if daemon.poll() is None:
+                daemon.send_signal(signal.SIGTERM)
+                try:
+                    daemon.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    daemon.kill()
+                    daemon.wait()
