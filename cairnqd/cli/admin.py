@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -37,6 +36,7 @@ from cairnqd.config import (
     to_ms,
 )
 from cairnqd.daemon import exitcodes
+from cairnqd.daemon.preflight import missing_sqlite_file
 from cairnqd.errors import (
     AlreadyExists,
     DatabaseUnavailable,
@@ -51,7 +51,6 @@ from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, TERMIN
 from cairnqd.store.base import TaskStore
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import store_for
-from cairnqd.store.sqlite_open import is_memory
 
 __all__ = ["CliError", "add_parsers", "duration", "load", "table"]
 
@@ -155,17 +154,9 @@ def open_store(config: Config, *, migrate: bool | None = None) -> TaskStore:
     return store_for(config.database, "cli", migrate=migrate)
 
 
-def missing_database(config: Config) -> str | None:
-    """The SQLite file the config names, if it does not exist; None otherwise."""
-    path = config.database.path
-    if path is None or is_memory(path) or path.startswith("file:") or os.path.exists(path):
-        return None
-    return path
-
-
 def require_database(config: Config) -> None:
     """CliError(66) when the SQLite database does not exist: see the module docstring."""
-    path = missing_database(config)
+    path = missing_sqlite_file(config)
     if path is not None:
         where = f" (database.path in {config.source})" if config.source else ""
         raise CliError(

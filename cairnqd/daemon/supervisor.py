@@ -13,7 +13,8 @@ guard, and reaping), `exits` (what a child's end means: hand-back first, then cr
 FATAL or a failed roll), `fleet` (every pool, and which pool each child belongs to),
 `reload` (load off the loop, then a plan this class applies), `deadlines` (boot,
 heartbeat, max_run, drain), `status` (process title, sd_notify, /healthz, the SIGUSR1
-dump) and `connection_budget` (the start-up check against max_connections).
+dump) and `preflight` (database, migrations, handler imports and the connection budget,
+checked once before any child is spawned).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from setproctitle import setproctitle
 from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon import systemd
 from cairnqd.daemon.channels import ChildChannels
-from cairnqd.daemon.connection_budget import check_connection_budget
 from cairnqd.daemon.deadlines import PARENT_STALL_S, check_deadlines, forgive_silence
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.exits import ChildExits
@@ -50,6 +50,7 @@ from cairnqd.daemon.messages import (
 )
 from cairnqd.daemon.metrics import Metrics
 from cairnqd.daemon.pool import ChildProcess, GroupPool, spawn_child
+from cairnqd.daemon.preflight import run_preflight
 from cairnqd.daemon.reload import ConfigReload, ReloadPlan
 from cairnqd.daemon.runtimedir import UnsafeRuntimeDir
 from cairnqd.daemon.statefile import (
@@ -111,13 +112,21 @@ class Supervisor:
             self.statefile.release()
 
     def _run(self) -> int:
-        refusal = check_connection_budget(self.config)
-        if refusal is not None:
-            log.error("%s", refusal)
+        if not self._preflight():
             return CONFIG
         wakeup_r = self._start()
         self._loop(wakeup_r)
         return self._finish()
+
+    def _preflight(self) -> bool:
+        """What every child would fail on, checked once before any exists (`preflight`):
+        False, after one `cannot start:` line per problem, if the daemon must not start."""
+        report = run_preflight(self.config)
+        for finding in report.warnings:
+            log.warning("%s", finding)
+        for finding in report.problems:
+            log.error("cannot start: %s", finding)
+        return not report.problems
 
     def _start(self) -> int:
         """Signals, the metrics endpoint, maintenance and the (empty) pools; returns the
