@@ -23,15 +23,14 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
 
 from cairnqd.cli import admin as cli_admin
-from cairnqd.cli.admin import CliError, describe_database, duration, load
-from cairnqd.config import Config, GroupConfig, format_duration
+from cairnqd.cli import check as cli_check
+from cairnqd.cli.admin import CliError, duration, load
 from cairnqd.config.yamlload import (
     YamlDocument,
     YamlScalar,
@@ -47,8 +46,6 @@ __all__ = ["main"]
 ENV_CONFIG = "CAIRNQD_CONFIG"
 STORAGE_PROTOCOL_VERSION = 1
 _LEVELS = ("debug", "info", "warning", "error", "critical")
-# DAEMON.md §6: `check` warns above this many metric series.
-_SERIES_WARNING = 5000
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,96 +70,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
 
     return run_daemon(args.config, config)
-
-
-def _queues(config: Config) -> list[str]:
-    return list(dict.fromkeys(q for g in config.groups.values() for q in g.queues))
-
-
-def estimate_series(config: Config, task_names: int | None = None) -> int:
-    """Metric series this config produces (DAEMON.md §6), for `check`'s cardinality
-    warning. Counts configured queues only; `task_name_label` multiplies the task
-    counters by the handler count when known (`--handlers`), else by 1."""
-    metrics = config.metrics
-    per_name = (task_names or 1) if metrics.task_name_label else 1
-
-    def histogram(buckets: Sequence[float]) -> int:
-        return len(buckets) + 3  # each bound, +Inf, _sum, _count
-
-    # started, succeeded, failed by 4 reasons, retried, canceled
-    task_counters = (1 + 1 + 4 + 1 + 1) * per_name
-    per_queue = (
-        5 + 1 + 1  # tasks by status, oldest queued age, expired leases
-        + task_counters
-        + histogram(metrics.duration_buckets) + histogram(metrics.wait_buckets)
-        + 4  # lease recoveries by reason
-    )  # fmt: skip
-    per_group = 4 + 1 + 9 + 3  # children by state, desired, restarts by reason, group state
-    slots = sum(g.processes for g in config.groups.values())  # RSS per child
-    # db up/duration/scrape errors, db errors (3 components by 4 kinds), purge runs,
-    # failures and last success, reload success and time, generation, build info
-    fixed = 3 + 12 + 3 + 2 + 1 + 1
-    queues, groups, rules = len(_queues(config)), len(config.groups), len(config.retention.rules)
-    return queues * per_queue + groups * per_group + slots + rules + fixed
-
-
-def _describe_group(group: GroupConfig) -> str:
-    return (
-        f"group {group.name}: processes {group.processes}, concurrency {group.concurrency}, "
-        f"queues {', '.join(group.queues)}"
-    )
-
-
-def _check_handlers(config: Config) -> tuple[int, list[str], list[str]]:
-    """Import each distinct registry list once, in a process set up exactly as a
-    child is (`handler_probe`). Returns the number of task names, a line per group,
-    and the failures among them."""
-    from cairnqd.daemon.handler_probe import probe_handlers
-
-    lists = list(dict.fromkeys(g.handlers for g in config.groups.values()))
-    timeout = config.supervisor.boot_timeout.total_seconds()
-    results = dict(zip(lists, probe_handlers(config.python_path, lists, timeout), strict=True))
-    names = {name for result in results.values() for name in result.names}
-    lines: list[str] = []
-    failures: list[str] = []
-    for group in config.groups.values():
-        result = results[group.handlers]
-        if result.ok:
-            lines.append(f"group {group.name}: handlers {', '.join(result.names) or '(none)'}")
-        else:
-            failures.append(f"group {group.name}: cannot load handlers: {result.error}")
-    return len(names), lines, failures
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    config = load(args.config)
-    for warning in config.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    task_names, handler_lines, failures = (
-        _check_handlers(config) if args.handlers else (None, [], [])
-    )
-    queues, groups = _queues(config), len(config.groups)
-    print(
-        f"{args.config}: {'OK' if not failures else 'FAILED'} "
-        f"({groups} group{'s' if groups != 1 else ''}, "
-        f"{len(queues)} queue{'s' if len(queues) != 1 else ''}, {config.database.backend})"
-    )
-    print(f"database: {describe_database(config)}")
-    for line in [*map(_describe_group, config.groups.values()), *handler_lines]:
-        print(line)
-    rules = config.retention.rules
-    every = format_duration(config.retention.interval)
-    described = "; ".join(r.describe() for r in rules) if rules else "off (rules: [])"
-    print(f"retention: every {every}: {described}")
-    listen = config.metrics.listen
-    series = estimate_series(config, task_names)
-    print(f"metrics: {listen if listen is not None else 'off'}, ~{series} series")
-    if series > _SERIES_WARNING:
-        message = f"~{series} metric series; check metrics.task_name_label and the queues"
-        print(f"warning: {message}", file=sys.stderr)
-    if failures:
-        raise CliError(exitcodes.CONFIG, f"{args.config}: handlers failed to load", failures)
-    return exitcodes.OK
 
 
 def cmd_config_dump(args: argparse.Namespace) -> int:
@@ -362,9 +269,7 @@ def _add_local_commands(sub: cli_admin.Subparsers, parents: list[argparse.Argume
     p = sub.add_parser("run", parents=parents, help="run the daemon in the foreground (default)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("check", parents=parents, help="validate the config")
-    p.add_argument("--handlers", action="store_true", help="also import every handler registry")
-    p.set_defaults(func=cmd_check)
+    cli_check.add_parser(sub, parents)
 
     p = sub.add_parser("config", parents=parents, help="config tools")
     config_sub = p.add_subparsers(dest="config_command", metavar="COMMAND", required=True)

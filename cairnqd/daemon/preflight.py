@@ -176,7 +176,7 @@ def check_handlers(config: Config, report: Preflight) -> set[str]:
         names.update(result.names)
         if result.ok:
             listed = ", ".join(result.names) or "(none)"
-            report.add("ok", "handlers", f"group {group.name}: {listed}")
+            report.add("ok", "handlers", f"group {group.name}: handlers {listed}")
         else:
             report.add("problem", "handlers", f"group {group.name}: {result.error}")
     return names

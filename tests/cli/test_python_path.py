@@ -101,7 +101,7 @@ def test_handler_import_errors_name_file_and_line(
     assert checked.returncode == 78
     first = checked.stderr.splitlines()[0]
     where = f"{app / 'apptasks' / 'broken.py'}:{line}: "
-    assert first.startswith(f"group default: cannot load handlers: {where}"), first
+    assert first.startswith(f"handlers: group default: {where}"), first
     assert error in first
 
 

@@ -196,9 +196,9 @@ def test_check_handlers_reports_import_failures(tmp_path: Path, run: Run) -> Non
     assert "group default: handlers demo.echo" in result.stdout
     lines = result.stderr.splitlines()
     assert lines[0].startswith(
-        "group reports: cannot load handlers: no_such_module_xyz:registry: cannot import"
+        "handlers: group reports: no_such_module_xyz:registry: cannot import"
     )
-    assert lines[1] == "cairnqd: ./cairnq.yaml: handlers failed to load"
+    assert lines[1] == "cairnqd: ./cairnq.yaml: 1 problem; cairnqd would not start"
 
 
 def test_check_prints_warnings(tmp_path: Path, run: Run) -> None:
