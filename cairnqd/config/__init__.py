@@ -44,7 +44,7 @@ from cairnqd.config.example import render_example
 
 # `x as x`: re-exported for cairnqd's own modules (mypy --strict) but not in __all__.
 from cairnqd.config.finish import _default_runtime_dir as _default_runtime_dir
-from cairnqd.config.load import load_config
+from cairnqd.config.load import load_config, setting_position
 from cairnqd.config.problems import ConfigError, ConfigProblem
 from cairnqd.config.root import Config
 from cairnqd.config.schema import SCHEMA, Reload, Setting
@@ -87,5 +87,6 @@ __all__ = [
     "parse_size",
     "redact_dsn",
     "render_example",
+    "setting_position",
     "to_ms",
 ]

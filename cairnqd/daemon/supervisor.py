@@ -29,7 +29,7 @@ from collections import deque
 
 from setproctitle import setproctitle
 
-from cairnqd.config import Config, GroupConfig
+from cairnqd.config import Config, GroupConfig, setting_position
 from cairnqd.daemon import systemd
 from cairnqd.daemon.channels import ChildChannels
 from cairnqd.daemon.deadlines import PARENT_STALL_S, check_deadlines, forgive_silence
@@ -49,6 +49,7 @@ from cairnqd.daemon.messages import (
     encode,
 )
 from cairnqd.daemon.metrics import Metrics
+from cairnqd.daemon.metrics.server import MetricsBindError
 from cairnqd.daemon.pool import ChildProcess, GroupPool, spawn_child
 from cairnqd.daemon.preflight import run_preflight
 from cairnqd.daemon.reload import ConfigReload, ReloadPlan
@@ -114,7 +115,13 @@ class Supervisor:
     def _run(self) -> int:
         if not self._preflight():
             return CONFIG
-        wakeup_r = self._start()
+        try:
+            wakeup_r = self._start()
+        except MetricsBindError as exc:
+            where = setting_position(self.config_path, ("metrics", "listen"))
+            key = f"metrics.listen at {where}" if where else "metrics.listen (its default)"
+            log.error("cannot start: %s; set %s to a free port, or off", exc, key)
+            return CONFIG
         self._loop(wakeup_r)
         return self._finish()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
+REPO = Path(__file__).resolve().parents[2]
 
 GROUPS = """\
 handlers: [cairnqd.demo:registry]
