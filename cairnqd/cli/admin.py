@@ -29,7 +29,6 @@ from cairnqd.client import wait_for_task
 from cairnqd.config import (
     Config,
     ConfigError,
-    PurgeRule,
     load_config,
     parse_duration,
     redact_dsn,
@@ -47,7 +46,7 @@ from cairnqd.errors import (
     SerializationError,
     TaskTimeout,
 )
-from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, TERMINAL_STATUSES, Task
+from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
 from cairnqd.store.base import TaskStore
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import store_for
@@ -426,48 +425,6 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
-# -- purge ---------------------------------------------------------------------------------
-
-
-async def _purge(store: TaskStore, rule: PurgeRule, batch: int) -> int:
-    total = 0
-    while True:
-        ids = await store.purge(
-            older_than_ms=to_ms(rule.older_than),
-            status=rule.status,
-            queue=rule.queue,
-            name=rule.name,
-            limit=batch,
-        )
-        deleted = len(ids)
-        total += deleted
-        if deleted < batch:
-            return total
-        # SQLite has one writer: pausing between batches lets workers commit.
-        await asyncio.sleep(store.purge_batch_pause_s)
-
-
-def cmd_purge(args: argparse.Namespace) -> int:
-    config = load(args.config)
-    rule = PurgeRule(args.older_than or timedelta(0), args.status, args.queue, args.name)
-    if args.dry_run:
-        count = with_store(
-            config,
-            lambda store: store.count_purgeable(
-                older_than_ms=to_ms(rule.older_than),
-                status=rule.status,
-                queue=rule.queue,
-                name=rule.name,
-            ),
-        )
-        print(f"would delete {count} task(s): {rule.describe()}")
-        return exitcodes.OK
-    batch = args.limit or config.retention.batch
-    total = with_store(config, lambda store: _purge(store, rule, batch))
-    print(f"deleted {total} task(s): {rule.describe()}")
-    return exitcodes.OK
-
-
 # -- the parsers ---------------------------------------------------------------------------
 
 
@@ -524,18 +481,9 @@ def _add_control(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> Non
     p.add_argument("--reset-attempt", action="store_true", help="give back its full attempts")
     p.set_defaults(func=cmd_retry)
 
-    p = sub.add_parser("purge", parents=parents, help="delete finished tasks")
-    p.add_argument("--older-than", type=duration, metavar="DURATION", help="finished before")
-    p.add_argument("--status", choices=sorted(TERMINAL_STATUSES))
-    p.add_argument("--queue")
-    p.add_argument("--name")
-    p.add_argument("--limit", type=_int_at_least(1), metavar="N", help="rows per batch")
-    p.add_argument("--dry-run", action="store_true", help="only count")
-    p.set_defaults(func=cmd_purge)
-
 
 def add_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
-    """Register migrate, stats, list, inspect, submit, cancel, retry and purge."""
+    """Register migrate, stats, list, inspect, submit, cancel and retry."""
     p = sub.add_parser("migrate", parents=parents, help="apply migrations; show both ledgers")
     p.set_defaults(func=cmd_migrate)
     _add_reads(sub, parents)

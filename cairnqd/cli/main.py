@@ -30,6 +30,7 @@ import yaml
 
 from cairnqd.cli import admin as cli_admin
 from cairnqd.cli import check as cli_check
+from cairnqd.cli import purge as cli_purge
 from cairnqd.cli.admin import CliError, duration, load
 from cairnqd.config.yamlload import (
     YamlDocument,
@@ -295,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_local_commands(sub, [common])
     cli_admin.add_parsers(sub, [common])
+    cli_purge.add_parser(sub, [common])
     parser.set_defaults(func=cmd_run)
     return parser
 
