@@ -51,7 +51,16 @@ from cairnqd.store.base import TaskStore
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import store_for
 
-__all__ = ["CliError", "add_parsers", "duration", "load", "table"]
+__all__ = [
+    "CliError",
+    "add_control",
+    "add_migrate",
+    "add_reads",
+    "add_submit",
+    "duration",
+    "load",
+    "table",
+]
 
 T = TypeVar("T")
 if TYPE_CHECKING:
@@ -426,6 +435,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 # -- the parsers ---------------------------------------------------------------------------
+# One function per group of commands; `cli.main.COMMANDS` lists them in help order.
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
@@ -433,59 +443,117 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", help="the task's idempotency key instead of its id")
 
 
-def _add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("submit", parents=parents, help="submit a task; prints its id")
+def add_migrate(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "migrate",
+        parents=parents,
+        help="create or upgrade the database schema; show both ledgers",
+        description="Apply every pending migration (creating the SQLite file if needed) and "
+        "print both migration ledgers: the protocol's (cairnq_migrations) and cairnqd's own "
+        "(cairnqd_migrations). Safe to run while daemons run: each migration applies once.",
+    )
+    p.set_defaults(func=cmd_migrate)
+
+
+def add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "submit",
+        parents=parents,
+        help="submit a task; prints its id (--wait: its result)",
+        description="Submit one task and print its id. With --wait, also wait for it to "
+        "finish and print its result as JSON; a task that fails or is canceled exits 1.",
+    )
     p.add_argument("name", metavar="NAME", help="the task name (a handler's name)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--payload", metavar="JSON", help="the payload as JSON text")
     source.add_argument("--payload-file", metavar="FILE", help="read the JSON payload (- stdin)")
-    p.add_argument("--queue", default="default", help="default: %(default)s")
-    p.add_argument("--key", help="idempotency key")
-    p.add_argument("--conflict", choices=CONFLICTS, default="reuse", help="with --key")
-    p.add_argument("--max-attempts", type=_int_at_least(1), default=3, metavar="N")
-    p.add_argument("--priority", type=int, default=0, metavar="N", help="higher runs first")
-    p.add_argument("--delay", type=duration, default=timedelta(0), metavar="DURATION")
+    p.add_argument("--queue", default="default", help="the queue (default: %(default)s)")
+    p.add_argument("--key", help="idempotency key: one task per key")
+    p.add_argument(
+        "--conflict",
+        choices=CONFLICTS,
+        default="reuse",
+        help="with --key, when the key is taken: %(choices)s (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=_int_at_least(1),
+        default=3,
+        metavar="N",
+        help="attempts before it fails for good (default: %(default)s)",
+    )
+    p.add_argument("--priority", type=int, default=0, metavar="N", help="higher runs first (0)")
+    p.add_argument(
+        "--delay",
+        type=duration,
+        default=timedelta(0),
+        metavar="DURATION",
+        help="run no earlier than this from now (e.g. 30s, 5m)",
+    )
     p.add_argument("--wait", action="store_true", help="wait for the outcome; print the result")
     p.add_argument("--timeout", type=duration, metavar="DURATION", help="with --wait (30s)")
     p.set_defaults(func=cmd_submit)
 
 
-def _add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("stats", parents=parents, help="task counts per queue and status")
+def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "stats",
+        parents=parents,
+        help="task counts per queue and status",
+        description="Count the tasks of every queue by status. RUNNING counts every claimed "
+        "task, including those a worker holds ahead (prefetch) and has not started yet.",
+    )
     p.add_argument("--queue", help="only this queue")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_stats)
 
-    p = sub.add_parser("list", parents=parents, help="list tasks, newest first")
-    p.add_argument("--status", choices=STATUSES)
-    p.add_argument("--queue")
-    p.add_argument("--name")
-    p.add_argument("--limit", type=_int_at_least(0), default=100, metavar="N")
-    p.add_argument("--offset", type=_int_at_least(0), default=0, metavar="N")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "list",
+        parents=parents,
+        help="list tasks, newest first",
+        description="List tasks, newest first, optionally filtered.",
+    )
+    p.add_argument("--status", choices=STATUSES, help="only tasks in this status")
+    p.add_argument("--queue", help="only this queue")
+    p.add_argument("--name", help="only this task name")
+    p.add_argument(
+        "--limit", type=_int_at_least(0), default=100, metavar="N", help="at most N (100)"
+    )
+    p.add_argument(
+        "--offset", type=_int_at_least(0), default=0, metavar="N", help="skip the first N"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("inspect", parents=parents, help="show one task in full")
+    p = sub.add_parser(
+        "inspect",
+        parents=parents,
+        help="show one task in full",
+        description="Show every field of one task: payload, result, error envelope (with "
+        "the handler's traceback), times in UTC.",
+    )
     _add_target(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_inspect)
 
 
-def _add_control(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("cancel", parents=parents, help="cancel a queued or running task")
+def add_control(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "cancel",
+        parents=parents,
+        help="cancel a queued or running task",
+        description="Cancel a queued task at once; a running one is asked to stop and its "
+        "handler settles it as canceled. A finished task is left alone (exit 1).",
+    )
     _add_target(p)
     p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("retry", parents=parents, help="run a failed or canceled task again")
+    p = sub.add_parser(
+        "retry",
+        parents=parents,
+        help="run a failed or canceled task again",
+        description="Queue a failed or canceled task again. Other statuses exit 1.",
+    )
     _add_target(p)
     p.add_argument("--reset-attempt", action="store_true", help="give back its full attempts")
     p.set_defaults(func=cmd_retry)
-
-
-def add_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
-    """Register migrate, stats, list, inspect, submit, cancel and retry."""
-    p = sub.add_parser("migrate", parents=parents, help="apply migrations; show both ledgers")
-    p.set_defaults(func=cmd_migrate)
-    _add_reads(sub, parents)
-    _add_submit(sub, parents)
-    _add_control(sub, parents)

@@ -23,13 +23,15 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
 from cairnqd.cli import admin as cli_admin
 from cairnqd.cli import check as cli_check
+from cairnqd.cli import init as cli_init
 from cairnqd.cli import purge as cli_purge
 from cairnqd.cli.admin import CliError, duration, load
 from cairnqd.config.yamlload import (
@@ -41,6 +43,9 @@ from cairnqd.config.yamlload import (
 )
 from cairnqd.daemon import exitcodes
 from cairnqd.daemon.statefile import DaemonState, StateFile, StateFileError, state_path
+
+if TYPE_CHECKING:
+    from cairnqd.cli.admin import Subparsers
 
 __all__ = ["main"]
 
@@ -233,7 +238,13 @@ def cmd_reload(args: argparse.Namespace) -> int:
         return exitcodes.OK
     outcome = _await_reload(statefile, pid, seq, args.wait.total_seconds())
     if outcome["reload"]["ok"]:
+        changes = outcome["reload"].get("changes", [])
+        if generation is not None and outcome["generation"] == generation and not changes:
+            print(f"reload applied: nothing changed; still generation {generation} (pid {pid})")
+            return exitcodes.OK
         print(f"reload applied: generation {outcome['generation']} (pid {pid})")
+        for line in changes:
+            print(f"  {line}")
         return exitcodes.OK
     if generation is not None and outcome["generation"] != generation:
         # Applied, but a group's roll stopped: the errors name the group and slot.
@@ -262,41 +273,156 @@ def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         choices=_LEVELS,
         type=str.lower,
         default=None if defaults else argparse.SUPPRESS,
-        help="override logging.level",
+        help="override logging.level for this run",
     )
 
 
-def _add_local_commands(sub: cli_admin.Subparsers, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", parents=parents, help="run the daemon in the foreground (default)")
+def _add_run(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        parents=parents,
+        help="run the daemon in the foreground (the default command)",
+        description="Run the supervisor and its worker children in the foreground until TERM "
+        "or INT. Before any child starts it checks the database, the migrations, every group's "
+        "handler imports and the connection budget (as `check --connect` does) and exits 78 on "
+        "a problem. HUP reloads the config, USR2 also rolls unchanged groups, TSTP pauses "
+        "claiming, QUIT stops at once handing tasks back.",
+    )
     p.set_defaults(func=cmd_run)
 
-    cli_check.add_parser(sub, parents)
 
-    p = sub.add_parser("config", parents=parents, help="config tools")
-    config_sub = p.add_subparsers(dest="config_command", metavar="COMMAND", required=True)
-    dump = config_sub.add_parser("dump", parents=parents, help="the effective config, redacted")
-    dump.add_argument("--format", choices=("yaml", "json"), default="yaml")
+def _add_config(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "config",
+        parents=parents,
+        help="config tools (config dump)",
+        description="Tools for the config file.",
+    )
+    config_sub = p.add_subparsers(
+        dest="config_command", metavar="COMMAND", required=True, title="commands"
+    )
+    dump = config_sub.add_parser(
+        "dump",
+        parents=parents,
+        help="print the effective config, passwords redacted",
+        description="Print the config as the daemon would run it: every default filled in, "
+        "relative paths made absolute, DSN passwords and dsn_file contents redacted.",
+    )
+    dump.add_argument(
+        "--format", choices=("yaml", "json"), default="yaml", help="output format (yaml)"
+    )
     dump.set_defaults(func=cmd_config_dump)
 
-    p = sub.add_parser("reload", parents=parents, help="reload the running daemon's config")
+
+def _add_reload(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "reload",
+        parents=parents,
+        help="reload the running daemon's config (--wait prints what changed)",
+        description="Send HUP (or USR2 with --all) to the daemon running this config, found "
+        "by its state file in runtime_dir. With --wait, wait for the outcome: print what the "
+        "reload changed, or why it was refused (exit 78). A reload that changes nothing keeps "
+        "the generation.",
+    )
     p.add_argument("--pid", type=int, help="the daemon's pid (default: from its state file)")
-    p.add_argument("--wait", type=duration, metavar="DURATION", help="wait for the outcome")
+    p.add_argument(
+        "--wait",
+        type=duration,
+        metavar="DURATION",
+        help="wait up to DURATION for the outcome (rolls included) and print it",
+    )
     p.add_argument("--all", action="store_true", help="SIGUSR2: also roll unchanged groups")
     p.set_defaults(func=cmd_reload)
 
-    p = sub.add_parser("version", parents=parents, help="versions of cairnqd and its libraries")
+
+def _add_version(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "version",
+        parents=parents,
+        help="versions of cairnqd, the protocol, Python, SQLite and psycopg",
+        description="Print the versions of cairnqd, its storage protocol, Python, SQLite and "
+        "psycopg (with libpq). `cairnqd --version` prints cairnqd's alone.",
+    )
     p.set_defaults(func=cmd_version)
 
 
+Register = Callable[["Subparsers", list[argparse.ArgumentParser]], None]
+
+#: Every subcommand, in the order `--help` lists them. A module adding commands
+#: exposes one `(subparsers, parents) -> None` function and gets one line here.
+COMMANDS: tuple[Register, ...] = (
+    _add_run,
+    cli_init.add_parser,
+    cli_check.add_parser,
+    _add_config,
+    cli_admin.add_migrate,
+    _add_reload,
+    cli_admin.add_reads,
+    cli_admin.add_submit,
+    cli_admin.add_control,
+    cli_purge.add_parser,
+    _add_version,
+)
+
+_EPILOG = """examples:
+  cairnqd init                             write a starter ./cairnq.yaml (SQLite, demo handlers)
+  cairnqd -c cairnq.yaml check --connect   what the daemon checks before it starts
+  cairnqd -c cairnq.yaml migrate           create or upgrade the database schema
+  cairnqd -c cairnq.yaml                   run the daemon (same as `run`)
+  cairnqd -c cairnq.yaml submit demo.echo --payload '{"n": 1}' --wait
+  cairnqd -c cairnq.yaml stats             tasks per queue and status
+  cairnqd -c cairnq.yaml reload --wait 60s apply an edited config; print what changed
+  cairnqd purge --dry-run                  count what retention.rules would delete
+
+exit codes:
+  0   success
+  1   nothing done: no such task; a task in the wrong state for the command; an
+      idempotency key already taken (submit --conflict reject); the task failed
+      (submit --wait); "no" at a prompt; a file `init` would overwrite
+  64  usage: a bad command line, or purge by filters without --yes
+  65  bad data: invalid JSON, not a cairnq database, another protocol version,
+      migrations pending (run `cairnqd migrate`)
+  66  a missing input: the --payload-file, or the SQLite database (only `migrate`
+      and the daemon create it)
+  69  unavailable: the database or the daemon cannot be reached
+  70  internal error: a bug (please report it, with the traceback)
+  75  try again later: the daemon's lock is held, another host is purging, a
+      --wait or --timeout ran out
+  78  config: an invalid config, a refused reload, a daemon that would not start
+      (check --connect)
+
+Run `cairnqd COMMAND --help` for a command's options.
+"""
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: cairnqd's version, looked up only when asked (it costs an import)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from cairnqd import __version__
+
+        print(f"cairnqd {__version__}")
+        parser.exit(exitcodes.OK)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="cairnqd", allow_abbrev=False, description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="cairnqd",
+        allow_abbrev=False,
+        description=__doc__.splitlines()[0].removeprefix("The `cairnqd` command: ").capitalize(),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _global_options(parser, defaults=True)
+    parser.add_argument("--version", action=_VersionAction, help="print cairnqd's version")
     common = _Parser(add_help=False, allow_abbrev=False)
     _global_options(common, defaults=False)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    _add_local_commands(sub, [common])
-    cli_admin.add_parsers(sub, [common])
-    cli_purge.add_parser(sub, [common])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for register in COMMANDS:
+        register(sub, [common])
     parser.set_defaults(func=cmd_run)
     return parser
 

@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 
 from setproctitle import setproctitle
 
@@ -323,9 +324,11 @@ class Supervisor:
         self.metrics.apply_config(config)
         self._retire(self.fleet.apply(plan))
 
-    def record_reload(self, ok: bool, errors: list[str]) -> None:
+    def record_reload(self, ok: bool, errors: list[str], changes: Sequence[str] = ()) -> None:
         """Publish a reload's outcome: state file (for `reload --wait`), metrics, systemd."""
-        self.state = after_reload(self.state, ok=ok, errors=errors, generation=self.generation)
+        self.state = after_reload(
+            self.state, ok=ok, errors=errors, generation=self.generation, changes=changes
+        )
         self.metrics.reload_result(ok, self.generation)
         self.write_state()
         status = f"generation {self.generation}" if ok else f"reload failed: {errors[0]}"
