@@ -35,7 +35,6 @@ from cairnqd.config import (
     to_ms,
 )
 from cairnqd.daemon import exitcodes
-from cairnqd.daemon.preflight import missing_sqlite_file
 from cairnqd.errors import (
     AlreadyExists,
     DatabaseUnavailable,
@@ -49,7 +48,7 @@ from cairnqd.errors import (
 from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
 from cairnqd.store.base import TaskStore
 from cairnqd.store.errors import is_operational
-from cairnqd.store.factory import store_for
+from cairnqd.store.factory import missing_sqlite_file, store_for
 
 __all__ = [
     "CliError",
@@ -164,7 +163,7 @@ def open_store(config: Config, *, migrate: bool | None = None) -> TaskStore:
 
 def require_database(config: Config) -> None:
     """CliError(66) when the SQLite database does not exist: see the module docstring."""
-    path = missing_sqlite_file(config)
+    path = missing_sqlite_file(config.database)
     if path is not None:
         where = f" (database.path in {config.source})" if config.source else ""
         raise CliError(

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 from cairnqd.cli.admin import CliError, describe_database, load
 from cairnqd.config import Config, GroupConfig, format_duration
 from cairnqd.daemon import exitcodes
-from cairnqd.daemon.preflight import Preflight, check_handlers, run_preflight
 
 if TYPE_CHECKING:
     from cairnqd.cli.admin import Subparsers
+    from cairnqd.daemon.preflight import Preflight
 
 __all__ = ["add_parser", "cmd_check", "estimate_series"]
 
@@ -77,6 +77,9 @@ def _plural(n: int, noun: str) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    # Here, not at the top: other commands need not import the checks.
+    from cairnqd.daemon.preflight import Preflight, check_handlers, run_preflight
+
     config = load(args.config)
     for warning in config.warnings:
         print(f"warning: {warning}", file=sys.stderr)

@@ -17,7 +17,6 @@ opened, and the store is opened with `migrate=False`.
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -32,8 +31,7 @@ from cairnqd.errors import (
     SchemaMismatch,
 )
 from cairnqd.store.errors import is_transient
-from cairnqd.store.factory import store_for
-from cairnqd.store.sqlite_open import is_memory
+from cairnqd.store.factory import missing_sqlite_file, store_for
 
 Level = Literal["ok", "warning", "problem"]
 
@@ -88,16 +86,8 @@ def _migrate_hint(config: Config) -> str:
     return f"run `cairnqd -c {config.source or 'FILE'} migrate`"
 
 
-def missing_sqlite_file(config: Config) -> str | None:
-    """The SQLite file the config names, if it does not exist yet."""
-    path = config.database.path
-    if path is None or is_memory(path) or path.startswith("file:") or os.path.exists(path):
-        return None
-    return path
-
-
 def _check_database(config: Config, report: Preflight) -> None:
-    path = missing_sqlite_file(config)
+    path = missing_sqlite_file(config.database)
     if path is not None:
         if config.database.auto_migrate:
             report.add("ok", "database", f"{path} does not exist yet: created at start")

@@ -20,11 +20,13 @@ stats` would otherwise pay for nothing.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from cairnqd.config import DatabaseConfig, to_ms
 from cairnqd.store.base import Clock, TaskStore
 from cairnqd.store.sqlite import SQLiteStore
+from cairnqd.store.sqlite_open import is_memory
 
 # How long one Postgres operation may take on our side before it fails instead of
 # hanging on a server that stopped answering. The same value as PostgresStore's own
@@ -105,4 +107,20 @@ def build_store(
     )
 
 
-__all__ = ["DEFAULT_CALL_TIMEOUT_S", "PURPOSES", "StorePurpose", "build_store", "store_for"]
+def missing_sqlite_file(database: DatabaseConfig) -> str | None:
+    """The SQLite file `database` names, if it does not exist yet (None for Postgres,
+    in-memory and URI names): opening it would create it."""
+    path = database.path
+    if path is None or is_memory(path) or path.startswith("file:") or os.path.exists(path):
+        return None
+    return path
+
+
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT_S",
+    "PURPOSES",
+    "StorePurpose",
+    "build_store",
+    "missing_sqlite_file",
+    "store_for",
+]
