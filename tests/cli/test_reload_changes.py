@@ -10,8 +10,11 @@ from tests.cli.conftest import Run, database_line, running_daemon, write_config
 from tests.waiting import wait_for
 
 
-def test_reload_wait_prints_the_changes(tmp_path: Path, run: Run) -> None:
-    config = write_config(tmp_path, database_line("sqlite", str(tmp_path / "t.db")))
+def test_reload_wait_prints_the_changes(
+    tmp_path: Path, dialect: str, db_target: str, run: Run
+) -> None:
+    config = write_config(tmp_path, database_line(dialect, db_target))
+    assert run("migrate").returncode == 0
     statefile = StateFile(state_path(config, str(tmp_path / "run")))
     with running_daemon(config, cwd=tmp_path) as daemon:
         wait_for("the daemon's state file", lambda: daemon.poll() is None and statefile.read())
