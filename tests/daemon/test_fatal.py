@@ -105,6 +105,8 @@ def test_healthz_names_a_fatal_group_and_the_group_comes_back_after_the_cool_dow
     assert body["status"] == "unhealthy"
     assert body["groups"]["flaky"]["state"] == "fatal"
     assert "handlers-broken exists" in body["groups"]["flaky"]["error"]
+    # Where the import broke, as the child reported it.
+    assert "tests/daemon/flaky_handlers.py:13: " in body["groups"]["flaky"]["error"]
     assert body["groups"]["good"]["state"] == "running"
     assert any("flaky" in problem and "FATAL" in problem for problem in body["problems"])
     # Mended without a reload: the cool-down retries the group with a fresh budget.
