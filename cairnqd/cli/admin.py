@@ -7,8 +7,10 @@ without a traceback. This module must not import `cairnqd.cli`: `python -m cairn
 runs that file as `__main__`, and importing it again would create a second `CliError`
 class that `main` does not catch.
 
-Opening a store applies pending migrations (both stores do it in `connect()`), so every
-command here migrates as a side effect, on Postgres too.
+Opening a store applies pending migrations where `database.auto_migrate` allows it.
+Only `cairnqd migrate` may create a SQLite database: every other command refuses a
+missing file (exit 66), since a mistyped or misplaced path would otherwise leave a new
+empty database behind and report "(no tasks)".
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from cairnqd.client import wait_for_task
 from cairnqd.config import (
     Config,
     ConfigError,
-    PurgeRule,
     load_config,
     parse_duration,
     redact_dsn,
@@ -44,12 +45,21 @@ from cairnqd.errors import (
     SerializationError,
     TaskTimeout,
 )
-from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, TERMINAL_STATUSES, Task
+from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
 from cairnqd.store.base import TaskStore
 from cairnqd.store.errors import is_operational
-from cairnqd.store.factory import store_for
+from cairnqd.store.factory import missing_sqlite_file, store_for
 
-__all__ = ["CliError", "add_parsers", "duration", "load", "table"]
+__all__ = [
+    "CliError",
+    "add_control",
+    "add_migrate",
+    "add_reads",
+    "add_submit",
+    "duration",
+    "load",
+    "table",
+]
 
 T = TypeVar("T")
 if TYPE_CHECKING:
@@ -151,13 +161,29 @@ def open_store(config: Config, *, migrate: bool | None = None) -> TaskStore:
     return store_for(config.database, "cli", migrate=migrate)
 
 
+def require_database(config: Config) -> None:
+    """CliError(66) when the SQLite database does not exist: see the module docstring."""
+    path = missing_sqlite_file(config.database)
+    if path is not None:
+        where = f" (database.path in {config.source})" if config.source else ""
+        raise CliError(
+            exitcodes.NOINPUT,
+            f"no database at {path}{where}; `cairnqd -c {config.source or 'FILE'} migrate` "
+            "or the daemon creates it",
+        )
+
+
 def with_store(
     config: Config,
     action: Callable[[TaskStore], Awaitable[T]],
     *,
     migrate: bool | None = None,
+    create: bool = False,
 ) -> T:
-    """Connect, run `action`, close; database failures become CliError (69 or 65)."""
+    """Connect, run `action`, close; database failures become CliError (69 or 65).
+    A missing SQLite file is CliError(66) unless `create`."""
+    if not create:
+        require_database(config)
 
     async def session() -> T:
         async with open_store(config, migrate=migrate) as store:
@@ -189,7 +215,7 @@ async def _migrate(store: TaskStore) -> tuple[int, dict[str, list[tuple[str, int
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     config = load(args.config)
-    version, ledgers = with_store(config, _migrate, migrate=True)
+    version, ledgers = with_store(config, _migrate, migrate=True, create=True)
     print(f"database: {describe_database(config)}")
     print(f"protocol_version: {version}")
     for ledger, rows in ledgers.items():
@@ -407,49 +433,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
-# -- purge ---------------------------------------------------------------------------------
-
-
-async def _purge(store: TaskStore, rule: PurgeRule, batch: int) -> int:
-    total = 0
-    while True:
-        ids = await store.purge(
-            older_than_ms=to_ms(rule.older_than),
-            status=rule.status,
-            queue=rule.queue,
-            name=rule.name,
-            limit=batch,
-        )
-        deleted = len(ids)
-        total += deleted
-        if deleted < batch:
-            return total
-        # SQLite has one writer: pausing between batches lets workers commit.
-        await asyncio.sleep(store.purge_batch_pause_s)
-
-
-def cmd_purge(args: argparse.Namespace) -> int:
-    config = load(args.config)
-    rule = PurgeRule(args.older_than or timedelta(0), args.status, args.queue, args.name)
-    if args.dry_run:
-        count = with_store(
-            config,
-            lambda store: store.count_purgeable(
-                older_than_ms=to_ms(rule.older_than),
-                status=rule.status,
-                queue=rule.queue,
-                name=rule.name,
-            ),
-        )
-        print(f"would delete {count} task(s): {rule.describe()}")
-        return exitcodes.OK
-    batch = args.limit or config.retention.batch
-    total = with_store(config, lambda store: _purge(store, rule, batch))
-    print(f"deleted {total} task(s): {rule.describe()}")
-    return exitcodes.OK
-
-
 # -- the parsers ---------------------------------------------------------------------------
+# One function per group of commands; `cli.main.COMMANDS` lists them in help order.
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
@@ -457,68 +442,117 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", help="the task's idempotency key instead of its id")
 
 
-def _add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("submit", parents=parents, help="submit a task; prints its id")
+def add_migrate(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "migrate",
+        parents=parents,
+        help="create or upgrade the database schema; show both ledgers",
+        description="Apply every pending migration (creating the SQLite file if needed) and "
+        "print both migration ledgers: the protocol's (cairnq_migrations) and cairnqd's own "
+        "(cairnqd_migrations). Safe to run while daemons run: each migration applies once.",
+    )
+    p.set_defaults(func=cmd_migrate)
+
+
+def add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "submit",
+        parents=parents,
+        help="submit a task; prints its id (--wait: its result)",
+        description="Submit one task and print its id. With --wait, also wait for it to "
+        "finish and print its result as JSON; a task that fails or is canceled exits 1.",
+    )
     p.add_argument("name", metavar="NAME", help="the task name (a handler's name)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--payload", metavar="JSON", help="the payload as JSON text")
     source.add_argument("--payload-file", metavar="FILE", help="read the JSON payload (- stdin)")
-    p.add_argument("--queue", default="default", help="default: %(default)s")
-    p.add_argument("--key", help="idempotency key")
-    p.add_argument("--conflict", choices=CONFLICTS, default="reuse", help="with --key")
-    p.add_argument("--max-attempts", type=_int_at_least(1), default=3, metavar="N")
-    p.add_argument("--priority", type=int, default=0, metavar="N", help="higher runs first")
-    p.add_argument("--delay", type=duration, default=timedelta(0), metavar="DURATION")
+    p.add_argument("--queue", default="default", help="the queue (default: %(default)s)")
+    p.add_argument("--key", help="idempotency key: one task per key")
+    p.add_argument(
+        "--conflict",
+        choices=CONFLICTS,
+        default="reuse",
+        help="with --key, when the key is taken: %(choices)s (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=_int_at_least(1),
+        default=3,
+        metavar="N",
+        help="attempts before it fails for good (default: %(default)s)",
+    )
+    p.add_argument("--priority", type=int, default=0, metavar="N", help="higher runs first (0)")
+    p.add_argument(
+        "--delay",
+        type=duration,
+        default=timedelta(0),
+        metavar="DURATION",
+        help="run no earlier than this from now (e.g. 30s, 5m)",
+    )
     p.add_argument("--wait", action="store_true", help="wait for the outcome; print the result")
     p.add_argument("--timeout", type=duration, metavar="DURATION", help="with --wait (30s)")
     p.set_defaults(func=cmd_submit)
 
 
-def _add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("stats", parents=parents, help="task counts per queue and status")
+def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "stats",
+        parents=parents,
+        help="task counts per queue and status",
+        description="Count the tasks of every queue by status. RUNNING counts every claimed "
+        "task, including those a worker holds ahead (prefetch) and has not started yet.",
+    )
     p.add_argument("--queue", help="only this queue")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_stats)
 
-    p = sub.add_parser("list", parents=parents, help="list tasks, newest first")
-    p.add_argument("--status", choices=STATUSES)
-    p.add_argument("--queue")
-    p.add_argument("--name")
-    p.add_argument("--limit", type=_int_at_least(0), default=100, metavar="N")
-    p.add_argument("--offset", type=_int_at_least(0), default=0, metavar="N")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "list",
+        parents=parents,
+        help="list tasks, newest first",
+        description="List tasks, newest first, optionally filtered.",
+    )
+    p.add_argument("--status", choices=STATUSES, help="only tasks in this status")
+    p.add_argument("--queue", help="only this queue")
+    p.add_argument("--name", help="only this task name")
+    p.add_argument(
+        "--limit", type=_int_at_least(0), default=100, metavar="N", help="at most N (100)"
+    )
+    p.add_argument(
+        "--offset", type=_int_at_least(0), default=0, metavar="N", help="skip the first N"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("inspect", parents=parents, help="show one task in full")
+    p = sub.add_parser(
+        "inspect",
+        parents=parents,
+        help="show one task in full",
+        description="Show every field of one task: payload, result, error envelope (with "
+        "the handler's traceback), times in UTC.",
+    )
     _add_target(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_inspect)
 
 
-def _add_control(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("cancel", parents=parents, help="cancel a queued or running task")
+def add_control(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "cancel",
+        parents=parents,
+        help="cancel a queued or running task",
+        description="Cancel a queued task at once; a running one is asked to stop and its "
+        "handler settles it as canceled. A finished task is left alone (exit 1).",
+    )
     _add_target(p)
     p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("retry", parents=parents, help="run a failed or canceled task again")
+    p = sub.add_parser(
+        "retry",
+        parents=parents,
+        help="run a failed or canceled task again",
+        description="Queue a failed or canceled task again. Other statuses exit 1.",
+    )
     _add_target(p)
     p.add_argument("--reset-attempt", action="store_true", help="give back its full attempts")
     p.set_defaults(func=cmd_retry)
-
-    p = sub.add_parser("purge", parents=parents, help="delete finished tasks")
-    p.add_argument("--older-than", type=duration, metavar="DURATION", help="finished before")
-    p.add_argument("--status", choices=sorted(TERMINAL_STATUSES))
-    p.add_argument("--queue")
-    p.add_argument("--name")
-    p.add_argument("--limit", type=_int_at_least(1), metavar="N", help="rows per batch")
-    p.add_argument("--dry-run", action="store_true", help="only count")
-    p.set_defaults(func=cmd_purge)
-
-
-def add_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
-    """Register migrate, stats, list, inspect, submit, cancel, retry and purge."""
-    p = sub.add_parser("migrate", parents=parents, help="apply migrations; show both ledgers")
-    p.set_defaults(func=cmd_migrate)
-    _add_reads(sub, parents)
-    _add_submit(sub, parents)
-    _add_control(sub, parents)

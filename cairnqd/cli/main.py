@@ -1,14 +1,18 @@
 """The `cairnqd` command: the daemon (`run`, the default) and the operator's tools.
 
 Design note. Every command validates the config through the same
-`load_config` the daemon and its reload use, so `check` passes exactly when `run`
-would start. Expected failures are one clear line on stderr and a sysexits code
-(`exitcodes`); a traceback means a bug (exit 70). argparse's usage exit 2 becomes 64,
-which systemd's `RestartPreventExitStatus=` never restarts.
+`load_config` the daemon and its reload use, and `check --connect` runs the daemon's
+own pre-spawn checks, so it passes exactly when `run` would start. Expected failures
+are one clear line on stderr and a sysexits code (`exitcodes`, listed in `--help`); a
+traceback means a bug (exit 70). argparse's usage exit 2 becomes 64, which systemd's
+`RestartPreventExitStatus=` never restarts.
 
 `-c` and `--log-level` are accepted before or after the subcommand
-(`cairnqd check -c f` reads as naturally as `cairnqd -c f check`). Database commands
-live in `cli_admin`; this file keeps the entry point, the config commands and `reload`.
+(`cairnqd check -c f` reads as naturally as `cairnqd -c f check`). The parser is built
+from `COMMANDS`, one registration function per command or group of commands: database
+commands in `cli.admin`, `check` in `cli.check`, `purge` in `cli.purge`, `init` in
+`cli.init`; this file keeps the entry point, `run`, `config dump`, `reload` and
+`version`.
 """
 
 from __future__ import annotations
@@ -20,22 +24,21 @@ import logging
 import os
 import platform
 import signal
-import sqlite3
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import psycopg
 import yaml
 
-from cairnqd import __version__
 from cairnqd.cli import admin as cli_admin
+from cairnqd.cli import check as cli_check
+from cairnqd.cli import init as cli_init
+from cairnqd.cli import purge as cli_purge
 from cairnqd.cli import schedules as cli_schedules
-from cairnqd.cli.admin import CliError, describe_database, duration, load
-from cairnqd.config import Config, GroupConfig, format_duration
+from cairnqd.cli.admin import CliError, duration, load
 from cairnqd.config.yamlload import (
     YamlDocument,
     YamlScalar,
@@ -45,15 +48,15 @@ from cairnqd.config.yamlload import (
 )
 from cairnqd.daemon import exitcodes
 from cairnqd.daemon.statefile import DaemonState, StateFile, StateFileError, state_path
-from cairnqd.registry import HandlerError, resolve_handlers
+
+if TYPE_CHECKING:
+    from cairnqd.cli.admin import Subparsers
 
 __all__ = ["main"]
 
 ENV_CONFIG = "CAIRNQD_CONFIG"
 STORAGE_PROTOCOL_VERSION = 1
 _LEVELS = ("debug", "info", "warning", "error", "critical")
-# `check` warns above this many metric series: each costs Prometheus memory and scrape time.
-_SERIES_WARNING = 5000
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,102 +83,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_daemon(args.config, config)
 
 
-def _queues(config: Config) -> list[str]:
-    return list(dict.fromkeys(q for g in config.groups.values() for q in g.queues))
-
-
-def estimate_series(config: Config, task_names: int | None = None) -> int:
-    """Metric series this config produces, for `check`'s cardinality
-    warning. Counts configured queues only; `task_name_label` multiplies the task
-    counters by the handler count when known (`--handlers`), else by 1."""
-    metrics = config.metrics
-    per_name = (task_names or 1) if metrics.task_name_label else 1
-
-    def histogram(buckets: Sequence[float]) -> int:
-        return len(buckets) + 3  # each bound, +Inf, _sum, _count
-
-    # started, succeeded, failed by 4 reasons, retried, canceled
-    task_counters = (1 + 1 + 4 + 1 + 1) * per_name
-    per_queue = (
-        5 + 1 + 1  # tasks by status, oldest queued age, expired leases
-        + task_counters
-        + histogram(metrics.duration_buckets) + histogram(metrics.wait_buckets)
-        + 4  # lease recoveries by reason
-    )  # fmt: skip
-    per_group = 4 + 1 + 9 + 3  # children by state, desired, restarts by reason, group state
-    slots = sum(g.processes for g in config.groups.values())  # RSS per child
-    # db up/duration/scrape errors, db errors (3 components by 4 kinds), purge runs,
-    # failures and last success, reload success and time, generation, build info
-    fixed = 3 + 12 + 3 + 2 + 1 + 1
-    queues, groups, rules = len(_queues(config)), len(config.groups), len(config.retention.rules)
-    return queues * per_queue + groups * per_group + slots + rules + fixed
-
-
-def _describe_group(group: GroupConfig) -> str:
-    return (
-        f"group {group.name}: processes {group.processes}, concurrency {group.concurrency}, "
-        f"queues {', '.join(group.queues)}"
-    )
-
-
-def _check_handlers(config: Config) -> tuple[int, list[str], list[str]]:
-    """Import each distinct registry list once, as a child would. Returns the number
-    of task names, a line per group, and the failures among them."""
-    names: set[str] = set()
-    outcomes: dict[tuple[str, ...], tuple[bool, str]] = {}
-    lines: list[str] = []
-    failures: list[str] = []
-    for group in config.groups.values():
-        if group.handlers not in outcomes:
-            try:
-                handlers = resolve_handlers(group.handlers)
-            except HandlerError as exc:
-                outcomes[group.handlers] = (False, f"cannot load handlers: {exc}")
-            else:
-                names.update(handlers)
-                listed = ", ".join(sorted(handlers)) or "(none)"
-                outcomes[group.handlers] = (True, f"handlers {listed}")
-        ok, text = outcomes[group.handlers]
-        (lines if ok else failures).append(f"group {group.name}: {text}")
-    return len(names), lines, failures
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    config = load(args.config)
-    for warning in config.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    task_names, handler_lines, failures = (
-        _check_handlers(config) if args.handlers else (None, [], [])
-    )
-    queues, groups = _queues(config), len(config.groups)
-    print(
-        f"{args.config}: {'OK' if not failures else 'FAILED'} "
-        f"({groups} group{'s' if groups != 1 else ''}, "
-        f"{len(queues)} queue{'s' if len(queues) != 1 else ''}, {config.database.backend})"
-    )
-    print(f"database: {describe_database(config)}")
-    for line in [*map(_describe_group, config.groups.values()), *handler_lines]:
-        print(line)
-    schedule_lines, schedule_warnings = cli_schedules.check_lines(config, handlers=args.handlers)
-    for line in schedule_lines:
-        print(line)
-    for unhandled in schedule_warnings:
-        print(f"warning: {unhandled}", file=sys.stderr)
-    rules = config.retention.rules
-    every = format_duration(config.retention.interval)
-    described = "; ".join(r.describe() for r in rules) if rules else "off (rules: [])"
-    print(f"retention: every {every}: {described}")
-    listen = config.metrics.listen
-    series = estimate_series(config, task_names)
-    print(f"metrics: {listen if listen is not None else 'off'}, ~{series} series")
-    if series > _SERIES_WARNING:
-        message = f"~{series} metric series; check metrics.task_name_label and the queues"
-        print(f"warning: {message}", file=sys.stderr)
-    if failures:
-        raise CliError(exitcodes.CONFIG, f"{args.config}: handlers failed to load", failures)
-    return exitcodes.OK
-
-
 def cmd_config_dump(args: argparse.Namespace) -> int:
     data = load(args.config).redacted()
     if args.format == "json":
@@ -186,6 +93,14 @@ def cmd_config_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_version(args: argparse.Namespace) -> int:
+    # Here only: the driver costs a fifth of a second to import, and no other command
+    # on a SQLite deployment needs it.
+    import sqlite3
+
+    import psycopg
+
+    from cairnqd import __version__
+
     libpq = psycopg.pq.version()
     print(f"cairnqd {__version__}")
     print(f"protocol {STORAGE_PROTOCOL_VERSION}")
@@ -328,7 +243,13 @@ def cmd_reload(args: argparse.Namespace) -> int:
         return exitcodes.OK
     outcome = _await_reload(statefile, pid, seq, args.wait.total_seconds())
     if outcome["reload"]["ok"]:
+        changes = outcome["reload"].get("changes", [])
+        if generation is not None and outcome["generation"] == generation and not changes:
+            print(f"reload applied: nothing changed; still generation {generation} (pid {pid})")
+            return exitcodes.OK
         print(f"reload applied: generation {outcome['generation']} (pid {pid})")
+        for line in changes:
+            print(f"  {line}")
         return exitcodes.OK
     if generation is not None and outcome["generation"] != generation:
         # Applied, but a group's roll stopped: the errors name the group and slot.
@@ -357,43 +278,157 @@ def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         choices=_LEVELS,
         type=str.lower,
         default=None if defaults else argparse.SUPPRESS,
-        help="override logging.level",
+        help="override logging.level for this run",
     )
 
 
-def _add_local_commands(sub: cli_admin.Subparsers, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", parents=parents, help="run the daemon in the foreground (default)")
+def _add_run(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        parents=parents,
+        help="run the daemon in the foreground (the default command)",
+        description="Run the supervisor and its worker children in the foreground until TERM "
+        "or INT. Before any child starts it checks the database, the migrations, every group's "
+        "handler imports and the connection budget (as `check --connect` does) and exits 78 on "
+        "a problem. HUP reloads the config, USR2 also rolls unchanged groups, TSTP pauses "
+        "claiming, QUIT stops at once handing tasks back.",
+    )
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("check", parents=parents, help="validate the config")
-    p.add_argument("--handlers", action="store_true", help="also import every handler registry")
-    p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("config", parents=parents, help="config tools")
-    config_sub = p.add_subparsers(dest="config_command", metavar="COMMAND", required=True)
-    dump = config_sub.add_parser("dump", parents=parents, help="the effective config, redacted")
-    dump.add_argument("--format", choices=("yaml", "json"), default="yaml")
+def _add_config(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "config",
+        parents=parents,
+        help="config tools (config dump)",
+        description="Tools for the config file.",
+    )
+    config_sub = p.add_subparsers(
+        dest="config_command", metavar="COMMAND", required=True, title="commands"
+    )
+    dump = config_sub.add_parser(
+        "dump",
+        parents=parents,
+        help="print the effective config, passwords redacted",
+        description="Print the config as the daemon would run it: every default filled in, "
+        "relative paths made absolute, DSN passwords and dsn_file contents redacted.",
+    )
+    dump.add_argument(
+        "--format", choices=("yaml", "json"), default="yaml", help="output format (yaml)"
+    )
     dump.set_defaults(func=cmd_config_dump)
 
-    p = sub.add_parser("reload", parents=parents, help="reload the running daemon's config")
+
+def _add_reload(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "reload",
+        parents=parents,
+        help="reload the running daemon's config (--wait prints what changed)",
+        description="Send HUP (or USR2 with --all) to the daemon running this config, found "
+        "by its state file in runtime_dir. With --wait, wait for the outcome: print what the "
+        "reload changed, or why it was refused (exit 78). A reload that changes nothing keeps "
+        "the generation.",
+    )
     p.add_argument("--pid", type=int, help="the daemon's pid (default: from its state file)")
-    p.add_argument("--wait", type=duration, metavar="DURATION", help="wait for the outcome")
+    p.add_argument(
+        "--wait",
+        type=duration,
+        metavar="DURATION",
+        help="wait up to DURATION for the outcome (rolls included) and print it",
+    )
     p.add_argument("--all", action="store_true", help="SIGUSR2: also roll unchanged groups")
     p.set_defaults(func=cmd_reload)
 
-    p = sub.add_parser("version", parents=parents, help="versions of cairnqd and its libraries")
+
+def _add_version(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "version",
+        parents=parents,
+        help="versions of cairnqd, the protocol, Python, SQLite and psycopg",
+        description="Print the versions of cairnqd, its storage protocol, Python, SQLite and "
+        "psycopg (with libpq). `cairnqd --version` prints cairnqd's alone.",
+    )
     p.set_defaults(func=cmd_version)
 
 
+Register = Callable[["Subparsers", list[argparse.ArgumentParser]], None]
+
+#: Every subcommand, in the order `--help` lists them. A module adding commands
+#: exposes one `(subparsers, parents) -> None` function and gets one line here.
+COMMANDS: tuple[Register, ...] = (
+    _add_run,
+    cli_init.add_parser,
+    cli_check.add_parser,
+    _add_config,
+    cli_admin.add_migrate,
+    _add_reload,
+    cli_admin.add_reads,
+    cli_admin.add_submit,
+    cli_admin.add_control,
+    cli_purge.add_parser,
+    cli_schedules.add_parsers,
+    _add_version,
+)
+
+_EPILOG = """examples:
+  cairnqd init                             write a starter ./cairnq.yaml (SQLite, demo handlers)
+  cairnqd -c cairnq.yaml check --connect   what the daemon checks before it starts
+  cairnqd -c cairnq.yaml migrate           create or upgrade the database schema
+  cairnqd -c cairnq.yaml                   run the daemon (same as `run`)
+  cairnqd -c cairnq.yaml submit demo.echo --payload '{"n": 1}' --wait
+  cairnqd -c cairnq.yaml stats             tasks per queue and status
+  cairnqd -c cairnq.yaml reload --wait 60s apply an edited config; print what changed
+  cairnqd purge --dry-run                  count what retention.rules would delete
+
+exit codes:
+  0   success
+  1   nothing done: no such task; a task in the wrong state for the command; an
+      idempotency key already taken (submit --conflict reject); the task failed
+      (submit --wait); "no" at a prompt; a file `init` would overwrite
+  64  usage: a bad command line, or purge by filters without --yes
+  65  bad data: invalid JSON, not a cairnq database, another protocol version,
+      migrations pending (run `cairnqd migrate`)
+  66  a missing input: the --payload-file, or the SQLite database (only `migrate`
+      and the daemon create it)
+  69  unavailable: the database or the daemon cannot be reached
+  70  internal error: a bug (please report it, with the traceback)
+  75  try again later: the daemon's lock is held, another host is purging, a
+      --wait or --timeout ran out
+  78  config: an invalid config, a refused reload, a daemon that would not start
+      (check --connect)
+
+Run `cairnqd COMMAND --help` for a command's options.
+"""
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: cairnqd's version, looked up only when asked (it costs an import)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from cairnqd import __version__
+
+        print(f"cairnqd {__version__}")
+        parser.exit(exitcodes.OK)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="cairnqd", allow_abbrev=False, description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="cairnqd",
+        allow_abbrev=False,
+        description=__doc__.splitlines()[0].removeprefix("The `cairnqd` command: ").capitalize(),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _global_options(parser, defaults=True)
+    parser.add_argument("--version", action=_VersionAction, help="print cairnqd's version")
     common = _Parser(add_help=False, allow_abbrev=False)
     _global_options(common, defaults=False)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    _add_local_commands(sub, [common])
-    cli_admin.add_parsers(sub, [common])
-    cli_schedules.add_parsers(sub, [common])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for register in COMMANDS:
+        register(sub, [common])
     parser.set_defaults(func=cmd_run)
     return parser
 

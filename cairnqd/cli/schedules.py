@@ -18,7 +18,6 @@ from cairnqd.cli.admin import CliError, load, with_store
 from cairnqd.config import Config, ScheduleConfig
 from cairnqd.daemon import exitcodes
 from cairnqd.daemon.scheduler import host_label, rule_of
-from cairnqd.registry import HandlerError, resolve_handlers
 from cairnqd.schedules import from_ms
 from cairnqd.store.base import TaskStore
 from cairnqd.store.schedules import ScheduleRow, ScheduleTable
@@ -120,9 +119,12 @@ def _text(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def check_lines(config: Config, *, handlers: bool) -> tuple[list[str], list[str]]:
-    """For `cairnqd check`: a line per schedule, and (with --handlers) warnings for a
-    task name that no group of this config claiming the queue registers."""
+def check_lines(
+    config: Config, registered: dict[str, set[str]] | None
+) -> tuple[list[str], list[str]]:
+    """For `cairnqd check`: a line per schedule, and, given the task names each group
+    registers (`check --handlers`), warnings for a task name that no group of this
+    config claiming the queue registers."""
     lines, warnings = [], []
     now = datetime.now(UTC)
     for name, schedule in config.schedules.items():
@@ -131,7 +133,7 @@ def check_lines(config: Config, *, handlers: bool) -> tuple[list[str], list[str]
         lines.append(
             f"schedule {name}: {schedule.name} on {schedule.queue}, {schedule.rule}, {state}"
         )
-        if handlers and not _registered_here(config, schedule):
+        if registered is not None and not _registered_here(config, schedule, registered):
             warnings.append(
                 f"schedule {name}: no group here that claims {schedule.queue!r} registers "
                 f"{schedule.name!r}; its tasks wait for a worker elsewhere"
@@ -139,16 +141,13 @@ def check_lines(config: Config, *, handlers: bool) -> tuple[list[str], list[str]
     return lines, warnings
 
 
-def _registered_here(config: Config, schedule: ScheduleConfig) -> bool:
-    for group in config.groups.values():
-        if schedule.queue not in group.queues:
-            continue
-        try:
-            if schedule.name in resolve_handlers(group.handlers):
-                return True
-        except HandlerError:
-            continue  # `check --handlers` reports the import failure itself
-    return False
+def _registered_here(
+    config: Config, schedule: ScheduleConfig, registered: dict[str, set[str]]
+) -> bool:
+    return any(
+        schedule.queue in group.queues and schedule.name in registered.get(group.name, set())
+        for group in config.groups.values()
+    )
 
 
 def cmd_schedules(args: argparse.Namespace) -> int:
@@ -207,11 +206,22 @@ def cmd_schedules_run(args: argparse.Namespace) -> int:
 def add_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     """Register `schedules` and `schedules run NAME`."""
     p = sub.add_parser(
-        "schedules", parents=parents, help="each schedule's next fire times and last run"
+        "schedules",
+        parents=parents,
+        help="each schedule's next fire times and last run",
+        description="List the config's schedules: the next three fire times, the last "
+        "run and its result, misfires, the last error and which host leads the scheduler "
+        "(read from the database). `schedules run NAME` enqueues one task of NAME now.",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_schedules)
     actions = p.add_subparsers(dest="schedules_command", metavar="ACTION")
-    run = actions.add_parser("run", parents=parents, help="enqueue one task of NAME now")
+    run = actions.add_parser(
+        "run",
+        parents=parents,
+        help="enqueue one task of NAME now",
+        description="Enqueue one task of the schedule NAME now, outside its slots "
+        "(a manual trigger); its next slot is unchanged.",
+    )
     run.add_argument("name", metavar="NAME", help="the schedule, as named under schedules:")
     run.set_defaults(func=cmd_schedules_run)

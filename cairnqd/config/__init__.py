@@ -19,8 +19,10 @@ Decisions worth knowing:
 - `handlers` lists `module:attribute` registries. A group's own `handlers` list
   *replaces* the top-level one (null inherits it): a group serving a dedicated queue
   should not import, or claim for, every other group's handlers.
-- Relative paths (`database.path`, `database.dsn_file`, `logging.file`) are taken
-  from the working directory, as the children inherit it.
+- Relative paths (`database.path`, `database.dsn_file`, `logging.file`,
+  `runtime_dir`, `python_path`) are taken from the config file's directory, never the
+  working directory, and held absolute: every command and every child reads the same
+  files wherever it was started.
 - Backend-dependent defaults (`database.auto_migrate`, `retention.batch`) and
   `runtime_dir` are resolved at load, so a dump shows what actually runs.
 
@@ -42,7 +44,7 @@ from cairnqd.config.example import render_example
 
 # `x as x`: re-exported for cairnqd's own modules (mypy --strict) but not in __all__.
 from cairnqd.config.finish import _default_runtime_dir as _default_runtime_dir
-from cairnqd.config.load import load_config
+from cairnqd.config.load import load_config, setting_position
 from cairnqd.config.problems import ConfigError, ConfigProblem
 from cairnqd.config.root import Config
 from cairnqd.config.schema import SCHEMA, Reload, Setting
@@ -87,5 +89,6 @@ __all__ = [
     "parse_size",
     "redact_dsn",
     "render_example",
+    "setting_position",
     "to_ms",
 ]

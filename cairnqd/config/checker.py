@@ -52,9 +52,11 @@ _MAX_SECRET_CHARS = 64 * 1024
 class _Checker:
     """Collects problems while the schema walks the document."""
 
-    def __init__(self, root: YamlNode, env: Mapping[str, str]) -> None:
+    def __init__(self, root: YamlNode, env: Mapping[str, str], base_dir: str = ".") -> None:
         self.root = root
         self.env = env
+        #: Relative paths in the file are taken from here: the file's own directory.
+        self.base_dir = os.path.abspath(base_dir)
         self.problems: list[ConfigProblem] = []
         self.warnings: list[ConfigProblem] = []
         #: Paths whose value the loader already reported as unusable.
@@ -118,6 +120,13 @@ class _Checker:
         return values
 
     # -- cross-field checks that need the outside world
+
+    def resolve_path(self, text: str) -> str:
+        """`text` made absolute against the config file's directory (`~` expanded).
+        SQLite's own names, `:memory:` and `file:` URIs, are left alone."""
+        if text == ":memory:" or text.startswith("file:"):
+            return text
+        return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(text)))
 
     def read_secret(self, path: YamlPath, filename: str) -> Any:
         try:

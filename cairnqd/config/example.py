@@ -30,7 +30,8 @@ schema there, then run: python -m cairnqd.config > config/cairnq.example.yaml
 
 Durations: 250ms, 30s, 5m, 1h, 7d or combined as 1h30m; a bare number is an error.
 Sizes: 512MiB, 1GiB, 500MB. Strings may use ${VAR}, ${VAR:-default}, ${VAR-default}
-or ${VAR:?message} from the environment; $$ is a literal $.
+or ${VAR:?message} from the environment; $$ is a literal $. Relative paths are
+taken from this file's directory, wherever cairnqd is started.
 On reload (SIGHUP): [hot] applies in place, [resize] resizes the group, [roll]
 replaces the group's children one at a time, [restart] is refused until a restart.
 """

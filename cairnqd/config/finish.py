@@ -77,10 +77,19 @@ def _finish_root(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, A
         v["retention"] = replace(retention, batch=batch)
     if v["runtime_dir"] is None:
         v["runtime_dir"] = _default_runtime_dir(ck.env)
+    _warn_python_path(ck, v["python_path"])
     metrics = v["metrics"]
     if metrics is not _INVALID and metrics.listen is not None and not metrics.listen.is_loopback:
         ck.warn_at(("metrics", "listen"), f"serves metrics beyond this host on {metrics.listen}")
     return v
+
+
+def _warn_python_path(ck: _Checker, directories: Any) -> None:
+    if directories is _INVALID:
+        return
+    for i, directory in enumerate(directories):
+        if not os.path.isdir(directory):
+            ck.warn_at(("python_path", i), f"{directory} is not a directory")
 
 
 def _default_runtime_dir(env: Mapping[str, str]) -> str:

@@ -121,7 +121,15 @@ class _HandlerPath(_Str):
 
 
 class _Path(_Str):
+    """A file or directory path. A relative one is taken from the config file's
+    directory, so the file means the same thing whatever directory a command runs in
+    (`cairnqd -c ../app/cairnq.yaml stats` reads the app's database, not a new one
+    beside the shell); the loaded config holds it absolute."""
+
     expected = "a file path"
+
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        return ck.resolve_path(super().check(ck, node, path))
 
 
 class _Int(_Scalar):

@@ -12,7 +12,13 @@ from cairnqd.config.kinds import _INVALID
 from cairnqd.config.problems import ConfigError, ConfigProblem
 from cairnqd.config.root import Config
 from cairnqd.config.schema import _Section
-from cairnqd.config.yamlload import YamlSyntaxError, interpolate, load_yaml
+from cairnqd.config.yamlload import (
+    YamlDocument,
+    YamlSyntaxError,
+    interpolate,
+    load_yaml,
+    locate,
+)
 
 # The top level is a section too; built here, since `root` imports the schema.
 _ROOT = _Section(Config, _finish_root)
@@ -26,7 +32,8 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     """Read, interpolate and validate a config file.
 
     Raises ConfigError with every problem found. `env` (default `os.environ`) feeds
-    `${VAR}` interpolation and the default `runtime_dir`."""
+    `${VAR}` interpolation and the default `runtime_dir`. Relative paths in the file
+    are resolved against the file's directory."""
     filename = os.fspath(path)
     environ = os.environ if env is None else env
     try:
@@ -38,7 +45,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         at = exc.position
         raise ConfigError([ConfigProblem(at.file, at.line, at.col, "", exc.message)]) from None
     root, interpolation_problems = interpolate(document.root, environ)
-    ck = _Checker(root, environ)
+    ck = _Checker(root, environ, os.path.dirname(os.path.abspath(filename)))
     for problem in (*document.problems, *interpolation_problems):
         ck.error(problem.position, problem.path, problem.message)
         if problem.value_lost:
@@ -50,3 +57,17 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         raise ConfigError(sorted(ck.problems, key=_by_position), warnings)
     assert isinstance(config, Config)
     return replace(config, source=filename, warnings=tuple(warnings))
+
+
+def setting_position(filename: str, path: tuple[str, ...]) -> str | None:
+    """`file:line:col` where the setting at `path` is written in `filename`, or None
+    when the file does not set it (its default applies) or cannot be read again. For
+    errors found after the load (a port already in use), which the config no longer
+    knows the position of."""
+    try:
+        root = load_yaml(filename).root
+    except (OSError, YamlSyntaxError):
+        return None
+    if YamlDocument(root).node(path) is None:
+        return None
+    return str(locate(root, path))

@@ -41,6 +41,8 @@ class Config:
     reload: ReloadConfig
     logging: LoggingConfig
     runtime_dir: str
+    #: Absolute directories put first on sys.path in every child and handler probe.
+    python_path: tuple[str, ...] = ()
     #: The file it was loaded from.
     source: str = field(default="", compare=False)
     #: Suspicious but usable settings, for `check` and the startup log.
@@ -73,7 +75,8 @@ class Config:
             s.key: database[s.key] for s in _children("database") if s.reload is Reload.ROLL
         }
         canonical = json.dumps(
-            {"group": group, "database": child_db},
+            # python_path decides which code the handler names import.
+            {"group": group, "database": child_db, "python_path": list(self.python_path)},
             sort_keys=True,
             separators=(",", ":"),
             ensure_ascii=False,

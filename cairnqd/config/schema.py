@@ -224,7 +224,8 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("database", _Section(DatabaseConfig, _finish_database), {}, None,
             "Where the tasks live."),
     Setting("database.path", _Path(), None, _R, nullable=True, example="./cairnq.db", doc=
-            "SQLite database file (created if missing); set exactly one of path, dsn, dsn_file."),
+            "SQLite database file, relative to this file's directory (the daemon and `cairnqd "
+            "migrate` create it); set exactly one of path, dsn, dsn_file."),
     Setting("database.dsn", _Dsn(), None, _R, nullable=True, alternative=True,
             example="postgresql://cairnq@localhost/cairnq", doc=
             "Postgres connection string (postgresql://user:pass@host/db or key=value pairs); "
@@ -252,6 +253,12 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("handlers", _List(_HandlerPath()), [], _L, example=["cairnqd.demo:registry"], doc=
             "Handler registries for every group: module:attribute of a cairnqd TaskRegistry "
             "or of a cairnq Worker."),
+    # -- python_path: where handler modules are imported from --------------------------
+    Setting("python_path", _List(_Path()), ["."], _L, doc=
+            "Directories put first on sys.path to import the handlers from, relative to this "
+            "file's directory ([.]: the directory of this file); used alike by every child "
+            "and `cairnqd check --handlers`. The working directory is not on the path."),
+    # ----------------------------------------------------------------------------------
     Setting("groups", _Groups(GroupConfig, _finish_group), _REQUIRED, None,
             example=_EXAMPLE_GROUPS, doc=
             "Pools of identical worker processes, by name (^[a-z][a-z0-9_-]*$); at least one."),

@@ -78,6 +78,9 @@ class Boot:
     max_memory: int | None
     database: DatabaseSettings
     group_config: WorkerSettings
+    #: The config's `python_path`, absolute: put first on sys.path before the handlers
+    #: are imported (`handler_probe.use_python_path`), as `cairnqd check` does.
+    python_path: tuple[str, ...]
 
 
 def boot_for(
@@ -103,6 +106,7 @@ def boot_for(
         max_memory=group.max_memory,
         database=_database(config),
         group_config=_worker_settings(group),
+        python_path=config.python_path,
     )
 
 

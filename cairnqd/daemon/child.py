@@ -37,6 +37,7 @@ from setproctitle import setproctitle
 
 from cairnqd.daemon.boot import Boot, BootVersionMismatch, decode_boot
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
+from cairnqd.daemon.handler_probe import describe_import_error, use_python_path
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
 from cairnqd.daemon.loopwatch import LoopWatch
 from cairnqd.daemon.messages import (
@@ -63,7 +64,7 @@ from cairnqd.errors import (
     ProtocolVersionMismatch,
     SchemaMismatch,
 )
-from cairnqd.registry import resolve_handlers
+from cairnqd.registry import HandlerError, resolve_handlers
 from cairnqd.store.base import TaskStore
 from cairnqd.store.factory import build_store
 from cairnqd.worker import Worker
@@ -143,8 +144,14 @@ class Child:
         try:
             worker = self._build_worker()
         except Exception as exc:
-            self._send_final(Fatal(f"{type(exc).__name__}: {exc}"))
-            log.error("cannot boot: %s", exc)
+            # A handler import names the file and line that broke, not only the path.
+            reason = (
+                describe_import_error(exc)
+                if isinstance(exc, HandlerError)
+                else f"{type(exc).__name__}: {exc}"
+            )
+            self._send_final(Fatal(reason))
+            log.error("cannot boot: %s", reason)
             return CONFIG
         self.worker = worker
         threading.Thread(target=self._heartbeat_thread, name="cairnqd-hb", daemon=True).start()
@@ -193,6 +200,7 @@ class Child:
 
     def _build_worker(self) -> Worker:
         group = self.boot.group_config
+        use_python_path(self.boot.python_path)
         handlers = resolve_handlers(group.handlers)
         if not handlers:
             raise ValueError(f"no handlers found in {', '.join(group.handlers)}")

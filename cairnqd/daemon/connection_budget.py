@@ -44,22 +44,27 @@ def check_connection_budget(config: Config) -> str | None:
         return None
     if limits is None:
         return None
-    limit, reserved = limits
+    message = over_budget(config, *limits)
+    if message is not None and db.connection_check == "warn":
+        log.warning("%s", message)
+        return None
+    return message
+
+
+def over_budget(config: Config, limit: int, reserved: int) -> str | None:
+    """Why the budget does not fit a server with these limits, or None if it does."""
+    db = config.database
     available = limit - reserved
     needed = connection_budget(config)
     if needed <= available:
         return None
-    message = (
+    return (
         f"the configuration opens up to {needed} Postgres connections "
         f"({db.expected_hosts} host(s)) but the server allows {available} "
         f"(max_connections {limit} - superuser_reserved_connections {reserved}); lower "
         "groups.*.processes or database.connections_per_child, raise max_connections, "
         "or set database.connection_check: warn"
     )
-    if db.connection_check == "warn":
-        log.warning("%s", message)
-        return None
-    return message
 
 
 async def _connection_limits(config: Config) -> tuple[int, int] | None:

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from ulid import ULID
 
 from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon.boot import boot_for
+from cairnqd.daemon.handler_probe import child_argv_prefix
 from cairnqd.daemon.messages import (
     ChildMessage,
     DatabaseTrouble,
@@ -184,7 +184,8 @@ def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) 
         starts = None
     passed = (events_w, control_r) if starts is None else (events_w, control_r, starts.fd)
     argv = [
-        sys.executable, "-m", "cairnqd.daemon.child",
+        # -P: the working directory is not on sys.path; python_path is (handler_probe).
+        *child_argv_prefix(), "-m", "cairnqd.daemon.child",
         "--parent-pid", str(os.getpid()),
         "--events", str(events_w),
         "--control", str(control_r),

@@ -19,7 +19,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -124,7 +124,7 @@ class ReloadTarget(Protocol):
 
     def apply_reload(self, plan: ReloadPlan) -> None: ...
 
-    def record_reload(self, ok: bool, errors: list[str]) -> None: ...
+    def record_reload(self, ok: bool, errors: list[str], changes: Sequence[str] = ()) -> None: ...
 
 
 class ConfigLoad:
@@ -169,6 +169,8 @@ class ConfigReload:
         self.loading: ConfigLoad | None = None
         self.in_flight = False  # applied; waiting for its rolls to finish
         self._roll_failures: list[str] = []
+        #: What the reload in flight changed (`ReloadPlan.describe`), for `reload --wait`.
+        self._changes: list[str] = []
 
     @property
     def busy(self) -> bool:
@@ -195,7 +197,7 @@ class ConfigReload:
         if self.in_flight and not self._target.rolling():
             self.in_flight = False
             failures, self._roll_failures = self._roll_failures, []
-            self._target.record_reload(not failures, failures)
+            self._target.record_reload(not failures, failures, self._changes)
         if self.pending is not None and not self.busy and not self._target.stopping:
             roll_all, self.pending = self.pending, None
             self._start(roll_all)
@@ -246,7 +248,8 @@ class ConfigReload:
     def _apply(self, plan: ReloadPlan) -> None:
         target = self._target
         target.apply_reload(plan)
-        for line in plan.describe():
+        self._changes = plan.describe()
+        for line in self._changes:
             log.info("reload: %s", line)
         if plan.new_generation:
             log.info("reloaded: generation %d", target.generation)

@@ -27,8 +27,9 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 from cairnqd.daemon.runtimedir import UnsafeRuntimeDir, open_in, open_runtime_dir
 from cairnqd.errors import CairnQError
@@ -53,6 +54,9 @@ class ReloadState(TypedDict):
     errors: list[str]
     #: Unix time of the attempt (or of the start, before any reload).
     at: float
+    #: What an applied reload changed, one line each (none: nothing changed). Absent
+    #: in a state file written before this field existed.
+    changes: NotRequired[list[str]]
 
 
 class DaemonState(TypedDict):
@@ -100,7 +104,12 @@ def initial_state(config_path: str | os.PathLike[str], generation: int = 1) -> D
 
 
 def after_reload(
-    state: DaemonState, *, ok: bool, errors: list[str], generation: int
+    state: DaemonState,
+    *,
+    ok: bool,
+    errors: list[str],
+    generation: int,
+    changes: Sequence[str] = (),
 ) -> DaemonState:
     """The state after one reload attempt: `seq` moves whether it applied or not."""
     reload: ReloadState = {
@@ -108,6 +117,7 @@ def after_reload(
         "ok": ok,
         "errors": list(errors),
         "at": time.time(),
+        "changes": list(changes),
     }
     return {**state, "generation": generation, "reload": reload}
 
@@ -302,4 +312,7 @@ def _validate(path: str, data: Any) -> DaemonState:
             raise wrong(f"reload.{field}")
     if not all(isinstance(e, str) for e in reload["errors"]):
         raise wrong("reload.errors")
+    changes = reload.get("changes", [])
+    if not isinstance(changes, list) or not all(isinstance(c, str) for c in changes):
+        raise wrong("reload.changes")
     return cast(DaemonState, data)  # the shape was checked above

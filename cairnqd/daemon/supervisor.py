@@ -13,7 +13,8 @@ guard, and reaping), `exits` (what a child's end means: hand-back first, then cr
 FATAL or a failed roll), `fleet` (every pool, and which pool each child belongs to),
 `reload` (load off the loop, then a plan this class applies), `deadlines` (boot,
 heartbeat, max_run, drain), `status` (process title, sd_notify, /healthz, the SIGUSR1
-dump) and `connection_budget` (the start-up check against max_connections).
+dump) and `preflight` (database, migrations, handler imports and the connection budget,
+checked once before any child is spawned).
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 
 from setproctitle import setproctitle
 
-from cairnqd.config import Config, GroupConfig
+from cairnqd.config import Config, GroupConfig, setting_position
 from cairnqd.daemon import systemd
 from cairnqd.daemon.channels import ChildChannels
-from cairnqd.daemon.connection_budget import check_connection_budget
 from cairnqd.daemon.deadlines import PARENT_STALL_S, check_deadlines, forgive_silence
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.exits import ChildExits
@@ -49,7 +50,9 @@ from cairnqd.daemon.messages import (
     encode,
 )
 from cairnqd.daemon.metrics import Metrics
+from cairnqd.daemon.metrics.server import MetricsBindError
 from cairnqd.daemon.pool import ChildProcess, GroupPool, spawn_child
+from cairnqd.daemon.preflight import run_preflight
 from cairnqd.daemon.reload import ConfigReload, ReloadPlan
 from cairnqd.daemon.runtimedir import UnsafeRuntimeDir
 from cairnqd.daemon.scheduler import Scheduler
@@ -113,13 +116,27 @@ class Supervisor:
             self.statefile.release()
 
     def _run(self) -> int:
-        refusal = check_connection_budget(self.config)
-        if refusal is not None:
-            log.error("%s", refusal)
+        if not self._preflight():
             return CONFIG
-        wakeup_r = self._start()
+        try:
+            wakeup_r = self._start()
+        except MetricsBindError as exc:
+            where = setting_position(self.config_path, ("metrics", "listen"))
+            key = f"metrics.listen at {where}" if where else "metrics.listen (its default)"
+            log.error("cannot start: %s; set %s to a free port, or off", exc, key)
+            return CONFIG
         self._loop(wakeup_r)
         return self._finish()
+
+    def _preflight(self) -> bool:
+        """What every child would fail on, checked once before any exists (`preflight`):
+        False, after one `cannot start:` line per problem, if the daemon must not start."""
+        report = run_preflight(self.config)
+        for finding in report.warnings:
+            log.warning("%s", finding)
+        for finding in report.problems:
+            log.error("cannot start: %s", finding)
+        return not report.problems
 
     def _start(self) -> int:
         """Signals, the metrics endpoint, maintenance and the (empty) pools; returns the
@@ -312,9 +329,11 @@ class Supervisor:
         self.scheduler.reconfigure(config)
         self._retire(self.fleet.apply(plan))
 
-    def record_reload(self, ok: bool, errors: list[str]) -> None:
+    def record_reload(self, ok: bool, errors: list[str], changes: Sequence[str] = ()) -> None:
         """Publish a reload's outcome: state file (for `reload --wait`), metrics, systemd."""
-        self.state = after_reload(self.state, ok=ok, errors=errors, generation=self.generation)
+        self.state = after_reload(
+            self.state, ok=ok, errors=errors, generation=self.generation, changes=changes
+        )
         self.metrics.reload_result(ok, self.generation)
         self.write_state()
         status = f"generation {self.generation}" if ok else f"reload failed: {errors[0]}"

@@ -11,15 +11,18 @@ matching on sqlite3 or psycopg types itself, so a new driver error is taught her
   server's (`statement_timeout`, `lock_timeout`). The work may still be possible.
 - **connect**: the database could not be reached or the connection died.
 - **other**: anything else: a bug, a constraint, bad input. Retrying repeats it.
+
+psycopg is never imported here: a psycopg error can only exist once psycopg has been
+imported by the Postgres store, so its classes are looked up in `sys.modules` and a
+SQLite-only process never pays for loading the driver (see `store.factory`).
 """
 
 from __future__ import annotations
 
 import sqlite3
+import sys
+from types import ModuleType
 from typing import Literal
-
-import psycopg
-import psycopg_pool
 
 from cairnqd.errors import DatabaseUnavailable
 
@@ -32,25 +35,31 @@ _SQLITE_IOERR = 10
 _SQLITE_CANTOPEN = 14
 
 
+def _loaded(name: str) -> ModuleType | None:
+    return sys.modules.get(name)
+
+
 def classify(exc: BaseException) -> ErrorKind:
     """The kind of a database error; see the module docstring."""
     if isinstance(exc, sqlite3.Error):
         return _classify_sqlite(exc)
-    # QueryCanceled and PoolTimeout are OperationalErrors too: test them first.
-    if isinstance(
-        exc,
-        TimeoutError
-        | psycopg_pool.PoolTimeout
-        | psycopg.errors.QueryCanceled
-        | psycopg.errors.LockNotAvailable,
-    ):
+    if isinstance(exc, TimeoutError):
         return "timeout"
-    if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected):
-        return "busy"
-    if isinstance(
-        exc,
-        DatabaseUnavailable | psycopg.OperationalError | psycopg_pool.PoolClosed | OSError,
-    ):
+    psycopg, pool = _loaded("psycopg"), _loaded("psycopg_pool")
+    # QueryCanceled and PoolTimeout are OperationalErrors too: test them first.
+    if pool is not None and isinstance(exc, pool.PoolTimeout):
+        return "timeout"
+    if psycopg is not None:
+        errors = psycopg.errors
+        if isinstance(exc, errors.QueryCanceled | errors.LockNotAvailable):
+            return "timeout"
+        if isinstance(exc, errors.SerializationFailure | errors.DeadlockDetected):
+            return "busy"
+        if isinstance(exc, psycopg.OperationalError):
+            return "connect"
+    if pool is not None and isinstance(exc, pool.PoolClosed):
+        return "connect"
+    if isinstance(exc, DatabaseUnavailable | OSError):
         return "connect"
     return "other"
 
@@ -94,4 +103,7 @@ __all__ = ["ErrorKind", "classify", "is_sqlite_busy", "is_transient"]
 def is_operational(exc: BaseException) -> bool:
     """An error about the database's operation rather than the statement: it could
     not be opened, reached, locked or written (what an operator must look at)."""
-    return isinstance(exc, sqlite3.OperationalError | psycopg.OperationalError)
+    if isinstance(exc, sqlite3.OperationalError):
+        return True
+    psycopg = _loaded("psycopg")
+    return psycopg is not None and isinstance(exc, psycopg.OperationalError)

@@ -12,16 +12,26 @@ connections, LISTEN and timeouts is decided once:
 
 `store_for` reads a `DatabaseConfig`; `build_store` takes plain values, for a process
 that has the settings but not the config (a worker child gets them over its pipe).
+
+The Postgres store is imported only when a DSN asks for it: psycopg and its pool cost
+about 0.2 s to import on a small machine, which a SQLite deployment's every `cairnqd
+stats` would otherwise pay for nothing.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from cairnqd.config import DatabaseConfig, to_ms
 from cairnqd.store.base import Clock, TaskStore
-from cairnqd.store.postgres import DEFAULT_CALL_TIMEOUT_S, PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
+from cairnqd.store.sqlite_open import is_memory
+
+# How long one Postgres operation may take on our side before it fails instead of
+# hanging on a server that stopped answering. The same value as PostgresStore's own
+# default (a test keeps them equal), named here so choosing it needs no psycopg.
+DEFAULT_CALL_TIMEOUT_S = 60.0
 
 StorePurpose = Literal["worker", "background", "cli"]
 PURPOSES: tuple[StorePurpose, ...] = ("worker", "background", "cli")
@@ -82,6 +92,8 @@ def build_store(
             busy_timeout_ms = min(busy_timeout_ms, statement_timeout_ms)
         return SQLiteStore(path, busy_timeout_ms=busy_timeout_ms, migrate=auto_migrate, clock=clock)
     assert dsn is not None
+    from cairnqd.store.postgres import PostgresStore  # see the module docstring
+
     return PostgresStore(
         dsn,
         min_size=1,
@@ -95,4 +107,20 @@ def build_store(
     )
 
 
-__all__ = ["PURPOSES", "StorePurpose", "build_store", "store_for"]
+def missing_sqlite_file(database: DatabaseConfig) -> str | None:
+    """The SQLite file `database` names, if it does not exist yet (None for Postgres,
+    in-memory and URI names): opening it would create it."""
+    path = database.path
+    if path is None or is_memory(path) or path.startswith("file:") or os.path.exists(path):
+        return None
+    return path
+
+
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT_S",
+    "PURPOSES",
+    "StorePurpose",
+    "build_store",
+    "missing_sqlite_file",
+    "store_for",
+]

@@ -17,11 +17,12 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from cairnqd._protocol import Migration, migrations, protocol_root, strip_comments
+
+if TYPE_CHECKING:  # only the Postgres store, which has imported it, calls those functions
+    import psycopg
 
 _LEDGER_FOLDER = {"cairnq": "sql", "cairnqd": "extensions/sql"}
 

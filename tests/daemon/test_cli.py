@@ -78,18 +78,26 @@ def run(tmp_path: Path) -> Run:
 
 @pytest.fixture
 def sqlite_config(tmp_path: Path) -> Path:
+    """A config on a SQLite file that does not exist yet (only `migrate` and the
+    daemon create it)."""
     return write_config(tmp_path, database_line("sqlite", str(tmp_path / "tasks.db")))
 
 
 @pytest.fixture
+def sqlite_db(sqlite_config: Path, run: Run) -> Path:
+    """`sqlite_config` with its database created by `cairnqd migrate`."""
+    migrated = run("migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    return sqlite_config
+
+
+@pytest.fixture
 def db_config(tmp_path: Path, dialect: str, db_target: str, run: Run) -> Path:
-    """The same config on SQLite and on a fresh Postgres database. Postgres does not
-    migrate on its own (database.auto_migrate defaults to false there), so the
-    fixture runs `cairnqd migrate` first, as an operator would."""
+    """The same config on SQLite and on a fresh Postgres database, created and
+    migrated by `cairnqd migrate` first, as an operator would."""
     path = write_config(tmp_path, database_line(dialect, db_target))
-    if dialect == "postgres":
-        migrated = run("migrate")
-        assert migrated.returncode == 0, migrated.stderr
+    migrated = run("migrate")
+    assert migrated.returncode == 0, migrated.stderr
     return path
 
 
@@ -188,9 +196,9 @@ def test_check_handlers_reports_import_failures(tmp_path: Path, run: Run) -> Non
     assert "group default: handlers demo.echo" in result.stdout
     lines = result.stderr.splitlines()
     assert lines[0].startswith(
-        "group reports: cannot load handlers: no_such_module_xyz:registry: cannot import"
+        "handlers: group reports: no_such_module_xyz:registry: cannot import"
     )
-    assert lines[1] == "cairnqd: ./cairnq.yaml: handlers failed to load"
+    assert lines[1] == "cairnqd: ./cairnq.yaml: 1 problem; cairnqd would not start"
 
 
 def test_check_prints_warnings(tmp_path: Path, run: Run) -> None:
@@ -347,20 +355,21 @@ def test_task_round_trip(db_config: Path, run: Run) -> None:
     )
 
     assert run("cancel", first).returncode == 0
-    assert (
-        run("purge", "--dry-run").stdout
-        == "would delete 1 task(s): all finished tasks, older than 0s\n"
+    # Bare purge: the configured rules only (canceled after 7d), so nothing yet.
+    assert "would delete up to 0 task(s) by retention.rules" in run("purge", "--dry-run").stdout
+    assert "would delete 1 task(s): all finished tasks, older than 0s" in (
+        run("purge", "--dry-run", "--older-than", "0s").stdout
     )
     assert "would delete 0" in run("purge", "--dry-run", "--older-than", "1d").stdout
     assert "would delete 0" in run("purge", "--dry-run", "--status", "failed").stdout
     assert run("inspect", first).returncode == 0  # dry run deleted nothing
-    result = run("purge", "--status", "canceled", "--queue", "mail", "--limit", "1")
+    result = run("purge", "--status", "canceled", "--queue", "mail", "--limit", "1", "--yes")
     assert result.stdout == "deleted 1 task(s): status=canceled, queue=mail, older than 0s\n"
     assert run("inspect", first).returncode == 1
     assert [t["id"] for t in json.loads(run("list", "--json").stdout)] == [second]
 
 
-def test_submit_payload_errors(sqlite_config: Path, tmp_path: Path, run: Run) -> None:
+def test_submit_payload_errors(sqlite_db: Path, tmp_path: Path, run: Run) -> None:
     result = run("submit", "demo.echo", "--payload", '{"a": }')
     assert result.returncode == 65
     assert result.stderr == (
@@ -382,7 +391,7 @@ def test_submit_payload_errors(sqlite_config: Path, tmp_path: Path, run: Run) ->
     assert result.returncode == 1 and "already exists" in result.stderr
 
 
-def test_submit_wait_without_a_worker_times_out(sqlite_config: Path, run: Run) -> None:
+def test_submit_wait_without_a_worker_times_out(sqlite_db: Path, run: Run) -> None:
     result = run("submit", "demo.echo", "--wait", "--timeout", "300ms")
     assert result.returncode == 75, result.stderr
     task_id = result.stdout.strip()

@@ -11,17 +11,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.daemon.daemon import REPO, base_config, wait_for
+from tests.daemon.daemon import base_config, wait_for
 from tests.daemon.harness import client_call, database_section, gauge, scrape
 
 pytestmark = pytest.mark.slow
@@ -32,6 +29,16 @@ FLAKY = "tests.daemon.flaky_handlers:registry"
 
 def config_for(tmp_path: Path, db: str, groups: dict[str, Any]) -> dict[str, Any]:
     return base_config(tmp_path, database_section("sqlite", db), groups)
+
+
+def break_group(tmp_path: Path, daemon: Any, group: str) -> None:
+    """Make FLAKY's module refuse to import, then kill the group's children: their
+    replacements cannot boot. (Broken before the start, the daemon would refuse to
+    start at all: tests/cli/test_preflight.py.)"""
+    doomed = wait_for(f"the children of {group}", lambda: daemon.children(group))
+    (tmp_path / "handlers-broken").touch()
+    for pid in doomed:
+        os.kill(pid, signal.SIGKILL)
 
 
 def healthz(port: int) -> tuple[int, dict[str, Any]]:
@@ -89,8 +96,8 @@ def test_healthz_names_a_fatal_group_and_the_group_comes_back_after_the_cool_dow
         {"good": {"queues": ["good"]}, "flaky": {"queues": ["flaky"], "handlers": [FLAKY]}},
     )
     config["supervisor"]["fatal_cooldown"] = "3s"
-    (tmp_path / "handlers-broken").touch()
     daemon = daemon_factory(config).start()
+    break_group(tmp_path, daemon, "flaky")
     port = daemon.metrics_port()
     wait_for("the FATAL log line", lambda: "group flaky is FATAL" in daemon.output())
     status, body = healthz(port)
@@ -98,6 +105,8 @@ def test_healthz_names_a_fatal_group_and_the_group_comes_back_after_the_cool_dow
     assert body["status"] == "unhealthy"
     assert body["groups"]["flaky"]["state"] == "fatal"
     assert "handlers-broken exists" in body["groups"]["flaky"]["error"]
+    # Where the import broke, as the child reported it.
+    assert "tests/daemon/flaky_handlers.py:13: " in body["groups"]["flaky"]["error"]
     assert body["groups"]["good"]["state"] == "running"
     assert any("flaky" in problem and "FATAL" in problem for problem in body["problems"])
     # Mended without a reload: the cool-down retries the group with a fresh budget.
@@ -127,19 +136,10 @@ def test_healthz_is_200_with_a_json_body_when_all_is_well(
     assert daemon.stop() == 0
 
 
-def test_every_group_fatal_exits_78(tmp_path: Path, sqlite_path: str) -> None:
+def test_every_group_fatal_exits_78(tmp_path: Path, sqlite_path: str, daemon_factory: Any) -> None:
     config = config_for(tmp_path, sqlite_path, {"only": {"queues": ["q"], "handlers": [FLAKY]}})
-    (tmp_path / "run").mkdir()
-    (tmp_path / "handlers-broken").touch()
-    path = tmp_path / "cairnq.yaml"
-    path.write_text(yaml.safe_dump(config))
-    done = subprocess.run(
-        [sys.executable, "-m", "cairnqd.cli", "-c", str(path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert done.returncode == 78, done.stderr
-    assert "group only is FATAL" in done.stderr
+    daemon = daemon_factory(config).start()
+    break_group(tmp_path, daemon, "only")
+    assert daemon.proc is not None
+    assert daemon.proc.wait(timeout=60) == 78
+    assert "group only is FATAL" in daemon.output()

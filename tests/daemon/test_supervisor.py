@@ -156,12 +156,18 @@ def test_nothing_lost_with_a_child_killed_every_second(
 def test_broken_handler_module_makes_only_its_group_fatal(
     tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
 ) -> None:
+    # A module broken at start is refused before any child (tests/cli/test_preflight.py);
+    # here it breaks while the daemon runs, and its children die and cannot come back.
     config = two_groups(tmp_path, dialect, db_target)
-    config["groups"]["slow"]["handlers"] = ["tests.daemon.broken_handlers:registry"]
+    config["groups"]["slow"]["handlers"] = ["tests.daemon.flaky_handlers:registry"]
     daemon = daemon_factory(config).start()
+    doomed = wait_for("the slow group's children", lambda: daemon.children("slow"))
+    (tmp_path / "handlers-broken").touch()
+    for pid in doomed:
+        os.kill(pid, signal.SIGKILL)
 
     def fatal_logged() -> bool:
-        return "FATAL" in daemon.output() and "broken on purpose" in daemon.output()
+        return "FATAL" in daemon.output() and "handlers-broken exists" in daemon.output()
 
     wait_for("the FATAL log line", fatal_logged)
     assert not daemon.children("slow")

@@ -119,7 +119,8 @@ def test_example_file_loads_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     config = load_config(EXAMPLE, env={})
     assert config.warnings == ()
     assert config.database.backend == "sqlite"
-    assert config.database.path == "./cairnq.db"
+    # Relative to the example's own directory, not the working directory.
+    assert config.database.path == str(EXAMPLE.parent.resolve() / "cairnq.db")
     assert list(config.groups) == ["default", "slow"]
     assert config.groups["slow"].queues == ("slow",)
     handlers = resolve_handlers(config.groups["default"].handlers)
@@ -162,10 +163,10 @@ def test_every_leaf_setting_has_a_reload_class_and_doc() -> None:
 # --- defaults ----------------------------------------------------------------------
 
 
-def test_defaults_are_filled(load: Loader) -> None:
+def test_defaults_are_filled(load: Loader, tmp_path: Path) -> None:
     config = load(BASE, env={"XDG_RUNTIME_DIR": "/run/user/1000"})
     db = config.database
-    assert (db.path, db.dsn, db.dsn_file) == ("./t.db", None, None)
+    assert (db.path, db.dsn, db.dsn_file) == (str(tmp_path / "t.db"), None, None)
     assert db.connect_timeout == timedelta(seconds=10)
     assert db.busy_timeout == timedelta(seconds=5)
     assert (db.connections_per_child, db.expected_hosts) == (1, 1)
@@ -504,13 +505,13 @@ def test_missing_config_file(tmp_path: Path) -> None:
 # --- interpolation -----------------------------------------------------------------
 
 
-def test_env_interpolation_and_retyping(load: Loader) -> None:
+def test_env_interpolation_and_retyping(load: Loader, tmp_path: Path) -> None:
     config = load(
         BASE.replace("./t.db", "${DATA:-.}/t.db")
         + "    processes: ${PROCS:-2}\n    lease: ${LEASE}\n",
         env={"LEASE": "45s", "PROCS": "3"},
     )
-    assert config.database.path == "./t.db"
+    assert config.database.path == str(tmp_path / "t.db")
     assert config.groups["default"].processes == 3
     assert config.groups["default"].lease == timedelta(seconds=45)
 
@@ -559,18 +560,20 @@ def test_dsn_file_problems_are_reported_at_the_key(errors: Errors, tmp_path: Pat
     (tmp_path / "empty").write_text("\n")
     (tmp_path / "mysql").write_text("mysql://root:pw@h/db\n")
     text = BASE.replace("path: ./t.db", "dsn_file: {}")
+    # Relative names are read from the config file's directory, and shown resolved.
     assert errors(text.format("./missing")) == [
-        "cairnq.yaml:3:13: database.dsn_file: cannot read ./missing: No such file or directory"
+        f"cairnq.yaml:3:13: database.dsn_file: cannot read {tmp_path}/missing: "
+        "No such file or directory"
     ]
     assert errors(text.format("./empty")) == [
-        "cairnq.yaml:3:13: database.dsn_file: ./empty does not hold a DSN: is empty"
+        f"cairnq.yaml:3:13: database.dsn_file: {tmp_path}/empty does not hold a DSN: is empty"
     ]
     assert errors(text.format("/dev/zero")) == [
         "cairnq.yaml:3:13: database.dsn_file: /dev/zero is longer than 65536 characters"
     ]
     # The message names the problem but never echoes the file's contents.
     assert errors(text.format("./mysql")) == [
-        "cairnq.yaml:3:13: database.dsn_file: ./mysql does not hold a DSN: unsupported "
+        f"cairnq.yaml:3:13: database.dsn_file: {tmp_path}/mysql does not hold a DSN: unsupported "
         "scheme mysql://: expected postgresql://"
     ]
 
@@ -779,7 +782,7 @@ def test_redacted_dump(load: Loader, tmp_path: Path) -> None:
     (tmp_path / "dsn").write_text("host=h user=u\n")
     from_file = load(BASE.replace("path: ./t.db", "dsn_file: ./dsn"))
     database = from_file.redacted()["database"]
-    assert (database["dsn"], database["dsn_file"]) == ("***", "./dsn")
+    assert (database["dsn"], database["dsn_file"]) == ("***", str(tmp_path / "dsn"))
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ status code and an operator reading it learns what is wrong."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import socket
@@ -25,6 +26,18 @@ log = logging.getLogger("cairnqd.metrics")
 Health = tuple[bool, Mapping[str, Any]]
 
 
+class MetricsBindError(Exception):
+    """The metrics address cannot be bound: in use, privileged, or not this host's.
+    An operator's problem, not a bug: the daemon reports it in one line and exits 78."""
+
+
+_BIND_REASONS = {
+    errno.EADDRINUSE: "the address is already in use (another cairnqd, or another program)",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+    errno.EADDRNOTAVAIL: "it is not an address of this host",
+}
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not worth a log line each."""
@@ -42,10 +55,14 @@ class HttpServer:
     ) -> None:
         self._metrics_app = make_wsgi_app(registry)
         self._health = health
-        server_class, address = _server_class(host, port)
-        self._httpd = make_server(
-            address, port, self._app, server_class=server_class, handler_class=_QuietHandler
-        )
+        try:
+            server_class, address = _server_class(host, port)
+            self._httpd = make_server(
+                address, port, self._app, server_class=server_class, handler_class=_QuietHandler
+            )
+        except OSError as exc:  # socket.gaierror included: a host name that does not resolve
+            reason = _BIND_REASONS.get(exc.errno or 0, exc.strerror or str(exc))
+            raise MetricsBindError(f"cannot serve metrics on {host}:{port}: {reason}") from exc
         self.port: int = self._httpd.server_port
         # serve_forever notices shutdown() once per poll: keep close() quick.
         self._thread = threading.Thread(
