@@ -3,7 +3,7 @@
     python -m bench.ab --before REV [--backend sqlite|postgres]... [--repeats 3]
                        [--tasks 20000] [--single 2000] [--batches 20]
 
-`REV` (a commit) is checked out into a detached worktree under `bench/out/`. Each round
+`REV` (a commit) is checked out into a detached worktree in the temp directory. Each round
 runs `bench.drain --impl ours --procs 2` and `bench.submit --no-peers` once for each
 side, alternating which side goes first, so a machine that slows down during the run
 slows both. Both sides run today's bench code (a copy of `bench/` in a neutral
@@ -29,7 +29,6 @@ from typing import Any
 
 from bench.common import BENCH_DIR, REPO, print_table
 
-OUT = BENCH_DIR / "out"
 
 
 def worktree(rev: str) -> Path:
@@ -37,9 +36,9 @@ def worktree(rev: str) -> Path:
     sha = subprocess.run(
         ["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True, text=True
     ).stdout.strip()
-    path = OUT / f"ab-{sha}"
+    # Outside the repository, so that no linter or test run of this tree walks into it.
+    path = Path(tempfile.gettempdir()) / f"cairnqd-ab-{sha}"
     if not (path / "cairnqd").is_dir():
-        OUT.mkdir(exist_ok=True)
         subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=REPO, check=True)
     return path
 
