@@ -30,7 +30,6 @@ from typing import Any
 from bench.common import BENCH_DIR, REPO, print_table
 
 
-
 def worktree(rev: str) -> Path:
     """A detached checkout of `rev`, made once and reused."""
     sha = subprocess.run(
