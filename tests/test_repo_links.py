@@ -302,3 +302,18 @@ def test_every_docs_citation_names_a_real_section() -> None:
                 if fragment not in anchors(target):
                     problems.append(f"{name}:{line}: {doc} has no anchor #{fragment}")
     assert not problems, "citations that do not resolve:\n" + "\n".join(problems)
+
+
+def test_every_module_is_in_the_architecture_map() -> None:
+    """docs/architecture.md maps the tree one line per module (or per package, for a
+    package described as a whole); a new module without a line fails here."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = []
+    for path in sorted((REPO / "cairnqd").rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
+        package = path.parent.relative_to(REPO).as_posix() + "/"
+        if "_shipped" in relative or "_protocol_files" in relative:
+            continue
+        if f"`{relative}`" not in text and f"`{package}`" not in text:
+            missing.append(relative)
+    assert missing == [], f"add these to the module map in docs/architecture.md: {missing}"
