@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import sqlite3
 import sys
@@ -85,6 +86,8 @@ COLUMNS = [
     "fairness",
     "worker CPU ms/task",
     "PG CPU ms/task",
+    "tasks/cycle p50",
+    "cycles/1k tasks",
     "load s",
 ]
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -195,6 +198,7 @@ async def drain_once(
 ) -> Run:
     n = args.tasks
     split: list[int] = []
+    cycles: list[int] = []
     async with fresh_target(backend, "drain") as target:
         if impl in peers.PEERS:
             load_s = await peers.preload(impl, target, n)
@@ -221,6 +225,7 @@ async def drain_once(
                 if impl in SDKS:
                     end = await sdk_end(table, n)
                     split = await sdk_split(table, workers)
+                    cycles = await sdk_cycles(table)
                 else:
                     end = polled_end
                     split = []
@@ -240,7 +245,14 @@ async def drain_once(
     counted: int = sum(split, 0)
     if procs > 1 and counted:
         metrics["min_share"] = min(split) / counted
-    return Run(metrics, {"split": split, "processes": [w.ident for w in workers]})
+    detail: dict[str, Any] = {"split": split, "processes": [w.ident for w in workers]}
+    if cycles:
+        # The batch size the median task was settled in, and the cycles per task.
+        weighted = sorted(size for size in cycles for _ in range(size))
+        metrics["cycle_tasks_p50"] = weighted[len(weighted) // 2]
+        metrics["cycles_per_1k_tasks"] = 1000 * len(cycles) / max(1, sum(cycles))
+        detail["cycle_histogram"] = cycle_histogram(cycles)
+    return Run(metrics, detail)
 
 
 async def analyze(dsn: str) -> None:
@@ -260,6 +272,37 @@ async def sdk_end(table: Table, n: int) -> float:
     if done != n:
         raise RuntimeError(f"only {done} of {n} tasks succeeded")
     return int(last_ms) / 1000
+
+
+# Buckets of the per-cycle histogram: tasks settled by one claim transaction.
+CYCLE_BUCKETS = (1, 8, 32, 128, 512)
+
+
+async def sdk_cycles(table: Table) -> list[int]:
+    """Tasks each claim transaction settled. Results ride in the next claim, and every
+    row one transaction completes gets the same `completed_at_ms` (Postgres `now()` is
+    the transaction's start; SQLite binds the time once per statement), so grouping
+    by worker and completion time recovers the batches `prefetch` reached."""
+    rows = await table.rows(
+        "select count(*) from cairnq_tasks where status = 'succeeded' "
+        "group by worker_id, completed_at_ms"
+    )
+    return sorted(int(r[0]) for r in rows)
+
+
+def cycle_histogram(sizes: Sequence[int]) -> dict[str, int]:
+    """Tasks (not cycles) by the size of the cycle that settled them."""
+    edges = [*CYCLE_BUCKETS, None]
+    labels = [
+        f"{lo}" if hi == lo + 1 else (f"{lo}-{hi - 1}" if hi is not None else f"{lo}+")
+        for lo, hi in itertools.pairwise(edges)
+        if lo is not None
+    ]
+    counts = dict.fromkeys(labels, 0)
+    for size in sizes:
+        index = sum(1 for edge in CYCLE_BUCKETS if size >= edge) - 1
+        counts[labels[index]] += size
+    return counts
 
 
 async def sdk_split(table: Table, workers: Sequence[Child]) -> list[int]:
@@ -299,6 +342,8 @@ def report(points: Sequence[Point]) -> None:
                     split,
                     fmt(p.median("worker_cpu_ms_per_task"), 3),
                     fmt(p.median("db_cpu_ms_per_task"), 3),
+                    fmt(p.median("cycle_tasks_p50"), 0),
+                    fmt(p.median("cycles_per_1k_tasks"), 1),
                     fmt(p.median("load_s"), 2),
                 ]
             )
@@ -308,6 +353,11 @@ def report(points: Sequence[Point]) -> None:
                 COLUMNS,
                 rows,
             )
+        for p in points:
+            last = p.runs[-1].detail.get("cycle_histogram") if p.runs else None
+            if p.labels["backend"] == backend and last:
+                shown = ", ".join(f"{size}: {tasks}" for size, tasks in last.items())
+                print(f"{p.labels['impl']} x{p.labels['procs']} tasks by claim-cycle size: {shown}")
         by_key = {
             (p.labels["impl"], p.labels["procs"]): p
             for p in points
