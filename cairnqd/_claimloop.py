@@ -19,7 +19,7 @@ from cairnqd._claims import ClaimPlan, claim_sources
 from cairnqd._handlers import RegisteredHandler
 from cairnqd._inflight import InFlight, LoopState
 from cairnqd._prefetch import PrefetchSizer
-from cairnqd._settlement import Settlement
+from cairnqd._settlement import Pending, Settlement
 from cairnqd.context import TaskContext
 from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
@@ -174,6 +174,13 @@ class ClaimLoop:
         plan = ClaimPlan(ordered, free, ahead, self._resources, self._inflight.in_use)
         settlement = self._settlement
         settle = settlement.take()
+        if settle and ahead > 0:
+            # Claiming ahead takes a bigger batch, so the claim transaction stays open
+            # longer; a result riding in it is lost if the process dies meanwhile, and
+            # its task runs again. Commit the results first in a short transaction of
+            # their own (one more commit per cycle, spread over a large batch).
+            await self._settle_alone(settle)
+            settle = []
         # The lease deadline of what this claim takes counts from before it is sent.
         self._claim_sent_at = self._inflight.clock()
         try:
@@ -191,6 +198,19 @@ class ClaimLoop:
             settlement.put_back(settle)
             raise
         return result or []
+
+    async def _settle_alone(self, settle: list[Pending]) -> None:
+        settlement = self._settlement
+        items = [(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in settle]
+        try:
+            with settlement.carried(settle):
+                statuses = await self._store.complete_many(
+                    worker_id=self._inflight.worker_id, items=items
+                )
+        except BaseException:
+            settlement.put_back(settle)
+            raise
+        settlement.finish(settle, statuses)
 
     def _dispatch(self, claimed: list[Task], free: int) -> None:
         """Start calls for what was claimed; plain tasks beyond the `free` call slots
