@@ -65,7 +65,10 @@ from cairnqd.errors import (
 )
 from cairnqd.registry import resolve_handlers
 from cairnqd.store.base import TaskStore
+from cairnqd.store.errors import classify
 from cairnqd.store.factory import build_store
+from cairnqd.store.pg_connect import DAEMON_CALL_TIMEOUT_S, is_unreachable
+from cairnqd.store.postgres import PostgresStore
 from cairnqd.worker import Worker
 
 log = logging.getLogger("cairnqd.child")
@@ -189,6 +192,9 @@ class Child:
             connect_timeout_s=db.connect_timeout_s,
             auto_migrate=db.auto_migrate,
             connections=db.connections,
+            # Claims, lease renewals and settlements give up on a silent server in
+            # time for the parent to see the outage (pg_connect's detection bound).
+            call_timeout_s=DAEMON_CALL_TIMEOUT_S,
         )
 
     def _build_worker(self) -> Worker:
@@ -380,9 +386,17 @@ class Child:
         self.loop.call_later(timeout, os._exit, TEMPFAIL)
 
     def _on_error(self, exc: BaseException, info: dict[str, Any]) -> None:
-        kind = "busy" if "locked" in str(exc) or "busy" in str(exc) else "other"
-        self._send(DatabaseTrouble(kind, str(info.get("phase", ""))))
+        self._send(DatabaseTrouble(classify(exc), str(info.get("phase", ""))))
+        if is_unreachable(exc):
+            # An outage: every retry fails the same way until the network returns,
+            # and the parent says so once for the whole daemon (log, /healthz).
+            log.debug("%s error: %s", info.get("phase", "worker"), exc)
+            return
         log.warning("%s error: %s", info.get("phase", "worker"), exc)
+
+    def _db_down_s(self) -> float:
+        store = self.worker.store if self.worker is not None else None
+        return store.reachability.down_for() if isinstance(store, PostgresStore) else 0.0
 
     def _heartbeat_thread(self) -> None:
         interval = self.boot.hb_interval_s
@@ -405,6 +419,7 @@ class Child:
         return Heartbeat(
             rss=_rss_bytes(), state=self.state, executing=executing, held=held,
             lag_s=round(lag, 3), overdue=overdue, longest=longest,
+            db_down_s=round(self._db_down_s(), 1),
         )  # fmt: skip
 
     # -- the events pipe ---------------------------------------------------------------

@@ -16,9 +16,19 @@ store opened inside that thread (a connection never crosses threads or a fork).
   the next interval. SQLite pauses between batches so workers get the write lock, and
   checkpoints the WAL after a sweep that deleted rows. On Postgres one host sweeps:
   the one that wins `pg_try_advisory_lock(lock_namespace, 1)`; the others skip.
+- **Probe**: every `PROBE_INTERVAL_S` a one-row round trip, so the parent knows
+  whether the database answers even between duties. Every call here is bounded
+  (`DAEMON_CALL_TIMEOUT_S`), so a silent partition fails a call within the detection
+  bound stated in store/pg_connect.py (30 s).
 - **Errors** are caught per tick, counted as `cairnq_db_errors_total{component=
   "maintenance"}` and logged; the loop goes on. A failed hand-back is retried with
   backoff: giving up only means its tasks wait for their leases to expire.
+- **Outages**: a call that fails for want of an answer (timeout, lost connection)
+  starts an outage. It is logged once, as `database unreachable`, reported by
+  `database_problem()` (/healthz) until a call succeeds again, and its end is logged
+  once, as `database reachable again after N s`; the retries in between are quiet.
+- **Stopping** is bounded even mid-outage: queued hand-backs get half of `stop()`'s
+  time, then the call in flight is cancelled (its connection dropped).
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from cairnqd.store.base import Row, TaskStore
 from cairnqd.store.errors import classify
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
+from cairnqd.store.pg_connect import DAEMON_CALL_TIMEOUT_S, Reachability, is_unreachable
 
 if TYPE_CHECKING:
     from cairnqd.daemon.metrics import Metrics
@@ -57,6 +68,8 @@ __all__ = [
 log = logging.getLogger("cairnqd.maintenance")
 
 HAND_BACK_REASONS = ("worker_exit", "shutdown", "max_run")
+#: How often the parent checks that the database answers, between duties.
+PROBE_INTERVAL_S = 2.0
 #: Second key of the purge lock; the stats leader uses 2 (metrics/database.py).
 PURGE_LOCK_ID = 1
 _HAND_BACK_ATTEMPTS = 5
@@ -83,7 +96,12 @@ def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None =
     `statement_timeout_ms` bounds each statement server-side on Postgres and the busy
     wait on SQLite (the metrics collector passes its 2 s scrape budget).
     """
-    return store_for(database, "background", statement_timeout_ms=statement_timeout_ms)
+    return store_for(
+        database,
+        "background",
+        statement_timeout_ms=statement_timeout_ms,
+        call_timeout_s=DAEMON_CALL_TIMEOUT_S,
+    )
 
 
 # -- the maintenance thread ----------------------------------------------------------------
@@ -148,11 +166,15 @@ class Maintenance:
         self._purge_paused = threading.Event()
         # The last duty's failure, until one succeeds: /healthz reports it.
         self._problem: str | None = None
+        self._reach = Reachability(clock)
+        # When the outage now logged began; None while none is.
+        self._outage_logged: float | None = None
         self._thread = LoopThread("cairnqd-maintenance")
         self._serving: concurrent.futures.Future[None] | None = None
         self._wake: asyncio.Event | None = None
         self._next_reap = 0.0
         self._next_purge = 0.0
+        self._next_probe = 0.0
 
     # -- control, from any thread ----------------------------------------------------------
 
@@ -181,13 +203,20 @@ class Maintenance:
         self._thread.call_soon(self._set_wake)
         clean = True
         try:
-            serving.result(timeout=timeout_s)
+            # Half the time for queued hand-backs; a call stuck on a silent database
+            # is then cancelled, which drops its connection, so stopping stays bounded.
+            serving.result(timeout=timeout_s / 2)
         except TimeoutError:
-            log.warning("maintenance did not stop within %.1fs", timeout_s)
+            log.warning("maintenance still busy after %.1fs; cancelling it", timeout_s / 2)
             clean = False
+            serving.cancel()
+        except concurrent.futures.CancelledError:
+            pass
         except Exception:
             log.exception("maintenance thread failed")
         stopped = self._thread.stop(deadline - time.monotonic())
+        if not stopped:
+            log.warning("maintenance thread did not end within %.1fs; leaving it", timeout_s)
         self._serving = None
         return clean and stopped
 
@@ -220,8 +249,15 @@ class Maintenance:
         self._thread.call_soon(self._set_wake)
 
     def database_problem(self) -> str | None:
-        """What went wrong with the last duty, if it failed (read from any thread)."""
+        """The outage under way, else what went wrong with the last duty if it failed
+        (read from any thread)."""
+        if self._reach.down_since is not None:
+            return f"database unreachable for {self._reach.down_for():.0f}s: {self._reach.error}"
         return self._problem
+
+    def database_down_s(self) -> float:
+        """Seconds the database has not answered the parent; 0 while it does."""
+        return self._reach.down_for()
 
     def pending_jobs(self) -> int:
         with self._jobs_lock:
@@ -244,7 +280,7 @@ class Maintenance:
     async def _serve(self) -> None:
         self._wake = asyncio.Event()
         started = self._clock()
-        self._next_reap = started
+        self._next_reap = self._next_probe = started
         self._next_purge = started + self._config.retention.interval.total_seconds()
         try:
             while not self._stopping.is_set():
@@ -266,10 +302,13 @@ class Maintenance:
         if now >= self._next_purge and not self._purge_halted():
             self._next_purge = now + retention.interval.total_seconds()
             await self._tick("purge", self.purge_once)
+        if self._clock() >= self._next_probe and not self._stopping.is_set():
+            await self._tick("probe", self.probe_once)
+            self._next_probe = self._clock() + PROBE_INTERVAL_S
 
     async def _sleep_until_due(self) -> None:
         assert self._wake is not None
-        due = min(self._next_reap, self._next_purge)
+        due = min(self._next_reap, self._next_purge, self._next_probe)
         if self.pending_jobs():
             due = min(due, self._retry_at)
         timeout = max(0.0, due - self._clock())
@@ -283,13 +322,35 @@ class Maintenance:
         except Exception as exc:
             self._count_db_error(exc, duty)
         else:
-            self._problem = None
+            self._answered()
+
+    def _answered(self) -> None:
+        self._problem = None
+        self._reach.succeeded()
+        if self._outage_logged is not None:
+            log.info(
+                "database reachable again after an outage of at least %.0fs",
+                self._clock() - self._outage_logged,
+            )
+            self._outage_logged = None
 
     def _count_db_error(self, exc: BaseException, what: str) -> None:
         kind = db_error_kind(exc)
         self._metrics.db_error("maintenance", kind)
-        log.warning("%s failed (%s): %s", what, kind, exc or type(exc).__name__)
         self._problem = f"maintenance: {what} failed ({kind}): {exc or type(exc).__name__}"
+        if not is_unreachable(exc):
+            log.warning("%s failed (%s): %s", what, kind, exc or type(exc).__name__)
+            return
+        self._reach.failed(exc)
+        if self._outage_logged is None and self._reach.down_since is not None:
+            self._outage_logged = self._reach.down_since
+            log.warning(
+                "database unreachable (%s failed: %s); retrying quietly, work resumes "
+                "by itself once it answers",
+                what, self._reach.error,
+            )  # fmt: skip
+        else:
+            log.debug("%s failed (%s): %s", what, kind, exc or type(exc).__name__)
 
     def _purge_halted(self) -> bool:
         return self._stopping.is_set() or self._purge_paused.is_set()
@@ -301,7 +362,7 @@ class Maintenance:
         while (job := self._next_job()) is not None:
             try:
                 await self._run_job(job)
-                self._problem = None
+                self._answered()
             except Exception as exc:
                 self._count_db_error(exc, job.describe())
                 if self._requeue(job):
@@ -380,6 +441,11 @@ class Maintenance:
         self._metrics.lease_recoveries(task.queue, "max_run", 1)
         log.info("failed task %s after max_run (now %s)", task_id, task.status)
         return True
+
+    async def probe_once(self) -> None:
+        """One round trip: does the database answer?"""
+        store = await self._store.get()
+        await store.protocol_version()
 
     async def reap_once(self) -> int:
         """Recover every expired lease now; returns how many tasks were recovered."""

@@ -86,6 +86,7 @@ class Supervisor:
         self.status = StatusReport(self.config_path, self._database_problems)
         self.metrics = Metrics(config)
         self.maintenance = Maintenance(config, self.metrics)
+        self.metrics.database.set_outage_source(self._processes_without_database)
         self.channels = ChildChannels(self.selector, self.metrics)
         self.exits = ChildExits(self.fleet, self.maintenance, self.metrics, self.reload.roll_failed)
         self.statefile = StateFile(state_path(self.config_path, config.runtime_dir))
@@ -383,6 +384,12 @@ class Supervisor:
         """Database trouble the parent's own threads ran into (from any thread)."""
         found = (self.maintenance.database_problem(), self.metrics.database.problem())
         return [problem for problem in found if problem]
+
+    def _processes_without_database(self) -> int:
+        """The parent (its maintenance thread) and children that cannot reach the
+        database now; `cairnq_db_up` is 0 while any can't (from any thread)."""
+        parent = 1 if self.maintenance.database_down_s() > 0 else 0
+        return parent + self.status.children_without_database()
 
     def write_state(self) -> None:
         try:
