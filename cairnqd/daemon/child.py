@@ -69,6 +69,7 @@ from cairnqd.store.errors import classify
 from cairnqd.store.factory import build_store
 from cairnqd.store.pg_connect import DAEMON_CALL_TIMEOUT_S, is_unreachable
 from cairnqd.store.postgres import PostgresStore
+from cairnqd.store.sqlite_open import DatabaseFile, existing_file_uri, is_plain_file
 from cairnqd.worker import Worker
 
 log = logging.getLogger("cairnqd.child")
@@ -77,6 +78,8 @@ _PR_SET_PDEATHSIG = 1
 _BOOT_TIMEOUT_S = 10.0
 #: On QUIT, how long returned results may take to be written before we exit anyway.
 _QUIT_FLUSH_S = 1.0
+#: How often a SQLite child checks that its database path still names its file.
+_FILE_CHECK_S = 1.0
 
 
 def _die_with_parent() -> None:
@@ -114,6 +117,7 @@ class Child:
         self.loop_watch = LoopWatch()
         self._control: MessageReader | None = None
         self._aborting = False
+        self._file: DatabaseFile | None = None
 
     # -- boot --------------------------------------------------------------------------
 
@@ -186,7 +190,8 @@ class Child:
         db = self.boot.database
         return build_store(
             "worker",
-            path=db.path,
+            # The parent created the file before spawning us: open it, never create it.
+            path=None if db.path is None else existing_file_uri(db.path),
             dsn=db.dsn,
             busy_timeout_ms=db.busy_timeout_ms,
             connect_timeout_s=db.connect_timeout_s,
@@ -257,6 +262,7 @@ class Child:
             return CONFIG
         if not connected:
             return OK if self.stop_requested else TEMPFAIL
+        self._watch_file(loop)
         self.state = "run"
         self._title("ready")
         self._send(
@@ -296,6 +302,26 @@ class Child:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         return False
+
+    def _watch_file(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On SQLite, check every second that the path still names the file we opened."""
+        path = self.boot.database.path
+        if path is None or not is_plain_file(path):
+            return
+        self._file = DatabaseFile(path)
+        self._file.remember()
+        loop.call_later(_FILE_CHECK_S, self._check_file, loop)
+
+    def _check_file(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._file is not None
+        lost = self._file.check()
+        if lost is None:
+            loop.call_later(_FILE_CHECK_S, self._check_file, loop)
+            return
+        # Whatever is claimed now would come from a file nobody else sees any more.
+        # (The parent logs this as CRITICAL, once for the daemon.)
+        log.warning("%s; this worker stopped claiming", lost)
+        self._quiet()
 
     def request_stop(self, reason: str) -> None:
         """Stop claiming, finish in-flight work (leases keep renewing), then exit."""

@@ -27,6 +27,10 @@ store opened inside that thread (a connection never crosses threads or a fork).
   starts an outage. It is logged once, as `database unreachable`, reported by
   `database_problem()` (/healthz) until a call succeeds again, and its end is logged
   once, as `database reachable again after N s`; the retries in between are quiet.
+- **The SQLite file**: the parent opens it with `mode=rw` (never creating it), and each
+  probe checks that the path still names the file it opened. Deleted or replaced, it is
+  logged once as CRITICAL, reported by `database_problem()`, and every duty stops: the
+  parent must not create or migrate a fresh file under children still on the old one.
 - **Stopping** is bounded even mid-outage: queued hand-backs get half of `stop()`'s
   time, then the call in flight is cancelled (its connection dropped).
 """
@@ -37,6 +41,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -53,6 +58,7 @@ from cairnqd.store.errors import classify
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.pg_connect import DAEMON_CALL_TIMEOUT_S, Reachability, is_unreachable
+from cairnqd.store.sqlite_open import DatabaseFile, is_plain_file, known_file_uri
 
 if TYPE_CHECKING:
     from cairnqd.daemon.metrics import Metrics
@@ -94,8 +100,11 @@ def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None =
     """A store for one of the parent's threads: a single connection, never shared.
 
     `statement_timeout_ms` bounds each statement server-side on Postgres and the busy
-    wait on SQLite (the metrics collector passes its 2 s scrape budget).
+    wait on SQLite (the metrics collector passes its 2 s scrape budget). A SQLite file
+    the supervisor created (or found) at start is opened only if it still exists.
     """
+    if database.path is not None:
+        database = dataclasses.replace(database, path=known_file_uri(database.path))
     return store_for(
         database,
         "background",
@@ -167,6 +176,8 @@ class Maintenance:
         # The last duty's failure, until one succeeds: /healthz reports it.
         self._problem: str | None = None
         self._reach = Reachability(clock)
+        path = config.database.path
+        self._file = DatabaseFile(path) if path is not None and is_plain_file(path) else None
         # When the outage now logged began; None while none is.
         self._outage_logged: float | None = None
         self._thread = LoopThread("cairnqd-maintenance")
@@ -249,8 +260,10 @@ class Maintenance:
         self._thread.call_soon(self._set_wake)
 
     def database_problem(self) -> str | None:
-        """The outage under way, else what went wrong with the last duty if it failed
-        (read from any thread)."""
+        """A lost database file, else the outage under way, else what went wrong with
+        the last duty if it failed (read from any thread)."""
+        if self._file is not None and self._file.lost is not None:
+            return f"{self._file.lost}; workers stopped claiming: restore it and restart cairnqd"
         if self._reach.down_since is not None:
             return f"database unreachable for {self._reach.down_for():.0f}s: {self._reach.error}"
         return self._problem
@@ -294,6 +307,8 @@ class Maintenance:
             await self.aclose()
 
     async def _run_due_duties(self) -> None:
+        if self._file_lost():
+            return
         now = self._clock()
         retention, reaper = self._config.retention, self._config.reaper
         if now >= self._next_reap and not self._stopping.is_set():
@@ -323,6 +338,20 @@ class Maintenance:
             self._count_db_error(exc, duty)
         else:
             self._answered()
+
+    def _file_lost(self) -> bool:
+        """Whether the SQLite file was deleted or replaced (logged once, when found)."""
+        if self._file is None:
+            return False
+        known = self._file.lost
+        lost = self._file.check()
+        if lost is not None and known is None:
+            log.critical(
+                "%s; the daemon no longer runs maintenance on it and its workers stop "
+                "claiming; restore the file and restart cairnqd",
+                lost,
+            )
+        return lost is not None
 
     def _answered(self) -> None:
         self._problem = None
@@ -445,6 +474,8 @@ class Maintenance:
     async def probe_once(self) -> None:
         """One round trip: does the database answer?"""
         store = await self._store.get()
+        if self._file is not None:
+            self._file.remember()  # the file this store opened (once)
         await store.protocol_version()
 
     async def reap_once(self) -> int:

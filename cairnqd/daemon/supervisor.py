@@ -60,6 +60,7 @@ from cairnqd.daemon.statefile import (
     state_path,
 )
 from cairnqd.daemon.status import StatusReport, status_dump
+from cairnqd.store.sqlite_open import ensure_file, is_plain_file, remember_file
 
 log = logging.getLogger("cairnqd.supervisor")
 
@@ -116,9 +117,25 @@ class Supervisor:
         if refusal is not None:
             log.error("%s", refusal)
             return CONFIG
+        self._create_sqlite_file()
         wakeup_r = self._start()
         self._loop(wakeup_r)
         return self._finish()
+
+    def _create_sqlite_file(self) -> None:
+        """Create the SQLite file if it is missing, before any child or thread opens it:
+        from then on every process opens it only if it exists (`mode=rw`), so a file
+        deleted under a running daemon is never silently recreated empty."""
+        path = self.config.database.path
+        if path is None or not is_plain_file(path):
+            return
+        try:
+            if ensure_file(path):
+                log.info("created the database file %s", path)
+        except OSError as exc:
+            log.error("cannot create the database file %s: %s", path, exc)
+            return
+        remember_file(path)
 
     def _start(self) -> int:
         """Signals, the metrics endpoint, maintenance and the (empty) pools; returns the
