@@ -332,10 +332,11 @@ class Maintenance:
 
     async def _tick(self, duty: str, run: Callable[[], Coroutine[Any, Any, object]]) -> None:
         # The one broad except per tick: report, count, and let the loop go on.
+        began = self._clock()
         try:
             await run()
         except Exception as exc:
-            self._count_db_error(exc, duty)
+            self._count_db_error(exc, duty, began)
         else:
             self._answered()
 
@@ -358,19 +359,19 @@ class Maintenance:
         self._reach.succeeded()
         if self._outage_logged is not None:
             log.info(
-                "database reachable again after an outage of at least %.0fs",
+                "database reachable again after %.0fs",
                 self._clock() - self._outage_logged,
             )
             self._outage_logged = None
 
-    def _count_db_error(self, exc: BaseException, what: str) -> None:
+    def _count_db_error(self, exc: BaseException, what: str, began: float | None = None) -> None:
         kind = db_error_kind(exc)
         self._metrics.db_error("maintenance", kind)
         self._problem = f"maintenance: {what} failed ({kind}): {exc or type(exc).__name__}"
         if not is_unreachable(exc):
             log.warning("%s failed (%s): %s", what, kind, exc or type(exc).__name__)
             return
-        self._reach.failed(exc)
+        self._reach.failed(exc, since=began)
         if self._outage_logged is None and self._reach.down_since is not None:
             self._outage_logged = self._reach.down_since
             log.warning(
@@ -389,11 +390,12 @@ class Maintenance:
     async def run_urgent(self) -> None:
         """Run queued hand-backs (and max_run failures) in order, now."""
         while (job := self._next_job()) is not None:
+            began = self._clock()
             try:
                 await self._run_job(job)
                 self._answered()
             except Exception as exc:
-                self._count_db_error(exc, job.describe())
+                self._count_db_error(exc, job.describe(), began)
                 if self._requeue(job):
                     return  # it waits for its backoff; the loop wakes for it
 

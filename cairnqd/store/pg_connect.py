@@ -76,13 +76,14 @@ class Reachability:
     def succeeded(self) -> None:
         self.down_since = None
 
-    def failed(self, exc: BaseException) -> None:
-        """Count `exc` against the database if it is a connectivity failure."""
+    def failed(self, exc: BaseException, *, since: float | None = None) -> None:
+        """Count `exc` against the database if it is a connectivity failure; `since`:
+        when the failed call began (the outage is dated from it), else now."""
         if not is_unreachable(exc):
             return
         if self.down_since is None:
             self.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
-            self.down_since = self._clock()
+            self.down_since = self._clock() if since is None else since
 
     def down_for(self) -> float:
         """Seconds the database has failed to answer; 0 while it does."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
@@ -244,6 +245,7 @@ class PostgresStore(TaskStore):
         so it is closed rather than returned: the pool opens a fresh one. psycopg first
         tries to cancel a running query server-side, which adds up to ~10 s.
         """
+        began = time.monotonic()
         try:
             await self._ensure_connected()
             async with self._require_pool().connection() as conn:
@@ -257,7 +259,7 @@ class PostgresStore(TaskStore):
         except Exception as exc:
             # Any answer from the server (a lost lease, a constraint) proves it is there.
             if is_unreachable(exc):
-                self.reachability.failed(exc)
+                self.reachability.failed(exc, since=began)
             else:
                 self.reachability.succeeded()
             raise
