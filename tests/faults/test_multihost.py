@@ -165,6 +165,10 @@ def queue_total(pg_dsn: str, queue: str) -> int:
     return sum(sum(by_status.values()) for by_status in stats.values())
 
 
+def lines(daemon: Daemon, text: str) -> list[str]:
+    return [line for line in daemon.output().splitlines() if text in line]
+
+
 def overlapping(runs: list[Execution]) -> list[tuple[Execution, Execution]]:
     """Pairs of executions of one task whose run times overlap."""
     found = []
@@ -218,6 +222,8 @@ def test_a_host_cut_off_past_its_lease_loses_its_work_and_leadership_and_nothing
         wait_for("B to purge", lambda: queue_total(pg_dsn, "fodder") == 0, timeout=60)
         assert "purge sweep deleted" in host_b.output()
 
+        # A knows it is cut off, and says so once (within the 30 s detection bound).
+        wait_for("A to notice", lambda: lines(host_a, "database unreachable"), timeout=45)
         a.restore()
         # A works again by itself, no restart: healthy, and it runs some of a new batch.
         wait_for("A to recover", host_a.healthz, timeout=90, accept=lambda s: s == 200)
@@ -233,6 +239,8 @@ def test_a_host_cut_off_past_its_lease_loses_its_work_and_leadership_and_nothing
         for task in final:
             assert task.result["attempt"] == task.attempt, task
         assert all(t.result["host"] == "B" for t in final if t.id in lost_on_a)
+        assert len(lines(host_a, "database unreachable")) == 1, host_a.output()
+        assert len(lines(host_a, "database reachable again")) == 1, host_a.output()
         # No task ran in two places at once.
         runs = executions(a_log) + executions(b_log)
         assert overlapping(runs) == []
