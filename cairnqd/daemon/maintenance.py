@@ -58,7 +58,7 @@ from cairnqd.store.errors import classify
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.pg_connect import DAEMON_CALL_TIMEOUT_S, Reachability, is_unreachable
-from cairnqd.store.sqlite_open import DatabaseFile, is_plain_file, known_file_uri
+from cairnqd.store.sqlite_open import DatabaseFile, file_id, is_plain_file, known_file_uri
 
 if TYPE_CHECKING:
     from cairnqd.daemon.metrics import Metrics
@@ -193,6 +193,9 @@ class Maintenance:
         """Start the thread: reaper now, first purge one interval from now. Idempotent."""
         if self._serving is not None and not self._serving.done():
             return
+        if self._file is not None and file_id(self._file.path) is not None:
+            # The file the supervisor made sure of a moment ago is the one to watch.
+            self._file.remember()
         self._stopping.clear()
         self._thread.start()
         self._serving = self._thread.submit(self._serve())
@@ -307,9 +310,11 @@ class Maintenance:
             await self.aclose()
 
     async def _run_due_duties(self) -> None:
-        if self._file_lost():
-            return
         now = self._clock()
+        if self._file_lost():
+            # Nothing more to do on that file; look again (and wake) once per probe.
+            self._next_reap = self._next_purge = self._next_probe = now + PROBE_INTERVAL_S
+            return
         retention, reaper = self._config.retention, self._config.reaper
         if now >= self._next_reap and not self._stopping.is_set():
             self._next_reap = now + reaper.interval.total_seconds()

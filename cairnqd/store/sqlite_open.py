@@ -198,8 +198,11 @@ class DatabaseFile:
         self.lost: str | None = None
 
     def remember(self) -> None:
-        if self.opened is None:
+        """Note the file just opened; if the path already names none, it is lost."""
+        if self.opened is None and self.lost is None:
             self.opened = file_id(self.path)
+            if self.opened is None:
+                self.lost = f"database file {self.path} was deleted while open"
 
     def check(self) -> str | None:
         """How the path no longer names the opened file, or None while it does."""

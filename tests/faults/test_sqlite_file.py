@@ -204,3 +204,34 @@ def test_the_file_watch_tells_deleted_from_replaced(tmp_path: Path) -> None:
     gone.remember()
     (tmp_path / "c.db").unlink()
     assert "deleted" in (gone.check() or "")
+
+
+def test_maintenance_stops_its_duties_on_a_lost_file_without_spinning(tmp_path: Path) -> None:
+    from cairnqd.daemon.maintenance import Maintenance
+    from cairnqd.daemon.metrics import Metrics
+    from cairnqd.store.sqlite_open import ensure_file, remember_file
+    from tests.daemon.harness import daemon_config
+
+    path = tmp_path / "tasks.db"
+    ensure_file(str(path))
+    remember_file(str(path))  # as the supervisor does at start
+    config = daemon_config(tmp_path, "sqlite", str(path))
+    metrics = Metrics(config)
+    maintenance = Maintenance(config, metrics)
+    maintenance.start()
+    try:
+        # (Deleted before or after the first probe: found either way.)
+        path.unlink()
+        for suffix in ("-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        problem = wait_for("the loss", maintenance.database_problem, timeout=10)
+        assert problem is not None and "deleted" in problem and str(path) in problem
+        cpu = time.process_time()
+        stays("the file gone", lambda: not path.exists(), seconds=2)
+        # Waiting, not spinning: a loop on the lost file would take a whole core.
+        assert time.process_time() - cpu < 1.0
+        assert maintenance.stop(10)
+    finally:
+        maintenance.stop(10)
+        metrics.close()
+    assert not path.exists()  # closing did not recreate it either
