@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import time
+
 import psycopg
 import psycopg_pool
+import pytest
 
+from cairnqd import CairnQ
 from cairnqd.errors import DatabaseUnavailable, LostLease
 from cairnqd.store.pg_connect import (
     CANCEL_GRACE_S,
@@ -14,6 +20,9 @@ from cairnqd.store.pg_connect import (
     is_unreachable,
     session_conninfo,
 )
+from cairnqd.store.postgres import PostgresStore
+from tests.faults.proxy import FaultProxy
+from tests.waiting import wait_for_async
 
 
 class Clock:
@@ -66,3 +75,57 @@ def test_every_connection_gets_a_connect_timeout_unless_the_dsn_sets_one() -> No
     given = dsn + "?connect_timeout=3"
     params = psycopg.conninfo.conninfo_to_dict(session_conninfo(given, connect_timeout_s=10))
     assert params["connect_timeout"] == "3"
+
+
+# -- through the fault proxy ------------------------------------------------------------------
+
+
+def newest_listen_session(dsn: str) -> datetime.datetime | None:
+    """When the newest LISTEN session on the test database began (server clock)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "select max(backend_start) from pg_stat_activity"
+            " where datname = current_database() and query ilike 'listen%%'"
+        ).fetchone()
+        return None if row is None else row[0]
+
+
+def server_now(dsn: str) -> datetime.datetime:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("select now()").fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+async def test_a_listen_session_a_partition_swallowed_is_replaced(
+    pg_proxy: FaultProxy, pg_dsn: str
+) -> None:
+    store = PostgresStore(pg_proxy.dsn(pg_dsn), connect_timeout_s=2)
+    await store.connect()
+    try:
+        await store.claim_wake(["default"], 10)  # opens the LISTEN session
+        await wait_for_async("the LISTEN session", lambda: newest_listen_session(pg_dsn))
+        # A blip: the session is dead for good (the proxy never forwards on it again),
+        # yet nothing ever fails on an idle socket the kernel keeps acknowledging.
+        pg_proxy.blackhole()
+        pg_proxy.forward()
+        healed = server_now(pg_dsn)
+        # Its ping goes unanswered: the listener reconnects (ping every 10 s, 10 s to
+        # answer, psycopg's cancel, a 1 s backoff).
+        await wait_for_async(
+            "a new LISTEN session",
+            lambda: newest_listen_session(pg_dsn),
+            timeout=60,
+            accept=lambda started: started is not None and started > healed,
+        )
+        # And wake-ups flow again: a submit cuts a long wait short.
+        async with CairnQ(PostgresStore(pg_dsn)) as direct:
+            # (A wake that lands before the wait begins stays set for it: no race.)
+            waiting = asyncio.ensure_future(store.claim_wake(["default"], 60_000))
+            began = time.monotonic()
+            await direct.submit("demo.echo", {})
+            await asyncio.wait_for(waiting, 30)
+            assert time.monotonic() - began < 10
+    finally:
+        await store.close()
