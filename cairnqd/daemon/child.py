@@ -66,7 +66,11 @@ from cairnqd.errors import (
 )
 from cairnqd.registry import HandlerError, resolve_handlers
 from cairnqd.store.base import TaskStore
+from cairnqd.store.errors import classify
 from cairnqd.store.factory import build_store
+from cairnqd.store.pg_connect import DAEMON_CALL_TIMEOUT_S, is_unreachable
+from cairnqd.store.postgres import PostgresStore
+from cairnqd.store.sqlite_open import DatabaseFile, existing_file_uri, is_plain_file
 from cairnqd.worker import Worker
 
 log = logging.getLogger("cairnqd.child")
@@ -75,6 +79,8 @@ _PR_SET_PDEATHSIG = 1
 _BOOT_TIMEOUT_S = 10.0
 #: On QUIT, how long returned results may take to be written before we exit anyway.
 _QUIT_FLUSH_S = 1.0
+#: How often a SQLite child checks that its database path still names its file.
+_FILE_CHECK_S = 1.0
 
 
 def _die_with_parent() -> None:
@@ -112,6 +118,7 @@ class Child:
         self.loop_watch = LoopWatch()
         self._control: MessageReader | None = None
         self._aborting = False
+        self._file: DatabaseFile | None = None
 
     # -- boot --------------------------------------------------------------------------
 
@@ -190,12 +197,16 @@ class Child:
         db = self.boot.database
         return build_store(
             "worker",
-            path=db.path,
+            # The parent created the file before spawning us: open it, never create it.
+            path=None if db.path is None else existing_file_uri(db.path),
             dsn=db.dsn,
             busy_timeout_ms=db.busy_timeout_ms,
             connect_timeout_s=db.connect_timeout_s,
             auto_migrate=db.auto_migrate,
             connections=db.connections,
+            # Claims, lease renewals and settlements give up on a silent server in
+            # time for the parent to see the outage (pg_connect's detection bound).
+            call_timeout_s=DAEMON_CALL_TIMEOUT_S,
         )
 
     def _build_worker(self) -> Worker:
@@ -259,6 +270,7 @@ class Child:
             return CONFIG
         if not connected:
             return OK if self.stop_requested else TEMPFAIL
+        self._watch_file(loop)
         self.state = "run"
         self._title("ready")
         self._send(
@@ -298,6 +310,26 @@ class Child:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         return False
+
+    def _watch_file(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On SQLite, check every second that the path still names the file we opened."""
+        path = self.boot.database.path
+        if path is None or not is_plain_file(path):
+            return
+        self._file = DatabaseFile(path)
+        self._file.remember()
+        loop.call_later(_FILE_CHECK_S, self._check_file, loop)
+
+    def _check_file(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._file is not None
+        lost = self._file.check()
+        if lost is None:
+            loop.call_later(_FILE_CHECK_S, self._check_file, loop)
+            return
+        # Whatever is claimed now would come from a file nobody else sees any more.
+        # (The parent logs this as CRITICAL, once for the daemon.)
+        log.warning("%s; this worker stopped claiming", lost)
+        self._quiet()
 
     def request_stop(self, reason: str) -> None:
         """Stop claiming, finish in-flight work (leases keep renewing), then exit."""
@@ -388,9 +420,17 @@ class Child:
         self.loop.call_later(timeout, os._exit, TEMPFAIL)
 
     def _on_error(self, exc: BaseException, info: dict[str, Any]) -> None:
-        kind = "busy" if "locked" in str(exc) or "busy" in str(exc) else "other"
-        self._send(DatabaseTrouble(kind, str(info.get("phase", ""))))
+        self._send(DatabaseTrouble(classify(exc), str(info.get("phase", ""))))
+        if is_unreachable(exc):
+            # An outage: every retry fails the same way until the network returns,
+            # and the parent says so once for the whole daemon (log, /healthz).
+            log.debug("%s error: %s", info.get("phase", "worker"), exc)
+            return
         log.warning("%s error: %s", info.get("phase", "worker"), exc)
+
+    def _db_down_s(self) -> float:
+        store = self.worker.store if self.worker is not None else None
+        return store.reachability.down_for() if isinstance(store, PostgresStore) else 0.0
 
     def _heartbeat_thread(self) -> None:
         interval = self.boot.hb_interval_s
@@ -413,6 +453,7 @@ class Child:
         return Heartbeat(
             rss=_rss_bytes(), state=self.state, executing=executing, held=held,
             lag_s=round(lag, 3), overdue=overdue, longest=longest,
+            db_down_s=round(self._db_down_s(), 1),
         )  # fmt: skip
 
     # -- the events pipe ---------------------------------------------------------------

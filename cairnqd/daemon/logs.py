@@ -46,6 +46,11 @@ __all__ = [
 
 log = logging.getLogger("cairnqd.logs")
 
+# The Postgres driver warns on every retry of an outage (a failed cancel, a discarded
+# connection, a failed reconnect); the daemon says it once itself ("database
+# unreachable"). `logging.loggers` can still turn them back on.
+_DRIVER_LEVELS = {"psycopg": "ERROR"}
+
 #: Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message",
@@ -243,12 +248,13 @@ def configure_logging(settings: LoggingConfig | Mapping[str, Any], *, process_la
             root.removeHandler(previous)
             previous.close()
         root.setLevel(wanted.level)
-        for name in _configured_loggers - set(wanted.loggers):
+        loggers = {**_DRIVER_LEVELS, **wanted.loggers}
+        for name in _configured_loggers - set(loggers):
             logging.getLogger(name).setLevel(logging.NOTSET)
-        for name, level in wanted.loggers.items():
+        for name, level in loggers.items():
             logging.getLogger(name).setLevel(level)
         _configured_loggers.clear()
-        _configured_loggers.update(wanted.loggers)
+        _configured_loggers.update(loggers)
 
 
 def reopen_logs() -> None:

@@ -16,9 +16,23 @@ store opened inside that thread (a connection never crosses threads or a fork).
   the next interval. SQLite pauses between batches so workers get the write lock, and
   checkpoints the WAL after a sweep that deleted rows. On Postgres one host sweeps:
   the one that wins `pg_try_advisory_lock(lock_namespace, 1)`; the others skip.
+- **Probe**: every `PROBE_INTERVAL_S` a one-row round trip, so the parent knows
+  whether the database answers even between duties. Every call here is bounded
+  (`DAEMON_CALL_TIMEOUT_S`), so a silent partition fails a call within the detection
+  bound stated in store/pg_connect.py (30 s).
 - **Errors** are caught per tick, counted as `cairnq_db_errors_total{component=
   "maintenance"}` and logged; the loop goes on. A failed hand-back is retried with
   backoff: giving up only means its tasks wait for their leases to expire.
+- **Outages**: a call that fails for want of an answer (timeout, lost connection)
+  starts an outage. It is logged once, as `database unreachable`, reported by
+  `database_problem()` (/healthz) until a call succeeds again, and its end is logged
+  once, as `database reachable again after N s`; the retries in between are quiet.
+- **The SQLite file**: the parent opens it with `mode=rw` (never creating it), and each
+  probe checks that the path still names the file it opened. Deleted or replaced, it is
+  logged once as CRITICAL, reported by `database_problem()`, and every duty stops: the
+  parent must not create or migrate a fresh file under children still on the old one.
+- **Stopping** is bounded even mid-outage: queued hand-backs get half of `stop()`'s
+  time, then the call in flight is cancelled (its connection dropped).
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -42,6 +57,8 @@ from cairnqd.store.base import Row, TaskStore
 from cairnqd.store.errors import classify
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
+from cairnqd.store.pg_connect import DAEMON_CALL_TIMEOUT_S, Reachability, is_unreachable
+from cairnqd.store.sqlite_open import DatabaseFile, file_id, is_plain_file, known_file_uri
 
 if TYPE_CHECKING:
     from cairnqd.daemon.metrics import Metrics
@@ -57,6 +74,8 @@ __all__ = [
 log = logging.getLogger("cairnqd.maintenance")
 
 HAND_BACK_REASONS = ("worker_exit", "shutdown", "max_run")
+#: How often the parent checks that the database answers, between duties.
+PROBE_INTERVAL_S = 2.0
 #: Second key of the purge lock; the stats leader uses 2 (metrics/database.py).
 PURGE_LOCK_ID = 1
 _HAND_BACK_ATTEMPTS = 5
@@ -81,9 +100,17 @@ def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None =
     """A store for one of the parent's threads: a single connection, never shared.
 
     `statement_timeout_ms` bounds each statement server-side on Postgres and the busy
-    wait on SQLite (the metrics collector passes its 2 s scrape budget).
+    wait on SQLite (the metrics collector passes its 2 s scrape budget). A SQLite file
+    the supervisor created (or found) at start is opened only if it still exists.
     """
-    return store_for(database, "background", statement_timeout_ms=statement_timeout_ms)
+    if database.path is not None:
+        database = dataclasses.replace(database, path=known_file_uri(database.path))
+    return store_for(
+        database,
+        "background",
+        statement_timeout_ms=statement_timeout_ms,
+        call_timeout_s=DAEMON_CALL_TIMEOUT_S,
+    )
 
 
 # -- the maintenance thread ----------------------------------------------------------------
@@ -148,11 +175,17 @@ class Maintenance:
         self._purge_paused = threading.Event()
         # The last duty's failure, until one succeeds: /healthz reports it.
         self._problem: str | None = None
+        self._reach = Reachability(clock)
+        path = config.database.path
+        self._file = DatabaseFile(path) if path is not None and is_plain_file(path) else None
+        # When the outage now logged began; None while none is.
+        self._outage_logged: float | None = None
         self._thread = LoopThread("cairnqd-maintenance")
         self._serving: concurrent.futures.Future[None] | None = None
         self._wake: asyncio.Event | None = None
         self._next_reap = 0.0
         self._next_purge = 0.0
+        self._next_probe = 0.0
 
     # -- control, from any thread ----------------------------------------------------------
 
@@ -160,6 +193,9 @@ class Maintenance:
         """Start the thread: reaper now, first purge one interval from now. Idempotent."""
         if self._serving is not None and not self._serving.done():
             return
+        if self._file is not None and file_id(self._file.path) is not None:
+            # The file the supervisor made sure of a moment ago is the one to watch.
+            self._file.remember()
         self._stopping.clear()
         self._thread.start()
         self._serving = self._thread.submit(self._serve())
@@ -181,13 +217,20 @@ class Maintenance:
         self._thread.call_soon(self._set_wake)
         clean = True
         try:
-            serving.result(timeout=timeout_s)
+            # Half the time for queued hand-backs; a call stuck on a silent database
+            # is then cancelled, which drops its connection, so stopping stays bounded.
+            serving.result(timeout=timeout_s / 2)
         except TimeoutError:
-            log.warning("maintenance did not stop within %.1fs", timeout_s)
+            log.warning("maintenance still busy after %.1fs; cancelling it", timeout_s / 2)
             clean = False
+            serving.cancel()
+        except concurrent.futures.CancelledError:
+            pass
         except Exception:
             log.exception("maintenance thread failed")
         stopped = self._thread.stop(deadline - time.monotonic())
+        if not stopped:
+            log.warning("maintenance thread did not end within %.1fs; leaving it", timeout_s)
         self._serving = None
         return clean and stopped
 
@@ -220,8 +263,17 @@ class Maintenance:
         self._thread.call_soon(self._set_wake)
 
     def database_problem(self) -> str | None:
-        """What went wrong with the last duty, if it failed (read from any thread)."""
+        """A lost database file, else the outage under way, else what went wrong with
+        the last duty if it failed (read from any thread)."""
+        if self._file is not None and self._file.lost is not None:
+            return f"{self._file.lost}; workers stopped claiming: restore it and restart cairnqd"
+        if self._reach.down_since is not None:
+            return f"database unreachable for {self._reach.down_for():.0f}s: {self._reach.error}"
         return self._problem
+
+    def database_down_s(self) -> float:
+        """Seconds the database has not answered the parent; 0 while it does."""
+        return self._reach.down_for()
 
     def pending_jobs(self) -> int:
         with self._jobs_lock:
@@ -244,7 +296,7 @@ class Maintenance:
     async def _serve(self) -> None:
         self._wake = asyncio.Event()
         started = self._clock()
-        self._next_reap = started
+        self._next_reap = self._next_probe = started
         self._next_purge = started + self._config.retention.interval.total_seconds()
         try:
             while not self._stopping.is_set():
@@ -259,6 +311,10 @@ class Maintenance:
 
     async def _run_due_duties(self) -> None:
         now = self._clock()
+        if self._file_lost():
+            # Nothing more to do on that file; look again (and wake) once per probe.
+            self._next_reap = self._next_purge = self._next_probe = now + PROBE_INTERVAL_S
+            return
         retention, reaper = self._config.retention, self._config.reaper
         if now >= self._next_reap and not self._stopping.is_set():
             self._next_reap = now + reaper.interval.total_seconds()
@@ -266,10 +322,13 @@ class Maintenance:
         if now >= self._next_purge and not self._purge_halted():
             self._next_purge = now + retention.interval.total_seconds()
             await self._tick("purge", self.purge_once)
+        if self._clock() >= self._next_probe and not self._stopping.is_set():
+            await self._tick("probe", self.probe_once)
+            self._next_probe = self._clock() + PROBE_INTERVAL_S
 
     async def _sleep_until_due(self) -> None:
         assert self._wake is not None
-        due = min(self._next_reap, self._next_purge)
+        due = min(self._next_reap, self._next_purge, self._next_probe)
         if self.pending_jobs():
             due = min(due, self._retry_at)
         timeout = max(0.0, due - self._clock())
@@ -278,18 +337,55 @@ class Maintenance:
 
     async def _tick(self, duty: str, run: Callable[[], Coroutine[Any, Any, object]]) -> None:
         # The one broad except per tick: report, count, and let the loop go on.
+        began = self._clock()
         try:
             await run()
         except Exception as exc:
-            self._count_db_error(exc, duty)
+            self._count_db_error(exc, duty, began)
         else:
-            self._problem = None
+            self._answered()
 
-    def _count_db_error(self, exc: BaseException, what: str) -> None:
+    def _file_lost(self) -> bool:
+        """Whether the SQLite file was deleted or replaced (logged once, when found)."""
+        if self._file is None:
+            return False
+        known = self._file.lost
+        lost = self._file.check()
+        if lost is not None and known is None:
+            log.critical(
+                "%s; the daemon no longer runs maintenance on it and its workers stop "
+                "claiming; restore the file and restart cairnqd",
+                lost,
+            )
+        return lost is not None
+
+    def _answered(self) -> None:
+        self._problem = None
+        self._reach.succeeded()
+        if self._outage_logged is not None:
+            log.info(
+                "database reachable again after %.0fs",
+                self._clock() - self._outage_logged,
+            )
+            self._outage_logged = None
+
+    def _count_db_error(self, exc: BaseException, what: str, began: float | None = None) -> None:
         kind = db_error_kind(exc)
         self._metrics.db_error("maintenance", kind)
-        log.warning("%s failed (%s): %s", what, kind, exc or type(exc).__name__)
         self._problem = f"maintenance: {what} failed ({kind}): {exc or type(exc).__name__}"
+        if not is_unreachable(exc):
+            log.warning("%s failed (%s): %s", what, kind, exc or type(exc).__name__)
+            return
+        self._reach.failed(exc, since=began)
+        if self._outage_logged is None and self._reach.down_since is not None:
+            self._outage_logged = self._reach.down_since
+            log.warning(
+                "database unreachable (%s failed: %s); retrying quietly, work resumes "
+                "by itself once it answers",
+                what, self._reach.error,
+            )  # fmt: skip
+        else:
+            log.debug("%s failed (%s): %s", what, kind, exc or type(exc).__name__)
 
     def _purge_halted(self) -> bool:
         return self._stopping.is_set() or self._purge_paused.is_set()
@@ -299,11 +395,12 @@ class Maintenance:
     async def run_urgent(self) -> None:
         """Run queued hand-backs (and max_run failures) in order, now."""
         while (job := self._next_job()) is not None:
+            began = self._clock()
             try:
                 await self._run_job(job)
-                self._problem = None
+                self._answered()
             except Exception as exc:
-                self._count_db_error(exc, job.describe())
+                self._count_db_error(exc, job.describe(), began)
                 if self._requeue(job):
                     return  # it waits for its backoff; the loop wakes for it
 
@@ -380,6 +477,13 @@ class Maintenance:
         self._metrics.lease_recoveries(task.queue, "max_run", 1)
         log.info("failed task %s after max_run (now %s)", task_id, task.status)
         return True
+
+    async def probe_once(self) -> None:
+        """One round trip: does the database answer?"""
+        store = await self._store.get()
+        if self._file is not None:
+            self._file.remember()  # the file this store opened (once)
+        await store.protocol_version()
 
     async def reap_once(self) -> int:
         """Recover every expired lease now; returns how many tasks were recovered."""

@@ -91,6 +91,8 @@ class Heartbeat:
     lag_s: float
     overdue: tuple[Overrun, ...]
     longest: LongestTask | None
+    #: Seconds its database calls have failed for want of an answer (0: it answers).
+    db_down_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ class ChildProcess:
     lag_s: float = 0.0
     overdue: tuple[Overrun, ...] = ()
     longest: LongestTask | None = None
+    #: How long its database has not answered it (0: it does).
+    db_down_s: float = 0.0
     #: Overruns that got it killed; each is failed as max_run_exceeded once reaped.
     max_run_kills: tuple[Overrun, ...] = ()
     rss: int = 0
@@ -121,6 +123,7 @@ class ChildProcess:
                 self.executing, self.held = message.executing, message.held
                 self.lag_s, self.overdue = message.lag_s, message.overdue
                 self.longest = message.longest
+                self.db_down_s = message.db_down_s
             case Goodbye():
                 self.bye = message.reason
             case Fatal():

@@ -38,6 +38,8 @@ class StatusReport:
         self._config_path = config_path
         self._database_problems = database_problems
         self._groups: dict[str, GroupHealth] = {}
+        # How long each child that cannot reach the database has been failing.
+        self._children_db_down: tuple[float, ...] = ()
         self._stopping = False
         self._title = ""
         self.ready_sent = False
@@ -58,6 +60,8 @@ class StatusReport:
         self.last_tick = now
         self._groups = {g.name: _group_health(g) for g in groups}
         self._stopping = stopping
+        children = list(children)
+        self._children_db_down = tuple(c.db_down_s for c in children if c.db_down_s > 0)
         total = sum(len(g.slots) for g in groups)
         ready = sum(1 for c in children if c.state == "ready")
         title = f"cairnqd: master [{self._config_path}] gen={generation} children={ready}/{total}"
@@ -77,6 +81,10 @@ class StatusReport:
             self.last_watchdog = now
             systemd.watchdog()
 
+    def children_without_database(self) -> int:
+        """Children whose last heartbeat said their database calls fail (any thread)."""
+        return len(self._children_db_down)
+
     def health(self) -> tuple[bool, dict[str, Any]]:
         """All is well, or not, and a JSON body naming each problem: a stalled loop,
         each FATAL or crash-looping group, and database trouble the parent knows of."""
@@ -93,6 +101,10 @@ class StatusReport:
             elif group.state == "crashloop":
                 problems.append(f"group {name} is crash-looping: dead slots wait for the budget")
         problems += self._database_problems()
+        if down := self._children_db_down:
+            problems.append(
+                f"{len(down)} child(ren) cannot reach the database (for up to {max(down):.0f}s)"
+            )
         return not problems, {
             "status": "unhealthy" if problems else "ok",
             "problems": problems,

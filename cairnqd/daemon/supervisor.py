@@ -64,6 +64,7 @@ from cairnqd.daemon.statefile import (
     state_path,
 )
 from cairnqd.daemon.status import StatusReport, status_dump
+from cairnqd.store.sqlite_open import ensure_file, is_plain_file, remember_file
 
 log = logging.getLogger("cairnqd.supervisor")
 
@@ -91,6 +92,7 @@ class Supervisor:
         self.metrics = Metrics(config)
         self.maintenance = Maintenance(config, self.metrics)
         self.scheduler = Scheduler(config, self.metrics)
+        self.metrics.database.set_outage_source(self._processes_without_database)
         self.channels = ChildChannels(self.selector, self.metrics)
         self.exits = ChildExits(self.fleet, self.maintenance, self.metrics, self.reload.roll_failed)
         self.statefile = StateFile(state_path(self.config_path, config.runtime_dir))
@@ -118,6 +120,7 @@ class Supervisor:
     def _run(self) -> int:
         if not self._preflight():
             return CONFIG
+        self._create_sqlite_file()
         try:
             wakeup_r = self._start()
         except MetricsBindError as exc:
@@ -137,6 +140,21 @@ class Supervisor:
         for finding in report.problems:
             log.error("cannot start: %s", finding)
         return not report.problems
+
+    def _create_sqlite_file(self) -> None:
+        """Create the SQLite file if it is missing, before any child or thread opens it:
+        from then on every process opens it only if it exists (`mode=rw`), so a file
+        deleted under a running daemon is never silently recreated empty."""
+        path = self.config.database.path
+        if path is None or not is_plain_file(path):
+            return
+        try:
+            if ensure_file(path):
+                log.info("created the database file %s", path)
+        except OSError as exc:
+            log.error("cannot create the database file %s: %s", path, exc)
+            return
+        remember_file(path)
 
     def _start(self) -> int:
         """Signals, the metrics endpoint, maintenance and the (empty) pools; returns the
@@ -412,6 +430,12 @@ class Supervisor:
             self.scheduler.database_problem(),
         )
         return [problem for problem in found if problem]
+
+    def _processes_without_database(self) -> int:
+        """The parent (its maintenance thread) and children that cannot reach the
+        database now; `cairnq_db_up` is 0 while any can't (from any thread)."""
+        parent = 1 if self.maintenance.database_down_s() > 0 else 0
+        return parent + self.status.children_without_database()
 
     def write_state(self) -> None:
         try:

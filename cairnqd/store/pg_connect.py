@@ -1,5 +1,6 @@
 """Postgres plumbing shared by the store, its listeners and the leadership sessions:
-what a connection is opened with, and how one protocol statement runs on it.
+what a connection is opened with, how one protocol statement runs on it, and how a
+process tells that its database has stopped answering.
 
 Silent network partitions. A peer that vanishes without a FIN or RST (a cable pulled,
 a NAT entry dropped, a host frozen) leaves a TCP connection that looks open forever:
@@ -8,17 +9,31 @@ connection therefore asks the kernel to notice: keepalive probes after 10 s idle
 5 s, and `tcp_user_timeout` of 25 s for data (or probes) left unacknowledged, so a dead
 peer is detected within about 25-30 s, idle or busy. Values the DSN sets win. (Unix
 sockets ignore all of it, as they cannot partition.)
+
+The kernel cannot see every partition: a middlebox that keeps acknowledging while
+forwarding nothing (a proxy whose upstream went silent) keeps keepalives happy. So the
+daemon also bounds every call on its own side, `DAEMON_CALL_TIMEOUT_S`: a claim, a lease
+renewal, a settlement or a maintenance statement that has not answered by then fails,
+and its connection is closed rather than reused. psycopg first tries to cancel the
+query server-side, which costs up to another `CANCEL_GRACE_S`. Together:
+
+    **a dead connection is detected within `DETECTION_BOUND_S` (30 s) by default**,
+
+by whichever of the two comes first. `Reachability` turns those failures into one
+outage with a start time, which the daemon logs once and reports on /healthz.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
 
 from cairnqd._protocol import Statement
 from cairnqd.store.base import Clock, Row
+from cairnqd.store.errors import classify
 
 AsyncConn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -32,12 +47,71 @@ KEEPALIVES: dict[str, str] = {
     "tcp_user_timeout": "25000",
 }
 
+#: How long the daemon's children and background threads let one store call take.
+DAEMON_CALL_TIMEOUT_S = 15.0
+#: What psycopg may add to a timed-out call: a server-side cancel (5 s to connect),
+#: then up to 5 s for the query to end, before it drops the connection itself.
+CANCEL_GRACE_S = 10.0
+#: The stated bound: a silent connection fails a call within this (see above).
+DETECTION_BOUND_S = 30.0
+assert DAEMON_CALL_TIMEOUT_S + CANCEL_GRACE_S <= DETECTION_BOUND_S
 
-def session_conninfo(dsn: str, *, statement_timeout_ms: int | None = None) -> str:
+
+class Reachability:
+    """Whether the database answers this process, from the outcome of its calls.
+
+    A call that failed for want of the database (a timeout, a refused or dropped
+    connection) starts an outage; the next call that succeeds ends it. Busy errors and
+    bad statements say nothing about the network and are ignored. Written from one
+    event loop, read from any thread (plain attribute swaps).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        #: When the current outage began (monotonic), or None while the database answers.
+        self.down_since: float | None = None
+        #: The error that began the current outage, or the last one before recovery.
+        self.error = ""
+
+    def succeeded(self) -> None:
+        self.down_since = None
+
+    def failed(self, exc: BaseException, *, since: float | None = None) -> None:
+        """Count `exc` against the database if it is a connectivity failure; `since`:
+        when the failed call began (the outage is dated from it), else now."""
+        if not is_unreachable(exc):
+            return
+        if self.down_since is None:
+            self.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            self.down_since = self._clock() if since is None else since
+
+    def down_for(self) -> float:
+        """Seconds the database has failed to answer; 0 while it does."""
+        since = self.down_since
+        return 0.0 if since is None else max(0.0, self._clock() - since)
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether `exc` means the database did not answer (rather than answered no)."""
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return False  # the server answered: its own statement_timeout
+    return classify(exc) in ("timeout", "connect")
+
+
+def session_conninfo(
+    dsn: str, *, statement_timeout_ms: int | None = None, connect_timeout_s: float | None = None
+) -> str:
     """The conninfo every connection of a store is opened with: the operator's DSN,
-    the keepalive settings it does not set itself, and the store's session settings."""
+    the keepalive settings it does not set itself, and the store's session settings.
+
+    `connect_timeout_s` goes in too unless the DSN sets one: the pool and the LISTEN
+    sessions open connections from the conninfo alone, and psycopg's default (130 s)
+    would leave a reconnect hanging that long on a connection a partition swallowed."""
     given = psycopg.conninfo.conninfo_to_dict(dsn)
     extra: dict[str, Any] = {k: v for k, v in KEEPALIVES.items() if k not in given}
+    if connect_timeout_s is not None and "connect_timeout" not in given:
+        # libpq counts whole seconds, at least 2.
+        extra["connect_timeout"] = str(max(2, round(connect_timeout_s)))
     if statement_timeout_ms is not None:
         # Appended to any `options` the operator set, so theirs still apply.
         options = f"{given.get('options') or ''} -c statement_timeout={int(statement_timeout_ms)}"

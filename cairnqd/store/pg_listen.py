@@ -9,6 +9,12 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
+# A LISTEN connection is idle by design, so nothing would ever notice one that a
+# partition left half-open if nothing carried data on it: after this long without a
+# notification it sends a round trip, which must come back within the second value.
+_PING_EVERY_S = 10.0
+_PING_TIMEOUT_S = 10.0
+
 
 class Listener:
     """One LISTEN connection for one channel, of its own (never a pool connection).
@@ -110,15 +116,22 @@ class Listener:
                         return
                     backoff = 1.0
                     self.connected.set()
-                    async for note in conn.notifies():
-                        self._dispatch(note.payload)
-            except psycopg.Error:
+                    await self._listen(conn)
+            except (psycopg.Error, TimeoutError):
                 pass
             # Dropped: let every waiter fall back to its own poll, then reconnect.
             self.connected.clear()
             self._release_all()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
+
+    async def _listen(self, conn: psycopg.AsyncConnection[object]) -> None:
+        """Dispatch notifications until the connection fails its round trip."""
+        while True:
+            async for note in conn.notifies(timeout=_PING_EVERY_S):
+                self._dispatch(note.payload)
+            async with asyncio.timeout(_PING_TIMEOUT_S):
+                await conn.execute("select 1")
 
     def _dispatch(self, payload: str) -> None:
         event = self._events.get(payload)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
@@ -44,7 +45,14 @@ from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.migrate import apply_postgres, pending_postgres
-from cairnqd.store.pg_connect import AsyncConn, bind, run, session_conninfo
+from cairnqd.store.pg_connect import (
+    AsyncConn,
+    Reachability,
+    bind,
+    is_unreachable,
+    run,
+    session_conninfo,
+)
 from cairnqd.store.pg_leadership import HeldSessionLock, session_lock
 from cairnqd.store.pg_listen import Listener
 
@@ -92,7 +100,9 @@ class PostgresStore(TaskStore):
             raise ValueError(f"need 1 <= min_size <= max_size, got {min_size}, {max_size}")
         self.dsn = dsn
         # What the connections are opened with: the DSN plus our session settings.
-        self.conninfo = session_conninfo(dsn, statement_timeout_ms=statement_timeout_ms)
+        self.conninfo = session_conninfo(
+            dsn, statement_timeout_ms=statement_timeout_ms, connect_timeout_s=connect_timeout_s
+        )
         self.schema = schema
         self.min_size = min_size
         self.max_size = max_size
@@ -106,6 +116,8 @@ class PostgresStore(TaskStore):
         self._listeners: dict[str, Listener] = {}
         self._push_hint = False
         self._ever_connected = False
+        #: Whether the server answers this store's calls (see `_borrow`).
+        self.reachability = Reachability()
 
     # -- connect / close ---------------------------------------------------------------
 
@@ -168,6 +180,11 @@ class PostgresStore(TaskStore):
             configure=self._configure,
             open=False,
             timeout=self.connect_timeout_s,
+            # psycopg_pool retries a lost connection with a delay that doubles for as
+            # long as this: after a long outage the next try could come minutes after
+            # the network returned. Giving up early instead lets the next call open a
+            # connection at once (the pool grows again on demand).
+            reconnect_timeout=max(2 * self.connect_timeout_s, 10.0),
         )
         try:
             await pool.open(wait=True, timeout=self.connect_timeout_s)
@@ -232,15 +249,25 @@ class PostgresStore(TaskStore):
         so it is closed rather than returned: the pool opens a fresh one. psycopg first
         tries to cancel a running query server-side, which adds up to ~10 s.
         """
-        await self._ensure_connected()
-        async with self._require_pool().connection() as conn:
-            try:
-                async with asyncio.timeout(self.call_timeout_s):
-                    yield conn
-            except BaseException as exc:
-                if isinstance(exc, TimeoutError | asyncio.CancelledError) and not conn.closed:
-                    await conn.close()
-                raise
+        began = time.monotonic()
+        try:
+            await self._ensure_connected()
+            async with self._require_pool().connection() as conn:
+                try:
+                    async with asyncio.timeout(self.call_timeout_s):
+                        yield conn
+                except BaseException as exc:
+                    if isinstance(exc, TimeoutError | asyncio.CancelledError) and not conn.closed:
+                        await conn.close()
+                    raise
+        except Exception as exc:
+            # Any answer from the server (a lost lease, a constraint) proves it is there.
+            if is_unreachable(exc):
+                self.reachability.failed(exc, since=began)
+            else:
+                self.reachability.succeeded()
+            raise
+        self.reachability.succeeded()
 
     async def _insert_keyless(self, params: Params) -> Task:
         return await self.submits.submit(params)

@@ -3,12 +3,23 @@ statistics and the protocol guard, in that order, on a connection nothing else s
 
 Blocking: the store runs `open_database` on a thread, because a cold start may wait
 on another process's migration and that wait must not stall the event loop.
+
+The file under running processes. A SQLite connection holds its file's inode, not its
+path: when the file is deleted (or another file renamed over it), every process that
+had it open keeps working on the orphaned inode, while anything that opens the path
+afterwards gets a different database, or creates an empty one. So a long-running
+process (the daemon) opens an existing database with `existing_file_uri` (SQLite's
+`mode=rw`: never create), and watches with `DatabaseFile` that the path still names
+the file it opened (same device and inode).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
+import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 
 from cairnqd._protocol import statement
@@ -29,7 +40,7 @@ def open_database(
     """A connection ready for the store: migrated (or refused when `migrate` is off
     and migrations are pending), speaking protocol 1, busy_timeout back at 0."""
     memory = is_memory(path)
-    if not memory:
+    if not memory and not path.startswith("file:"):
         Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(
         path,
@@ -109,4 +120,114 @@ def _looks_foreign(exc: sqlite3.DatabaseError) -> bool:
     return "not a database" in text or "file is encrypted" in text
 
 
-__all__ = ["is_memory", "open_database", "refresh_statistics"]
+def is_plain_file(path: str) -> bool:
+    """A file path (not `:memory:`, not a `file:` URI the operator wrote themselves)."""
+    return not is_memory(path) and not path.startswith("file:")
+
+
+def ensure_file(path: str) -> bool:
+    """Create `path` (an empty database, 0600 under the umask) and its directory if
+    missing; True if it was created."""
+    target = Path(path).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+#: Database files this process knows exist (see `known_file_uri`).
+_known_files: set[str] = set()
+
+
+def remember_file(path: str) -> None:
+    """Note that `path` names an existing database this process works on: from now on
+    `known_file_uri(path)` never lets it be created again."""
+    if is_plain_file(path):
+        _known_files.add(os.path.abspath(os.path.expanduser(path)))
+
+
+def known_file_uri(path: str) -> str:
+    """`existing_file_uri(path)` once `remember_file(path)` was called, else `path`
+    (which creates the file if missing)."""
+    if is_plain_file(path) and os.path.abspath(os.path.expanduser(path)) in _known_files:
+        return existing_file_uri(path)
+    return path
+
+
+def existing_file_uri(path: str) -> str:
+    """A URI that opens `path` read-write and never creates it (SQLite's `mode=rw`);
+    `path` itself when it is not a plain file path."""
+    if not is_plain_file(path):
+        return path
+    absolute = os.path.abspath(os.path.expanduser(path))
+    return f"file:{urllib.parse.quote(absolute)}?mode=rw"
+
+
+@dataclass(frozen=True)
+class FileId:
+    device: int
+    inode: int
+
+    def __str__(self) -> str:
+        return f"device {self.device}, inode {self.inode}"
+
+
+def file_id(path: str) -> FileId | None:
+    """Which file `path` names now; None if it names none."""
+    try:
+        st = os.stat(Path(path).expanduser())
+    except FileNotFoundError:
+        return None
+    return FileId(st.st_dev, st.st_ino)
+
+
+class DatabaseFile:
+    """Whether `path` still names the database file a process opened.
+
+    `remember()` right after opening; then `check()` as often as wanted (a `stat`).
+    Once the file is found gone or replaced, `lost` says how, for good: the open
+    connections are on a file nobody else will see again.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.opened: FileId | None = None
+        self.lost: str | None = None
+
+    def remember(self) -> None:
+        """Note the file just opened; if the path already names none, it is lost."""
+        if self.opened is None and self.lost is None:
+            self.opened = file_id(self.path)
+            if self.opened is None:
+                self.lost = f"database file {self.path} was deleted while open"
+
+    def check(self) -> str | None:
+        """How the path no longer names the opened file, or None while it does."""
+        if self.lost is None and self.opened is not None:
+            now = file_id(self.path)
+            if now is None:
+                self.lost = f"database file {self.path} was deleted while open ({self.opened})"
+            elif now != self.opened:
+                self.lost = (
+                    f"database file {self.path} was replaced by another file while open "
+                    f"(opened {self.opened}; the path now names {now})"
+                )
+        return self.lost
+
+
+__all__ = [
+    "DatabaseFile",
+    "FileId",
+    "ensure_file",
+    "existing_file_uri",
+    "file_id",
+    "is_memory",
+    "is_plain_file",
+    "known_file_uri",
+    "open_database",
+    "refresh_statistics",
+    "remember_file",
+]

@@ -88,13 +88,24 @@ def ip(
 class Host:
     """One network namespace, its veth pair, its /30 and its proxy to Postgres."""
 
-    def __init__(self, name: str, root_veth: str, subnet: ipaddress.IPv4Network) -> None:
+    def __init__(
+        self,
+        name: str,
+        root_veth: str,
+        subnet: ipaddress.IPv4Network,
+        *,
+        server_keepalive: bool = False,
+    ) -> None:
         self.name = name
         self.root_veth = root_veth
         self.subnet = subnet
         self.gateway = str(subnet[1])  # root side; the proxy listens here
         self.address = str(subnet[2])  # host side, on eth0
-        self.proxy = FaultProxy(postgres_address(), listen_host=self.gateway)
+        # `server_keepalive`: the proxy notices a cut host as a Postgres server with
+        # tcp_keepalives_idle/tcp_user_timeout would, and ends its sessions (locks too).
+        self.proxy = FaultProxy(
+            postgres_address(), listen_host=self.gateway, client_keepalive=server_keepalive
+        )
         self._processes: list[subprocess.Popen[str]] = []
 
     def dsn(self, dsn: str) -> str:
@@ -181,10 +192,11 @@ def namespaces() -> set[str]:
 class HostNetwork:
     """`count` hosts, built on entry and torn down on exit (see the module doc)."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, *, server_keepalive: bool = False) -> None:
         if count < 1:
             raise ValueError(f"a host network needs at least 1 host, got {count}")
         self.count = count
+        self.server_keepalive = server_keepalive
         self.hosts: list[Host] = []
 
     def __enter__(self) -> list[Host]:
@@ -195,7 +207,7 @@ class HostNetwork:
                 for index, subnet in enumerate(_free_subnets(self.count)):
                     name, root_veth = _host_names(os.getpid(), token, index)
                     ip([f"netns add {name}"])
-                    host = Host(name, root_veth, subnet)
+                    host = Host(name, root_veth, subnet, server_keepalive=self.server_keepalive)
                     self.hosts.append(host)
                     host.build()  # the root-side address claims the /30: inside the lock
         except BaseException as exc:
@@ -300,12 +312,13 @@ def require_netns() -> None:
 
 
 @pytest.fixture
-def netns_hosts() -> Iterator[Callable[[int], list[Host]]]:
-    """`netns_hosts(n)` builds n hosts for this test; all are torn down after it."""
+def netns_hosts() -> Iterator[Callable[..., list[Host]]]:
+    """`netns_hosts(n)` builds n hosts for this test; all are torn down after it.
+    `server_keepalive=True` makes Postgres (through the proxies) notice a cut host."""
     with ExitStack() as stack:
 
-        def build(count: int) -> list[Host]:
+        def build(count: int, *, server_keepalive: bool = False) -> list[Host]:
             require_netns()
-            return stack.enter_context(HostNetwork(count))
+            return stack.enter_context(HostNetwork(count, server_keepalive=server_keepalive))
 
         yield build

@@ -17,6 +17,12 @@ A switch applies to the connections already open as well as to new ones, and has
 effect when the call returns. A blackholed connection stays dead after `forward()`, as
 a connection does after a real partition heals; only new connections work again.
 
+`FaultProxy(..., client_keepalive=True)` also probes its clients as a Postgres server
+does with `tcp_keepalives_idle` and `tcp_user_timeout` set: a client that vanished
+(its host cut off) is noticed within a few seconds, and the proxy then resets the
+upstream side, so Postgres ends the session and frees its locks as it would for a
+client it could see die.
+
 The limit of a proxy in user space: while a blackholed connection is open, the kernel
 under the proxy still acknowledges what the client sends, keepalive probes included. So
 TCP keepalives and TCP_USER_TIMEOUT on the client never fire here; only a timeout in the
@@ -49,6 +55,15 @@ _CONTROL_TIMEOUT_S = 10.0
 _CHUNK_BYTES = 65536
 # SO_LINGER on with a zero timeout: close() then sends an RST instead of a FIN.
 _LINGER_RST = struct.pack("ii", 1, 0)
+# With `client_keepalive`: probe after 2 s idle, every 1 s, give up after 3 unanswered
+# or 5 s of unacknowledged data, whichever comes first.
+_CLIENT_KEEPALIVE = (
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 2),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3),
+    (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 5000),
+)
 
 
 class Mode(Enum):
@@ -119,9 +134,16 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 class FaultProxy:
     """Forwards `listen_host:<free port>` to `upstream`, with switchable faults."""
 
-    def __init__(self, upstream: tuple[str, int], listen_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        listen_host: str = "127.0.0.1",
+        *,
+        client_keepalive: bool = False,
+    ) -> None:
         self.upstream = upstream
         self.host = listen_host
+        self.client_keepalive = client_keepalive
         self.port = 0
         self._setting = _Setting(Mode.FORWARD)
         self._stats = ProxyStats()
@@ -242,6 +264,10 @@ class FaultProxy:
         # Our own task rather than a coroutine callback, so that stop() can cancel it
         # without asyncio's stream machinery logging the cancellation as an error.
         self._stats.accepted += 1
+        sock = client.get_extra_info("socket")
+        if self.client_keepalive and sock is not None:
+            for level, option, value in _CLIENT_KEEPALIVE:
+                sock.setsockopt(level, option, value)
         task = asyncio.get_running_loop().create_task(self._serve(client_in, client))
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)

@@ -18,6 +18,11 @@ Design note.
   takes over within one `stats_ttl`. Non-leaders run no statistics query but still
   export `cairnq_db_up` (did the lock's round trip succeed) and the scrape gauges.
   SQLite has one host, which always leads.
+- **Outages**: `cairnq_db_up` is also 0 while any process of the daemon (the parent's
+  maintenance thread, a child) reports the database unreachable
+  (`set_outage_source`); /healthz names which. A failing
+  statistics query is logged when it starts failing, not on every scrape; the outage
+  itself is logged once by the maintenance thread.
 """
 
 from __future__ import annotations
@@ -53,7 +58,10 @@ DEFAULT_LOCK_NAMESPACE = 0x63716E64
 _TASKS_HELP = "Tasks per queue and status (protocol stats; cached up to stats_ttl)."
 _OLDEST_HELP = "Age of the oldest claimable queued task, database clock; 0 if none."
 _EXPIRED_HELP = "Running tasks whose lease expired and that await recovery."
-_UP_HELP = "1 if the last statistics query succeeded."
+_UP_HELP = (
+    "1 if the last statistics query succeeded and no process of the daemon reports the "
+    "database unreachable."
+)
 _DURATION_HELP = "Duration of the last statistics query."
 _ERRORS_HELP = "Statistics queries that failed or timed out."
 
@@ -125,6 +133,8 @@ class DatabaseCollector:
         self._duration_s = 0.0
         self._errors = 0
         self._last_error = ""
+        self._failing = False  # logged once per streak of failed queries
+        self._unreachable: Callable[[], int] = lambda: 0
         self._closed = False
         #: Statistics queries started; tests count them to prove the cache works.
         self.queries = 0
@@ -137,9 +147,19 @@ class DatabaseCollector:
         refresh takes, keeps or gives up the lock accordingly."""
         self._queue_stats, self._lock_namespace = queue_stats, lock_namespace
 
+    def set_outage_source(self, unreachable: Callable[[], int]) -> None:
+        """How many of the daemon's processes cannot reach the database now (called
+        from scrape threads)."""
+        self._unreachable = unreachable
+
     def problem(self) -> str | None:
         """Why the last statistics query failed, if it did (None before the first)."""
         with self._lock:
+            stale = not self._up and self._inflight is None and not self._is_fresh()
+            if stale and not self._closed:
+                # Asked again after the cached failure ran out: check again in the
+                # background, so /healthz recovers without waiting for a scrape.
+                self._start_refresh()
             if self._up or not self._errors:
                 return None
             return f"database statistics query failed: {self._last_error or 'timed out'}"
@@ -197,7 +217,8 @@ class DatabaseCollector:
             if not refresh.error_counted:
                 refresh.error_counted = True
                 self._errors += 1
-                log.warning("database statistics query exceeded %.1fs", self._timeout_s)
+                level = logging.DEBUG if self._failing else logging.WARNING
+                log.log(level, "database statistics query exceeded %.1fs", self._timeout_s)
             self._up = False
             self._duration_s = self._clock() - refresh.started
 
@@ -210,8 +231,15 @@ class DatabaseCollector:
         except Exception as exc:
             self._last_error = str(exc) or type(exc).__name__
             self._finish(refresh, None)
-            log.warning("database statistics query failed: %s", self._last_error)
+            # Once per streak: a scrape every few seconds during an outage would
+            # otherwise log the same failure each time.
+            level = logging.DEBUG if self._failing else logging.WARNING
+            self._failing = True
+            log.log(level, "database statistics query failed: %s", self._last_error)
             raise
+        if self._failing:
+            self._failing = False
+            log.info("database statistics query works again")
         self._finish(refresh, snapshot)
         return snapshot
 
@@ -282,6 +310,12 @@ class DatabaseCollector:
     def _status_families(self) -> list[Metric]:
         with self._lock:
             up, duration, errors = self._up, self._duration_s, self._errors
+        try:
+            unreachable = self._unreachable()
+        except Exception:  # a scrape must not fail on the supervisor's bookkeeping
+            log.exception("counting the processes that cannot reach the database failed")
+            unreachable = 0
+        up = up and not unreachable
         return [
             GaugeMetricFamily("cairnq_db_up", _UP_HELP, value=1.0 if up else 0.0),
             GaugeMetricFamily("cairnq_db_scrape_duration_seconds", _DURATION_HELP, value=duration),

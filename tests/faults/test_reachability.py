@@ -1,0 +1,131 @@
+"""The pieces that let a process notice a silent database, without a daemon around them."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+
+import psycopg
+import psycopg_pool
+import pytest
+
+from cairnqd import CairnQ
+from cairnqd.errors import DatabaseUnavailable, LostLease
+from cairnqd.store.pg_connect import (
+    CANCEL_GRACE_S,
+    DAEMON_CALL_TIMEOUT_S,
+    DETECTION_BOUND_S,
+    Reachability,
+    is_unreachable,
+    session_conninfo,
+)
+from cairnqd.store.postgres import PostgresStore
+from tests.faults.proxy import FaultProxy
+from tests.waiting import wait_for_async
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_stated_bound_covers_a_call_and_its_cancel() -> None:
+    assert DAEMON_CALL_TIMEOUT_S + CANCEL_GRACE_S <= DETECTION_BOUND_S <= 30
+
+
+def test_an_outage_starts_at_the_first_failure_and_ends_at_the_next_success() -> None:
+    clock = Clock()
+    reach = Reachability(clock)
+    assert reach.down_since is None and reach.down_for() == 0
+    reach.failed(TimeoutError())
+    clock.now += 5
+    reach.failed(psycopg.OperationalError("connection lost"))
+    # The outage is the first failure's: later ones neither restart nor rename it.
+    assert reach.down_for() == 5
+    assert reach.error == "TimeoutError"
+    reach.succeeded()
+    assert reach.down_since is None and reach.down_for() == 0
+
+
+def test_only_a_missing_answer_counts_against_the_database() -> None:
+    assert is_unreachable(TimeoutError())
+    assert is_unreachable(psycopg_pool.PoolTimeout("no connection"))
+    assert is_unreachable(DatabaseUnavailable("cannot connect"))
+    assert is_unreachable(psycopg.OperationalError("server closed the connection"))
+    # The server answered each of these.
+    assert not is_unreachable(psycopg.errors.QueryCanceled("statement timeout"))
+    assert not is_unreachable(LostLease("task_1"))
+    assert not is_unreachable(ValueError("bad input"))
+    reach = Reachability()
+    reach.failed(LostLease("task_1"))
+    assert reach.down_since is None
+
+
+def test_every_connection_gets_a_connect_timeout_unless_the_dsn_sets_one() -> None:
+    dsn = "postgresql://u@db.example:5432/app"
+    params = psycopg.conninfo.conninfo_to_dict(session_conninfo(dsn, connect_timeout_s=7.4))
+    assert params["connect_timeout"] == "7"
+    # libpq's floor is 2 s.
+    params = psycopg.conninfo.conninfo_to_dict(session_conninfo(dsn, connect_timeout_s=0.5))
+    assert params["connect_timeout"] == "2"
+    given = dsn + "?connect_timeout=3"
+    params = psycopg.conninfo.conninfo_to_dict(session_conninfo(given, connect_timeout_s=10))
+    assert params["connect_timeout"] == "3"
+
+
+# -- through the fault proxy ------------------------------------------------------------------
+
+
+def newest_listen_session(dsn: str) -> datetime.datetime | None:
+    """When the newest LISTEN session on the test database began (server clock)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "select max(backend_start) from pg_stat_activity"
+            " where datname = current_database() and query ilike 'listen%%'"
+        ).fetchone()
+        return None if row is None else row[0]
+
+
+def server_now(dsn: str) -> datetime.datetime:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("select now()").fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+async def test_a_listen_session_a_partition_swallowed_is_replaced(
+    pg_proxy: FaultProxy, pg_dsn: str
+) -> None:
+    store = PostgresStore(pg_proxy.dsn(pg_dsn), connect_timeout_s=2)
+    await store.connect()
+    try:
+        await store.claim_wake(["default"], 10)  # opens the LISTEN session
+        await wait_for_async("the LISTEN session", lambda: newest_listen_session(pg_dsn))
+        # A blip: the session is dead for good (the proxy never forwards on it again),
+        # yet nothing ever fails on an idle socket the kernel keeps acknowledging.
+        pg_proxy.blackhole()
+        pg_proxy.forward()
+        healed = server_now(pg_dsn)
+        # Its ping goes unanswered: the listener reconnects (ping every 10 s, 10 s to
+        # answer, psycopg's cancel, a 1 s backoff).
+        await wait_for_async(
+            "a new LISTEN session",
+            lambda: newest_listen_session(pg_dsn),
+            timeout=60,
+            accept=lambda started: started is not None and started > healed,
+        )
+        # And wake-ups flow again: a submit cuts a long wait short.
+        async with CairnQ(PostgresStore(pg_dsn)) as direct:
+            # (A wake that lands before the wait begins stays set for it: no race.)
+            waiting = asyncio.ensure_future(store.claim_wake(["default"], 60_000))
+            began = time.monotonic()
+            await direct.submit("demo.echo", {})
+            await asyncio.wait_for(waiting, 30)
+            assert time.monotonic() - began < 10
+    finally:
+        await store.close()
