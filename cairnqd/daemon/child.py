@@ -208,6 +208,8 @@ class Child:
             max_run_ms=group.max_run_ms,
             resources=dict(group.resources) or None,
             on_error=self._on_error,
+            # A daemon child honours `cairnqd pause --queue`, on every host.
+            honour_pauses=True,
         )
         for spec in handlers.values():
             worker.register(spec.name, spec.fn, batch=spec.batch, resource=spec.resource)
@@ -401,10 +403,11 @@ class Child:
             reporter.running_report(max_run_s) if reporter is not None else (0, (), None)
         )
         held = len(worker.in_flight.backlog) if worker is not None else 0
+        paused = tuple(sorted(worker.paused_queues)) if worker is not None else ()
         lag = self.loop_watch.lag() if self.loop is not None else 0.0
         return Heartbeat(
             rss=_rss_bytes(), state=self.state, executing=executing, held=held,
-            lag_s=round(lag, 3), overdue=overdue, longest=longest,
+            lag_s=round(lag, 3), overdue=overdue, longest=longest, paused=paused,
         )  # fmt: skip
 
     # -- the events pipe ---------------------------------------------------------------

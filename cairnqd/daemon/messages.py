@@ -91,6 +91,8 @@ class Heartbeat:
     lag_s: float
     overdue: tuple[Overrun, ...]
     longest: LongestTask | None
+    #: Its queues it finds paused (`cairnqd pause`) and so does not claim from.
+    paused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

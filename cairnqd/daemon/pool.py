@@ -66,6 +66,8 @@ class ChildProcess:
     lag_s: float = 0.0
     overdue: tuple[Overrun, ...] = ()
     longest: LongestTask | None = None
+    #: Its queues it reported paused (`cairnqd pause`), skipped by its claims.
+    paused: tuple[str, ...] = ()
     #: Overruns that got it killed; each is failed as max_run_exceeded once reaped.
     max_run_kills: tuple[Overrun, ...] = ()
     rss: int = 0
@@ -121,6 +123,7 @@ class ChildProcess:
                 self.executing, self.held = message.executing, message.held
                 self.lag_s, self.overdue = message.lag_s, message.overdue
                 self.longest = message.longest
+                self.paused = message.paused
             case Goodbye():
                 self.bye = message.reason
             case Fatal():

@@ -88,8 +88,13 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_migrations",
         "sqlite_autoindex_cairnqd_migrations_1",
         "cairnqd_task_keys_task_id_idx",
+        "cairnqd_queue_pauses",
+        "sqlite_autoindex_cairnqd_queue_pauses_1",
     }
-    assert sqlite_ledger(ours, "cairnqd_migrations") == {"cairnqd_0001_task_keys_task_idx.sql"}
+    assert sqlite_ledger(ours, "cairnqd_migrations") == {
+        "cairnqd_0001_task_keys_task_idx.sql",
+        "cairnqd_0002_queue_pauses.sql",
+    }
 
 
 def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> None:
@@ -110,12 +115,17 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
         assert ours_ledger == {r["name"] for r in theirs.execute(ledger)}
         assert "0003_notify.sql" in ours_ledger
         assert {r["name"] for r in ours.execute("select name from cairnqd_migrations")} == {
-            "cairnqd_0001_task_keys_task_idx.sql"
+            "cairnqd_0001_task_keys_task_idx.sql",
+            "cairnqd_0002_queue_pauses.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
         extra = set(pg_schema(ours, skip_prefix=None)["indexes"]) - set(their_schema["indexes"])
-        assert {i[1] for i in extra} == {"cairnqd_migrations_pkey", "cairnqd_task_keys_task_id_idx"}
+        assert {i[1] for i in extra} == {
+            "cairnqd_migrations_pkey",
+            "cairnqd_task_keys_task_id_idx",
+            "cairnqd_queue_pauses_pkey",
+        }
 
 
 def _upstream_connect_sqlite(path: Path) -> None:
