@@ -41,6 +41,7 @@ from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_log
 from cairnqd.daemon.loopwatch import LoopWatch
 from cairnqd.daemon.messages import (
     PROTOCOL_VERSION,
+    Claiming,
     DatabaseTrouble,
     Fatal,
     Goodbye,
@@ -329,6 +330,19 @@ class Child:
         self.state = "quiet"
         self._title("quiet")
 
+    def _set_claiming(self, on: bool) -> None:
+        """The parent ends (or starts) a quiet: a reload after SIGTSTP resumes."""
+        if not on:
+            self._quiet()
+            return
+        if self.state != "quiet" or self.stop_requested:
+            return  # only a quiet child resumes; a draining one keeps draining
+        if self.worker is not None:
+            self.worker.claiming = True
+        self.state = "run"
+        self._title("ready")
+        log.info("claiming again: the quiet is over")
+
     def _abort(self) -> None:
         """QUIT: stop now. Results already returned are written first (bounded by
         `_QUIT_FLUSH_S`): without that, a finished task would run again. No other
@@ -366,6 +380,8 @@ class Child:
                 self._configure_logging(dict(message.logging))
             elif isinstance(message, ReopenLogs):
                 reopen_logs()  # logrotate renamed the file; the parent got SIGUSR1
+            elif isinstance(message, Claiming):
+                self._set_claiming(message.on)
         if self._control.closed:
             assert self.loop is not None
             self.loop.remove_reader(self.control_fd)

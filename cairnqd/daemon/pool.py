@@ -119,6 +119,8 @@ class ChildProcess:
             case Heartbeat():
                 if message.state in ("db_wait", "draining", "quiet"):
                     self.state = message.state
+                elif message.state == "run" and self.state == "quiet":
+                    self.state = "ready"  # a reload ended the quiet
                 self.rss = message.rss
                 self.executing, self.held = message.executing, message.held
                 self.lag_s, self.overdue = message.lag_s, message.overdue

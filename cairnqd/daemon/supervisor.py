@@ -44,6 +44,7 @@ from cairnqd.daemon.logs import (
 )
 from cairnqd.daemon.maintenance import Maintenance
 from cairnqd.daemon.messages import (
+    Claiming,
     ReopenLogs,
     SetLogging,
     encode,
@@ -82,6 +83,8 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.signals: deque[int] = deque()
         self.stopping = False
+        #: Children told to stop claiming by SIGTSTP; the next applied reload resumes.
+        self.quiet = False
         self.reload = ConfigReload(self, process_label=PARENT_LABEL)
         self.status = StatusReport(self.config_path, self._database_problems)
         self.metrics = Metrics(config)
@@ -260,9 +263,21 @@ class Supervisor:
 
     def handle_sigtstp(self) -> None:
         log.warning("SIGTSTP: children stop claiming (quiet) until reload or restart")
+        self.quiet = True
         for child in self.all_children():
             child.signal(signal.SIGUSR1)
         systemd.status("quiet")
+
+    def _end_quiet(self) -> None:
+        """A reload after SIGTSTP: every child claims again. Groups that roll get new
+        children, which claim anyway; the ones that stay are told over their pipe."""
+        if not self.quiet:
+            return
+        self.quiet = False
+        log.info("reload: ending the SIGTSTP quiet; children claim again")
+        line = encode(Claiming(on=True))
+        for child in self.all_children():
+            child.control.send_whole(line)
 
     def handle_sigttin(self) -> None:
         import faulthandler
@@ -303,6 +318,7 @@ class Supervisor:
         if plan.new_generation:
             self.generation += 1
         self._forward_logging()
+        self._end_quiet()
         self.maintenance.reconfigure(config)
         self.metrics.apply_config(config)
         self._retire(self.fleet.apply(plan))
