@@ -182,9 +182,7 @@ ControlMessage = SetLogging | ReopenLogs | Claiming
 _CHILD_KINDS: dict[str, type[Any]] = {
     cls.kind: cls for cls in (Ready, Heartbeat, Tally, DatabaseTrouble, Goodbye, Fatal)
 }
-_CONTROL_KINDS: dict[str, type[Any]] = {
-    cls.kind: cls for cls in (SetLogging, ReopenLogs, Claiming)
-}
+_CONTROL_KINDS: dict[str, type[Any]] = {cls.kind: cls for cls in (SetLogging, ReopenLogs, Claiming)}
 # Wire names that differ from the field's: `kind` is the class tag in Python.
 _WIRE_NAMES = {(DatabaseTrouble, "error_kind"): "kind"}
 
