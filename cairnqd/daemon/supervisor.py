@@ -32,6 +32,13 @@ from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon import systemd
 from cairnqd.daemon.channels import ChildChannels
 from cairnqd.daemon.connection_budget import check_connection_budget
+from cairnqd.daemon.control import (
+    ControlServer,
+    Snapshot,
+    control_path,
+    daemon_view,
+    restarts_by_group,
+)
 from cairnqd.daemon.deadlines import PARENT_STALL_S, check_deadlines, forgive_silence
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.exits import ChildExits
@@ -93,6 +100,9 @@ class Supervisor:
         self.exits = ChildExits(self.fleet, self.maintenance, self.metrics, self.reload.roll_failed)
         self.statefile = StateFile(state_path(self.config_path, config.runtime_dir))
         self.state = initial_state(self.config_path)
+        #: Answers `cairnqd status` and `top` from a thread, off this loop.
+        self.control = ControlServer(control_path(self.statefile.path))
+        self.started_at = time.time()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -109,9 +119,18 @@ class Supervisor:
             log.error("cannot take the lock in %s: %s", self.statefile.directory, exc)
             return CONFIG
         try:
+            self._start_control()
             return self._run()
         finally:
+            self.control.stop()
             self.statefile.release()
+
+    def _start_control(self) -> None:
+        try:
+            self.control.start()
+        except (OSError, UnsafeRuntimeDir) as exc:
+            # Status is a convenience: the daemon runs on without it.
+            log.warning("no control socket (%s): `cairnqd status` cannot ask this daemon", exc)
 
     def _run(self) -> int:
         refusal = check_connection_budget(self.config)
@@ -393,6 +412,20 @@ class Supervisor:
             self.all_children(),
             generation=self.generation,
             stopping=self.stopping,
+        )
+        self.control.publish_due(self._control_view)
+
+    def _control_view(self) -> Snapshot:
+        """What `cairnqd status` shows: built on this loop, served by another thread."""
+        return daemon_view(
+            config_path=self.config_path,
+            generation=self.generation,
+            started_at=self.started_at,
+            stopping=self.stopping,
+            quiet=self.quiet,
+            groups=self.fleet.groups.values(),
+            removed=self.fleet.removed,
+            restarts=restarts_by_group(self.metrics.child_restarts.collect()),
         )
 
     def _database_problems(self) -> list[str]:
