@@ -198,21 +198,39 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
+#: Under `stats`: what RUNNING counts (a prefetching worker holds more than it runs).
+RUNNING_NOTE = (
+    "RUNNING counts every claimed task, including those a worker holds claimed ahead "
+    "(prefetched) and has not started; `cairnqd status` shows executing vs held."
+)
+
+
+async def _stats(store: TaskStore, queue: str | None) -> tuple[dict[str, dict[str, int]], set[str]]:
+    paused = {p.queue for p in await store.paused_queues()}
+    return await store.stats(queue), paused if queue is None else paused & {queue}
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     config = load(args.config)
-    counts = with_store(config, lambda store: store.stats(args.queue))
+    counts, paused = with_store(config, lambda store: _stats(store, args.queue))
     if args.json:
         print(_json(dict(sorted(counts.items()))))
         return exitcodes.OK
+    for queue in paused:  # a paused queue shows even when it holds no task
+        counts.setdefault(queue, dict.fromkeys(STATUSES, 0))
     rows: list[list[Any]] = [
-        [queue, *(by_status[s] for s in STATUSES), sum(by_status.values())]
+        [queue, *(by_status[s] for s in STATUSES), sum(by_status.values()),
+         "paused" if queue in paused else ""]
         for queue, by_status in sorted(counts.items())
-    ]
+    ]  # fmt: skip
     if len(rows) > 1:
-        rows.append(["(all)", *(sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2))])
-    print(table(["QUEUE", *(s.upper() for s in STATUSES), "TOTAL"], rows))
+        totals = [sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2)]
+        rows.append(["(all)", *totals, ""])
+    print(table(["QUEUE", *(s.upper() for s in STATUSES), "TOTAL", ""], rows))
     if not rows:
         print("(no tasks)")
+    else:
+        print(RUNNING_NOTE)
     return exitcodes.OK
 
 
