@@ -33,6 +33,7 @@ import yaml
 
 from cairnqd import __version__
 from cairnqd.cli import admin as cli_admin
+from cairnqd.cli import bulk as cli_bulk
 from cairnqd.cli import queues as cli_queues
 from cairnqd.cli import status as cli_status
 from cairnqd.cli.admin import CliError, describe_database, duration, load
@@ -389,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_local_commands(sub, [common])
     cli_admin.add_parsers(sub, [common])
+    cli_bulk.extend_parsers(sub)
     cli_queues.add_parsers(sub, [common])
     cli_status.add_parsers(sub, [common])
     parser.set_defaults(func=cmd_run)

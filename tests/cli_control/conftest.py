@@ -15,7 +15,7 @@ from tests.daemon.conftest import daemon_factory
 from tests.daemon.daemon import REPO, base_config
 from tests.daemon.harness import database_section
 
-__all__ = ["cli", "control_config", "daemon_factory", "write_config"]
+__all__ = ["REPO_ENV", "cli", "control_config", "daemon_factory", "write_config"]
 
 
 def control_config(
@@ -41,12 +41,18 @@ def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
+#: The environment a `cairnqd` subprocess runs with: this checkout, no inherited config.
+REPO_ENV = {
+    **{k: v for k, v in os.environ.items() if k != "CAIRNQD_CONFIG"},
+    "PYTHONPATH": str(REPO),
+}
+
+
 def cli(config_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`cairnqd -c CONFIG ARGS` as a real process, to the end."""
-    env = {k: v for k, v in os.environ.items() if k != "CAIRNQD_CONFIG"}
     return subprocess.run(
         [sys.executable, "-m", "cairnqd.cli", "-c", str(config_path), *args],
-        env={**env, "PYTHONPATH": str(REPO)},
+        env=REPO_ENV,
         cwd=config_path.parent,
         capture_output=True,
         text=True,
