@@ -36,6 +36,7 @@ from cairnqd.cli import admin as cli_admin
 from cairnqd.cli import bulk as cli_bulk
 from cairnqd.cli import queues as cli_queues
 from cairnqd.cli import status as cli_status
+from cairnqd.cli import top as cli_top
 from cairnqd.cli.admin import CliError, describe_database, duration, load
 from cairnqd.config import Config, GroupConfig, format_duration
 from cairnqd.config.yamlload import (
@@ -393,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_bulk.extend_parsers(sub)
     cli_queues.add_parsers(sub, [common])
     cli_status.add_parsers(sub, [common])
+    cli_top.add_parsers(sub, [common])
     parser.set_defaults(func=cmd_run)
     return parser
 
