@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +18,17 @@ import yaml
 from tests.daemon.conftest import daemon_factory
 from tests.daemon.daemon import REPO, base_config
 from tests.daemon.harness import database_section
+from tests.waiting import wait_for
 
-__all__ = ["REPO_ENV", "cli", "control_config", "daemon_factory", "write_config"]
+__all__ = [
+    "REPO_ENV",
+    "Terminal",
+    "cli",
+    "control_config",
+    "daemon_factory",
+    "shell_cli",
+    "write_config",
+]
 
 
 def control_config(
@@ -57,4 +70,59 @@ def cli(config_path: Path, *args: str, timeout: float = 120) -> subprocess.Compl
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+class Terminal:
+    """One tmux server of the test's own (its own socket), one window."""
+
+    def __init__(self) -> None:
+        self.socket = f"cairnqd-test-{uuid.uuid4().hex[:8]}"
+
+    def tmux(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30
+        )
+
+    def start(self, command: str) -> None:
+        done = self.tmux("new-session", "-d", "-s", "top", "-x", "160", "-y", "45", command)
+        assert done.returncode == 0, done.stderr
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "top").stdout
+
+    def keys(self, *keys: str) -> None:
+        assert self.tmux("send-keys", "-t", "top", *keys).returncode == 0
+
+    def wait_screen(self, what: str, check: Any, timeout: float = 30) -> str:
+        def seen() -> str | None:
+            text = self.screen()
+            return text if check(text) else None
+
+        return wait_for(what, seen, timeout)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.tmux("kill-server")
+
+
+@pytest.fixture
+def terminal() -> Iterator[Terminal]:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (.ci/run installs it)")
+    term = Terminal()
+    try:
+        yield term
+    finally:
+        term.close()
+
+
+def shell_cli(config_path: Path, *args: str, rc: Path) -> str:
+    """A shell command for a terminal: `cairnqd -c CONFIG ARGS`, its exit code to `rc`."""
+    env = " ".join(
+        f"{k}={shlex.quote(v)}" for k, v in REPO_ENV.items() if k in ("PYTHONPATH", "PATH")
+    )
+    words = [sys.executable, "-m", "cairnqd.cli", "-c", str(config_path), *args]
+    return (
+        f"cd {shlex.quote(str(REPO))} && env {env} {shlex.join(words)}; "
+        f"echo $? > {shlex.quote(str(rc))}"
     )

@@ -18,7 +18,14 @@ import pytest
 
 from cairnqd.errors import ErrorEnvelope
 from cairnqd.store.base import TaskStore
-from tests.cli_control.conftest import REPO_ENV, cli, control_config, write_config
+from tests.cli_control.conftest import (
+    REPO_ENV,
+    Terminal,
+    cli,
+    control_config,
+    shell_cli,
+    write_config,
+)
 from tests.conftest import make_store
 from tests.waiting import wait_for
 
@@ -209,3 +216,24 @@ def test_bulk_cancel_of_running_tasks_under_a_daemon(
     release.touch()
     wait_for("the handlers to settle them canceled", lambda: counts().get("canceled") == 3, 60)
     assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize("answer", ["y", "n"])
+def test_bulk_asks_on_a_terminal(
+    config_path: Path, dialect: str, db_target: str, terminal: Terminal, answer: str
+) -> None:
+    on_store(dialect, db_target, lambda s: s.submit_many([{"name": "x", "queue": "a"}] * 3))
+    rc = config_path.parent / "bulk.rc"
+    terminal.start(shell_cli(config_path, "cancel", "--queue", "a", rc=rc))
+    terminal.wait_screen(
+        "the question", lambda s: "cancel 3 task(s) (status queued/running, queue a)? [y/N]" in s
+    )
+    terminal.keys(answer, "Enter")
+    wait_for("the command to end", lambda: rc.exists() and rc.read_text().strip() != "")
+    stats = json.loads(cli(config_path, "stats", "--json").stdout)
+    if answer == "y":
+        assert rc.read_text().strip() == "0"
+        assert stats["a"]["canceled"] == 3
+    else:
+        assert rc.read_text().strip() == "1"
+        assert stats["a"]["queued"] == 3

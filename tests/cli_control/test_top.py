@@ -3,67 +3,17 @@ reads the screen (send-keys, capture-pane)."""
 
 from __future__ import annotations
 
-import shlex
-import shutil
-import subprocess
-import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cairnqd import CairnQ
-from tests.cli_control.conftest import REPO_ENV, cli, control_config, write_config
-from tests.daemon.daemon import REPO
+from tests.cli_control.conftest import Terminal, cli, control_config, shell_cli, write_config
 from tests.daemon.harness import client_call
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-class Terminal:
-    """One tmux server of the test's own (its own socket), one window."""
-
-    def __init__(self) -> None:
-        self.socket = f"cairnqd-test-{uuid.uuid4().hex[:8]}"
-
-    def tmux(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30
-        )
-
-    def start(self, command: str) -> None:
-        done = self.tmux("new-session", "-d", "-s", "top", "-x", "160", "-y", "45", command)
-        assert done.returncode == 0, done.stderr
-
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", "-t", "top").stdout
-
-    def keys(self, *keys: str) -> None:
-        assert self.tmux("send-keys", "-t", "top", *keys).returncode == 0
-
-    def wait_screen(self, what: str, check: Any, timeout: float = 30) -> str:
-        def seen() -> str | None:
-            text = self.screen()
-            return text if check(text) else None
-
-        return wait_for(what, seen, timeout)  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        self.tmux("kill-server")
-
-
-@pytest.fixture
-def terminal() -> Iterator[Terminal]:
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed (.ci/run installs it)")
-    term = Terminal()
-    try:
-        yield term
-    finally:
-        term.close()
 
 
 def _queue_row(screen: str, queue: str) -> list[str]:
@@ -79,14 +29,7 @@ def test_top_shows_the_daemon_and_queues_and_pauses_with_keys(
     groups = {"g": {"queues": ["a", "b"], "processes": 2, "concurrency": 2}}
     daemon = daemon_factory(control_config(tmp_path, dialect, db_target, groups)).start()
     rc = tmp_path / "top.rc"
-    env = " ".join(
-        f"{k}={shlex.quote(v)}" for k, v in REPO_ENV.items() if k in ("PYTHONPATH", "PATH")
-    )
-    command = (
-        f"env {env} {shlex.quote(sys.executable)} -m cairnqd.cli "
-        f"-c {shlex.quote(str(daemon.config_path))} top; echo $? > {shlex.quote(str(rc))}"
-    )
-    terminal.start(f"cd {shlex.quote(str(REPO))} && {command}")
+    terminal.start(shell_cli(daemon.config_path, "top", rc=rc))
     pids = [str(pid) for pid in daemon.children("g")]
     terminal.wait_screen(
         "top to show the daemon and its children",
