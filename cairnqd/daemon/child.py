@@ -96,6 +96,18 @@ def _rss_bytes() -> int:
         return 0
 
 
+def _within(names: list[str], budget: int) -> tuple[str, ...]:
+    """As many names as fit in `budget` characters: a heartbeat must stay one atomic
+    pipe write, and a child may serve many long queue names."""
+    kept: list[str] = []
+    for name in names:
+        budget -= len(name) + 3
+        if budget < 0:
+            break
+        kept.append(name)
+    return tuple(kept)
+
+
 class Child:
     def __init__(self, args: argparse.Namespace) -> None:
         self.parent_pid: int = args.parent_pid
@@ -419,7 +431,7 @@ class Child:
             reporter.running_report(max_run_s) if reporter is not None else (0, (), None)
         )
         held = len(worker.in_flight.backlog) if worker is not None else 0
-        paused = tuple(sorted(worker.paused_queues)) if worker is not None else ()
+        paused = _within(sorted(worker.paused_queues), 1024) if worker is not None else ()
         lag = self.loop_watch.lag() if self.loop is not None else 0.0
         return Heartbeat(
             rss=_rss_bytes(), state=self.state, executing=executing, held=held,

@@ -135,3 +135,12 @@ def test_pause_needs_a_queue(tmp_path: Path, sqlite_path: str) -> None:
     assert "--queue" in refused.stderr
     long_reason = cli(path, "pause", "--queue", "a", "--reason", "x" * 1001)
     assert long_reason.returncode == 64 and "--reason" in long_reason.stderr
+
+
+def test_a_heartbeat_names_paused_queues_within_a_budget() -> None:
+    from cairnqd.daemon.child import _within
+
+    names = [f"q{i:03d}" + "x" * 250 for i in range(20)]
+    kept = _within(names, 1024)
+    assert kept == tuple(names[:3])  # 3 x 257 fits in 1024, a fourth does not
+    assert _within(["a", "b"], 1024) == ("a", "b")
