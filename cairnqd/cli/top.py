@@ -231,9 +231,10 @@ class Top:
         curses.curs_set(1)
         screen.timeout(-1)
         try:
-            raw = screen.getstr(
-                height - 1, len(question), max(1, min(255, width - len(question) - 1))
-            )
+            room = max(1, min(255, width - len(question) - 1))
+            raw = screen.getstr(height - 1, min(len(question), width - 1), room)
+        except curses.error:  # a terminal too small to ask in
+            raw = b""
         finally:
             curses.noecho()
             curses.curs_set(0)
@@ -244,7 +245,8 @@ class Top:
         height, width = screen.getmaxyx()
         screen.erase()
         for row, line in enumerate(screen_lines(reading, self.message)[: height - 1]):
-            screen.addnstr(row, 0, line, width - 1)
+            with contextlib.suppress(curses.error):  # a terminal shrunk mid-draw
+                screen.addnstr(row, 0, line, max(1, width - 1))
         screen.refresh()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -33,6 +34,13 @@ def _status(db: str, task_id: str) -> str:
     return client_call("sqlite", db, go)  # type: ignore[no-any-return]
 
 
+def _quiet_states(daemon: Any) -> tuple[bool, set[str]]:
+    done = daemon.cli("status", "--json")
+    assert done.returncode == 0, done.stderr
+    snap = json.loads(done.stdout)
+    return snap["quiet"], {c["state"] for g in snap["groups"] for c in g["children"]}
+
+
 @pytest.mark.parametrize("change", [False, True], ids=["unchanged", "changed"])
 def test_a_reload_after_sigtstp_resumes_claiming(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any, change: bool
@@ -44,6 +52,7 @@ def test_a_reload_after_sigtstp_resumes_claiming(
     wait_for(
         "every child to go quiet", lambda: all("quiet" in t for t in daemon.children("g").values())
     )
+    wait_for("status to say quiet", lambda: _quiet_states(daemon) == (True, {"quiet"}))
     task_id = _submit(sqlite_path)
     time.sleep(1.5)  # a quiet daemon must leave it alone; give it the chance not to
     assert _status(sqlite_path, task_id) == "queued"
@@ -57,4 +66,5 @@ def test_a_reload_after_sigtstp_resumes_claiming(
     )
     assert set(daemon.children("g")) == children  # the same children, claiming again
     assert "ending the SIGTSTP quiet" in daemon.output()
+    wait_for("status to say ready", lambda: _quiet_states(daemon) == (False, {"ready"}))
     assert daemon.stop() == 0
