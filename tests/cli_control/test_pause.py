@@ -144,3 +144,32 @@ def test_a_heartbeat_names_paused_queues_within_a_budget() -> None:
     kept = _within(names, 1024)
     assert kept == tuple(names[:3])  # 3 x 257 fits in 1024, a fourth does not
     assert _within(["a", "b"], 1024) == ("a", "b")
+
+
+async def test_a_busy_worker_stops_claiming_a_paused_queue_within_a_second(
+    dialect: str, db_target: str
+) -> None:
+    store = make_store(dialect, db_target)
+    started: list[float] = []
+    async with store:
+        client = CairnQ(store)
+        worker = Worker(store, ["a"], poll_interval_ms=50, concurrency=4, honour_pauses=True)
+
+        @worker.task("t")
+        async def handler(ctx: Any, payload: Any) -> None:
+            started.append(time.monotonic())
+
+        async with worker.background():
+            paused_at = None
+            for i in range(60):  # a task every 50 ms for 3 s; the pause lands at 1 s
+                await client.submit("t", {"i": i}, queue="a")
+                if i == 20:
+                    paused_at = time.monotonic()
+                    await store.pause_queues(["a"], paused_by="ops@h")
+                await asyncio.sleep(0.05)
+        assert paused_at is not None
+        before = [t for t in started if t < paused_at]
+        after = [t - paused_at for t in started if t >= paused_at]
+        assert len(before) >= 10  # it was claiming all along until the pause
+        assert all(delay < 1.0 for delay in after), after
+        assert (await store.stats())["a"]["queued"] >= 30  # the rest waits
