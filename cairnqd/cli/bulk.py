@@ -115,6 +115,13 @@ def run_bulk(args: argparse.Namespace, action: BulkAction) -> int:
             f"{action.command}: give a TASK_ID, --key or filters (--status, --queue, --name, "
             "--since, --older-than), not both",
         )
+    if not _wanted(args):
+        # Everything at once must be asked for: `--status queued` is a filter too.
+        raise CliError(
+            exitcodes.USAGE,
+            f"{action.command}: --dry-run and --yes need at least one filter "
+            "(--status, --queue, --name, --since, --older-than)",
+        )
     for status in args.status or ():
         if status not in action.statuses:
             allowed = ", ".join(action.statuses)

@@ -86,6 +86,8 @@ def test_bulk_cancel_and_retry(config_path: Path, dialect: str, db_target: str) 
 
     both = cli(config_path, "cancel", "task_x", "--queue", "a")
     assert both.returncode == 64 and "not both" in both.stderr
+    bare = cli(config_path, "cancel", "--yes")  # everything at once must be asked for
+    assert bare.returncode == 64 and "need at least one filter" in bare.stderr
     wrong = cli(config_path, "retry", "--status", "queued", "--yes")
     assert wrong.returncode == 64 and "--status" in wrong.stderr
     # The single-task forms are unchanged.
