@@ -252,6 +252,9 @@ class Child:
         loop.add_signal_handler(signal.SIGUSR1, self._quiet)
         assert self._control is not None
         loop.add_reader(self.control_fd, self._on_control)
+        # Lines that came in one read with `boot` (a `claiming` off from a quiet parent)
+        # wait in the reader's buffer, where no readiness event would find them.
+        loop.call_soon(self._on_control)
         try:
             connected = await self._connect(worker.store)
         except (
@@ -266,8 +269,9 @@ class Child:
             return CONFIG
         if not connected:
             return OK if self.stop_requested else TEMPFAIL
-        self.state = "run"
-        self._title("ready")
+        # Spawned while the parent is quiet (SIGTSTP): up, but not claiming.
+        self.state = "run" if worker.claiming else "quiet"
+        self._title("ready" if worker.claiming else "quiet")
         self._send(
             Ready(
                 v=PROTOCOL_VERSION, pid=os.getpid(), worker_id=worker.worker_id,

@@ -315,6 +315,8 @@ class Supervisor:
 
     def spawn(self, group: GroupConfig, slot: int, generation: int) -> ChildProcess:
         child = spawn_child(self.config, group, slot, generation)
+        if self.quiet:  # a replacement during a SIGTSTP quiet stays quiet too
+            child.control.send_whole(encode(Claiming(on=False)))
         self.channels.add(child)
         log.info("spawned %s/%d pid %d (gen %d)", group.name, slot, child.pid, generation)
         return child

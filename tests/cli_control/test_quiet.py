@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -67,4 +68,28 @@ def test_a_reload_after_sigtstp_resumes_claiming(
     assert set(daemon.children("g")) == children  # the same children, claiming again
     assert "ending the SIGTSTP quiet" in daemon.output()
     wait_for("status to say ready", lambda: _quiet_states(daemon) == (False, {"ready"}))
+    assert daemon.stop() == 0
+
+
+def test_a_child_replaced_during_the_quiet_stays_quiet(
+    tmp_path: Path, sqlite_path: str, daemon_factory: Any
+) -> None:
+    config = control_config(tmp_path, "sqlite", sqlite_path, {"g": {"queues": ["a"]}})
+    daemon = daemon_factory(config).start()
+    daemon.signal(signal.SIGTSTP)
+    wait_for("the child to go quiet", lambda: _quiet_states(daemon) == (True, {"quiet"}))
+    (old,) = daemon.children("g")
+    os.kill(old, signal.SIGKILL)
+    wait_for(
+        "a replacement, quiet from the start",
+        lambda: (kids := daemon.children("g")) and old not in kids and "quiet" in str(kids),
+        60,
+    )
+    task_id = _submit(sqlite_path)
+    time.sleep(1.5)  # give the new child the chance not to claim
+    assert _status(sqlite_path, task_id) == "queued"
+    assert daemon.cli("reload", "--wait", "30s").returncode == 0
+    wait_for(
+        "the task to run after the reload", lambda: _status(sqlite_path, task_id) == "succeeded"
+    )
     assert daemon.stop() == 0
