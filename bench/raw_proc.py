@@ -10,7 +10,7 @@ with synchronous=FULL, Postgres synchronous_commit=on.
 
 Per loop iteration, a claim of up to `--batch` tasks (`claim_one_queue`), then
 `complete` for a batch of 1 or one set-based `complete_many` for more:
-- `--tx one` (default, the spec's "one transaction per task" method): claim and
+- `--tx one` (default; the `raw1`/`raw256` rows of bench/RESULTS.md): claim and
   complete in the same transaction, one commit per iteration.
 - `--tx two`: the claim commits, then the complete commits on its own, as a worker
   must (a handler runs in between): two commits per iteration.

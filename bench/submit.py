@@ -7,6 +7,8 @@ Rows, each on a fresh database with the client connected (migrations done) befor
 clock starts:
 - `ours` / `cairnq` single: `--single` sequential awaits of
   `submit("bench.unclaimed", {"i": i})`.
+- `ours` / `cairnq` concurrent: `--single` submits from `--coroutines` (64) coroutines, each
+  awaiting its own `submit`s one after another (a web application's pattern).
 - `ours` batch: `--batches` calls of `submit_many` with 1,000 items each.
 - Postgres peers (unless `--no-peers`): procrastinate `defer_async` / `batch_defer_async`
   and pgqueuer `enqueue` (single and list form), same counts.
@@ -15,6 +17,7 @@ clock starts:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -47,11 +50,23 @@ def sdk_client(impl: str, backend: Backend, target: str) -> Any:
     return lib.CairnQ.sqlite(target) if backend == "sqlite" else lib.CairnQ.postgres(target)
 
 
-async def sdk_once(impl: str, mode: str, backend: Backend, n_single: int, batches: int) -> Run:
+async def sdk_once(
+    impl: str, mode: str, backend: Backend, n_single: int, batches: int, coroutines: int = 64
+) -> Run:
     async with fresh_target(backend, "submit") as target:
         client = sdk_client(impl, backend, target)
         async with client:
-            if mode == "single":
+            if mode == "concurrent":
+                each = max(1, n_single // coroutines)
+
+                async def submitter(c: int) -> None:
+                    for i in range(each):
+                        await client.submit(UNCLAIMED, {"c": c, "i": i})
+
+                start = time.perf_counter()
+                await asyncio.gather(*(submitter(c) for c in range(coroutines)))
+                elapsed, n = time.perf_counter() - start, each * coroutines
+            elif mode == "single":
                 start = time.perf_counter()
                 for i in range(n_single):
                     await client.submit(UNCLAIMED, {"i": i})
@@ -97,14 +112,15 @@ def report(points: Sequence[Point]) -> None:
     print_table("submit (median of runs)", ["backend", "impl", "mode", "tasks", "tasks/s"], rows)
     by_key = {(p.labels["backend"], p.labels["impl"], p.labels["mode"]): p for p in points}
     for backend in ("sqlite", "postgres"):
-        ours, theirs = (
-            by_key.get((backend, "ours", "single")),
-            by_key.get((backend, "cairnq", "single")),
-        )
-        if ours and theirs:
-            a, b = ours.median("tasks_per_s"), theirs.median("tasks_per_s")
-            if a and b:
-                print(f"{backend}: single submit ours/cairnq = {a / b:.2f}x")
+        for mode in ("single", "concurrent"):
+            ours, theirs = (
+                by_key.get((backend, "ours", mode)),
+                by_key.get((backend, "cairnq", mode)),
+            )
+            if ours and theirs:
+                a, b = ours.median("tasks_per_s"), theirs.median("tasks_per_s")
+                if a and b:
+                    print(f"{backend}: {mode} submit ours/cairnq = {a / b:.2f}x")
 
 
 async def main(argv: Sequence[str] | None = None) -> None:
@@ -112,12 +128,19 @@ async def main(argv: Sequence[str] | None = None) -> None:
     add_common_args(parser)
     parser.add_argument("--single", type=int, default=2000, help="one-at-a-time submits")
     parser.add_argument("--batches", type=int, default=20, help="batches of 1,000")
+    parser.add_argument("--coroutines", type=int, default=64, help="for the concurrent mode")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--out", default="submit")
     args = parser.parse_args(argv)
     cases: list[Case] = []
     for backend in chosen_backends(args):
-        plan: list[tuple[str, str]] = [("ours", "single"), ("cairnq", "single"), ("ours", "batch")]
+        plan: list[tuple[str, str]] = [
+            ("ours", "single"),
+            ("cairnq", "single"),
+            ("ours", "concurrent"),
+            ("cairnq", "concurrent"),
+            ("ours", "batch"),
+        ]
         if backend == "postgres" and not args.no_peers:
             for peer in peers.PEERS:
                 if peers.available(peer):
@@ -130,7 +153,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
             ) -> Run:
                 if impl in peers.PEERS:
                     return await peer_once(impl, mode, args.single, args.batches)
-                return await sdk_once(impl, mode, b, args.single, args.batches)
+                return await sdk_once(impl, mode, b, args.single, args.batches, args.coroutines)
 
             cases.append(Case(labels, once))
     config = {k: v for k, v in vars(args).items() if k != "backend"}

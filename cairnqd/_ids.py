@@ -1,7 +1,7 @@
 """Identifier formats shared with the public SDKs: `task_<ULID>`, `worker_<ULID>`.
 
 A ULID is a 48-bit millisecond timestamp then 80 random bits (from `os.urandom`, not
-monotonic within a millisecond, as SPEC §4.3 says), in Crockford base32. Task ids are
+monotonic within a millisecond, as docs/protocol.md §4.3 says), in Crockford base32. Task ids are
 made on every submit (thousands per `submit_many`), so they are encoded here, about
 3x cheaper than through `ulid.ULID`: the random part is read ten bits (two
 characters) at a time from a lookup table, and the timestamp's ten characters are

@@ -35,6 +35,7 @@ from cairnqd import __version__
 from cairnqd.cli import admin as cli_admin
 from cairnqd.cli import bulk as cli_bulk
 from cairnqd.cli import queues as cli_queues
+from cairnqd.cli import schedules as cli_schedules
 from cairnqd.cli import status as cli_status
 from cairnqd.cli import top as cli_top
 from cairnqd.cli.admin import CliError, describe_database, duration, load
@@ -55,7 +56,7 @@ __all__ = ["main"]
 ENV_CONFIG = "CAIRNQD_CONFIG"
 STORAGE_PROTOCOL_VERSION = 1
 _LEVELS = ("debug", "info", "warning", "error", "critical")
-# DAEMON.md §6: `check` warns above this many metric series.
+# `check` warns above this many metric series: each costs Prometheus memory and scrape time.
 _SERIES_WARNING = 5000
 
 
@@ -88,7 +89,7 @@ def _queues(config: Config) -> list[str]:
 
 
 def estimate_series(config: Config, task_names: int | None = None) -> int:
-    """Metric series this config produces (DAEMON.md §6), for `check`'s cardinality
+    """Metric series this config produces, for `check`'s cardinality
     warning. Counts configured queues only; `task_name_label` multiplies the task
     counters by the handler count when known (`--handlers`), else by 1."""
     metrics = config.metrics
@@ -159,6 +160,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"database: {describe_database(config)}")
     for line in [*map(_describe_group, config.groups.values()), *handler_lines]:
         print(line)
+    schedule_lines, schedule_warnings = cli_schedules.check_lines(config, handlers=args.handlers)
+    for line in schedule_lines:
+        print(line)
+    for unhandled in schedule_warnings:
+        print(f"warning: {unhandled}", file=sys.stderr)
     rules = config.retention.rules
     every = format_duration(config.retention.interval)
     described = "; ".join(r.describe() for r in rules) if rules else "off (rules: [])"
@@ -395,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_queues.add_parsers(sub, [common])
     cli_status.add_parsers(sub, [common])
     cli_top.add_parsers(sub, [common])
+    cli_schedules.add_parsers(sub, [common])
     parser.set_defaults(func=cmd_run)
     return parser
 

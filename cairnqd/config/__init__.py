@@ -56,6 +56,7 @@ from cairnqd.config.sections import (
     ReaperConfig,
     ReloadConfig,
     RetentionConfig,
+    ScheduleConfig,
 )
 from cairnqd.config.sections import SupervisorConfig as SupervisorConfig  # `x as x`: as above
 from cairnqd.config.units import format_duration, format_size, parse_duration, parse_size, to_ms
@@ -76,6 +77,7 @@ __all__ = [
     "Reload",
     "ReloadConfig",
     "RetentionConfig",
+    "ScheduleConfig",
     "Setting",
     "diff_configs",
     "format_duration",

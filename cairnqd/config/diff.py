@@ -31,9 +31,13 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, A
             yield path, value
 
 
+#: Top-level sections of named entries, and what adding or removing an entry does.
+_NAMED = {"groups": Reload.ROLL, "schedules": Reload.HOT}
+
+
 def _reload_of(path: str) -> Reload:
     parts = path.split(".")
-    if parts[0] == "groups" and len(parts) > 2:
+    if parts[0] in _NAMED and len(parts) > 2:
         parts[1] = "*"
     while parts:
         setting = _BY_PATH.get(".".join(parts))
@@ -44,14 +48,21 @@ def _reload_of(path: str) -> Reload:
 
 
 def diff_configs(old: Config, new: Config) -> list[ConfigChange]:
-    """Changed settings, in schema order; an added or removed group is one change."""
+    """Changed settings, in schema order; an added or removed group or schedule is one
+    change."""
     before, after = dict(_flatten(_dump(old, ""))), dict(_flatten(_dump(new, "")))
-    moved = [g for g in (*old.groups, *new.groups) if (g in old.groups) != (g in new.groups)]
-    changes = [ConfigChange(f"groups.{name}", Reload.ROLL) for name in moved]
+    moved: set[tuple[str, str]] = set()
+    changes: list[ConfigChange] = []
+    for section, reload in _NAMED.items():
+        was, now = getattr(old, section), getattr(new, section)
+        for name in dict.fromkeys([*was, *now]):
+            if (name in was) != (name in now):
+                moved.add((section, name))
+                changes.append(ConfigChange(f"{section}.{name}", reload))
     missing = object()
     for path in dict.fromkeys([*before, *after]):
         parts = path.split(".")
-        if parts[0] == "groups" and parts[1] in moved:
+        if len(parts) > 1 and (parts[0], parts[1]) in moved:
             continue
         if before.get(path, missing) != after.get(path, missing):
             changes.append(ConfigChange(path, _reload_of(path)))

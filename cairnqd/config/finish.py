@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from cairnqd.config.kinds import _INVALID
+from cairnqd.config.schedule_kinds import _warn_unserved_queues
 from cairnqd.config.sections import DatabaseConfig, RetentionConfig
 from cairnqd.config.shadowing import _check_rule_shadowing
 from cairnqd.config.units import format_duration
@@ -67,6 +68,7 @@ def _finish_root(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, A
         groups = v["groups"] = ck.inherit_handlers(groups, v["handlers"])
     if groups is not _INVALID and v["shutdown_timeout"] is not _INVALID:
         ck.warn_max_run(groups, v["shutdown_timeout"])
+    _warn_unserved_queues(ck, v["schedules"], groups)
     retention = v["retention"]
     # The default batch depends on the backend, known only now.
     no_batch = isinstance(retention, RetentionConfig) and retention.batch is None

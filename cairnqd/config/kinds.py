@@ -127,9 +127,12 @@ class _Path(_Str):
 class _Int(_Scalar):
     def __init__(self, minimum: int | None = None, maximum: int | None = None) -> None:
         self.minimum, self.maximum = minimum, maximum
-        bounds = [f"≥ {minimum}"] if minimum is not None else []
-        bounds += [f"≤ {maximum}"] if maximum is not None else []
-        self.expected = " ".join(["an integer", *bounds])
+        if minimum is not None and maximum is not None:
+            self.expected = f"an integer from {minimum} to {maximum}"
+        elif minimum is not None:
+            self.expected = f"an integer ≥ {minimum}"
+        else:
+            self.expected = "an integer" if maximum is None else f"an integer ≤ {maximum}"
 
     def convert(self, value: ScalarValue) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -305,6 +308,7 @@ class _List(_Kind):
 class _Buckets(_List):
     def __init__(self) -> None:
         super().__init__(_Number())
+        self.expected = "an increasing list of numbers > 0"
 
     def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
         values = super().check(ck, node, path)

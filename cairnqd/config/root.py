@@ -21,6 +21,7 @@ from cairnqd.config.sections import (
     ReaperConfig,
     ReloadConfig,
     RetentionConfig,
+    ScheduleConfig,
     SupervisorConfig,
 )
 
@@ -31,6 +32,7 @@ class Config:
     database: DatabaseConfig
     handlers: tuple[str, ...]
     groups: Mapping[str, GroupConfig]
+    schedules: Mapping[str, ScheduleConfig]
     shutdown_timeout: timedelta
     metrics: MetricsConfig
     retention: RetentionConfig

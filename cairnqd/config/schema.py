@@ -35,6 +35,13 @@ from cairnqd.config.kinds import (
     _Str,
     _Version,
 )
+from cairnqd.config.schedule_kinds import (
+    _Cron,
+    _finish_schedule,
+    _MisfireKind,
+    _Payload,
+    _Timezone,
+)
 from cairnqd.config.sections import (
     DatabaseConfig,
     GroupConfig,
@@ -44,6 +51,7 @@ from cairnqd.config.sections import (
     ReaperConfig,
     ReloadConfig,
     RetentionConfig,
+    ScheduleConfig,
     SupervisorConfig,
 )
 from cairnqd.config.yamlload import YamlMapping, YamlNode, YamlPath, YamlScalar, YamlSequence
@@ -148,6 +156,25 @@ class _Groups(_Section):
         return {name: _dump(group, self.pattern) for name, group in value.items()}
 
 
+class _Schedules(_Groups):
+    """`schedules: {name: {...}}`: named like groups, but may be empty, and the entry's
+    own `name` key is the task name, so the schedule's name goes in as `schedule`."""
+
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        if isinstance(node, YamlScalar) and node.value is None:
+            node = YamlMapping({}, node.position)
+        if not isinstance(node, YamlMapping):
+            raise self.fail(_show_node(node))
+        built: dict[str, Any] = {}
+        for name, entry in node.entries.items():
+            built[name] = ck.guard(self.build, entry.node, (*path, name), {"schedule": name})
+            if not self.NAME.fullmatch(name):
+                message = f"schedule name {name!r} must match ^[a-z][a-z0-9_-]*$"
+                ck.error(entry.key_position, (*path, name), message)
+                built[name] = _INVALID
+        return _INVALID if _INVALID in built.values() else MappingProxyType(built)
+
+
 class _Rules(_Section):
     """A list of sections: `rules: [{...}, ...]`."""
 
@@ -178,6 +205,12 @@ _DURATION_BUCKETS = [
     0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600
 ]  # fmt: skip
 _WAIT_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800]
+_EXAMPLE_SCHEDULES = {
+    "nightly-echo": {
+        "name": "demo.echo", "queue": "default", "payload": {"report": "nightly"},
+        "cron": "0 3 * * *", "every": "1h", "timezone": "Europe/Berlin",
+    },
+}  # fmt: skip
 _EXAMPLE_GROUPS = {
     "default": {"queues": ["default"]},
     "slow": {"queues": ["slow"], "concurrency": 2, "lease": "1m", "max_run": "30s"},
@@ -254,6 +287,37 @@ SCHEMA: tuple[Setting, ...] = (
             "Ceiling of the retry delay."),
     Setting("groups.*.resources", _Map(_RESOURCE, _Int(1)), {}, _L,
             "Shared ceilings that handlers registered with resource= draw from, e.g. {gpu: 1}."),
+    # -- schedules: recurring tasks (docs/schedules.md) --
+    Setting("schedules", _Schedules(ScheduleConfig, _finish_schedule), {}, None,
+            example=_EXAMPLE_SCHEDULES, doc=
+            "Recurring tasks, by name (^[a-z][a-z0-9_-]*$): the daemon enqueues each slot "
+            "once across every host sharing the database (docs/schedules.md)."),
+    Setting("schedules.*.name", _Str(), _REQUIRED, _H,
+            "Task name each slot submits (required)."),
+    Setting("schedules.*.queue", _QUEUE, "default", _H,
+            "Queue the task is submitted to."),
+    Setting("schedules.*.payload", _Payload(), None, _H, doc=
+            "The task's payload, any JSON value written as YAML."),
+    Setting("schedules.*.priority", _Int(-(2**31), 2**31 - 1), 0, _H,
+            "The task's priority (higher runs first)."),
+    Setting("schedules.*.max_attempts", _Int(1, 2**31 - 1), 3, _H,
+            "The task's attempts, retries included."),
+    Setting("schedules.*.cron", _Cron(), None, _H, nullable=True, doc=
+            "Five cron fields (minute hour day-of-month month day-of-week) or @hourly, "
+            "@daily, @weekly, @monthly, @yearly; set exactly one of cron and every."),
+    Setting("schedules.*.every", _Duration("1s"), None, _H, nullable=True, alternative=True,
+            doc="Fire every this long, counted from the Unix epoch (1h: on the hour)."),
+    Setting("schedules.*.timezone", _Timezone(), None, _H, nullable=True, doc=
+            "IANA zone the cron fields are read in (DST rule: docs/schedules.md); "
+            "null: UTC."),
+    Setting("schedules.*.jitter", _Duration(), "0s", _H,
+            "Delay each slot's task by up to this long (the same on every host)."),
+    Setting("schedules.*.misfire", _MisfireKind(), "once", _H,
+            "Slots missed while no daemon ran: skip, once (the newest of them) or "
+            "{catch_up: N} (the newest N)."),
+    Setting("schedules.*.enabled", _Bool(), True, _H,
+            "false keeps the schedule configured but never fires it."),
+    # -- end of schedules --
     Setting("shutdown_timeout", _Duration(), "30s", _H,
             "On TERM, how long children may finish in-flight tasks before they are stopped "
             "and their tasks handed back."),
@@ -333,7 +397,7 @@ SCHEMA: tuple[Setting, ...] = (
 
 
 def _section_pattern(setting: Setting) -> str:
-    if isinstance(setting.kind, _Groups):
+    if isinstance(setting.kind, _Groups):  # schedules too
         return setting.path + ".*"
     if isinstance(setting.kind, _Rules):
         return setting.path + "[]"

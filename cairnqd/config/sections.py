@@ -6,9 +6,10 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from cairnqd.config.units import format_duration
+from cairnqd.schedules import CronSlots, EverySlots, Misfire, Slots
 
 
 @dataclass(frozen=True)
@@ -140,3 +141,39 @@ class LoggingConfig:
     format: str
     file: str | None
     loggers: Mapping[str, str]
+
+
+# -- schedules (recurring tasks; docs/schedules.md) ----------------------------------------
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    #: The schedule's own name: its key under `schedules:`, and part of each slot's key.
+    schedule: str
+    #: The task name each slot submits.
+    name: str
+    queue: str
+    payload: Any
+    priority: int
+    max_attempts: int
+    #: Exactly one of `cron` (five fields or a macro) and `every` is set.
+    cron: str | None
+    every: timedelta | None
+    #: IANA zone the cron fields are read in; None: UTC.
+    timezone: str | None
+    jitter: timedelta
+    misfire: Misfire
+    enabled: bool
+
+    def slots(self) -> Slots:
+        if self.every is not None:
+            return EverySlots(self.every)
+        return CronSlots.parse(self.cron or "", self.timezone or "UTC")
+
+    @property
+    def rule(self) -> str:
+        """The timing rule in one string; the scheduler stores it, so a changed rule
+        starts from its next slot instead of catching up on the old one's."""
+        if self.every is not None:
+            return f"every {format_duration(self.every)}"
+        return f"cron {self.cron} {self.timezone or 'UTC'}"

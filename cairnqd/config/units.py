@@ -63,6 +63,5 @@ def parse_size(text: str) -> int:
 
 def format_size(size: int) -> str:
     """The shortest exact spelling: 2**30 -> `1GiB`, 500_000_000 -> `500MB`."""
-    exact = [(size // unit, name) for name, unit in _SIZE_UNITS.items() if size % unit == 0]
-    count, name = min(exact)
-    return f"{count}{name}"
+    exact = [f"{size // unit}{name}" for name, unit in _SIZE_UNITS.items() if size % unit == 0]
+    return min(exact, key=lambda text: (len(text), text))

@@ -26,6 +26,8 @@ def connection_budget(config: Config) -> int:
     parent = 3
     if config.metrics.queue_stats == "leader":
         parent += 1  # the stats collector holds its leader lock on a session of its own
+    if config.schedules:
+        parent += 2  # the scheduler's connection and its leader lock's session
     return config.database.expected_hosts * (children * per_child + parent)
 
 

@@ -15,6 +15,10 @@ from cairnqd.daemon.pool import ChildProcess, GroupPool
 
 #: `/healthz` fails once the loop has not ticked for this long.
 _STALE_LOOP_S = 5.0
+#: Before READY, while children wait for the database, ask systemd for this much more
+#: start time every `_EXTEND_EVERY_S`: an outage at boot is waited out, not a failed start.
+_EXTEND_BY_S = 30.0
+_EXTEND_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class StatusReport:
         self.last_tick = time.monotonic()
         self.watchdog_every = systemd.watchdog_interval()
         self.last_watchdog = 0.0
+        self.last_extend = 0.0
 
     def tick(
         self,
@@ -62,6 +67,12 @@ class StatusReport:
         if not self.ready_sent and not stopping and _pools_settled(groups):
             self.ready_sent = True
             systemd.ready(f"generation {generation}: {ready}/{total} children ready")
+        elif not self.ready_sent and not stopping and now - self.last_extend >= _EXTEND_EVERY_S:
+            waiting = sum(1 for c in children if c.state == "db_wait")
+            if waiting:
+                self.last_extend = now
+                systemd.extend_timeout(int(_EXTEND_BY_S * 1_000_000))
+                systemd.status(f"waiting for the database ({waiting} children)")
         if self.watchdog_every is not None and now - self.last_watchdog >= self.watchdog_every:
             self.last_watchdog = now
             systemd.watchdog()

@@ -60,6 +60,7 @@ from cairnqd.daemon.metrics import Metrics
 from cairnqd.daemon.pool import ChildProcess, GroupPool, spawn_child
 from cairnqd.daemon.reload import ConfigReload, ReloadPlan
 from cairnqd.daemon.runtimedir import UnsafeRuntimeDir
+from cairnqd.daemon.scheduler import Scheduler
 from cairnqd.daemon.statefile import (
     AlreadyRunning,
     StateFile,
@@ -96,6 +97,7 @@ class Supervisor:
         self.status = StatusReport(self.config_path, self._database_problems)
         self.metrics = Metrics(config)
         self.maintenance = Maintenance(config, self.metrics)
+        self.scheduler = Scheduler(config, self.metrics)
         self.channels = ChildChannels(self.selector, self.metrics)
         self.exits = ChildExits(self.fleet, self.maintenance, self.metrics, self.reload.roll_failed)
         self.statefile = StateFile(state_path(self.config_path, config.runtime_dir))
@@ -150,6 +152,7 @@ class Supervisor:
             port = self.metrics.serve(listen.host, listen.port, health=self.status.health)
             log.info("metrics on http://%s:%d/metrics", listen.host, port)
         self.maintenance.start()
+        self.scheduler.start()
         self.write_state()
         log.info(
             "cairnqd started: %s, %d group(s), generation %d",
@@ -209,6 +212,7 @@ class Supervisor:
 
     def _finish(self) -> int:
         systemd.stopping("stopped")
+        self.scheduler.stop(timeout_s=5.0)
         self.maintenance.stop(timeout_s=10.0)
         self.metrics.close()
         if self.stopping:
@@ -342,6 +346,7 @@ class Supervisor:
         self._end_quiet()
         self.maintenance.reconfigure(config)
         self.metrics.apply_config(config)
+        self.scheduler.reconfigure(config)
         self._retire(self.fleet.apply(plan))
 
     def record_reload(self, ok: bool, errors: list[str]) -> None:
@@ -388,6 +393,7 @@ class Supervisor:
         self.stopping = True
         systemd.stopping("draining")
         self.maintenance.pause_purge()
+        self.scheduler.pause()  # another host takes the schedules over at once
         now = time.monotonic()
         for pool in self.fleet.pools():
             for child in pool.children():
@@ -432,7 +438,11 @@ class Supervisor:
 
     def _database_problems(self) -> list[str]:
         """Database trouble the parent's own threads ran into (from any thread)."""
-        found = (self.maintenance.database_problem(), self.metrics.database.problem())
+        found = (
+            self.maintenance.database_problem(),
+            self.metrics.database.problem(),
+            self.scheduler.database_problem(),
+        )
         return [problem for problem in found if problem]
 
     def write_state(self) -> None:

@@ -104,6 +104,14 @@ def wall_clock_ms() -> int:
 ClaimDraw = Callable[[Sequence[str] | None, int], Awaitable[list[Task]]]
 
 
+#: A claim that finds all the work it asked for recovers expired leases at most this
+#: often; one that comes up short recovers at once and draws again. The protocol has
+#: every claim recover first; doing it on every cycle of a busy worker cost a statement
+#: per cycle for a scan that almost always finds nothing (the daemon's reaper and idle
+#: claims still recover within a second of need).
+CLAIM_RECOVERY_EVERY_S = 1.0
+
+
 class TaskStore(ABC):
     """One connection (or pool) to one cairnq database."""
 
@@ -121,6 +129,7 @@ class TaskStore(ABC):
         self.now_ms: Clock = clock if clock is not None else wall_clock_ms
         self._gate: QueueDepthGate | None = None
         self._retention: Any = None
+        self._claim_recovered_at = -math.inf
 
     # -- dialect primitives ------------------------------------------------------------
 
@@ -249,10 +258,24 @@ class TaskStore(ABC):
             if self._gate is not None:
                 await self._gate.admit(queue)
             if key is None:
-                rows = await self._fetch("insert_task", params)
-                return self._task(rows[0])
+                return await self._insert_keyless(params)
             async with self._transaction() as session:
                 return await self._submit_keyed(session, params)
+
+    async def _insert_keyless(self, params: Params) -> Task:
+        """One keyless submit. A dialect may queue it with concurrent ones (see
+        store/coalesce.py); SQLite's group commit already shares its transaction."""
+        return await self._insert_one(params)
+
+    async def _insert_one(self, params: Params) -> Task:
+        rows = await self._fetch("insert_task", params)
+        return self._task(rows[0])
+
+    async def _insert_many_keyless(self, prepared: Sequence[Params]) -> builtins.list[Task]:
+        """Keyless submits in one statement, atomically."""
+        rows = await self._fetch("insert_many", insert_many_params(prepared))
+        times = {r["id"]: (int(r["run_at_ms"]), int(r["created_at_ms"])) for r in rows}
+        return [new_task(p, *times[p["id"]]) for p in prepared]
 
     async def _submit_keyed(self, session: Session, params: Params) -> Task:
         key, conflict = params["key"], params["conflict"]
@@ -566,19 +589,38 @@ class TaskStore(ABC):
             if settle:
                 rows = await session.fetch("complete_many", complete_many_params(worker_id, settle))
                 settled = {r["id"]: r["status"] for r in rows}
-            await session.fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
+            recovered = False
+            if time.monotonic() - self._claim_recovered_at >= CLAIM_RECOVERY_EVERY_S:
+                await self._recover_in(session)
+                recovered = True
 
             async def draw(draw_names: Sequence[str] | None, limit: int) -> list[Task]:
+                nonlocal recovered
                 if limit <= 0 or (draw_names is not None and len(draw_names) == 0):
                     return []
                 op, params = claim_variant(queues, draw_names)
                 rows = await session.fetch(op, {**base, **params, "limit": limit})
+                if len(rows) < limit and not recovered:
+                    # Short of work: tasks with expired leases may be what is missing.
+                    recovered = True
+                    if await self._recover_in(session):
+                        more = await session.fetch(
+                            op, {**base, **params, "limit": limit - len(rows)}
+                        )
+                        rows = [*rows, *more]
                 return self._tasks(rows)
 
             result = await plan(draw)
         if on_settled is not None and settle:
             on_settled(settled)
         return result
+
+    async def _recover_in(self, session: Session) -> bool:
+        """Recover expired leases inside a claim transaction; whether any task went back
+        to the queue."""
+        self._claim_recovered_at = time.monotonic()
+        rows = await session.fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
+        return any(r["status"] == "queued" for r in rows)
 
     async def recover_leases(self) -> builtins.list[Row]:
         """Recover every expired lease now (the daemon's reaper; claims do it too)."""

@@ -41,6 +41,7 @@ from cairnqd.errors import (
 )
 from cairnqd.models import Task
 from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
+from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.migrate import apply_postgres, pending_postgres
 from cairnqd.store.pg_connect import AsyncConn, bind, run, session_conninfo
@@ -100,6 +101,8 @@ class PostgresStore(TaskStore):
             raise ValueError(f"call_timeout_s must be positive or None, got {call_timeout_s}")
         self.call_timeout_s = call_timeout_s
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
+        # Concurrent keyless submits share one statement and one commit.
+        self.submits = SubmitCoalescer(self._insert_one, self._insert_many_keyless)
         self._listeners: dict[str, Listener] = {}
         self._push_hint = False
         self._ever_connected = False
@@ -197,6 +200,7 @@ class PostgresStore(TaskStore):
         )
 
     async def close(self) -> None:
+        await self.submits.drain()  # submits already queued land before the pool goes
         if self._retention is not None:
             await self._retention.stop()
         listeners, self._listeners = list(self._listeners.values()), {}
@@ -237,6 +241,9 @@ class PostgresStore(TaskStore):
                 if isinstance(exc, TimeoutError | asyncio.CancelledError) and not conn.closed:
                     await conn.close()
                 raise
+
+    async def _insert_keyless(self, params: Params) -> Task:
+        return await self.submits.submit(params)
 
     async def _fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()

@@ -60,7 +60,7 @@ class Daemon:
         (self.tmp / "run").mkdir(exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
-    def start(self) -> Daemon:
+    def start(self, *, wait_ready: bool = True) -> Daemon:
         env = {
             **os.environ,
             "NOTIFY_SOCKET": self.notify_path,
@@ -74,7 +74,8 @@ class Daemon:
             stderr=subprocess.STDOUT,
             cwd=self.tmp,
         )
-        self.wait_notify("READY=1", timeout=60)
+        if wait_ready:
+            self.wait_notify("READY=1", timeout=60)
         return self
 
     @property

@@ -1,4 +1,4 @@
-"""cairnqd and the public `cairnq` 0.15.1 SDK on one database (SPEC §3.6, §3.7, §9.4).
+"""cairnqd and the public `cairnq` 0.15.1 SDK on one database (docs/protocol.md §3.5, §3.6, §9.4).
 
 Both directions on both dialects: work submitted by one side is claimed, settled and
 waited on by the other, keys resolve the same way on both sides, and keyed writes from

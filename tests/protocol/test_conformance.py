@@ -1,6 +1,6 @@
 """The 35 cairnq conformance scenarios, run unchanged on SQLite and Postgres.
 
-A small interpreter of the scenario format (SPEC §9.1): client ops go through
+A small interpreter of the scenario format (docs/protocol.md §9.1): client ops go through
 `CairnQ`, worker ops through the store, `$alias.field.0` references are resolved
 against saved results, and `expectError` matches the raised class by name.
 """

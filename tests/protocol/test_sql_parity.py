@@ -90,10 +90,13 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_task_keys_task_id_idx",
         "cairnqd_queue_pauses",
         "sqlite_autoindex_cairnqd_queue_pauses_1",
+        "cairnqd_schedules",
+        "sqlite_autoindex_cairnqd_schedules_1",
     }
     assert sqlite_ledger(ours, "cairnqd_migrations") == {
         "cairnqd_0001_task_keys_task_idx.sql",
         "cairnqd_0002_queue_pauses.sql",
+        "cairnqd_0003_schedules.sql",
     }
 
 
@@ -117,6 +120,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
         assert {r["name"] for r in ours.execute("select name from cairnqd_migrations")} == {
             "cairnqd_0001_task_keys_task_idx.sql",
             "cairnqd_0002_queue_pauses.sql",
+            "cairnqd_0003_schedules.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
@@ -125,6 +129,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_migrations_pkey",
             "cairnqd_task_keys_task_id_idx",
             "cairnqd_queue_pauses_pkey",
+            "cairnqd_schedules_pkey",
         }
 
 

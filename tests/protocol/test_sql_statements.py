@@ -87,6 +87,12 @@ def _params(dialect: str) -> dict[str, Any]:
         "lock_id": 1,
         # insert_many: SQLite reads one JSON array, Postgres parallel arrays.
         **_insert_many_params(sqlite),
+        # The scheduler's table (cairnqd_schedules).
+        "rule": "every 1s",
+        "at_ms": now,
+        "slot_ms": now,
+        "skipped": 2,
+        "host": "host-1",
     }
 
 
@@ -170,6 +176,16 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/queue_pauses": ({}, 0),
     "extensions/task_ids": ({}, 2),
     "extensions/task_count": ({}, 1),
+    # The table starts empty: the writes match no row, the reads find none.
+    "extensions/schedule_ensure": ({}, None),
+    "extensions/schedule_rule": ({}, 0),
+    "extensions/schedule_advance": ({}, 0),
+    "extensions/schedule_fired": ({}, None),
+    "extensions/schedule_skip": ({}, 0),
+    "extensions/schedule_failed": ({}, None),
+    "extensions/schedule_leader": ({}, None),
+    "extensions/schedule_manual": ({}, None),
+    "extensions/schedule_list": ({}, 0),
 }
 
 _PG_ONLY = {

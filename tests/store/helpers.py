@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import psycopg
 
-# SPEC §2.7: the ledger names every SDK records, `.sql` included. SQLite has no 0003.
+# docs/protocol.md §2.7: the ledger names every SDK records, `.sql` included. SQLite has no 0003.
 UPSTREAM_SQLITE_MIGRATIONS = (
     "0001_init.sql",
     "0002_purge_index.sql",

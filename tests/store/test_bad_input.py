@@ -1,4 +1,5 @@
-"""Bad arguments fail loudly, name the argument, and write nothing (SPEC §4.4, §6).
+"""Bad arguments fail loudly, name the argument, and write nothing (docs/protocol.md
+§4.4, §4.6, §6).
 
 Every case counts the task and key rows before and after, on both dialects.
 """

@@ -1,4 +1,4 @@
-"""Concurrent keyed submits and concurrent claims (SPEC §3.7, §6.1, §6.2, §9.3).
+"""Concurrent keyed submits and concurrent claims (docs/protocol.md §3.6, §6.1, §6.2, §9.3).
 
 Contention is real: several stores (each its own SQLite connection or Postgres pool) in
 one event loop, and several processes released together by a barrier.

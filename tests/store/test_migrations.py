@@ -1,4 +1,4 @@
-"""Migrations, ledgers and the connect-time guards (SPEC §2.7, §3).
+"""Migrations, ledgers and the connect-time guards (docs/protocol.md §2.7, §3).
 
 Every database here is real: a SQLite file in tmp_path or a fresh Postgres database.
 Concurrent cold starts run in separate processes (SQLite) or on separate connections
@@ -57,7 +57,7 @@ async def test_fresh_database_has_both_ledgers_and_meta(
     assert ours, "cairnqd_migrations holds no extension migration"
     assert sorted(ours) == list(extension_migrations(dialect))
     assert all(name.startswith("cairnqd_") for name in ours)
-    # Never a non-upstream name in upstream's ledger (SPEC §3.6).
+    # Never a non-upstream name in upstream's ledger (docs/protocol.md §2.4, §3.5).
     assert not [n for n in shared if n.startswith("cairnqd")]
 
     assert meta(dialect, db_target) == {"protocol_version": "1", "schema_version": "10"}

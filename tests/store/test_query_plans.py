@@ -1,4 +1,5 @@
-"""The plans the SQL comments argue for, pinned (SPEC §9.3, §10.0, §11 lessons 87-89).
+"""The plans the SQL comments argue for, pinned (docs/protocol.md §9.3, #probe-before-claim,
+#probe-seq-scan, #specialize-filters).
 
 SQLite: `EXPLAIN QUERY PLAN` of the exact text the store runs (`statement(...)`, bound by
 `sqlite_statements.bind`) on a seeded, analyzed database. Postgres: `EXPLAIN` on a seeded,
@@ -148,7 +149,7 @@ def test_sqlite_multi_queue_claims_sort_only_claimable_rows(
     seeded_sqlite: sqlite3.Connection, op: str, params: dict[str, Any]
 ) -> None:
     """With several queues (a json_each list) no index yields claim order across them,
-    so SQLite sorts (SPEC §6.2: the list form sorts the claimable backlog). What must
+    so SQLite sorts (docs/protocol.md §6.2: a list filter sorts the claimable backlog). What must
     hold is that the rows sorted come from an index range, not a table scan."""
     plan = sqlite_plan(seeded_sqlite, op, {**CLAIM, **params})
     assert any(CLAIM_SEARCH.search(line) for line in plan), _show(plan)
@@ -230,7 +231,8 @@ def test_sqlite_key_cascade_uses_cairnqd_index(seeded_sqlite: sqlite3.Connection
 
 @pytest.fixture(scope="module")
 def seeded_pg() -> Iterator[str]:
-    """~20k terminal rows, a few queued and running ones, then ANALYZE (SPEC §10.0)."""
+    """~20k terminal rows, a few queued and running ones, then ANALYZE
+    (docs/protocol.md#probe-seq-scan)."""
     import asyncio
 
     from tests.conftest import PgDatabases, require_postgres
@@ -365,7 +367,7 @@ def test_postgres_key_cascade_uses_cairnqd_index(seeded_pg: str) -> None:
     assert "cairnqd_task_keys_task_id_idx" in plan, plan
 
 
-# -- optional-filter specialization (SPEC §6.12) -----------------------------------------
+# -- optional-filter specialization (docs/protocol.md §6.12) -----------------------------
 
 SPECIALIZED = [
     ("purge", frozenset({"queue"})),

@@ -115,7 +115,7 @@ async def test_a_large_list_leaves_the_loop_free(dialect: str, db_target: str) -
     assert len(listed) == rows
     assert counts["default"]["queued"] == rows
     # Wide margin for a loaded machine; a list that held the loop takes 100s of ms.
-    assert max(gaps) < 0.05, f"the loop stalled for {max(gaps) * 1000:.0f} ms"
+    assert max(gaps) < 0.08, f"the loop stalled for {max(gaps) * 1000:.0f} ms"
 
 
 async def test_a_cancelled_scan_leaves_the_store_usable(sqlite_path: str) -> None:

@@ -32,6 +32,7 @@ from cairnqd.config import (
     render_example,
     to_ms,
 )
+from cairnqd.config.reference import render_reference
 from cairnqd.registry import HandlerError, TaskRegistry, parse_handler_path, resolve_handlers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,6 +100,20 @@ def test_example_file_is_generated_from_the_schema() -> None:
     )
 
 
+def test_configuration_reference_is_generated_from_the_schema() -> None:
+    reference = EXAMPLE.parent.parent / "docs" / "configuration.md"
+    assert reference.read_text() == render_reference(), (
+        "docs/configuration.md is stale: python -m cairnqd.config --reference > "
+        "docs/configuration.md"
+    )
+
+
+def test_configuration_reference_lists_every_setting() -> None:
+    text = render_reference()
+    missing = [s.path for s in SCHEMA if f"`{s.path}`" not in text and "." in s.path]
+    assert missing == []
+
+
 def test_example_file_loads_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     config = load_config(EXAMPLE, env={})
@@ -120,7 +135,11 @@ def test_example_documents_every_key() -> None:
 def test_schema_matches_the_dataclasses() -> None:
     """Every section's dataclass fields are exactly its schema keys (plus extras the
     loader fills itself), so building `cls(**values)` cannot drift."""
-    extras = {"Config": {"source", "warnings"}, "GroupConfig": {"name"}}
+    extras = {
+        "Config": {"source", "warnings"},
+        "GroupConfig": {"name"},
+        "ScheduleConfig": {"schedule"},
+    }
     sections: dict[str, type] = {"": Config}
     for setting in SCHEMA:
         cls = getattr(setting.kind, "cls", None)

@@ -39,9 +39,19 @@ DESIGNED_ALERT_EXPRS = (
     "time() - max(cairnq_purge_last_success_timestamp_seconds) > 3 * 600",
     "cairnq_config_last_reload_successful == 0",
     "cairnq_db_up == 0",
+    "time() - max by (schedule) (cairnq_schedule_last_fire_timestamp_seconds) "
+    "> 2 * max by (schedule) (cairnq_schedule_period_seconds)",
 )
 
-DASHBOARD_ROWS = ["Queues", "Throughput", "Latency", "Supervisor", "Maintenance", "Config and DB"]
+DASHBOARD_ROWS = [
+    "Queues",
+    "Throughput",
+    "Latency",
+    "Supervisor",
+    "Maintenance",
+    "Config and DB",
+    "Schedules",
+]
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range"}
 
 
@@ -312,6 +322,32 @@ ALERT_CASES = [
         [{"severity": "critical", "instance": "a"}],
     ),
     _case({'cairnq_db_up{instance="a"}': "0x10"}, "CairnqDatabaseDown", "1m", []),
+    # A 10-minute schedule stuck since the epoch trips past 20 minutes (+5m for); a
+    # per-minute one that fires every minute does not.
+    _case(
+        {
+            'cairnq_schedule_last_fire_timestamp_seconds{instance="a",schedule="nightly"}': "0x60",
+            'cairnq_schedule_period_seconds{instance="a",schedule="nightly"}': "600x60",
+            'cairnq_schedule_last_fire_timestamp_seconds{instance="a",schedule="tick"}': "0+60x60",
+            'cairnq_schedule_period_seconds{instance="a",schedule="tick"}': "60x60",
+        },
+        "CairnqScheduleSilent",
+        "30m",
+        [{"severity": "warning", "schedule": "nightly"}],
+    ),
+    _case(
+        {
+            'cairnq_schedule_last_fire_timestamp_seconds{instance="a",schedule="nightly"}': "0x60",
+            # Another host (the leader) saw it fire: max() hears it.
+            'cairnq_schedule_last_fire_timestamp_seconds{instance="b",schedule="nightly"}': (
+                "0+60x60"
+            ),
+            'cairnq_schedule_period_seconds{instance="a",schedule="nightly"}': "600x60",
+        },
+        "CairnqScheduleSilent",
+        "30m",
+        [],
+    ),
 ]
 
 

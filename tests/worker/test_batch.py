@@ -1,4 +1,4 @@
-"""SPEC §8.4-8.6: batch delivery. One call takes a list of contexts; `concurrency`
+"""docs/protocol.md §8.4-8.6: batch delivery. One call takes a list of contexts; `concurrency`
 counts calls, not tasks."""
 
 from __future__ import annotations

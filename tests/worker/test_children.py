@@ -1,4 +1,4 @@
-"""SPEC §8.8: `ctx.submit` wires parent, root and correlation ids; `ctx.wait` waits."""
+"""docs/protocol.md §8.8: `ctx.submit` wires parent, root and correlation ids; `ctx.wait` waits."""
 
 from __future__ import annotations
 

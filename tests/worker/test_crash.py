@@ -1,5 +1,5 @@
 """A worker process killed mid-task loses nothing: once the lease lapses another
-worker recovers the tasks and runs them as attempt 2 (SPEC §6.7, §8.6)."""
+worker recovers the tasks and runs them as attempt 2 (docs/protocol.md §6.7, §8.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §8.3-8.4: registering handlers and the calling convention."""
+"""docs/protocol.md §8.3-8.4: registering handlers and the calling convention."""
 
 from __future__ import annotations
 

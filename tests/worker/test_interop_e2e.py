@@ -1,4 +1,4 @@
-"""End to end across SDKs (SPEC §9.4, §8): the public `cairnq` 0.15.1 client calls
+"""End to end across SDKs (docs/protocol.md §9.4, §8): the public `cairnq` 0.15.1 client calls
 tasks our Worker runs, and our client calls tasks their `cairnq.Worker` runs, on one
 SQLite file or one Postgres database. Both workers run in this event loop."""
 

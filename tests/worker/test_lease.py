@@ -1,5 +1,7 @@
-"""SPEC §8.6, §8.8 and lessons 8, 34, 40, 64, 96: heartbeats keep a lease, cancel and
-lease loss reach the handler, and `max_run_ms` abandons a hung attempt."""
+"""docs/protocol.md §8.6, §8.8, #survivable-errors, #heartbeat-floor,
+#abandon-hung-attempts, #sync-handlers-in-threads, #no-children-after-lease-loss:
+heartbeats keep a lease, cancel and lease loss reach the handler, and `max_run_ms`
+abandons a hung attempt."""
 
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ pytestmark = pytest.mark.timeout(60)
 async def test_blocking_sync_handler_keeps_its_lease(
     store: TaskStore, client: CairnQ, errors: ErrorLog
 ) -> None:
-    """Lesson 64: a handler that blocks for 3+ leases must not be recovered and re-run."""
+    """docs/protocol.md#sync-handlers-in-threads: a handler that blocks for 3+ leases must
+    not be recovered and re-run."""
     worker = Worker(store, ["default"], lease_ms=600, poll_interval_ms=50, on_error=errors)
     runs: list[int] = []
 
@@ -156,8 +159,9 @@ async def test_heartbeat_carries_the_cancel_flag(store: TaskStore, client: Cairn
 async def test_max_run_ms_abandons_a_hung_async_handler(
     store: TaskStore, client: CairnQ, errors: ErrorLog
 ) -> None:
-    """Lesson 40: the attempt fails as retryable `handler_timeout` and is redelivered at
-    once (not after the 30 s lease); the abandoned handler can no longer write."""
+    """docs/protocol.md#abandon-hung-attempts: the attempt fails as retryable
+    `handler_timeout` and is redelivered at once (not after the 30 s lease); the abandoned
+    handler can no longer write."""
     worker = Worker(
         store,
         ["default"],
@@ -238,7 +242,7 @@ async def test_max_run_ms_exhausts_attempts(store: TaskStore, client: CairnQ) ->
 async def test_max_run_ms_frees_the_slot_of_a_stuck_sync_handler(
     store: TaskStore, client: CairnQ
 ) -> None:
-    """SPEC §8.6: a sync handler's thread cannot be killed; it keeps running while its
+    """docs/protocol.md §8.6: a sync handler's thread cannot be killed; it keeps running while its
     slot is freed. With concurrency=1 the retry must still run."""
     worker = Worker(
         store, ["default"], concurrency=1, max_run_ms=300, retry_backoff_ms=0, poll_interval_ms=20

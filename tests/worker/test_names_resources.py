@@ -1,5 +1,6 @@
-"""SPEC §8.5 and lessons 13, 59, 99: the claim filters by registered name, and shared
-resources cap calls across names (and a release wakes the idle loop)."""
+"""docs/protocol.md §8.5, #claim-by-name, #resource-ceiling-at-claim, #resource-wake:
+the claim filters by registered name, and shared resources cap calls across names (and
+a release wakes the idle loop)."""
 
 from __future__ import annotations
 
@@ -96,8 +97,8 @@ async def test_resource_caps_calls_across_names(store: TaskStore, client: CairnQ
 
 
 async def test_resource_release_wakes_the_idle_loop(store: TaskStore, client: CairnQ) -> None:
-    """Lesson 99: the second gpu task waits only for the first to finish, not for the
-    5 s poll."""
+    """docs/protocol.md#resource-wake: the second gpu task waits only for the first to
+    finish, not for the 5 s poll."""
     worker = Worker(store, ["default"], poll_interval_ms=5000, concurrency=2, resources={"gpu": 1})
     release = asyncio.Event()
     started: dict[int, float] = {}
@@ -126,8 +127,9 @@ async def test_resource_release_wakes_the_idle_loop(store: TaskStore, client: Ca
 async def test_release_during_a_claim_still_wakes_the_idle_loop(
     store: TaskStore, client: CairnQ
 ) -> None:
-    """Lesson 99, the narrow case: the release lands while a claim that found the gpu
-    full is still in flight. The idle sleep after that claim must not miss it."""
+    """docs/protocol.md#resource-wake, the narrow case: the release lands while a claim that
+    found the gpu full is still in flight. The idle sleep after that claim must not miss
+    it."""
     worker = Worker(store, ["default"], poll_interval_ms=2000, concurrency=2, resources={"gpu": 1})
     release = asyncio.Event()
     started: dict[int, float] = {}

@@ -1,4 +1,4 @@
-"""SPEC §6.4-6.5, §8.6: how the end of a handler call is recorded, and retry backoff."""
+"""docs/protocol.md §6.4-6.5, §8.6: how the end of a handler call is recorded, and retry backoff."""
 
 from __future__ import annotations
 

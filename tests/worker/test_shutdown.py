@@ -1,4 +1,5 @@
-"""SPEC §8.7 and lessons 15, 16, 20, 27, 97: stopping, draining, background() error
+"""docs/protocol.md §8.7, #serve-owns-signals, #drain-in-finally, #local-overrides,
+#clamp-concurrency, #background-raises: stopping, draining, background() error
 propagation, and serve()'s ownership of the process signals."""
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ async def test_stop_during_a_claim_is_prompt(store: TaskStore) -> None:
 async def test_run_concurrency_override_is_not_sticky_and_is_clamped(
     store: TaskStore, client: CairnQ
 ) -> None:
-    """Lessons 20 and 27 (a fresh worker per run: upstream's stop() is permanent)."""
+    """docs/protocol.md#local-overrides, #clamp-concurrency (a fresh worker per run:
+    upstream's stop() is permanent)."""
     in_flight = 0
     peak = 0
     gate = asyncio.Event()
@@ -152,7 +154,7 @@ async def test_run_concurrency_override_is_not_sticky_and_is_clamped(
 
 @SQLITE_ONLY
 async def test_run_does_not_touch_process_signals(store: TaskStore, client: CairnQ) -> None:
-    """Lesson 15: only serve() owns SIGINT/SIGTERM."""
+    """docs/protocol.md#serve-owns-signals: only serve() owns SIGINT/SIGTERM."""
     before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
 
     def make() -> Worker:
@@ -203,7 +205,7 @@ async def test_background_with_an_immediate_body_returns(store: TaskStore) -> No
 
 
 async def test_background_reraises_a_run_failure_when_the_body_returns(tmp_path: Path) -> None:
-    """Lesson 97: a database that will not open is not a silent success."""
+    """docs/protocol.md#background-raises: a database that will not open is not a silent success."""
     directory = tmp_path / "a_directory"
     directory.mkdir()
     store = SQLiteStore(str(directory))

@@ -1,4 +1,4 @@
-"""SPEC §7 and §8.5 step 7: an idle worker wakes for a task submitted from another
+"""docs/protocol.md §7 and §8.5 step 6: an idle worker wakes for a task submitted from another
 connection or process well before its poll interval (SQLite: `pragma data_version`;
 Postgres: LISTEN/NOTIFY). Push is an accelerator: the bound asserted here (1 s) is
 generous, the point is beating the 5 s poll."""

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from cairnqd.config import MetricsConfig
 from cairnqd.daemon.metrics.buckets import BucketHistogram
+from cairnqd.daemon.metrics.schedules import ScheduleFamilies
 
 
 class Families:
@@ -80,6 +81,7 @@ class Families:
         )
         self._build_purge_metrics()
         self._build_config_metrics()
+        self.schedules = ScheduleFamilies(r)
 
     def _build_purge_metrics(self) -> None:
         r = self.registry

@@ -32,7 +32,7 @@ RESTART_REASONS = (
     "max_memory",
     "reload",
 )
-DB_ERROR_COMPONENTS = ("child", "maintenance", "listener")
+DB_ERROR_COMPONENTS = ("child", "maintenance", "listener", "scheduler")
 DB_ERROR_KINDS = ("busy", "timeout", "connect", "other")
 
 #: Every family the daemon exports, as a scrape exposes it (counters with `_total`).
@@ -69,6 +69,13 @@ METRIC_NAMES: tuple[str, ...] = (
     "cairnq_config_last_reload_success_timestamp_seconds",
     "cairnq_config_generation",
     "cairnq_build_info",
+    "cairnq_schedule_last_fire_timestamp_seconds",
+    "cairnq_schedule_next_fire_timestamp_seconds",
+    "cairnq_schedule_period_seconds",
+    "cairnq_schedule_fired_total",
+    "cairnq_schedule_misfires_total",
+    "cairnq_schedule_enqueue_failures_total",
+    "cairnq_scheduler_leader",
 )
 
 

@@ -1,4 +1,5 @@
-"""`Metrics`: every §6 family in the parent's one registry, and the updates made to it.
+"""`Metrics`: every family the daemon exports, in the parent's one registry, and the
+updates made to it.
 
 Known label combinations start at 0 (a rate() over a series that appears only on its
 first increment misses that increment); a dropped queue, group or rule has its series
@@ -50,7 +51,7 @@ log = logging.getLogger("cairnqd.metrics")
 
 
 class Metrics(Families):
-    """Every §6 family in one registry, and the updates the supervisor makes.
+    """Every exported family in one registry, and the updates the supervisor makes.
 
     Updates are thread-safe (the maintenance thread reports recoveries and purges);
     label values are bounded as `labels` says.
@@ -110,6 +111,7 @@ class Metrics(Families):
                 self._child(self.child_restarts, ("group", "reason"), name, reason)
         for index in range(len(config.retention.rules)):
             self._child(self.purge_deleted_total, ("rule",), str(index))
+        self.schedules.configure(config.schedules)
 
     def _zero_queue(self, queue: str) -> None:
         for reason in RECOVERY_REASONS:

@@ -1,0 +1,129 @@
+"""How a schedule's settings are read: the cron rule, the time zone, the misfire
+policy, the payload, and the checks across them (`_finish_schedule`)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cairnqd.config.kinds import _INVALID, _Invalid, _Kind, _show, _show_node, _Str
+from cairnqd.config.yamlload import (
+    ScalarValue,
+    YamlMapping,
+    YamlNode,
+    YamlPath,
+    YamlScalar,
+    to_plain,
+)
+from cairnqd.schedules import POLICIES, Misfire, parse_cron
+
+if TYPE_CHECKING:
+    from cairnqd.config.checker import _Checker
+
+#: A payload bigger than this as JSON is refused at load rather than at every slot.
+_MAX_PAYLOAD_BYTES = 64 * 1024
+
+
+class _Cron(_Str):
+    expected = "a cron expression like '0 3 * * *' or a macro like @daily"
+
+    def convert(self, value: ScalarValue) -> Any:
+        text = super().convert(value)
+        try:
+            parse_cron(text)
+        except ValueError as exc:
+            raise _Invalid(str(exc)) from None
+        return text
+
+
+class _Timezone(_Str):
+    expected = "an IANA time zone like Europe/Berlin"
+
+    def convert(self, value: ScalarValue) -> Any:
+        text = super().convert(value)
+        try:
+            ZoneInfo(text)
+        except (ZoneInfoNotFoundError, ValueError):
+            message = f"unknown time zone {text!r} (expected an IANA name like Europe/Berlin)"
+            raise _Invalid(message) from None
+        return text
+
+
+class _MisfireKind(_Kind):
+    expected = "skip, once, or {catch_up: N}"
+
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        if isinstance(node, YamlScalar):
+            if node.value == "catch_up":
+                raise _Invalid("catch_up needs a limit: write misfire: {catch_up: 10}")
+            if node.value == "skip":
+                return Misfire("skip")
+            if node.value == "once":
+                return Misfire("once")
+            raise self.fail(_show(node.value), f" (policies: {', '.join(POLICIES)})")
+        if not isinstance(node, YamlMapping):
+            raise self.fail(_show_node(node))
+        keys = list(node.entries)
+        if keys != ["catch_up"]:
+            raise self.fail("a mapping with " + (", ".join(map(repr, keys)) or "no keys"))
+        entry = node.entries["catch_up"]
+        limit = entry.node.value if isinstance(entry.node, YamlScalar) else None
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise _Invalid(
+                f"expected an integer ≥ 1, got {_show_node(entry.node)}", entry.node, ("catch_up",)
+            )
+        return Misfire("catch_up", limit)
+
+    def dump(self, value: Any) -> Any:
+        assert isinstance(value, Misfire)
+        return {"catch_up": value.limit} if value.policy == "catch_up" else value.policy
+
+
+class _Payload(_Kind):
+    """Any JSON value, written as YAML."""
+
+    expected = "a JSON value"
+
+    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+        value = to_plain(node)
+        try:
+            text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        except ValueError:
+            raise _Invalid("not a JSON value: NaN and infinities cannot be stored") from None
+        if len(text.encode()) > _MAX_PAYLOAD_BYTES:
+            raise _Invalid(f"larger than {_MAX_PAYLOAD_BYTES // 1024} KiB as JSON")
+        return value
+
+
+def _finish_schedule(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+    rules = [k for k in ("cron", "every") if v[k] is not None]
+    if not rules:
+        ck.error_at(path, "set one of cron or every")
+        v["cron"] = _INVALID
+    elif len(rules) == 2:
+        ck.error_at((*path, "every"), "cron and every are both set; keep one")
+        v["every"] = _INVALID
+    elif rules == ["every"] and v["timezone"] is not None:
+        message = (
+            "applies to cron only: every: counts from the Unix epoch; "
+            "use cron for a time of day in a zone"
+        )
+        ck.error_at((*path, "timezone"), message)
+        v["timezone"] = _INVALID
+    return v
+
+
+def _warn_unserved_queues(ck: _Checker, schedules: Any, groups: Any) -> None:
+    """A schedule whose queue no group here claims: fine when another host serves it,
+    a silent pile-up when nobody does."""
+    if schedules is _INVALID or groups is _INVALID:
+        return
+    served = {queue for group in groups.values() for queue in group.queues}
+    for name, schedule in schedules.items():
+        if schedule.queue not in served:
+            ck.warn_at(
+                ("schedules", name, "queue"),
+                f"no group in this config claims queue {schedule.queue!r}; its tasks wait "
+                "for a worker elsewhere",
+            )

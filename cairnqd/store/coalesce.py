@@ -1,0 +1,149 @@
+"""Group commit for keyless submits: concurrent callers share one statement.
+
+Design note. A web application submits from many requests at once, each awaiting its
+own `submit`. On Postgres every autocommit insert is a round trip and a commit (an
+fsync on the server), so 64 concurrent submits cost 64 commits, and the pool's size
+caps how many overlap. Here a submit that arrives while another is being written
+waits for that write to finish; then everything that queued meanwhile goes in as one
+`insert_many`: one round trip and one commit for the lot. A lone submit is written at
+once, alone, with the single-row statement, so sequential callers pay only a task
+switch for it.
+
+Every caller keeps its own outcome:
+
+- Each item was validated before it was queued, so a batch rarely fails. When it does
+  for a reason tied to the data (a constraint, a trigger that refuses a row), the
+  database rolled the whole statement back and each item is written again alone: the
+  one that fails raises in its own caller, its neighbours land.
+- When the database is unreachable or slow (a transient error), every caller of the
+  batch gets that error at once rather than one timeout after another.
+- A caller cancelled while its item waits is removed before the write; once the write
+  has started the item may land, as a cancelled single insert whose statement reached
+  the server may.
+
+Keyed submits do not come here: their conflict rules need the key's lock and a read
+in one transaction, which the store runs per submit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from cairnqd.models import Task
+from cairnqd.store.errors import is_transient
+
+log = logging.getLogger("cairnqd.store")
+
+#: The most submits one statement carries; more wait for the next one.
+MAX_BATCH = 1000
+
+InsertOne = Callable[[dict[str, object]], Awaitable[Task]]
+InsertMany = Callable[[Sequence[dict[str, object]]], Awaitable[list[Task]]]
+
+
+@dataclass
+class _Waiting:
+    params: dict[str, object]
+    future: asyncio.Future[Task] = field(repr=False)
+
+
+class SubmitCoalescer:
+    """Queues keyless submits and writes them in batches, one batch at a time."""
+
+    def __init__(
+        self, insert_one: InsertOne, insert_many: InsertMany, *, max_batch: int = MAX_BATCH
+    ) -> None:
+        self._insert_one = insert_one
+        self._insert_many = insert_many
+        self._max_batch = max_batch
+        self._queue: list[_Waiting] = []
+        self._writer: asyncio.Task[None] | None = None
+        #: Statements written and submits they carried (for tests and the bench).
+        self.statements = 0
+        self.submits = 0
+
+    async def submit(self, params: dict[str, object]) -> Task:
+        waiting = _Waiting(params, asyncio.get_running_loop().create_future())
+        self._queue.append(waiting)
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_all(), name="cairnqd-submits")
+        try:
+            # Shielded: the writer resolves the future; a cancelled caller only leaves.
+            return await asyncio.shield(waiting.future)
+        except asyncio.CancelledError:
+            if waiting in self._queue:
+                self._queue.remove(waiting)  # not written yet: it never will be
+            elif not waiting.future.done():
+                waiting.future.add_done_callback(_consume)
+            raise
+
+    async def drain(self) -> None:
+        """Wait until everything queued so far has been written (or has failed)."""
+        while self._writer is not None:
+            await asyncio.shield(self._writer)
+
+    async def _write_all(self) -> None:
+        batch: list[_Waiting] = []
+        try:
+            while self._queue:
+                batch = self._queue[: self._max_batch]
+                del self._queue[: self._max_batch]
+                await self._write(batch)
+        except BaseException:
+            # The writer itself was cancelled (its loop is closing): nobody will write
+            # these, so their callers must not wait forever.
+            for waiting in [*batch, *self._queue]:
+                waiting.future.cancel()
+            self._queue.clear()
+            raise
+        finally:
+            self._writer = None
+
+    async def _write(self, batch: list[_Waiting]) -> None:
+        self.statements += 1
+        self.submits += len(batch)
+        if len(batch) == 1:
+            await self._write_alone(batch[0])
+            return
+        try:
+            tasks = await self._insert_many([w.params for w in batch])
+        except Exception as exc:
+            if is_transient(exc):
+                for waiting in batch:
+                    _settle(waiting.future, error=exc)
+                return
+            log.debug("a batch of %d submits failed (%s); writing each alone", len(batch), exc)
+            for waiting in batch:
+                await self._write_alone(waiting)
+            return
+        for waiting, task in zip(batch, tasks, strict=True):
+            _settle(waiting.future, task=task)
+
+    async def _write_alone(self, waiting: _Waiting) -> None:
+        try:
+            task = await self._insert_one(waiting.params)
+        except Exception as exc:
+            _settle(waiting.future, error=exc)
+        else:
+            _settle(waiting.future, task=task)
+
+
+def _settle(
+    future: asyncio.Future[Task], *, task: Task | None = None, error: Exception | None = None
+) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        assert task is not None
+        future.set_result(task)
+
+
+def _consume(future: asyncio.Future[Task]) -> None:
+    """Retrieve the outcome nobody awaits any more, so asyncio does not log it."""
+    if not future.cancelled():
+        future.exception()

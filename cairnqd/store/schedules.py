@@ -1,0 +1,125 @@
+"""`ScheduleTable`: the scheduler's own table (cairnqd_schedules) on a `TaskStore`.
+
+Design note. "Exactly one task per slot, across hosts and restarts" rests on one
+transaction per slot: move the schedule's `last_slot_ms` up to the slot (only if it is
+still below it), then submit the slot's task with a key made of the schedule's name and
+the slot time (`reuse`), then record the task. A host that loses the race finds the
+row already moved and enqueues nothing; a crash before the commit leaves both the row
+and the task unwritten, so the slot is still due. The key adds a second guard for a
+live task, but it alone would not do: `reuse` lets a finished task's key be used again.
+
+This module belongs to the store (only the store runs SQL) and uses `TaskStore`'s
+statement primitives the way the dialect classes do; the statements are the
+`schedule_*` files of protocol/extensions/sql/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from cairnqd.models import Task
+from cairnqd.store.arguments import SubmitRequest
+from cairnqd.store.base import TaskStore
+
+__all__ = ["ScheduleRow", "ScheduleTable", "slot_key"]
+
+
+def slot_key(schedule: str, slot_ms: int) -> str:
+    """The submit key of one slot: the same on every host for the same slot."""
+    return f"cairnqd:schedule:{schedule}:{slot_ms}"
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """One schedule's row, with the status of the task it enqueued last."""
+
+    name: str
+    rule: str
+    last_slot_ms: int
+    last_fired_at_ms: int | None
+    last_fired_slot_ms: int | None
+    last_task_id: str | None
+    last_status: str | None
+    fired_by: str | None
+    last_error: str | None
+    last_error_at_ms: int | None
+    misfires: int
+    leader: str | None
+    leader_seen_at_ms: int | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ScheduleRow:
+        values = {f.name: row[f.name] for f in fields(cls)}
+        for name in ("last_slot_ms", "misfires"):
+            values[name] = int(values[name])
+        return cls(**values)
+
+
+class ScheduleTable:
+    """The scheduler's writes and reads, each one statement or one transaction."""
+
+    def __init__(self, store: TaskStore) -> None:
+        self.store = store
+
+    async def ensure(self, name: str, rule: str, at_ms: int) -> bool:
+        """Create the row of a schedule seen for the first time (starting after
+        `at_ms`); True when an existing row's rule changed and was restarted there."""
+        await self.store._fetch(
+            "extensions/schedule_ensure", {"name": name, "rule": rule, "at_ms": at_ms}
+        )
+        rows = await self.store._fetch(
+            "extensions/schedule_rule", {"name": name, "rule": rule, "at_ms": at_ms}
+        )
+        return bool(rows)
+
+    async def skip(self, name: str, through_ms: int, skipped: int, at_ms: int) -> bool:
+        """Give up the missed slots through `through_ms`; False if that was done."""
+        params = {"name": name, "slot_ms": through_ms, "skipped": skipped, "at_ms": at_ms}
+        return bool(await self.store._fetch("extensions/schedule_skip", params))
+
+    async def fire(
+        self, name: str, slot_ms: int, request: SubmitRequest, *, host: str, at_ms: int
+    ) -> Task | None:
+        """Enqueue the slot's task and move past the slot, in one transaction; None
+        when the slot had been dealt with already (by this host or another)."""
+        params = request.insert_params()
+        store = self.store
+        with store._operation():
+            async with store._transaction() as session:
+                claimed = await session.fetch(
+                    "extensions/schedule_advance",
+                    {"name": name, "slot_ms": slot_ms, "at_ms": at_ms},
+                )
+                if not claimed:
+                    return None
+                task = await store._submit_keyed(session, params)
+                await session.fetch(
+                    "extensions/schedule_fired",
+                    {
+                        "name": name,
+                        "slot_ms": slot_ms,
+                        "task_id": task.id,
+                        "host": host,
+                        "at_ms": at_ms,
+                    },
+                )
+                return task
+
+    async def record_failure(self, name: str, message: str, at_ms: int) -> None:
+        params = {"name": name, "message": message[:1000], "at_ms": at_ms}
+        await self.store._fetch("extensions/schedule_failed", params)
+
+    async def record_manual(
+        self, name: str, rule: str, task_id: str, *, host: str, at_ms: int
+    ) -> None:
+        params = {"name": name, "rule": rule, "task_id": task_id, "host": host, "at_ms": at_ms}
+        await self.store._fetch("extensions/schedule_manual", params)
+
+    async def mark_leader(self, host: str, at_ms: int) -> None:
+        await self.store._fetch("extensions/schedule_leader", {"host": host, "at_ms": at_ms})
+
+    async def rows(self) -> dict[str, ScheduleRow]:
+        rows = await self.store._fetch("extensions/schedule_list", {})
+        return {str(r["name"]): ScheduleRow.from_row(r) for r in rows}

@@ -1,0 +1,149 @@
+"""Concurrent keyless submits share statements on Postgres (store/coalesce.py), and each
+caller still gets its own task or its own error; keyed submits keep their conflict rules.
+
+The failures are real: a trigger in the test database refuses or delays chosen rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import psycopg
+import pytest
+
+from cairnqd.models import Task
+from cairnqd.store.coalesce import SubmitCoalescer
+from cairnqd.store.postgres import PostgresStore
+
+# Rows named "poison" are refused; rows named "slow" take a moment to insert.
+TRIGGER = """
+create or replace function test_refuse_poison() returns trigger language plpgsql as $$
+begin
+    if new.name = 'poison' then
+        raise exception 'poison refused for %', new.id;
+    end if;
+    if new.name = 'slow' then
+        perform pg_sleep(0.5);
+    end if;
+    return new;
+end $$;
+create trigger test_refuse_poison before insert on cairnq_tasks
+    for each row execute function test_refuse_poison();
+"""
+
+
+@pytest.fixture
+async def pg(pg_dsn: str) -> AsyncIterator[PostgresStore]:
+    store = PostgresStore(pg_dsn)
+    async with store:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(TRIGGER)
+        yield store
+
+
+def rows_named(dsn: str, name: str) -> list[tuple[str, object]]:
+    with psycopg.connect(dsn) as conn:
+        found = conn.execute(
+            "select id, payload from cairnq_tasks where name = %s order by id", (name,)
+        ).fetchall()
+    return [(str(i), p) for i, p in found]
+
+
+async def test_concurrent_submits_share_statements_and_each_lands_once(
+    pg: PostgresStore, pg_dsn: str
+) -> None:
+    before = pg.submits.statements
+    tasks = await asyncio.gather(*(pg.submit(name="n", payload={"i": i}) for i in range(64)))
+    assert [t.payload for t in tasks] == [{"i": i} for i in range(64)]
+    assert len({t.id for t in tasks}) == 64
+    stored = dict(rows_named(pg_dsn, "n"))
+    assert stored == {t.id: t.payload for t in tasks}
+    statements = pg.submits.statements - before
+    assert statements < 16, f"64 concurrent submits took {statements} statements"
+    # What a batch hands back is what a single insert would have.
+    again = await pg.get(tasks[-1].id)
+    assert again is not None
+    assert (again.status, again.attempt, again.run_at_ms) == ("queued", 0, tasks[-1].run_at_ms)
+
+
+async def test_sequential_submits_are_written_one_by_one(pg: PostgresStore) -> None:
+    before = pg.submits.statements
+    for i in range(5):
+        await pg.submit(name="n", payload=i)
+    assert pg.submits.statements - before == 5
+
+
+async def test_a_refused_submit_fails_alone(pg: PostgresStore, pg_dsn: str) -> None:
+    names = ["n"] * 31 + ["poison"] + ["n"] * 32
+    outcomes = await asyncio.gather(
+        *(pg.submit(name=name, payload={"i": i}) for i, name in enumerate(names)),
+        return_exceptions=True,
+    )
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(failed) == 1 and "poison refused" in str(failed[0])
+    assert isinstance(outcomes[31], BaseException)
+    landed = [o for o in outcomes if isinstance(o, Task)]
+    assert sorted(t.id for t in landed) == [i for i, _ in rows_named(pg_dsn, "n")]
+    assert rows_named(pg_dsn, "poison") == []
+
+
+async def test_a_submit_cancelled_while_queued_never_lands(pg: PostgresStore, pg_dsn: str) -> None:
+    slow = asyncio.create_task(pg.submit(name="slow"))
+    await asyncio.sleep(0.1)  # the slow insert is being written; the next ones queue
+    cancelled = asyncio.create_task(pg.submit(name="n", payload="cancelled"))
+    kept = asyncio.create_task(pg.submit(name="n", payload="kept"))
+    await asyncio.sleep(0.05)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    await slow
+    assert (await kept).payload == "kept"
+    assert [p for _, p in rows_named(pg_dsn, "n")] == ["kept"]
+
+
+async def test_close_writes_what_was_queued(pg_dsn: str) -> None:
+    store = PostgresStore(pg_dsn)
+    await store.connect()
+    pending = [asyncio.create_task(store.submit(name="n", payload=i)) for i in range(20)]
+    await asyncio.sleep(0)  # queued, not yet written
+    await store.close()
+    assert sorted(t.payload for t in await asyncio.gather(*pending)) == list(range(20))
+    assert len(rows_named(pg_dsn, "n")) == 20
+
+
+async def test_concurrent_keyed_submits_keep_their_conflict_rules(pg: PostgresStore) -> None:
+    reused = await asyncio.gather(*(pg.submit(name="k", key="one", payload=i) for i in range(20)))
+    assert len({t.id for t in reused}) == 1
+    replaced = await pg.submit(name="k", key="one", conflict="replace", payload="new")
+    assert replaced.id != reused[0].id
+    old = await pg.get(reused[0].id)
+    assert old is not None and old.status == "canceled"
+
+
+# -- the coalescer's own rules, with insert functions standing in for a database -----
+
+
+async def test_a_transient_batch_error_reaches_every_caller_at_once() -> None:
+    calls: list[int] = []
+    gate = asyncio.Event()
+
+    async def one(params: dict[str, object]) -> Task:
+        calls.append(1)
+        await gate.wait()  # hold the first write so that the rest form a batch
+        raise psycopg.OperationalError("server closed the connection")
+
+    async def many(batch: Sequence[dict[str, object]]) -> list[Task]:
+        calls.append(len(batch))
+        raise psycopg.OperationalError("server closed the connection")
+
+    coalescer = SubmitCoalescer(one, many)
+    first = asyncio.create_task(coalescer.submit({"i": 0}))
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(coalescer.submit({"i": i})) for i in range(1, 10)]
+    await asyncio.sleep(0)
+    gate.set()
+    outcomes = await asyncio.gather(first, *rest, return_exceptions=True)
+    assert all(isinstance(o, psycopg.OperationalError) for o in outcomes)
+    # One single write, one batch write: no retry of each item against a dead server.
+    assert calls == [1, 9]
