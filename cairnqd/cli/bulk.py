@@ -158,8 +158,10 @@ def _wrap(action: BulkAction, single: Callable[[argparse.Namespace], int]) -> An
     return command
 
 
-def extend_parsers(sub: Subparsers) -> None:
-    """Give the existing `cancel` and `retry` commands their filter forms."""
+def extend_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    """Give the existing `cancel` and `retry` commands their filter forms (registered
+    after them; `parents` is unused: the options join parsers that already have them)."""
+    del parents
     for name, action in ACTIONS.items():
         parser = sub.choices[name]
         group = parser.add_argument_group(

@@ -397,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_local_commands(sub, [common])
     cli_admin.add_parsers(sub, [common])
-    cli_bulk.extend_parsers(sub)
+    cli_bulk.extend_parsers(sub, [common])
     cli_queues.add_parsers(sub, [common])
     cli_status.add_parsers(sub, [common])
     cli_top.add_parsers(sub, [common])
