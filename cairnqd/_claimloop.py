@@ -18,6 +18,7 @@ from cairnqd._calls import Call, CallRunner
 from cairnqd._claims import ClaimPlan, claim_sources
 from cairnqd._handlers import RegisteredHandler
 from cairnqd._inflight import InFlight, LoopState
+from cairnqd._pauses import PausedQueues
 from cairnqd._prefetch import PrefetchSizer
 from cairnqd._settlement import Pending, Settlement
 from cairnqd.context import TaskContext
@@ -63,6 +64,8 @@ class ClaimLoop:
         # Hooks for a host process that retires a worker (see `Worker`).
         self.claim_budget: int | None = None
         self.before_claim: Callable[[], bool] | None = None
+        #: Set by a worker that honours queue pauses (`Worker(honour_pauses=True)`).
+        self.pauses: PausedQueues | None = None
 
     @property
     def calls(self) -> set[asyncio.Task[None]]:
@@ -115,6 +118,10 @@ class ClaimLoop:
             if not self._handlers or not state.claiming:
                 await self._idle()
                 continue
+            queues = self._queues if self.pauses is None else await self.pauses.active()
+            if not queues:
+                await self._idle()  # every queue of ours is paused
+                continue
             if not self._may_claim():
                 state.stop.set()
                 break
@@ -127,7 +134,7 @@ class ClaimLoop:
             # runs must cut the idle wait that may follow it short.
             state.freed.clear()
             try:
-                claimed = await self._claim(free, ahead)
+                claimed = await self._claim(queues, free, ahead)
             except Exception as exc:
                 self._inflight.report(exc, {"phase": "claim"})
                 await self._sleep_unless_stopped(0.25)
@@ -148,7 +155,13 @@ class ClaimLoop:
         state = self._state
         state.idling = True
         self._settlement.put_back([])  # nothing will claim soon: write any results now
-        wake = asyncio.ensure_future(self._store.claim_wake(self._queues, self._poll_interval_ms))
+        queues, wait_ms = self._queues, self._poll_interval_ms
+        if self.pauses is not None:
+            queues = [q for q in queues if q not in self.pauses.paused]
+            wait_ms = self.pauses.wait_cap_ms(wait_ms)
+        wake = asyncio.ensure_future(
+            self._store.claim_wake(queues, wait_ms) if queues else asyncio.sleep(wait_ms / 1000)
+        )
         freed = asyncio.ensure_future(state.freed.wait())
         try:
             await asyncio.wait({wake, freed}, return_when=asyncio.FIRST_COMPLETED)
@@ -161,7 +174,7 @@ class ClaimLoop:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._state.stop.wait(), seconds)
 
-    async def _claim(self, free: int, ahead_target: int) -> list[Task]:
+    async def _claim(self, queues: Sequence[str], free: int, ahead_target: int) -> list[Task]:
         sources = claim_sources(self._handlers)
         if not sources:
             return []
@@ -186,7 +199,7 @@ class ClaimLoop:
         try:
             with settlement.carried(settle):
                 result = await self._store.claim_session(
-                    queues=self._queues,
+                    queues=queues,
                     worker_id=self._inflight.worker_id,
                     lease_ms=self._inflight.lease_ms,
                     names=names,

@@ -46,6 +46,7 @@ from cairnqd._handlers import (
 from cairnqd._heartbeat import heartbeat_loop
 from cairnqd._ids import new_worker_id
 from cairnqd._inflight import InFlight, LoopState, WorkerObserver
+from cairnqd._pauses import PausedQueues
 from cairnqd._prefetch import PrefetchSetting, PrefetchSizer
 from cairnqd._settlement import Settlement, backoff_delay_ms
 from cairnqd.models import TaskDef, task_name
@@ -80,6 +81,7 @@ class Worker:
         max_queue_wait_ms: int = 600_000,
         on_error: OnError | None = None,
         prefetch: PrefetchSetting = "auto",
+        honour_pauses: bool = False,
     ) -> None:
         """`prefetch` (cairnqd only): how many tasks to claim beyond the free call
         slots, for handlers without `batch` or `resource`. They wait in the worker with
@@ -87,7 +89,11 @@ class Worker:
         bigger batches (fewer claim transactions per task); a stopping worker still
         runs them. "auto" (the default) claims ahead only what the handlers' observed
         pace will start within about 50 ms, so slow handlers never claim ahead; an
-        integer fixes the count, and 0 claims exactly like the public SDK."""
+        integer fixes the count, and 0 claims exactly like the public SDK.
+
+        `honour_pauses` (cairnqd only): skip queues an operator paused with `cairnqd
+        pause` (read about twice a second, `_pauses`). Off by default, so a bare worker
+        claims as the public SDK does; every daemon child turns it on."""
         if isinstance(queues, str):
             queues = [queues]
         self.queues = list(queues)
@@ -149,6 +155,8 @@ class Worker:
             poll_interval_ms=poll_interval_ms,
             resources=self.resources,
         )
+        if honour_pauses:
+            self._loop.pauses = PausedQueues(store, self.queues, self._report)
 
     # -- what a host process (the daemon's child) reads and sets ----------------------
 
@@ -197,6 +205,12 @@ class Worker:
     def prefetch_target(self) -> int:
         """Tasks to hold claimed beyond the free slots right now."""
         return self._loop.prefetch_target()
+
+    @property
+    def paused_queues(self) -> frozenset[str]:
+        """This worker's queues it found paused (empty unless `honour_pauses`)."""
+        pauses = self._loop.pauses
+        return frozenset() if pauses is None else pauses.paused
 
     # -- construction ------------------------------------------------------------------
 

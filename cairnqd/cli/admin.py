@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from cairnqd.cli import listing
 from cairnqd.client import wait_for_task
 from cairnqd.config import (
     Config,
@@ -46,7 +47,7 @@ from cairnqd.errors import (
     TaskTimeout,
 )
 from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
-from cairnqd.store.base import TaskStore
+from cairnqd.store.base import TaskStore, wall_clock_ms
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import missing_sqlite_file, store_for
 
@@ -224,21 +225,39 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
+#: Under `stats`: what RUNNING counts (a prefetching worker holds more than it runs).
+RUNNING_NOTE = (
+    "RUNNING counts every claimed task, including those a worker holds claimed ahead "
+    "(prefetched) and has not started; `cairnqd status` shows executing vs held."
+)
+
+
+async def _stats(store: TaskStore, queue: str | None) -> tuple[dict[str, dict[str, int]], set[str]]:
+    paused = {p.queue for p in await store.paused_queues()}
+    return await store.stats(queue), paused if queue is None else paused & {queue}
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     config = load(args.config)
-    counts = with_store(config, lambda store: store.stats(args.queue))
+    counts, paused = with_store(config, lambda store: _stats(store, args.queue))
     if args.json:
         print(_json(dict(sorted(counts.items()))))
         return exitcodes.OK
+    for queue in paused:  # a paused queue shows even when it holds no task
+        counts.setdefault(queue, dict.fromkeys(STATUSES, 0))
     rows: list[list[Any]] = [
-        [queue, *(by_status[s] for s in STATUSES), sum(by_status.values())]
+        [queue, *(by_status[s] for s in STATUSES), sum(by_status.values()),
+         "paused" if queue in paused else ""]
         for queue, by_status in sorted(counts.items())
-    ]
+    ]  # fmt: skip
     if len(rows) > 1:
-        rows.append(["(all)", *(sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2))])
-    print(table(["QUEUE", *(s.upper() for s in STATUSES), "TOTAL"], rows))
+        totals = [sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2)]
+        rows.append(["(all)", *totals, ""])
+    print(table(["QUEUE", *(s.upper() for s in STATUSES), "TOTAL", ""], rows))
     if not rows:
         print("(no tasks)")
+    else:
+        print(RUNNING_NOTE)
     return exitcodes.OK
 
 
@@ -247,29 +266,25 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     config = load(args.config)
-    tasks = with_store(
-        config,
-        lambda store: store.list(
-            status=args.status,
-            queue=args.queue,
-            name=args.name,
-            limit=args.limit,
-            offset=args.offset,
-        ),
-    )
+    tasks, total = with_store(config, lambda store: _list(store, args))
     if args.json:
         print(_json([dataclasses.asdict(t) for t in tasks]))
         return exitcodes.OK
-    headers = ["ID", "QUEUE", "NAME", "STATUS", "ATTEMPT", "PRIORITY", "CREATED"]
-    rows = [
-        [t.id, t.queue, t.name, t.status, f"{t.attempt}/{t.max_attempts}", t.priority,
-         _when(t.created_at_ms)]
-        for t in tasks
-    ]  # fmt: skip
-    print(table(headers, rows))
-    if not rows:
+    print(table(listing.LIST_HEADERS, listing.list_rows(tasks, wall_clock_ms())))
+    if not tasks:
         print("(no tasks)")
+    more = listing.more_line(total, args.offset, len(tasks))
+    if more is not None:
+        print(more)
     return exitcodes.OK
+
+
+async def _list(store: TaskStore, args: argparse.Namespace) -> tuple[list[Task], int]:
+    filters = {"status": args.status, "queue": args.queue, "name": args.name}
+    tasks = await store.list(**filters, limit=args.limit, offset=args.offset)
+    if args.json or len(tasks) < args.limit:
+        return tasks, args.offset + len(tasks)  # nothing beyond this page
+    return tasks, await store.count_tasks(listing.matching(**filters))
 
 
 def _one_target(args: argparse.Namespace) -> tuple[str | None, str | None]:
@@ -289,6 +304,8 @@ def _missing(task_id: str | None, key: str | None) -> CliError:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     task_id, key = _one_target(args)
+    if args.follow:
+        return _follow(load(args.config), task_id, key)
     task = with_store(load(args.config), lambda store: _fetch(store, task_id, key))
     if task is None:
         raise _missing(task_id, key)
@@ -298,6 +315,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for field, value in dataclasses.asdict(task).items():
         print(f"{field}:{_shown(field, value)}")
     return exitcodes.OK
+
+
+def _follow(config: Config, task_id: str | None, key: str | None) -> int:
+    async def watch(store: TaskStore) -> Task | None:
+        task = await _fetch(store, task_id, key)
+        return None if task is None else await listing.follow(store, task.id)
+
+    task = with_store(config, watch)
+    if task is None:
+        raise _missing(task_id, key)
+    return listing.follow_done(task)
 
 
 def _shown(field: str, value: Any) -> str:
@@ -533,6 +561,7 @@ def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     )
     _add_target(p)
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--follow", action="store_true", help="print progress until the task ends")
     p.set_defaults(func=cmd_inspect)
 
 

@@ -34,10 +34,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import yaml
 
 from cairnqd.cli import admin as cli_admin
+from cairnqd.cli import bulk as cli_bulk
 from cairnqd.cli import check as cli_check
 from cairnqd.cli import init as cli_init
 from cairnqd.cli import purge as cli_purge
+from cairnqd.cli import queues as cli_queues
 from cairnqd.cli import schedules as cli_schedules
+from cairnqd.cli import status as cli_status
+from cairnqd.cli import top as cli_top
 from cairnqd.cli.admin import CliError, duration, load
 from cairnqd.config.yamlload import (
     YamlDocument,
@@ -365,7 +369,11 @@ COMMANDS: tuple[Register, ...] = (
     cli_admin.add_reads,
     cli_admin.add_submit,
     cli_admin.add_control,
+    cli_bulk.extend_parsers,
     cli_purge.add_parser,
+    cli_queues.add_parsers,
+    cli_status.add_parsers,
+    cli_top.add_parsers,
     cli_schedules.add_parsers,
     _add_version,
 )

@@ -42,6 +42,7 @@ from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_log
 from cairnqd.daemon.loopwatch import LoopWatch
 from cairnqd.daemon.messages import (
     PROTOCOL_VERSION,
+    Claiming,
     DatabaseTrouble,
     Fatal,
     Goodbye,
@@ -100,6 +101,18 @@ def _rss_bytes() -> int:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _within(names: list[str], budget: int) -> tuple[str, ...]:
+    """As many names as fit in `budget` characters: a heartbeat must stay one atomic
+    pipe write, and a child may serve many long queue names."""
+    kept: list[str] = []
+    for name in names:
+        budget -= len(name) + 3
+        if budget < 0:
+            break
+        kept.append(name)
+    return tuple(kept)
 
 
 class Child:
@@ -227,6 +240,8 @@ class Child:
             max_run_ms=group.max_run_ms,
             resources=dict(group.resources) or None,
             on_error=self._on_error,
+            # A daemon child honours `cairnqd pause --queue`, on every host.
+            honour_pauses=True,
         )
         for spec in handlers.values():
             worker.register(spec.name, spec.fn, batch=spec.batch, resource=spec.resource)
@@ -256,6 +271,9 @@ class Child:
         loop.add_signal_handler(signal.SIGUSR1, self._quiet)
         assert self._control is not None
         loop.add_reader(self.control_fd, self._on_control)
+        # Lines that came in one read with `boot` (a `claiming` off from a quiet parent)
+        # wait in the reader's buffer, where no readiness event would find them.
+        loop.call_soon(self._on_control)
         try:
             connected = await self._connect(worker.store)
         except (
@@ -271,8 +289,9 @@ class Child:
         if not connected:
             return OK if self.stop_requested else TEMPFAIL
         self._watch_file(loop)
-        self.state = "run"
-        self._title("ready")
+        # Spawned while the parent is quiet (SIGTSTP): up, but not claiming.
+        self.state = "run" if worker.claiming else "quiet"
+        self._title("ready" if worker.claiming else "quiet")
         self._send(
             Ready(
                 v=PROTOCOL_VERSION, pid=os.getpid(), worker_id=worker.worker_id,
@@ -367,6 +386,19 @@ class Child:
         self.state = "quiet"
         self._title("quiet")
 
+    def _set_claiming(self, on: bool) -> None:
+        """The parent ends (or starts) a quiet: a reload after SIGTSTP resumes."""
+        if not on:
+            self._quiet()
+            return
+        if self.state != "quiet" or self.stop_requested:
+            return  # only a quiet child resumes; a draining one keeps draining
+        if self.worker is not None:
+            self.worker.claiming = True
+        self.state = "run"
+        self._title("ready")
+        log.info("claiming again: the quiet is over")
+
     def _abort(self) -> None:
         """QUIT: stop now. Results already returned are written first (bounded by
         `_QUIT_FLUSH_S`): without that, a finished task would run again. No other
@@ -404,6 +436,8 @@ class Child:
                 self._configure_logging(dict(message.logging))
             elif isinstance(message, ReopenLogs):
                 reopen_logs()  # logrotate renamed the file; the parent got SIGUSR1
+            elif isinstance(message, Claiming):
+                self._set_claiming(message.on)
         if self._control.closed:
             assert self.loop is not None
             self.loop.remove_reader(self.control_fd)
@@ -449,10 +483,11 @@ class Child:
             reporter.running_report(max_run_s) if reporter is not None else (0, (), None)
         )
         held = len(worker.in_flight.backlog) if worker is not None else 0
+        paused = _within(sorted(worker.paused_queues), 1024) if worker is not None else ()
         lag = self.loop_watch.lag() if self.loop is not None else 0.0
         return Heartbeat(
             rss=_rss_bytes(), state=self.state, executing=executing, held=held,
-            lag_s=round(lag, 3), overdue=overdue, longest=longest,
+            lag_s=round(lag, 3), overdue=overdue, longest=longest, paused=paused,
             db_down_s=round(self._db_down_s(), 1),
         )  # fmt: skip
 

@@ -13,7 +13,7 @@ Child to parent: `ready`, `hb` (liveness, loop lag, tasks running and held, over
 `tally` (cumulative task counts, `daemon.tally`), `dberr`, `bye`, `fatal`. There is no
 message per task: which held tasks a child started is in its start table
 (`daemon.starts`), which the parent reads after the child is gone. Parent to child:
-`boot` (`daemon.boot`), `log_level`, `reopen_logs`.
+`boot` (`daemon.boot`), `log_level`, `reopen_logs`, `claiming`.
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ class Heartbeat:
     longest: LongestTask | None
     #: Seconds its database calls have failed for want of an answer (0: it answers).
     db_down_s: float = 0.0
+    #: Its queues it finds paused (`cairnqd pause`) and so does not claim from.
+    paused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -168,12 +170,21 @@ class ReopenLogs:
     kind: ClassVar[Literal["reopen_logs"]] = "reopen_logs"
 
 
-ControlMessage = SetLogging | ReopenLogs
+@dataclass(frozen=True)
+class Claiming:
+    """Start or stop claiming: the parent ends a SIGTSTP quiet with `on=True` when a
+    reload is applied."""
+
+    kind: ClassVar[Literal["claiming"]] = "claiming"
+    on: bool
+
+
+ControlMessage = SetLogging | ReopenLogs | Claiming
 
 _CHILD_KINDS: dict[str, type[Any]] = {
     cls.kind: cls for cls in (Ready, Heartbeat, Tally, DatabaseTrouble, Goodbye, Fatal)
 }
-_CONTROL_KINDS: dict[str, type[Any]] = {cls.kind: cls for cls in (SetLogging, ReopenLogs)}
+_CONTROL_KINDS: dict[str, type[Any]] = {cls.kind: cls for cls in (SetLogging, ReopenLogs, Claiming)}
 # Wire names that differ from the field's: `kind` is the class tag in Python.
 _WIRE_NAMES = {(DatabaseTrouble, "error_kind"): "kind"}
 

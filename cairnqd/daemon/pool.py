@@ -68,6 +68,8 @@ class ChildProcess:
     longest: LongestTask | None = None
     #: How long its database has not answered it (0: it does).
     db_down_s: float = 0.0
+    #: Its queues it reported paused (`cairnqd pause`), skipped by its claims.
+    paused: tuple[str, ...] = ()
     #: Overruns that got it killed; each is failed as max_run_exceeded once reaped.
     max_run_kills: tuple[Overrun, ...] = ()
     rss: int = 0
@@ -119,11 +121,14 @@ class ChildProcess:
             case Heartbeat():
                 if message.state in ("db_wait", "draining", "quiet"):
                     self.state = message.state
+                elif message.state == "run" and self.state == "quiet":
+                    self.state = "ready"  # a reload ended the quiet
                 self.rss = message.rss
                 self.executing, self.held = message.executing, message.held
                 self.lag_s, self.overdue = message.lag_s, message.overdue
                 self.longest = message.longest
                 self.db_down_s = message.db_down_s
+                self.paused = message.paused
             case Goodbye():
                 self.bye = message.reason
             case Fatal():

@@ -33,6 +33,13 @@ from setproctitle import setproctitle
 from cairnqd.config import Config, GroupConfig, setting_position
 from cairnqd.daemon import systemd
 from cairnqd.daemon.channels import ChildChannels
+from cairnqd.daemon.control import (
+    ControlServer,
+    Snapshot,
+    control_path,
+    daemon_view,
+    restarts_by_group,
+)
 from cairnqd.daemon.deadlines import PARENT_STALL_S, check_deadlines, forgive_silence
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.exits import ChildExits
@@ -45,6 +52,7 @@ from cairnqd.daemon.logs import (
 )
 from cairnqd.daemon.maintenance import Maintenance
 from cairnqd.daemon.messages import (
+    Claiming,
     ReopenLogs,
     SetLogging,
     encode,
@@ -87,6 +95,8 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.signals: deque[int] = deque()
         self.stopping = False
+        #: Children told to stop claiming by SIGTSTP; the next applied reload resumes.
+        self.quiet = False
         self.reload = ConfigReload(self, process_label=PARENT_LABEL)
         self.status = StatusReport(self.config_path, self._database_problems)
         self.metrics = Metrics(config)
@@ -97,6 +107,9 @@ class Supervisor:
         self.exits = ChildExits(self.fleet, self.maintenance, self.metrics, self.reload.roll_failed)
         self.statefile = StateFile(state_path(self.config_path, config.runtime_dir))
         self.state = initial_state(self.config_path)
+        #: Answers `cairnqd status` and `top` from a thread, off this loop.
+        self.control = ControlServer(control_path(self.statefile.path))
+        self.started_at = time.time()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -113,9 +126,18 @@ class Supervisor:
             log.error("cannot take the lock in %s: %s", self.statefile.directory, exc)
             return CONFIG
         try:
+            self._start_control()
             return self._run()
         finally:
+            self.control.stop()
             self.statefile.release()
+
+    def _start_control(self) -> None:
+        try:
+            self.control.start()
+        except (OSError, UnsafeRuntimeDir) as exc:
+            # Status is a convenience: the daemon runs on without it.
+            log.warning("no control socket (%s): `cairnqd status` cannot ask this daemon", exc)
 
     def _run(self) -> int:
         if not self._preflight():
@@ -299,9 +321,21 @@ class Supervisor:
 
     def handle_sigtstp(self) -> None:
         log.warning("SIGTSTP: children stop claiming (quiet) until reload or restart")
+        self.quiet = True
         for child in self.all_children():
             child.signal(signal.SIGUSR1)
         systemd.status("quiet")
+
+    def _end_quiet(self) -> None:
+        """A reload after SIGTSTP: every child claims again. Groups that roll get new
+        children, which claim anyway; the ones that stay are told over their pipe."""
+        if not self.quiet:
+            return
+        self.quiet = False
+        log.info("reload: ending the SIGTSTP quiet; children claim again")
+        line = encode(Claiming(on=True))
+        for child in self.all_children():
+            child.control.send_whole(line)
 
     def handle_sigttin(self) -> None:
         import faulthandler
@@ -320,6 +354,8 @@ class Supervisor:
 
     def spawn(self, group: GroupConfig, slot: int, generation: int) -> ChildProcess:
         child = spawn_child(self.config, group, slot, generation)
+        if self.quiet:  # a replacement during a SIGTSTP quiet stays quiet too
+            child.control.send_whole(encode(Claiming(on=False)))
         self.channels.add(child)
         log.info("spawned %s/%d pid %d (gen %d)", group.name, slot, child.pid, generation)
         return child
@@ -342,6 +378,7 @@ class Supervisor:
         if plan.new_generation:
             self.generation += 1
         self._forward_logging()
+        self._end_quiet()
         self.maintenance.reconfigure(config)
         self.metrics.apply_config(config)
         self.scheduler.reconfigure(config)
@@ -420,6 +457,20 @@ class Supervisor:
             self.all_children(),
             generation=self.generation,
             stopping=self.stopping,
+        )
+        self.control.publish_due(self._control_view)
+
+    def _control_view(self) -> Snapshot:
+        """What `cairnqd status` shows: built on this loop, served by another thread."""
+        return daemon_view(
+            config_path=self.config_path,
+            generation=self.generation,
+            started_at=self.started_at,
+            stopping=self.stopping,
+            quiet=self.quiet,
+            groups=self.fleet.groups.values(),
+            removed=self.fleet.removed,
+            restarts=restarts_by_group(self.metrics.child_restarts.collect()),
         )
 
     def _database_problems(self) -> list[str]:

@@ -47,6 +47,13 @@ from cairnqd.store.arguments import (
     require_str,
 )
 from cairnqd.store.leadership import LeaderLock, SoleHost
+from cairnqd.store.operator import (
+    BULK_BATCH,
+    QueuePause,
+    TaskFilter,
+    check_queue_name,
+    check_reason,
+)
 from cairnqd.store.statement_params import (
     INSERT_MANY_CHUNK,
     LEASE_EXPIRED,
@@ -786,6 +793,80 @@ class TaskStore(ABC):
 
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
         await _sleep_ms(timeout_ms)
+
+    # -- the operator's controls (cairnqd extension; see store/operator.py) -------------
+
+    async def paused_queues(self) -> builtins.list[QueuePause]:
+        """Every paused queue, by name."""
+        rows = await self._fetch("extensions/queue_pauses", {})
+        return [QueuePause.from_row(r) for r in rows]
+
+    async def pause_queues(
+        self, queues: Sequence[str], *, paused_by: str, reason: str | None = None
+    ) -> builtins.list[QueuePause]:
+        """Pause `queues` in one transaction; returns the pauses this call made (a
+        queue paused already keeps its earlier pause and is left out)."""
+        names = [check_queue_name(q, "queues[]") for q in queues]
+        require_str(paused_by, "paused_by")
+        params: Params = {"paused_by": paused_by, "reason": check_reason(reason)}
+        async with self._transaction() as session:
+            made = []
+            for queue in dict.fromkeys(names):
+                made += await session.fetch("extensions/queue_pause", {**params, "queue": queue})
+        return [QueuePause.from_row(r) for r in made]
+
+    async def resume_queues(self, queues: Sequence[str]) -> builtins.list[QueuePause]:
+        """Resume `queues` in one transaction; returns the pauses it ended."""
+        names = [check_queue_name(q, "queues[]") for q in queues]
+        async with self._transaction() as session:
+            ended = []
+            for queue in dict.fromkeys(names):
+                ended += await session.fetch("extensions/queue_resume", {"queue": queue})
+        return [QueuePause.from_row(r) for r in ended]
+
+    async def count_tasks(self, where: TaskFilter) -> int:
+        """How many tasks match `where`."""
+        params = where.params()
+        rows = await self._scan("extensions/task_count", params, where.supplied(params), _rows)
+        return int(rows[0]["n"])
+
+    async def task_ids(
+        self, where: TaskFilter, *, after_id: str = "", limit: int = BULK_BATCH
+    ) -> builtins.list[str]:
+        """One page of the ids matching `where`, in id order, after `after_id`."""
+        require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
+        params = {**where.params(), "after_id": after_id, "limit": limit}
+        rows = await self._scan("extensions/task_ids", params, where.supplied(params), _rows)
+        return [r["id"] for r in rows]
+
+    async def cancel_many(self, task_ids: Sequence[str]) -> builtins.list[Task]:
+        """`cancel` each id, all in one transaction; returns the tasks it changed
+        (a task no longer queued or running is skipped, as `cancel` skips it)."""
+        return await self._each_in_one_transaction("cancel", task_ids, {})
+
+    async def retry_many(
+        self, task_ids: Sequence[str], *, reset_attempt: bool = False
+    ) -> builtins.list[Task]:
+        """`retry` each id, all in one transaction; returns the tasks it requeued."""
+        params: Params = {"reset_attempt": bool(reset_attempt)}
+        return await self._each_in_one_transaction("retry", task_ids, params)
+
+    async def _each_in_one_transaction(
+        self, op: str, task_ids: Sequence[str], params: Params
+    ) -> builtins.list[Task]:
+        ids = list(task_ids)
+        for task_id in ids:
+            require_str(task_id, "task_ids[]")
+        if not ids:
+            await asyncio.sleep(0)  # every operation yields, even one with nothing to do
+            return []
+        changed: builtins.list[Task] = []
+        with self._operation():
+            async with self._transaction() as session:
+                for task_id in ids:
+                    rows = await session.fetch(op, {**params, "id": task_id})
+                    changed += self._tasks(rows)
+        return changed
 
 
 def _check_message(message: Any) -> None:

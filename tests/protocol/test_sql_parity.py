@@ -88,11 +88,14 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_migrations",
         "sqlite_autoindex_cairnqd_migrations_1",
         "cairnqd_task_keys_task_id_idx",
+        "cairnqd_queue_pauses",
+        "sqlite_autoindex_cairnqd_queue_pauses_1",
         "cairnqd_schedules",
         "sqlite_autoindex_cairnqd_schedules_1",
     }
     assert sqlite_ledger(ours, "cairnqd_migrations") == {
         "cairnqd_0001_task_keys_task_idx.sql",
+        "cairnqd_0002_queue_pauses.sql",
         "cairnqd_0003_schedules.sql",
     }
 
@@ -116,6 +119,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
         assert "0003_notify.sql" in ours_ledger
         assert {r["name"] for r in ours.execute("select name from cairnqd_migrations")} == {
             "cairnqd_0001_task_keys_task_idx.sql",
+            "cairnqd_0002_queue_pauses.sql",
             "cairnqd_0003_schedules.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
@@ -124,6 +128,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
         assert {i[1] for i in extra} == {
             "cairnqd_migrations_pkey",
             "cairnqd_task_keys_task_id_idx",
+            "cairnqd_queue_pauses_pkey",
             "cairnqd_schedules_pkey",
         }
 

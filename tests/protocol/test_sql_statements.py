@@ -75,6 +75,13 @@ def _params(dialect: str) -> dict[str, Any]:
         "unstarted": json.dumps([{"id": "task_run", "a": 1}]),
         "running": "running",
         "table_name": "cairnq_migrations",
+        # The operator's controls: queue pauses and bulk actions (store/operator.py).
+        "paused_by": "ops@host",
+        "reason": None,
+        "statuses": lst(["failed", "running"]),
+        "created_after_ms": None,
+        "created_before_ms": None,
+        "after_id": "",
         # The daemon's session locks (two-int4 advisory key space).
         "lock_namespace": 1668378212,
         "lock_id": 1,
@@ -164,6 +171,11 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/try_session_lock": ({}, 1),
     "extensions/release_session_lock": ({}, 1),
     "extensions/wal_checkpoint": ({}, 1),
+    "extensions/queue_pause": ({}, 1),
+    "extensions/queue_resume": ({"queue": "never_paused"}, 0),
+    "extensions/queue_pauses": ({}, 0),
+    "extensions/task_ids": ({}, 2),
+    "extensions/task_count": ({}, 1),
     # The table starts empty: the writes match no row, the reads find none.
     "extensions/schedule_ensure": ({}, None),
     "extensions/schedule_rule": ({}, 0),

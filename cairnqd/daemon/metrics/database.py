@@ -55,7 +55,12 @@ STATS_LOCK_ID = 2
 DEFAULT_LOCK_NAMESPACE = 0x63716E64
 
 
-_TASKS_HELP = "Tasks per queue and status (protocol stats; cached up to stats_ttl)."
+_TASKS_HELP = (
+    "Tasks per queue and status (protocol stats; cached up to stats_ttl). running counts "
+    "every claimed task, held (prefetched, not started) ones included; "
+    "cairnq_child_tasks{state} splits this host's into executing and held."
+)
+_PAUSED_HELP = "1 while the queue is paused (cairnqd pause --queue); 0 otherwise."
 _OLDEST_HELP = "Age of the oldest claimable queued task, database clock; 0 if none."
 _EXPIRED_HELP = "Running tasks whose lease expired and that await recovery."
 _UP_HELP = (
@@ -73,6 +78,8 @@ class DatabaseSnapshot:
     tasks: Mapping[str, Mapping[str, int]]
     oldest_queued_age_ms: Mapping[str, int]
     leases_expired: Mapping[str, int]
+    #: Queues paused with `cairnqd pause`.
+    paused: frozenset[str] = frozenset()
     #: False on a `queue_stats: leader` host that is not the leader: the refresh
     #: succeeded, but the per-queue families are left to the leader.
     exported: bool = True
@@ -86,6 +93,7 @@ async def _query_snapshot(store: TaskStore) -> DatabaseSnapshot:
         tasks=await store.stats(),
         oldest_queued_age_ms=await store.oldest_queued_age_ms(),
         leases_expired=await store.expired_leases(),
+        paused=frozenset(p.queue for p in await store.paused_queues()),
     )
 
 
@@ -328,9 +336,20 @@ class DatabaseCollector:
             "cairnq_queue_oldest_queued_age_seconds", _OLDEST_HELP, labels=["queue"]
         )
         expired = GaugeMetricFamily("cairnq_leases_expired", _EXPIRED_HELP, labels=["queue"])
+        paused = GaugeMetricFamily("cairnq_queue_paused", _PAUSED_HELP, labels=["queue"])
         if snapshot is not None:
             self._fill(snapshot, tasks, oldest, expired)
-        return [tasks, oldest, expired]
+            self._fill_paused(snapshot, paused)
+        return [tasks, oldest, expired, paused]
+
+    def _fill_paused(self, snapshot: DatabaseSnapshot, paused: GaugeMetricFamily) -> None:
+        # Configured queues show 0 when running, so an alert can tell "not paused"
+        # from "not exported"; a paused queue no group serves shows too.
+        label = self._labels.labels(snapshot.paused)
+        shown = sorted(self._labels.configured | set(label.values()))
+        on = {label[q] for q in snapshot.paused}
+        for queue in shown:
+            paused.add_metric([queue], 1.0 if queue in on else 0.0)
 
     def _fill(
         self,

@@ -1,0 +1,115 @@
+"""`cairnqd pause` and `cairnqd resume`: stop and restart claiming from a queue on
+every host that shares the database.
+
+A pause is a row in cairnqd's own table (see `cairnqd/store/operator.py`): every
+daemon child reads it about twice a second and claims only from queues not paused,
+so the command returns at once and the fleet follows within a second. Tasks a
+worker already holds still run. Workers of the public SDK (or a bare `Worker`
+without `honour_pauses`) do not see pauses. SIGTSTP to a daemon stays what it was: a
+whole-daemon pause of that one host, ended by a reload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import socket
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from cairnqd.cli.admin import CliError, load, with_store
+from cairnqd.daemon import exitcodes
+from cairnqd.store.base import TaskStore
+from cairnqd.store.operator import QueuePause
+
+if TYPE_CHECKING:
+    from cairnqd.cli.admin import Subparsers
+
+
+def operator_name() -> str:
+    """Who paused: the login and the host, as an operator would write it."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def since(ms: int) -> str:
+    """An epoch-ms time as UTC, to the second."""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def describe_pause(pause: QueuePause) -> str:
+    why = f": {pause.reason}" if pause.reason else ""
+    return f"{pause.queue} (paused {since(pause.paused_at_ms)} by {pause.paused_by}{why})"
+
+
+def _check_queues(command: str, queues: list[str] | None) -> list[str]:
+    if not queues:
+        raise CliError(exitcodes.USAGE, f"{command}: name at least one queue with --queue Q")
+    for queue in queues:
+        if not queue or len(queue) > 255:
+            raise CliError(exitcodes.USAGE, f"{command}: --queue {queue!r}: 1 to 255 characters")
+    return list(dict.fromkeys(queues))
+
+
+async def _pause(
+    store: TaskStore, queues: list[str], reason: str | None
+) -> tuple[list[QueuePause], list[QueuePause]]:
+    made = await store.pause_queues(queues, paused_by=operator_name(), reason=reason)
+    current = {p.queue: p for p in await store.paused_queues()}
+    earlier = [current[q] for q in queues if q in current and q not in {m.queue for m in made}]
+    return made, earlier
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    queues = _check_queues("pause", args.queue)
+    if args.reason is not None and len(args.reason) > 1000:
+        raise CliError(exitcodes.USAGE, "pause: --reason: at most 1000 characters")
+    made, earlier = with_store(load(args.config), lambda store: _pause(store, queues, args.reason))
+    for pause in made:
+        print(f"paused {describe_pause(pause)}")
+    for pause in earlier:
+        print(f"already paused: {describe_pause(pause)}")
+    return exitcodes.OK
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    queues = _check_queues("resume", args.queue)
+
+    async def resume(store: TaskStore) -> list[QueuePause]:
+        return await store.resume_queues(queues)
+
+    ended = with_store(load(args.config), resume)
+    for pause in ended:
+        print(f"resumed {pause.queue} (paused since {since(pause.paused_at_ms)})")
+    missing = [q for q in queues if q not in {p.queue for p in ended}]
+    if missing:
+        raise CliError(exitcodes.NOTHING_DONE, f"not paused: {', '.join(missing)}")
+    return exitcodes.OK
+
+
+def add_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    """Register pause and resume."""
+    p: Any = sub.add_parser(
+        "pause",
+        parents=parents,
+        help="stop claiming from queues on every host (until resume)",
+        description=(
+            "Pause queues in the database: every daemon child, on every host, stops "
+            "claiming from them within a second. Tasks already held still run."
+        ),
+    )
+    p.add_argument("--queue", action="append", metavar="Q", help="a queue to pause (repeatable)")
+    p.add_argument("--reason", metavar="TEXT", help="why, shown by status, stats and top")
+    p.set_defaults(func=cmd_pause)
+
+    p = sub.add_parser(
+        "resume",
+        parents=parents,
+        help="resume claiming from paused queues",
+        description="Resume paused queues; exits 1 if one of them was not paused.",
+    )
+    p.add_argument("--queue", action="append", metavar="Q", help="a queue to resume (repeatable)")
+    p.set_defaults(func=cmd_resume)
