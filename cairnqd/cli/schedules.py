@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any
 from cairnqd.cli.admin import CliError, load, with_store
 from cairnqd.config import Config, ScheduleConfig
 from cairnqd.daemon import exitcodes
-from cairnqd.daemon.scheduler import host_label, rule_of
 from cairnqd.schedules import from_ms
 from cairnqd.store.base import TaskStore
-from cairnqd.store.schedules import ScheduleRow, ScheduleTable
+from cairnqd.store.schedules import ScheduleRow, ScheduleTable, host_label, rule_of
 
 if TYPE_CHECKING:
     from cairnqd.cli.admin import Subparsers

@@ -27,8 +27,6 @@ import concurrent.futures
 import contextlib
 import hashlib
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +42,7 @@ from cairnqd.store.arguments import SubmitRequest
 from cairnqd.store.base import TaskStore
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.leadership import LeaderLock
-from cairnqd.store.schedules import ScheduleRow, ScheduleTable, slot_key
+from cairnqd.store.schedules import ScheduleRow, ScheduleTable, host_label, rule_of, slot_key
 
 if TYPE_CHECKING:
     from cairnqd.daemon.metrics import Metrics
@@ -63,17 +61,6 @@ LEAD_RECHECK_S = 5.0
 _MARK_INTERVAL_S = 10.0
 _IDLE_S = 60.0
 _ERROR_BACKOFF_S = 1.0
-
-
-def host_label() -> str:
-    """How a host names itself in the table: hostname and parent pid."""
-    return f"{socket.gethostname()}/{os.getpid()}"
-
-
-def rule_of(schedule: ScheduleConfig) -> str:
-    """The rule stored with the row: timing and whether it is enabled, so re-enabling
-    or changing the timing starts from the next slot."""
-    return schedule.rule if schedule.enabled else f"{schedule.rule} (disabled)"
 
 
 def slot_request(schedule: ScheduleConfig, slot: datetime, now_ms: int) -> SubmitRequest:

@@ -15,15 +15,20 @@ statement primitives the way the dialect classes do; the statements are the
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairnqd.models import Task
 from cairnqd.store.arguments import SubmitRequest
 from cairnqd.store.base import TaskStore
 
-__all__ = ["ScheduleRow", "ScheduleTable", "slot_key"]
+if TYPE_CHECKING:
+    from cairnqd.config import ScheduleConfig
+
+__all__ = ["ScheduleRow", "ScheduleTable", "host_label", "rule_of", "slot_key"]
 
 
 def slot_key(schedule: str, slot_ms: int) -> str:
@@ -123,3 +128,14 @@ class ScheduleTable:
     async def rows(self) -> dict[str, ScheduleRow]:
         rows = await self.store._fetch("extensions/schedule_list", {})
         return {str(r["name"]): ScheduleRow.from_row(r) for r in rows}
+
+
+def host_label() -> str:
+    """How a host names itself in the table: hostname and parent pid."""
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def rule_of(schedule: ScheduleConfig) -> str:
+    """The rule stored with the row: timing and whether it is enabled, so re-enabling
+    or changing the timing starts from the next slot."""
+    return schedule.rule if schedule.enabled else f"{schedule.rule} (disabled)"
