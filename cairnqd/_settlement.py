@@ -8,10 +8,11 @@ Results a handler returns are queued instead and written as set-based
 the claim loop runs, the claim loop does. Its next claim transaction carries every
 queued result, so a busy worker pays one commit per cycle for finishing the last
 tasks and claiming the next ones. A result never waits longer than `SETTLE_WAIT_S`
-for that: when it is due, the claim loop runs a cycle just for it. The wait is short
-even for a worker claiming ahead, whose claims are further apart: a result not yet
-written dies with the process, and its task runs again (measured by `bench/chaos.py`:
-waiting 10 ms instead of 2 ms doubled the tasks re-run per SIGKILL). When no claim is
+(`PREFETCH_SETTLE_WAIT_S` for a worker claiming ahead, whose claims are further apart)
+for that: when it is due, the claim loop runs a cycle just for it. A result not yet
+written dies with the process and its task runs again; 2 ms for a prefetching worker
+too made SIGKILL chaos cheaper but halved its drain rate (cycles of ~48 tasks instead of
+256), so a prefetching claim instead commits its results first (see `_claimloop`). When no claim is
 coming (idle, stopping, or told not to claim) a flusher writes them at once instead;
 it is also what retries a write that failed.
 
@@ -63,6 +64,7 @@ class Settlement:
     MAX_BACKLOG_PER_SLOT = 4
     MAX_WRITE_ATTEMPTS = 20
     SETTLE_WAIT_S = 0.002
+    PREFETCH_SETTLE_WAIT_S = 0.01
 
     def __init__(
         self,
@@ -156,13 +158,16 @@ class Settlement:
         elif first:
             self._oldest = time.monotonic()
             # Wake the claim loop when this result is due, even if nothing else does.
-            asyncio.get_running_loop().call_later(self.SETTLE_WAIT_S, self._loop.wake)
+            asyncio.get_running_loop().call_later(self._wait_s(), self._loop.wake)
+
+    def _wait_s(self) -> float:
+        return self.PREFETCH_SETTLE_WAIT_S if self._loop.ahead else self.SETTLE_WAIT_S
 
     def due(self) -> bool:
         """Whether the claim loop should run a cycle now to write queued results."""
         if not self._pending or self._flusher is not None or self._retrying:
             return False
-        return time.monotonic() - self._oldest >= self.SETTLE_WAIT_S
+        return time.monotonic() - self._oldest >= self._wait_s()
 
     def backlogged(self) -> bool:
         """More results queued than the writer is keeping up with."""
