@@ -86,7 +86,9 @@ class CallRunner:
             error: BaseException | None = None
             try:
                 value = await self._invoke(handler, contexts)
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                # A second Ctrl-C lands in whatever frame runs, often a handler's: it
+                # stops the process, and the task is left to its lease, not failed.
                 raise
             except BaseException as exc:
                 value, error = None, exc
