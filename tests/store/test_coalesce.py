@@ -89,11 +89,16 @@ async def test_a_refused_submit_fails_alone(pg: PostgresStore, pg_dsn: str) -> N
 
 
 async def test_a_submit_cancelled_while_queued_never_lands(pg: PostgresStore, pg_dsn: str) -> None:
+    before = pg.submits.statements
     slow = asyncio.create_task(pg.submit(name="slow"))
-    await asyncio.sleep(0.1)  # the slow insert is being written; the next ones queue
+    # Wait (with a deadline) until the slow insert is being written: the next ones queue.
+    async with asyncio.timeout(10):
+        while pg.submits.statements == before:  # noqa: ASYNC110 - a counter, no event to wait on
+            await asyncio.sleep(0)
     cancelled = asyncio.create_task(pg.submit(name="n", payload="cancelled"))
     kept = asyncio.create_task(pg.submit(name="n", payload="kept"))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # both have taken their first step: they are queued
+    assert not slow.done()
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
