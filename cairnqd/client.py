@@ -50,11 +50,20 @@ class CairnQ:
         min_size: int = 1,
         max_size: int = 10,
         schema: str | None = None,
+        pooler: str = "none",
+        direct_dsn: str | None = None,
         **client_kwargs: Any,
     ) -> CairnQ:
         from cairnqd.store.postgres import PostgresStore
 
-        store = PostgresStore(source, min_size=min_size, max_size=max_size, schema=schema)
+        store = PostgresStore(
+            source,
+            min_size=min_size,
+            max_size=max_size,
+            schema=schema,
+            pooler=pooler,
+            direct_dsn=direct_dsn,
+        )
         return cls(store, **client_kwargs)
 
     @property

@@ -248,11 +248,20 @@ class Worker:
         min_size: int = 1,
         max_size: int = 10,
         schema: str | None = None,
+        pooler: str = "none",
+        direct_dsn: str | None = None,
         **kw: Any,
     ) -> Worker:
         from cairnqd.store.postgres import PostgresStore
 
-        store = PostgresStore(source, min_size=min_size, max_size=max_size, schema=schema)
+        store = PostgresStore(
+            source,
+            min_size=min_size,
+            max_size=max_size,
+            schema=schema,
+            pooler=pooler,
+            direct_dsn=direct_dsn,
+        )
         worker = cls(store, queues, concurrency=concurrency, lease_ms=lease_ms, **kw)
         worker._owns_store = True
         return worker

@@ -32,9 +32,31 @@ def _finish_database(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[st
         v["dsn"] = ck.read_secret((*path, "dsn_file"), v["dsn_file"])
     if isinstance(v["path"], str):
         ck.check_sqlite_dir((*path, "path"), v["path"])
+    _finish_pooler(ck, v, path)
     if v["auto_migrate"] is None:
         v["auto_migrate"] = v["path"] is not None
     return v
+
+
+def _finish_pooler(ck: _Checker, v: dict[str, Any], path: YamlPath) -> None:
+    """`direct_dsn`/`direct_dsn_file` and `pool_size` only mean something on Postgres,
+    and `pool_size` only under a session pooler."""
+    if v["direct_dsn"] is not None and v["direct_dsn_file"] is not None:
+        message = "direct_dsn and direct_dsn_file are both set; keep one"
+        ck.error_at((*path, "direct_dsn_file"), message)
+        v["direct_dsn_file"] = _INVALID
+    elif isinstance(v["direct_dsn_file"], str):
+        v["direct_dsn"] = ck.read_secret((*path, "direct_dsn_file"), v["direct_dsn_file"])
+    postgres = v["path"] is None or v["path"] is _INVALID  # unknown: no second error
+    for key in ("direct_dsn", "direct_dsn_file", "pool_size"):
+        if v[key] not in (None, _INVALID) and not postgres:
+            ck.error_at((*path, key), "applies to Postgres only (database.path is set)")
+            v[key] = _INVALID
+    if v["pooler"] not in ("none", _INVALID) and not postgres:
+        ck.error_at((*path, "pooler"), "applies to Postgres only (database.path is set)")
+        v["pooler"] = _INVALID
+    if v["pool_size"] not in (None, _INVALID) and v["pooler"] != "session":
+        ck.warn_at((*path, "pool_size"), "is only used with pooler: session")
 
 
 def _finish_group(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:

@@ -60,6 +60,10 @@ class Config:
             database["dsn"] = "***" if redact else None
         elif redact and self.database.dsn is not None:
             database["dsn"] = redact_dsn(self.database.dsn)
+        if self.database.direct_dsn_file is not None:
+            database["direct_dsn"] = "***" if redact else None
+        elif redact and self.database.direct_dsn is not None:
+            database["direct_dsn"] = redact_dsn(self.database.direct_dsn)
         return data
 
     def redacted(self) -> dict[str, Any]:

@@ -243,10 +243,23 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("database.expected_hosts", _Int(1), 1, _H,
             "Hosts running cairnqd on this database, for the Postgres connection budget."),
     Setting("database.connection_check", _Enum("refuse", "warn", "off"), "refuse", _H,
-            "When the Postgres connection budget exceeds the server's limits: refuse to "
-            "start, warn, or off (behind a pooler)."),
+            "When the Postgres connection budget exceeds the server's limits (or pool_size "
+            "under a session pooler): refuse to start, warn, or off."),
     Setting("database.auto_migrate", _Bool(), None, _H, nullable=True, doc=
             "Apply pending migrations at startup; null: true on SQLite, false on Postgres."),
+    Setting("database.pooler", _Enum("none", "session", "transaction"), "none", _R,
+            "What sits between cairnqd and Postgres: none, or a pooler such as PgBouncer in "
+            "session or transaction mode (no prepared statements, no session settings)."),
+    Setting("database.direct_dsn", _Dsn(), None, _R, nullable=True, alternative=True,
+            example="postgresql://cairnq@db-primary:5432/cairnq", doc=
+            "Behind a pooler: a DSN that reaches Postgres directly, for the parent's one LISTEN "
+            "connection (wake-ups are passed to the children), leadership and migrations."),
+    Setting("database.direct_dsn_file", _Path(), None, _R, nullable=True, alternative=True,
+            example="${CREDENTIALS_DIRECTORY}/cairnq-direct-dsn", doc=
+            "File holding direct_dsn, read like dsn_file."),
+    Setting("database.pool_size", _Int(1), None, _H, nullable=True, doc=
+            "Under pooler: session, the server connections the pooler keeps for this database "
+            "(PgBouncer's pool_size), for the connection check; null: not checked."),
     Setting("database.lock_namespace", _Int(-(2**31), 2**31 - 1), 0x63716E64, _R,
             "First key of the Postgres advisory locks for purge and stats leadership "
             "(0x63716e64); the same on every host."),

@@ -42,6 +42,15 @@ class DatabaseConfig:
     connection_check: str
     auto_migrate: bool
     lock_namespace: int
+    #: What sits between cairnqd and Postgres: none, or PgBouncer in session or
+    #: transaction mode (docs/operations.md).
+    pooler: str = "none"
+    #: A non-pooled DSN (read from `direct_dsn_file` when that is set) for the parent's
+    #: LISTEN, leadership and migrations behind a pooler. Never log it.
+    direct_dsn: str | None = field(default=None, repr=False)
+    direct_dsn_file: str | None = None
+    #: Under `pooler: session`, the server connections the pooler has for this database.
+    pool_size: int | None = None
 
     @property
     def backend(self) -> Literal["sqlite", "postgres"]:

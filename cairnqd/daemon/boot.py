@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from cairnqd.config import Config, GroupConfig, to_ms
+from cairnqd.config import Config, DatabaseConfig, GroupConfig, to_ms
 from cairnqd.daemon.logs import logging_settings
 from cairnqd.daemon.messages import PROTOCOL_VERSION, MessageError, decode_fields, parse_line
 
@@ -50,6 +50,11 @@ class DatabaseSettings:
     connect_timeout_s: float
     connections: int
     auto_migrate: bool
+    #: `database.pooler`: none, session or transaction.
+    pooler: str = "none"
+    #: How wake-ups reach the child: listen (a LISTEN of its own), pipe (the parent's
+    #: LISTEN on direct_dsn, passed on as `wake` messages) or off (polling only).
+    push: str = "listen"
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,20 @@ def _database(config: Config) -> DatabaseSettings:
         connect_timeout_s=db.connect_timeout.total_seconds(),
         connections=db.connections_per_child,
         auto_migrate=bool(db.auto_migrate),
+        pooler=db.pooler,
+        push=child_push(db),
     )
+
+
+def child_push(db: DatabaseConfig) -> str:
+    """How a child's wake-ups arrive: through the parent when it holds the host's one
+    LISTEN on `direct_dsn`, else a LISTEN of its own, except behind a transaction
+    pooler, where LISTEN is deaf and the child polls."""
+    if db.backend != "postgres":
+        return "listen"
+    if db.direct_dsn is not None:
+        return "pipe"
+    return "off" if db.pooler == "transaction" else "listen"
 
 
 def _worker_settings(group: GroupConfig) -> WorkerSettings:

@@ -217,6 +217,8 @@ class Child:
             connect_timeout_s=db.connect_timeout_s,
             auto_migrate=db.auto_migrate,
             connections=db.connections,
+            pooler=db.pooler,
+            push=db.push,
             # Claims, lease renewals and settlements give up on a silent server in
             # time for the parent to see the outage (pg_connect's detection bound).
             call_timeout_s=DAEMON_CALL_TIMEOUT_S,

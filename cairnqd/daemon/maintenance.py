@@ -14,8 +14,12 @@ store opened inside that thread (a connection never crosses threads or a fork).
   daemon restarting in a loop must not hammer the database). Per rule, bounded
   batches until one comes back short or `max_batches` is reached; the rest waits for
   the next interval. SQLite pauses between batches so workers get the write lock, and
-  checkpoints the WAL after a sweep that deleted rows. On Postgres one host sweeps:
-  the one that wins `pg_try_advisory_lock(lock_namespace, 1)`; the others skip.
+  checkpoints the WAL after a sweep that deleted rows. On Postgres one host sweeps per
+  interval: each host's due sweep first asks for the purge's turn, a row in
+  `cairnqd_leases` that one host takes and no host can take again before an interval
+  has passed (so two hosts never sweep back to back), then for the purge lock
+  (`pg_try_advisory_lock(lock_namespace, 1)`, or a lease row behind a transaction
+  pooler without `direct_dsn`), so sweeps never overlap; the others skip.
 - **Probe**: every `PROBE_INTERVAL_S` a one-row round trip, so the parent knows
   whether the database answers even between duties. Every call here is bounded
   (`DAEMON_CALL_TIMEOUT_S`), so a silent partition fails a call within the detection
@@ -321,7 +325,7 @@ class Maintenance:
             await self._tick("reaper", self.reap_once)
         if now >= self._next_purge and not self._purge_halted():
             self._next_purge = now + retention.interval.total_seconds()
-            await self._tick("purge", self.purge_once)
+            await self._tick("purge", self.purge_turn)
         if self._clock() >= self._next_probe and not self._stopping.is_set():
             await self._tick("probe", self.probe_once)
             self._next_probe = self._clock() + PROBE_INTERVAL_S
@@ -497,6 +501,21 @@ class Maintenance:
     def _count_recoveries(self, rows: list[Row], reason: str) -> None:
         for queue, n in Counter(str(r["queue"]) for r in rows).items():
             self._metrics.lease_recoveries(queue, reason, n)
+
+    async def purge_turn(self) -> int | None:
+        """The scheduled sweep: `purge_once` if this host takes the purge's turn, which
+        one host per `retention.interval` gets across every host on the database."""
+        if not self._config.retention.rules or self._purge_halted():
+            return None
+        store = await self._store.get()
+        interval_ms = to_ms(self._config.retention.interval)
+        # A little short of the interval, so the sweeping host's own next tick (timed
+        # on its clock, checked on the database's) finds its turn due again.
+        every_ms = interval_ms - min(1000, interval_ms // 10)
+        if not await store.take_turn(f"purge:{self._config.database.lock_namespace}", every_ms):
+            log.debug("another host purged within this interval; skipping this one")
+            return None
+        return await self.purge_once()
 
     async def purge_once(self) -> int | None:
         """One sweep over every rule; rows deleted, or None when it did not run (no

@@ -38,7 +38,12 @@ LOAD_TIMEOUT_S = 30.0
 def restart_only_changes(old: Config, new: Config) -> list[str]:
     """Settings a running parent cannot change in place."""
     changed = []
-    if (old.database.path, old.database.dsn) != (new.database.path, new.database.dsn):
+
+    def where(c: Config) -> tuple[object, ...]:
+        db = c.database
+        return (db.path, db.dsn, db.direct_dsn, db.pooler)
+
+    if where(old) != where(new):
         changed.append("database")
     if old.metrics.listen != new.metrics.listen:
         changed.append("metrics.listen")

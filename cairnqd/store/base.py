@@ -508,6 +508,11 @@ class TaskStore(ABC):
         """Leadership on `(namespace, lock_id)` kept across calls; always held here."""
         return SoleHost(namespace, lock_id)
 
+    async def take_turn(self, name: str, every_ms: int) -> bool:
+        """Whether this host takes the turn `name` now, when one host per `every_ms`
+        should (the purge sweep); always here, where one host reaches the database."""
+        return True
+
     # -- claiming ----------------------------------------------------------------------
 
     def _register_wakeable(self, queues: Sequence[str]) -> None:

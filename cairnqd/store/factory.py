@@ -4,7 +4,9 @@ Every store the daemon and the CLI open comes from here, so how a purpose maps o
 connections, LISTEN and timeouts is decided once:
 
 - **worker**: a worker child. Its pool holds `connections` connections (Postgres) and it
-  may LISTEN for wake-ups.
+  may LISTEN for wake-ups: not behind a transaction pooler, where LISTEN is deaf, and
+  not when the parent holds the host's one LISTEN on `direct_dsn` and passes the
+  wake-ups on (`push="pipe"`). A child never opens `direct_dsn` itself.
 - **background**: one of the parent's threads (maintenance, metrics). One connection,
   no LISTEN (it never waits for a wake-up), and an optional per-statement bound: the
   server's `statement_timeout` on Postgres, a shorter busy wait on SQLite.
@@ -59,6 +61,8 @@ def store_for(
         statement_timeout_ms=statement_timeout_ms,
         call_timeout_s=call_timeout_s,
         clock=clock,
+        pooler=database.pooler,
+        direct_dsn=database.direct_dsn if purpose != "worker" else None,
     )
 
 
@@ -74,6 +78,9 @@ def build_store(
     statement_timeout_ms: int | None = None,
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
     clock: Clock | None = None,
+    pooler: str = "none",
+    direct_dsn: str | None = None,
+    push: str = "listen",
 ) -> TaskStore:
     """A store on the SQLite file `path` or the Postgres `dsn` (exactly one of them).
 
@@ -81,7 +88,9 @@ def build_store(
     `statement_timeout_ms` bounds each statement (see the module docstring);
     `call_timeout_s` bounds each Postgres operation on our side, so one on a server that
     stopped answering fails instead of hanging (see `PostgresStore._borrow`); `clock` is
-    for tests (see `Clock`).
+    for tests (see `Clock`). `pooler` and `direct_dsn`: see `PostgresStore`. `push`
+    (workers): "listen" for a LISTEN of its own where that works, "pipe" when the
+    daemon's parent passes wake-ups on instead, "off" to poll only.
     """
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {', '.join(PURPOSES)}; got {purpose!r}")
@@ -100,10 +109,12 @@ def build_store(
         max_size=max(1, connections) if purpose == "worker" else 1,
         connect_timeout_s=connect_timeout_s,
         migrate=auto_migrate,
-        listen=purpose == "worker",
+        listen=purpose == "worker" and push == "listen" and pooler != "transaction",
         statement_timeout_ms=statement_timeout_ms,
         call_timeout_s=call_timeout_s,
         clock=clock,
+        pooler=pooler,
+        direct_dsn=direct_dsn,
     )
 
 

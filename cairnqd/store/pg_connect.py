@@ -98,21 +98,50 @@ def is_unreachable(exc: BaseException) -> bool:
     return classify(exc) in ("timeout", "connect")
 
 
+#: What may sit between a store and Postgres (`database.pooler`).
+POOLERS = ("none", "session", "transaction")
+
+
+def check_pooler(pooler: str) -> str:
+    if pooler not in POOLERS:
+        raise ValueError(f"pooler must be one of {', '.join(POOLERS)}; got {pooler!r}")
+    return pooler
+
+
+def connect_kwargs(pooler: str) -> dict[str, Any]:
+    """psycopg connection arguments for a connection through `pooler`.
+
+    Behind a pooler, server connections are shared, so psycopg's server-side prepared
+    statements (`_pg3_0`, ...) would meet another client's under the same name: the
+    server answers "already exists", "does not exist", or runs the other statement
+    when the parameter counts match. `prepare_threshold=None` never prepares."""
+    return {} if pooler == "none" else {"prepare_threshold": None}
+
+
 def session_conninfo(
-    dsn: str, *, statement_timeout_ms: int | None = None, connect_timeout_s: float | None = None
+    dsn: str,
+    *,
+    statement_timeout_ms: int | None = None,
+    connect_timeout_s: float | None = None,
+    pooler: str = "none",
 ) -> str:
     """The conninfo every connection of a store is opened with: the operator's DSN,
     the keepalive settings it does not set itself, and the store's session settings.
 
     `connect_timeout_s` goes in too unless the DSN sets one: the pool and the LISTEN
     sessions open connections from the conninfo alone, and psycopg's default (130 s)
-    would leave a reconnect hanging that long on a connection a partition swallowed."""
+    would leave a reconnect hanging that long on a connection a partition swallowed.
+
+    Behind a pooler (`pooler` other than none) no startup `options` are added: PgBouncer
+    refuses the parameter (in session mode too), and session settings would not follow
+    a transaction onto its next server connection anyway. The store then bounds its
+    statements with `SET LOCAL` inside each transaction instead."""
     given = psycopg.conninfo.conninfo_to_dict(dsn)
     extra: dict[str, Any] = {k: v for k, v in KEEPALIVES.items() if k not in given}
     if connect_timeout_s is not None and "connect_timeout" not in given:
         # libpq counts whole seconds, at least 2.
         extra["connect_timeout"] = str(max(2, round(connect_timeout_s)))
-    if statement_timeout_ms is not None:
+    if statement_timeout_ms is not None and check_pooler(pooler) == "none":
         # Appended to any `options` the operator set, so theirs still apply.
         options = f"{given.get('options') or ''} -c statement_timeout={int(statement_timeout_ms)}"
         extra["options"] = options.strip()

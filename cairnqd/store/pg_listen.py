@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -32,8 +33,16 @@ class Listener:
     for good; a dropped connection reconnects with backoff.
     """
 
-    def __init__(self, conninfo: str, channel: str, *, connect_timeout_s: float) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        channel: str,
+        *,
+        connect_timeout_s: float,
+        connect_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         self._conninfo = conninfo
+        self._connect_kwargs = dict(connect_kwargs or {})
         self._connect_timeout = max(1, int(connect_timeout_s))
         self.channel = channel
         # Payload -> waiters. For cairnq_queued the payload is a queue name and only
@@ -100,7 +109,10 @@ class Listener:
                 # The store's conninfo, keepalives included: a LISTEN connection is
                 # idle by design, so only keepalives notice its peer has gone.
                 conn = await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True, connect_timeout=self._connect_timeout
+                    self._conninfo,
+                    autocommit=True,
+                    connect_timeout=self._connect_timeout,
+                    **self._connect_kwargs,
                 )
             except psycopg.Error:
                 await asyncio.sleep(backoff)

@@ -11,15 +11,21 @@
   would otherwise be parsed twice).
 - Connections come from a psycopg_pool pool in autocommit mode, so a lone statement is
   one round trip; psycopg prepares statements it sees repeatedly.
+- Behind a pooler (`pooler="session"` or `"transaction"`, e.g. PgBouncer) nothing is
+  prepared server-side, no startup `options` are sent (a statement timeout becomes a
+  `SET LOCAL` in each transaction), and under `transaction` nothing relies on session
+  state: LISTEN and session advisory locks go to `direct_dsn` when one is given; without
+  it push is off (polling) and leadership uses lease rows (store/pg_lease.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
@@ -49,14 +55,19 @@ from cairnqd.store.pg_connect import (
     AsyncConn,
     Reachability,
     bind,
+    check_pooler,
+    connect_kwargs,
     is_unreachable,
     run,
     session_conninfo,
 )
 from cairnqd.store.pg_leadership import HeldSessionLock, session_lock
+from cairnqd.store.pg_lease import LeaseLock, lease_exclusive, take_turn
 from cairnqd.store.pg_listen import Listener
 
 T = TypeVar("T")
+
+log = logging.getLogger("cairnqd.store")
 
 # Rows a scan decodes before letting the loop run: ~2 ms for a typical task row.
 _SCAN_CHUNK = 128
@@ -83,12 +94,26 @@ class PostgresStore(TaskStore):
         statement_timeout_ms: int | None = None,
         call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S,
         clock: Clock | None = None,
+        pooler: str = "none",
+        direct_dsn: str | None = None,
     ) -> None:
         """`statement_timeout_ms` sets the server's `statement_timeout` on every
         connection (the daemon's background threads bound their queries with it).
         `call_timeout_s` bounds each operation on our side (None: unbounded); see
-        `_borrow`. `clock` moves the retention cut-offs only; see `Clock`."""
+        `_borrow`. `clock` moves the retention cut-offs only; see `Clock`.
+
+        `pooler`: what `dsn` reaches Postgres through: "none", or a pooler in
+        "session" or "transaction" mode. `direct_dsn`: behind a pooler, a DSN that
+        reaches Postgres directly, used for LISTEN, leadership and migrations."""
         super().__init__(clock=clock)
+        self.pooler = check_pooler(pooler)
+        if schema is not None and pooler == "transaction":
+            raise ValueError(
+                "schema= needs a session setting (search_path), which a transaction pooler "
+                "does not keep; set the role's search_path instead "
+                "(ALTER ROLE ... SET search_path = ...)"
+            )
+        self.direct_dsn = direct_dsn
         # False: no LISTEN connection (a process that never waits on wake-ups, such
         # as the daemon's parent or the CLI, should not hold one).
         self.listen = listen
@@ -101,8 +126,27 @@ class PostgresStore(TaskStore):
         self.dsn = dsn
         # What the connections are opened with: the DSN plus our session settings.
         self.conninfo = session_conninfo(
-            dsn, statement_timeout_ms=statement_timeout_ms, connect_timeout_s=connect_timeout_s
+            dsn,
+            statement_timeout_ms=statement_timeout_ms,
+            connect_timeout_s=connect_timeout_s,
+            pooler=pooler,
         )
+        self._connect_kwargs = connect_kwargs(pooler)
+        # Behind a pooler the statement timeout is set per transaction (SET LOCAL).
+        self._local_timeout_ms = statement_timeout_ms if pooler != "none" else None
+        # Where sessions of our own go (LISTEN, session locks, migrations): the direct
+        # DSN, else the pooled one unless a transaction pooler would lose their state.
+        self.session_conninfo: str | None = None
+        self._session_kwargs: dict[str, Any] = {}
+        if direct_dsn is not None:
+            self.session_conninfo = session_conninfo(
+                direct_dsn,
+                statement_timeout_ms=statement_timeout_ms,
+                connect_timeout_s=connect_timeout_s,
+            )
+        elif pooler != "transaction":
+            self.session_conninfo = self.conninfo
+            self._session_kwargs = self._connect_kwargs
         self.schema = schema
         self.min_size = min_size
         self.max_size = max_size
@@ -116,6 +160,7 @@ class PostgresStore(TaskStore):
         self._listeners: dict[str, Listener] = {}
         self._push_hint = False
         self._ever_connected = False
+        self._push_off_logged = False
         #: Whether the server answers this store's calls (see `_borrow`).
         self.reachability = Reachability()
 
@@ -129,15 +174,20 @@ class PostgresStore(TaskStore):
             # Quoted, so a mixed-case schema name keeps its case.
             await conn.execute(sql.SQL("set search_path to {}").format(sql.Identifier(self.schema)))
 
-    async def dedicated_connection(self) -> AsyncConn:
+    async def dedicated_connection(self, *, direct: bool = False) -> AsyncConn:
         """A new connection outside the pool, configured like the pool's, that the
-        caller closes: for connect's checks and the daemon's leadership sessions."""
+        caller closes: for connect's checks and the daemon's leadership sessions.
+        `direct`: on `direct_dsn` when there is one (migrations, session locks)."""
+        conninfo, kwargs = self.conninfo, self._connect_kwargs
+        if direct and self.direct_dsn is not None and self.session_conninfo is not None:
+            conninfo, kwargs = self.session_conninfo, {}
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.conninfo,
+                conninfo,
                 autocommit=True,
                 row_factory=dict_row,
                 connect_timeout=max(1, int(self.connect_timeout_s)),
+                **kwargs,
             )
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(
@@ -157,7 +207,7 @@ class PostgresStore(TaskStore):
         if self._pool is not None:
             return
         self._ever_connected = True
-        async with await self.dedicated_connection() as conn:
+        async with await self.dedicated_connection(direct=True) as conn:
             await self._check_installation(conn)
             if self.migrate:
                 await apply_postgres(conn)
@@ -176,7 +226,7 @@ class PostgresStore(TaskStore):
             self.conninfo,
             min_size=self.min_size,
             max_size=self.max_size,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            kwargs={"autocommit": True, "row_factory": dict_row, **self._connect_kwargs},
             configure=self._configure,
             open=False,
             timeout=self.connect_timeout_s,
@@ -276,6 +326,9 @@ class PostgresStore(TaskStore):
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
         stmt = statement("postgres", op, supplied)
+        if self._local_timeout_ms is not None:
+            async with self._begun() as conn:
+                return await run(conn, stmt, params, self.clock)
         async with self._borrow() as conn:
             return await run(conn, stmt, params, self.clock)
 
@@ -290,7 +343,8 @@ class PostgresStore(TaskStore):
         # time and let the loop run between chunks.
         stmt = statement("postgres", op, supplied)
         out: list[T] = []
-        async with self._borrow() as conn:
+        borrow = self._borrow if self._local_timeout_ms is None else self._begun
+        async with borrow() as conn:
             cursor = await conn.execute(stmt.text, bind(stmt, params, self.clock))
             while True:
                 rows: list[Row] = list(await cursor.fetchmany(_SCAN_CHUNK))
@@ -301,13 +355,26 @@ class PostgresStore(TaskStore):
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Session]:
+        async with self._begun() as conn:
+            yield _PgSession(conn, self.clock)
+
+    @asynccontextmanager
+    async def _begun(self) -> AsyncIterator[AsyncConn]:
+        """A pool connection inside a transaction, committed when the block ends."""
         async with self._borrow() as conn:
             # BEGIN/COMMIT by hand rather than conn.transaction(): when the deadline
             # cancels us mid-transaction, a ROLLBACK would wait on the same silent
             # server, so the connection is closed instead (the server rolls back).
-            await conn.execute("begin")
+            if self._local_timeout_ms is None:
+                await conn.execute("begin")
+            else:
+                # One round trip (no parameters: the simple query protocol). Behind a
+                # pooler this is the only way a timeout reaches the statements.
+                await conn.execute(
+                    f"begin; set local statement_timeout = {int(self._local_timeout_ms)}"
+                )
             try:
-                yield _PgSession(conn, self.clock)
+                yield conn
             except BaseException:
                 task = asyncio.current_task()
                 if not conn.closed and not (task is not None and task.cancelling()):
@@ -322,10 +389,21 @@ class PostgresStore(TaskStore):
         """The listener for `channel`, started on first use; None when push is off."""
         if self._pool is None or not self.listen:
             return None
+        if self.session_conninfo is None:
+            if not self._push_off_logged:
+                self._push_off_logged = True
+                log.info(
+                    "push wake-ups off: LISTEN does not work through a transaction pooler "
+                    "and no direct_dsn is set; polling instead"
+                )
+            return None
         listener = self._listeners.get(channel)
         if listener is None:
             listener = self._listeners[channel] = Listener(
-                self.conninfo, channel, connect_timeout_s=self.connect_timeout_s
+                self.session_conninfo,
+                channel,
+                connect_timeout_s=self.connect_timeout_s,
+                connect_kwargs=self._session_kwargs,
             )
             listener.start()
         return None if listener.disabled else listener
@@ -381,6 +459,8 @@ class PostgresStore(TaskStore):
         No call deadline here: how long the caller's own writes may take is theirs to
         say (the connection's keepalives still catch a dead peer)."""
         async with self._require_pool().connection() as conn, conn.transaction():
+            if self._local_timeout_ms is not None:
+                await conn.execute(f"set local statement_timeout = {int(self._local_timeout_ms)}")
             value = await write(UserSession(conn))
             encoded = None if value is None else dump_json(value, what="result")
             rows = await run(
@@ -401,19 +481,38 @@ class PostgresStore(TaskStore):
             rows = await run(conn, statement("postgres", "connection_limits"), {})
         return int(rows[0]["max_connections"]), int(rows[0]["reserved"])
 
+    @property
+    def leadership(self) -> str:
+        """How this store leads: "session" (advisory locks on sessions of their own,
+        on `direct_dsn` when given) or "lease" (rows in cairnqd_leases, behind a
+        transaction pooler without `direct_dsn`)."""
+        return "session" if self.session_conninfo is not None else "lease"
+
+    async def _session(self) -> AsyncConn:
+        return await self.dedicated_connection(direct=True)
+
+    async def _lease_fetch(self, op: str, params: Mapping[str, Any]) -> list[Row]:
+        return await self._fetch(op, dict(params))
+
     def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
         """The advisory lock `(namespace, lock_id)` on a session of its own, for the
-        block; yields False at once when another session holds it."""
-        return session_lock(
-            self.dedicated_connection, namespace, lock_id, timeout_s=self.call_timeout_s
-        )
+        block; yields False at once when another session holds it. Behind a
+        transaction pooler without `direct_dsn`: a lease row (store/pg_lease.py)."""
+        if self.leadership == "lease":
+            return lease_exclusive(self._lease_fetch, namespace, lock_id)
+        return session_lock(self._session, namespace, lock_id, timeout_s=self.call_timeout_s)
 
     def leader_lock(self, namespace: int, lock_id: int) -> LeaderLock:
         """The advisory lock kept on a session of its own across calls (the stats
-        leader's). Nothing is opened until its first `ensure()`."""
-        return HeldSessionLock(
-            self.dedicated_connection, namespace, lock_id, timeout_s=self.call_timeout_s
-        )
+        leader's), or a lease row like `exclusive`. Nothing is opened until its first
+        `ensure()`."""
+        if self.leadership == "lease":
+            return LeaseLock(self._lease_fetch, namespace, lock_id)
+        return HeldSessionLock(self._session, namespace, lock_id, timeout_s=self.call_timeout_s)
+
+    async def take_turn(self, name: str, every_ms: int) -> bool:
+        """One host per `every_ms` across the hosts on this database gets True."""
+        return await take_turn(self._lease_fetch, name, every_ms)
 
 
 class _PgSession:

@@ -121,6 +121,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0001_task_keys_task_idx.sql",
             "cairnqd_0002_queue_pauses.sql",
             "cairnqd_0003_schedules.sql",
+            "cairnqd_0004_leases.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
@@ -130,6 +131,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_task_keys_task_id_idx",
             "cairnqd_queue_pauses_pkey",
             "cairnqd_schedules_pkey",
+            "cairnqd_leases_pkey",
         }
 
 
