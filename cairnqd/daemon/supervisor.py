@@ -32,6 +32,7 @@ from setproctitle import setproctitle
 
 from cairnqd.config import Config, GroupConfig, setting_position
 from cairnqd.daemon import systemd
+from cairnqd.daemon.boot import child_push
 from cairnqd.daemon.channels import ChildChannels
 from cairnqd.daemon.control import (
     ControlServer,
@@ -193,7 +194,24 @@ class Supervisor:
             "cairnqd started: %s, %d group(s), generation %d",
             self.config.database.backend, len(self.fleet.groups), self.generation,
         )  # fmt: skip
+        self._log_push_mode()
         return wakeup_r
+
+    def _log_push_mode(self) -> None:
+        """One line on how wake-ups reach the children when it is not the usual way."""
+        db = self.config.database
+        push = child_push(db)
+        if push == "off":
+            log.warning(
+                "push wake-ups off: LISTEN does not work through a transaction pooler "
+                "(database.pooler: transaction) and database.direct_dsn is not set; "
+                "children poll every groups.*.poll_interval and leadership uses lease rows"
+            )
+        elif push == "pipe":
+            log.info(
+                "push wake-ups through this process: one LISTEN on database.direct_dsn, "
+                "passed on to the children over their pipes"
+            )
 
     def _loop(self, wakeup_r: int) -> None:
         next_housekeeping = 0.0

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import PgDatabases, require_postgres
+from tests.daemon.daemon import Daemon
 from tests.pooler.pgbouncer import PgBouncer
 
 
@@ -51,3 +54,22 @@ def pooled(request: pytest.FixtureRequest, pg_databases: PgDatabases) -> Pooled:
 def pooled_tx(pg_databases: PgDatabases, bouncer_transaction: PgBouncer) -> Pooled:
     direct = pg_databases.new()
     return Pooled("transaction", direct, bouncer_transaction.dsn(direct), bouncer_transaction)
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], Daemon]]:
+    """Builds `Daemon`s for the test (each in a directory of its own, so two may run
+    side by side); stops every one of them afterwards."""
+    started: list[Daemon] = []
+
+    def make(config: dict[str, Any]) -> Daemon:
+        home = tmp_path / f"daemon{len(started)}"
+        home.mkdir()
+        config = {**config, "runtime_dir": str(home / "run")}
+        daemon = Daemon(home, config)
+        started.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in started:
+        daemon.stop()

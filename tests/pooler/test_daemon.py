@@ -1,0 +1,154 @@
+"""The daemon through a real PgBouncer, in transaction and session pool mode.
+
+Its children and the parent's threads share the pooler's server connections: nothing
+may be prepared, no startup `options` sent, and nothing may rely on a session's state.
+Before `database.pooler`, children logged `prepared statement "_pg3_0" already exists`
+and stayed stuck; here thousands of tasks drain with no error or warning logged beyond
+the one line saying push is off, and a killed child's task is handed back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from cairnqd import CairnQ
+from tests.daemon.daemon import base_config
+from tests.daemon.harness import gauge, scrape
+from tests.pooler.conftest import Pooled
+from tests.waiting import wait_for
+
+SHORT = 2000
+LONG = 20
+
+
+def pooled_database(pooled: Pooled, **extra: Any) -> dict[str, Any]:
+    return {"dsn": pooled.pooled, "pooler": pooled.mode, "auto_migrate": True, **extra}
+
+
+def problems_logged(output: str, *expected: str) -> list[str]:
+    """Log lines at WARNING and above, and tracebacks, except the push line and lines
+    holding one of `expected`."""
+    found = []
+    for line in output.splitlines():
+        if any(e in line for e in ("push wake-ups off", *expected)):
+            continue
+        if re.search(r" (WARNING|ERROR|CRITICAL) ", line) or line.startswith("Traceback"):
+            found.append(line)
+    return found
+
+
+def test_thousands_of_tasks_drain_through_the_pooler(
+    tmp_path: Path, pooled: Pooled, daemon_factory: Any
+) -> None:
+    config = base_config(
+        tmp_path,
+        pooled_database(pooled, connections_per_child=2),
+        {
+            "fast": {"queues": ["fast"], "processes": 2, "concurrency": 16},
+            "slow": {"queues": ["slow"], "processes": 2, "concurrency": 10},
+        },
+    )
+    config["groups"]["fast"]["poll_interval"] = "100ms"
+    config["groups"]["slow"]["poll_interval"] = "100ms"
+    daemon = daemon_factory(config).start()
+
+    async def submit(c: CairnQ) -> None:
+        for start in range(0, SHORT, 500):
+            await c.submit_many(
+                [{"name": "t.echo", "payload": {"n": n}, "queue": "fast"}
+                 for n in range(start, start + 500)]
+            )  # fmt: skip
+        for n in range(LONG):
+            await c.submit("t.sleep", {"seconds": 2}, queue="slow", key=f"slow-{n}")
+
+    client = lambda: CairnQ.postgres(pooled.pooled, pooler=pooled.mode, max_size=2)  # noqa: E731
+    client_call_pooled(client, submit)
+
+    def succeeded() -> int:
+        async def count(c: CairnQ) -> int:
+            stats = await c.stats()
+            return sum(stats.get(q, {}).get("succeeded", 0) for q in ("fast", "slow"))
+
+        return int(client_call_pooled(client, count))
+
+    wait_for(f"{SHORT + LONG} tasks to succeed", lambda: succeeded() == SHORT + LONG, 180)
+    port = daemon.metrics_port()
+    text = scrape(port)
+    assert gauge(text, "cairnq_db_up") == 1.0
+    assert gauge(text, "cairnq_tasks", queue="fast", status="succeeded") == SHORT
+    errors = [
+        line
+        for line in text.splitlines()
+        if line.startswith("cairnq_db_errors_total{") and not line.endswith(" 0.0")
+    ]
+    assert errors == []
+    assert daemon.stop() == 0
+    assert problems_logged(daemon.output()) == []
+    said = daemon.output().count("push wake-ups off")
+    assert said == (1 if pooled.mode == "transaction" else 0)
+
+
+def test_sigkill_child_hands_back_through_the_pooler(
+    tmp_path: Path, pooled_tx: Pooled, daemon_factory: Any
+) -> None:
+    pooled = pooled_tx
+    config = base_config(
+        tmp_path,
+        pooled_database(pooled),
+        # A long lease: redelivery must come from the hand-back, not from expiry.
+        {"g": {"queues": ["q"], "processes": 2, "concurrency": 1, "lease": "60s"}},
+    )
+    config["groups"]["g"]["poll_interval"] = "100ms"
+    daemon = daemon_factory(config).start()
+    release = tmp_path / "release"
+    client = lambda: CairnQ.postgres(pooled.pooled, pooler="transaction", max_size=1)  # noqa: E731
+
+    async def submit(c: CairnQ) -> Any:
+        return await c.submit("t.block", {"until": str(release)}, queue="q")
+
+    task = client_call_pooled(client, submit)
+
+    def running_on() -> str | None:
+        got = client_call_pooled(client, lambda c: c.get(task.id))
+        return got.worker_id if got.status == "running" else None
+
+    worker_id = wait_for("the task to start", running_on)
+    slot = int(worker_id.split(":")[1].split(".")[1])
+    victim = next(p for p, t in daemon.children("g").items() if f"] {slot + 1}/2" in t)
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+
+    def handed_back() -> bool:
+        got = client_call_pooled(client, lambda c: c.get(task.id))
+        return bool(got.attempt == 2 or got.status == "queued")
+
+    wait_for("the hand-back", handed_back, timeout=20)
+    assert time.monotonic() - killed_at < 10.0  # well before the 60 s lease
+    release.touch()
+    done = client_call_pooled(client, lambda c: c.wait(task.id, timeout_ms=30_000))
+    assert done.status == "succeeded"
+    assert done.result["pid"] != victim
+    assert "handed back 1 task(s)" in daemon.output()
+    assert daemon.stop() == 0
+    assert problems_logged(daemon.output(), "SIGKILL") == []
+
+
+def client_call_pooled(make: Any, action: Any) -> Any:
+    """`client_call` on a client made by `make` (through the pooler)."""
+
+    async def go() -> Any:
+        client = make()
+        await client.connect()
+        try:
+            return await action(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
