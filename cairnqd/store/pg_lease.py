@@ -111,10 +111,12 @@ async def lease_exclusive(
             await release(fetch, name, holder)
 
 
-async def take_turn(fetch: Fetch, name: str, every_ms: int) -> bool:
-    """Whether this host takes turn `name` now: True for one host per `every_ms`."""
-    rows = await fetch("lease_turn", {"name": name, "holder": new_holder(), "every_ms": every_ms})
-    return bool(rows)
+async def take_turn(fetch: Fetch, name: str, holder: str, every_ms: int) -> bool:
+    """Whether `holder` takes turn `name` now: True for one host per `every_ms`. The
+    last taker keeps the turn while it asks on time; another host takes over once the
+    turn has been due for half an interval."""
+    params = {"name": name, "holder": holder, "every_ms": every_ms, "grace_ms": every_ms // 2}
+    return bool(await fetch("lease_turn", params))
 
 
-__all__ = ["LEASE_TTL_MS", "LeaseLock", "lease_exclusive", "lease_name", "take_turn"]
+__all__ = ["LEASE_TTL_MS", "LeaseLock", "lease_exclusive", "lease_name", "new_holder", "take_turn"]

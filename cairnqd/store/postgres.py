@@ -62,7 +62,7 @@ from cairnqd.store.pg_connect import (
     session_conninfo,
 )
 from cairnqd.store.pg_leadership import HeldSessionLock, session_lock
-from cairnqd.store.pg_lease import LeaseLock, lease_exclusive, take_turn
+from cairnqd.store.pg_lease import LeaseLock, lease_exclusive, new_holder, take_turn
 from cairnqd.store.pg_listen import Listener
 
 T = TypeVar("T")
@@ -161,6 +161,8 @@ class PostgresStore(TaskStore):
         self._push_hint = False
         self._ever_connected = False
         self._push_off_logged = False
+        # Who this store is when it takes turns (`take_turn`): the same for its life.
+        self._holder = new_holder()
         #: Whether the server answers this store's calls (see `_borrow`).
         self.reachability = Reachability()
 
@@ -512,7 +514,7 @@ class PostgresStore(TaskStore):
 
     async def take_turn(self, name: str, every_ms: int) -> bool:
         """One host per `every_ms` across the hosts on this database gets True."""
-        return await take_turn(self._lease_fetch, name, every_ms)
+        return await take_turn(self._lease_fetch, name, self._holder, every_ms)
 
 
 class _PgSession:

@@ -152,3 +152,49 @@ def client_call_pooled(make: Any, action: Any) -> Any:
 
     return asyncio.run(go())
 
+
+def test_two_daemons_one_purges_and_one_exports_the_gauges(
+    tmp_path: Path, pooled_tx: Pooled, daemon_factory: Any
+) -> None:
+    # Behind a transaction pooler without direct_dsn both daemons used to win the
+    # session locks: both purged and both exported the queue gauges.
+    pooled = pooled_tx
+    config = base_config(
+        tmp_path,
+        pooled_database(pooled),
+        {"g": {"queues": ["q"], "processes": 1, "concurrency": 4}},
+    )
+    config["groups"]["g"]["poll_interval"] = "100ms"
+    config["metrics"] = {"listen": "127.0.0.1:0", "queue_stats": "leader", "stats_ttl": "0s"}
+    config["retention"] = {
+        "interval": "1s",
+        "rules": [{"status": "succeeded", "older_than": "1s"}],
+    }
+    daemons = [daemon_factory(config).start(), daemon_factory(config).start()]
+    ports = [d.metrics_port() for d in daemons]
+    client = lambda: CairnQ.postgres(pooled.pooled, pooler="transaction", max_size=1)  # noqa: E731
+
+    async def submit(c: CairnQ) -> None:
+        await c.submit_many([{"name": "t.echo", "queue": "q"} for _ in range(20)])
+
+    def runs() -> list[float]:
+        return [gauge(scrape(p), "cairnq_purge_runs_total") or 0.0 for p in ports]
+
+    def exporting() -> list[bool]:
+        return [gauge(scrape(p), "cairnq_tasks", queue="q", status="queued") is not None
+                for p in ports]  # fmt: skip
+
+    def one_purged_every_batch() -> list[float]:
+        client_call_pooled(client, submit)
+        return runs()
+
+    # Several sweeps' worth of rounds: one daemon keeps the turn, the other never sweeps.
+    seen = wait_for("four sweeps", one_purged_every_batch, 60, accept=lambda r: sum(r) >= 4)
+    assert sorted(seen)[0] == 0.0, f"both daemons swept: {seen}"
+    for _ in range(5):
+        assert sorted(exporting()) == [False, True]
+    purged = [d.output().count("purge sweep deleted") for d in daemons]
+    assert sorted(purged)[0] == 0 and sorted(purged)[1] >= 1, purged
+    for daemon in daemons:
+        assert daemon.stop() == 0
+        assert problems_logged(daemon.output()) == []
