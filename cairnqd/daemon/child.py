@@ -468,6 +468,10 @@ class Child:
         store = self.worker.store if self.worker is not None else None
         return store.reachability.down_for() if isinstance(store, PostgresStore) else 0.0
 
+    def _listen_deaf(self) -> bool:
+        store = self.worker.store if self.worker is not None else None
+        return isinstance(store, PostgresStore) and store.push_state == "deaf"
+
     def _heartbeat_thread(self) -> None:
         interval = self.boot.hb_interval_s
         max_run_ms = self.boot.group_config.max_run_ms
@@ -490,7 +494,7 @@ class Child:
         return Heartbeat(
             rss=_rss_bytes(), state=self.state, executing=executing, held=held,
             lag_s=round(lag, 3), overdue=overdue, longest=longest, paused=paused,
-            db_down_s=round(self._db_down_s(), 1),
+            db_down_s=round(self._db_down_s(), 1), listen_deaf=self._listen_deaf(),
         )  # fmt: skip
 
     # -- the events pipe ---------------------------------------------------------------

@@ -95,6 +95,8 @@ class Heartbeat:
     db_down_s: float = 0.0
     #: Its queues it finds paused (`cairnqd pause`) and so does not claim from.
     paused: tuple[str, ...] = ()
+    #: Its LISTEN was accepted but is deaf (store/pg_listen.py): it polls instead.
+    listen_deaf: bool = False
 
 
 @dataclass(frozen=True)

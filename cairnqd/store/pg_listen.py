@@ -1,10 +1,21 @@
-"""Postgres push wake-ups: one LISTEN connection per channel, opened on first need."""
+"""Postgres push wake-ups: one LISTEN connection per channel, opened on first need.
+
+A LISTEN can be accepted and deaf: through PgBouncer in transaction mode the LISTEN runs
+on whichever server connection served it, which then goes back to the pool, and the
+notifications sent to it are dropped. Nothing fails, so a listener proves it hears:
+it also listens on a private channel of its own and has a NOTIFY sent there through
+another connection (the store's pool, where real notifications come from) when it
+starts and every `probe_every_s`. No echo within `PROBE_TIMEOUT_S`: the LISTEN is deaf,
+push is turned off (the waiters poll), and one warning says so.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -15,6 +26,18 @@ from psycopg import sql
 # notification it sends a round trip, which must come back within the second value.
 _PING_EVERY_S = 10.0
 _PING_TIMEOUT_S = 10.0
+#: How long a self-addressed NOTIFY may take to come back before the LISTEN is deaf.
+PROBE_TIMEOUT_S = 5.0
+#: How often a listener proves again that it hears.
+PROBE_EVERY_S = 60.0
+#: A NOTIFY sent through another connection: (channel, payload).
+SendNotify = Callable[[str, str], Awaitable[None]]
+
+log = logging.getLogger("cairnqd.store")
+
+
+class _Deaf(Exception):
+    """The LISTEN was accepted but its self-addressed NOTIFY never came back."""
 
 
 class Listener:
@@ -40,7 +63,24 @@ class Listener:
         *,
         connect_timeout_s: float,
         connect_kwargs: Mapping[str, Any] | None = None,
+        send_notify: SendNotify | None = None,
+        probe_every_s: float = PROBE_EVERY_S,
+        on_deaf: Callable[[], None] | None = None,
     ) -> None:
+        """`send_notify`: how to send the proving NOTIFY (None: never prove, trust an
+        accepted LISTEN); `on_deaf`: called once when the LISTEN turns out deaf."""
+        self._send_notify = send_notify
+        self._probe_every_s = probe_every_s
+        self._on_deaf = on_deaf
+        self._probe_channel = f"cairnqd_probe_{secrets.token_hex(6)}"
+        self._probe_token: str | None = None
+        self._probe_deadline: float | None = None
+        self._next_probe = 0.0
+        self._probe_task: asyncio.Task[None] | None = None
+        #: True once a LISTEN was found deaf: push stays off in this listener.
+        self.deaf = False
+        #: Proving NOTIFYs that came back.
+        self.echoes = 0
         self._conninfo = conninfo
         self._connect_kwargs = dict(connect_kwargs or {})
         self._connect_timeout = max(1, int(connect_timeout_s))
@@ -59,6 +99,9 @@ class Listener:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        probe, self._probe_task = self._probe_task, None
+        if probe is not None:
+            probe.cancel()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -121,14 +164,25 @@ class Listener:
             try:
                 async with conn:
                     try:
+                        if self._send_notify is not None:
+                            # The private channel first: the session's last statement
+                            # (pg_stat_activity) stays the LISTEN it is there for.
+                            probe = sql.SQL("listen {}").format(sql.Identifier(self._probe_channel))
+                            await conn.execute(probe)
                         await conn.execute(listen)
                     except psycopg.errors.FeatureNotSupported:
                         self.disabled = True
                         self._release_all()
                         return
                     backoff = 1.0
-                    self.connected.set()
+                    if self._send_notify is None:
+                        self.connected.set()  # trusted as accepted
+                    else:
+                        self._start_probe()  # connected once the echo is heard
                     await self._listen(conn)
+            except _Deaf:
+                self._turn_deaf()
+                return
             except (psycopg.Error, TimeoutError):
                 pass
             # Dropped: let every waiter fall back to its own poll, then reconnect.
@@ -138,12 +192,71 @@ class Listener:
             backoff = min(backoff * 2, 30.0)
 
     async def _listen(self, conn: psycopg.AsyncConnection[object]) -> None:
-        """Dispatch notifications until the connection fails its round trip."""
+        """Dispatch notifications until the connection fails its round trip (or its
+        proving NOTIFY does not come back: `_Deaf`)."""
+        loop = asyncio.get_running_loop()
+        next_ping = loop.time() + _PING_EVERY_S
         while True:
-            async for note in conn.notifies(timeout=_PING_EVERY_S):
-                self._dispatch(note.payload)
-            async with asyncio.timeout(_PING_TIMEOUT_S):
-                await conn.execute("select 1")
+            wake_at = next_ping
+            if self._probe_deadline is not None:
+                wake_at = min(wake_at, self._probe_deadline)
+            elif self._send_notify is not None:
+                wake_at = min(wake_at, self._next_probe)
+            async for note in conn.notifies(timeout=max(0.01, wake_at - loop.time())):
+                if note.channel == self._probe_channel:
+                    self._heard(note.payload)
+                else:
+                    self._dispatch(note.payload)
+            now = loop.time()
+            if self._probe_deadline is not None and now >= self._probe_deadline:
+                raise _Deaf()
+            probing = self._probe_deadline is not None or self._send_notify is None
+            if not probing and now >= self._next_probe:
+                self._start_probe()
+            if now >= next_ping:
+                async with asyncio.timeout(_PING_TIMEOUT_S):
+                    await conn.execute("select 1")
+                next_ping = loop.time() + _PING_EVERY_S
+
+    def _start_probe(self) -> None:
+        """Send a NOTIFY to our private channel through another connection; `_listen`
+        expects it back by `_probe_deadline`."""
+        loop = asyncio.get_running_loop()
+        token = self._probe_token = secrets.token_hex(8)
+        self._probe_deadline = loop.time() + PROBE_TIMEOUT_S
+        self._probe_task = loop.create_task(self._send_probe(token))
+
+    async def _send_probe(self, token: str) -> None:
+        assert self._send_notify is not None
+        try:
+            await self._send_notify(self._probe_channel, token)
+        except Exception as exc:
+            # Not sent, so nothing can be concluded: try again a little later.
+            log.debug("LISTEN probe on %s not sent: %s", self.channel, exc)
+            if self._probe_token == token:
+                self._probe_token = self._probe_deadline = None
+                self._next_probe = asyncio.get_running_loop().time() + PROBE_TIMEOUT_S
+
+    def _heard(self, payload: str) -> None:
+        if payload != self._probe_token:
+            return
+        self._probe_token = self._probe_deadline = None
+        self._next_probe = asyncio.get_running_loop().time() + self._probe_every_s
+        self.echoes += 1
+        self.connected.set()
+
+    def _turn_deaf(self) -> None:
+        self.deaf = self.disabled = True
+        self.connected.clear()
+        self._release_all()
+        log.warning(
+            "LISTEN %s is deaf: it was accepted, but a NOTIFY sent to it did not come back "
+            "within %.0fs (a transaction pooler on the way? set database.pooler and "
+            "database.direct_dsn); push wake-ups are off, polling instead",
+            self.channel, PROBE_TIMEOUT_S,
+        )  # fmt: skip
+        if self._on_deaf is not None:
+            self._on_deaf()
 
     def _dispatch(self, payload: str) -> None:
         event = self._events.get(payload)

@@ -63,7 +63,7 @@ from cairnqd.store.pg_connect import (
 )
 from cairnqd.store.pg_leadership import HeldSessionLock, session_lock
 from cairnqd.store.pg_lease import LeaseLock, lease_exclusive, new_holder, take_turn
-from cairnqd.store.pg_listen import Listener
+from cairnqd.store.pg_listen import PROBE_EVERY_S, Listener
 
 T = TypeVar("T")
 
@@ -161,6 +161,8 @@ class PostgresStore(TaskStore):
         self._push_hint = False
         self._ever_connected = False
         self._push_off_logged = False
+        #: How often each LISTEN proves again that it hears (store/pg_listen.py).
+        self.listen_probe_every_s = PROBE_EVERY_S
         # Who this store is when it takes turns (`take_turn`): the same for its life.
         self._holder = new_holder()
         #: Whether the server answers this store's calls (see `_borrow`).
@@ -406,9 +408,28 @@ class PostgresStore(TaskStore):
                 channel,
                 connect_timeout_s=self.connect_timeout_s,
                 connect_kwargs=self._session_kwargs,
+                send_notify=self.send_notify,
+                probe_every_s=self.listen_probe_every_s,
             )
             listener.start()
         return None if listener.disabled else listener
+
+    async def send_notify(self, channel: str, payload: str) -> None:
+        """NOTIFY `channel` through the pool: the way real notifications travel, so
+        a listener's proving NOTIFY meets whatever a task's would (store/pg_listen.py)."""
+        async with self._borrow() as conn:
+            await conn.execute("select pg_notify(%s, %s)", (channel, payload))
+
+    @property
+    def push_state(self) -> str:
+        """How this store's waiters wake: "on" (a LISTEN that heard its own NOTIFY, or
+        none opened yet), "deaf" (a LISTEN accepted but deaf: polling), "off" (no
+        LISTEN by design: polling)."""
+        if not self.listen or self.session_conninfo is None:
+            return "off"
+        if any(listener.deaf for listener in self._listeners.values()):
+            return "deaf"
+        return "on"
 
     def _register_wakeable(self, queues: Sequence[str]) -> None:
         listener = self._push("cairnq_queued")

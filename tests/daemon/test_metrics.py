@@ -297,7 +297,14 @@ def _task_events(metrics: Metrics, config: Config) -> None:
         tally_event(tally),
         {"t": "dberr", "kind": "busy"},
         {"t": "dberr", "kind": "something-new"},
-        {**HEARTBEAT, "rss": 123456789, "executing": 3, "held": 7, "lag_s": 0.5},
+        {
+            **HEARTBEAT,
+            "rss": 123456789,
+            "executing": 3,
+            "held": 7,
+            "lag_s": 0.5,
+            "listen_deaf": True,
+        },  # fmt: skip
         {"t": "bye", "reason": "drain"},
     ]
     for event in events:
@@ -337,6 +344,7 @@ def test_task_counters_from_events(sqlite_path: str, tmp_path: Path, served: lis
     assert value(found, "cairnq_child_tasks", **child, state="executing") == 3
     assert value(found, "cairnq_child_tasks", **child, state="held") == 7
     assert value(found, "cairnq_child_loop_lag_seconds", **child) == 0.5
+    assert value(found, "cairnq_child_listen_deaf", **child) == 1
     metrics.remove_child("default", 1)
     after = samples(scrape(metrics.port or 0)[1])
     assert value(after, "cairnq_child_resident_memory_bytes", group="default", slot="1") is None

@@ -79,6 +79,13 @@ class Families:
             ["group", "slot"],
             registry=r,
         )
+        self.child_listen_deaf = Gauge(
+            "cairnq_child_listen_deaf",
+            "1 while a child's LISTEN is accepted but deaf (its self-addressed NOTIFY did not "
+            "come back, e.g. through a transaction pooler): it polls instead of being woken.",
+            ["group", "slot"],
+            registry=r,
+        )
         self._build_purge_metrics()
         self._build_config_metrics()
         self.schedules = ScheduleFamilies(r)

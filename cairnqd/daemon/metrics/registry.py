@@ -173,6 +173,8 @@ class Metrics(Families):
                 labels = (group, str(slot))
                 self._child(self.child_memory, ("group", "slot"), *labels).set(event.rss)
                 self._child(self.child_loop_lag, ("group", "slot"), *labels).set(event.lag_s)
+                deaf = self._child(self.child_listen_deaf, ("group", "slot"), *labels)
+                deaf.set(1 if event.listen_deaf else 0)
                 tasks = self.child_tasks
                 names = ("group", "slot", "state")
                 self._child(tasks, names, *labels, "executing").set(event.executing)
