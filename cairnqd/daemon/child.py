@@ -51,6 +51,7 @@ from cairnqd.daemon.messages import (
     Ready,
     ReopenLogs,
     SetLogging,
+    Wake,
     decode_control,
     encode,
 )
@@ -440,6 +441,10 @@ class Child:
                 reopen_logs()  # logrotate renamed the file; the parent got SIGUSR1
             elif isinstance(message, Claiming):
                 self._set_claiming(message.on)
+            elif isinstance(message, Wake):
+                store = self.worker.store if self.worker is not None else None
+                if isinstance(store, PostgresStore):
+                    store.relay_wake(message.queues)
         if self._control.closed:
             assert self.loop is not None
             self.loop.remove_reader(self.control_fd)

@@ -181,12 +181,23 @@ class Claiming:
     on: bool
 
 
-ControlMessage = SetLogging | ReopenLogs | Claiming
+@dataclass(frozen=True)
+class Wake:
+    """Work was queued on these queues: the parent's LISTEN on `direct_dsn` heard it
+    (daemon/wakerelay.py), and passes it on to the children that claim from them."""
+
+    kind: ClassVar[Literal["wake"]] = "wake"
+    queues: tuple[str, ...]
+
+
+ControlMessage = SetLogging | ReopenLogs | Claiming | Wake
 
 _CHILD_KINDS: dict[str, type[Any]] = {
     cls.kind: cls for cls in (Ready, Heartbeat, Tally, DatabaseTrouble, Goodbye, Fatal)
 }
-_CONTROL_KINDS: dict[str, type[Any]] = {cls.kind: cls for cls in (SetLogging, ReopenLogs, Claiming)}
+_CONTROL_KINDS: dict[str, type[Any]] = {
+    cls.kind: cls for cls in (SetLogging, ReopenLogs, Claiming, Wake)
+}
 # Wire names that differ from the field's: `kind` is the class tag in Python.
 _WIRE_NAMES = {(DatabaseTrouble, "error_kind"): "kind"}
 

@@ -56,6 +56,7 @@ from cairnqd.daemon.messages import (
     Claiming,
     ReopenLogs,
     SetLogging,
+    Wake,
     encode,
 )
 from cairnqd.daemon.metrics import Metrics
@@ -73,6 +74,7 @@ from cairnqd.daemon.statefile import (
     state_path,
 )
 from cairnqd.daemon.status import StatusReport, status_dump
+from cairnqd.daemon.wakerelay import WakeRelay, backed_up
 from cairnqd.store.sqlite_open import ensure_file, is_plain_file, remember_file
 
 log = logging.getLogger("cairnqd.supervisor")
@@ -105,6 +107,10 @@ class Supervisor:
         self.scheduler = Scheduler(config, self.metrics)
         self.metrics.database.set_outage_source(self._processes_without_database)
         self.channels = ChildChannels(self.selector, self.metrics)
+        #: The host's one LISTEN on direct_dsn, passed on to the children (or None).
+        self.wakes: WakeRelay | None = None
+        if child_push(config.database) == "pipe":
+            self.wakes = WakeRelay(config.database, on_deaf=self.metrics.parent_listen_deaf)
         self.exits = ChildExits(self.fleet, self.maintenance, self.metrics, self.reload.roll_failed)
         self.statefile = StateFile(state_path(self.config_path, config.runtime_dir))
         self.state = initial_state(self.config_path)
@@ -189,6 +195,9 @@ class Supervisor:
             log.info("metrics on http://%s:%d/metrics", listen.host, port)
         self.maintenance.start()
         self.scheduler.start()
+        if self.wakes is not None:
+            self.wakes.start()
+            self.selector.register(self.wakes.fd, selectors.EVENT_READ)
         self.write_state()
         log.info(
             "cairnqd started: %s, %d group(s), generation %d",
@@ -236,9 +245,20 @@ class Supervisor:
             if key.fd == wakeup_r:
                 self._drain_wakeup(wakeup_r)
                 urgent = True
+            elif self.wakes is not None and key.fd == self.wakes.fd:
+                self._send_wakes(self.wakes.take())
             else:
                 urgent |= self.channels.read(key.fd)
         return urgent
+
+    def _send_wakes(self, queues: set[str]) -> None:
+        """One `wake` to each child whose group claims from one of `queues`; a child
+        whose control pipe is backed up is skipped (it polls, see wakerelay.py)."""
+        for child in self.channels.live():
+            group = self.config.groups.get(child.group)
+            hit = tuple(q for q in group.queues if q in queues) if group is not None else ()
+            if hit and not backed_up(child.control.fd):
+                child.control.send_whole(encode(Wake(queues=hit)))
 
     def _tick(self) -> bool:
         """The loop's named steps; True once the parent should exit."""
@@ -266,6 +286,8 @@ class Supervisor:
     def _finish(self) -> int:
         systemd.stopping("stopped")
         self.scheduler.stop(timeout_s=5.0)
+        if self.wakes is not None:
+            self.wakes.stop()
         self.maintenance.stop(timeout_s=10.0)
         self.metrics.close()
         if self.stopping:

@@ -115,6 +115,7 @@ def build_store(
         clock=clock,
         pooler=pooler,
         direct_dsn=direct_dsn,
+        relayed=purpose == "worker" and push == "pipe",
     )
 
 

@@ -66,9 +66,12 @@ class Listener:
         send_notify: SendNotify | None = None,
         probe_every_s: float = PROBE_EVERY_S,
         on_deaf: Callable[[], None] | None = None,
+        on_notify: Callable[[str], None] | None = None,
     ) -> None:
         """`send_notify`: how to send the proving NOTIFY (None: never prove, trust an
-        accepted LISTEN); `on_deaf`: called once when the LISTEN turns out deaf."""
+        accepted LISTEN); `on_deaf`: called once when the LISTEN turns out deaf;
+        `on_notify`: called with every payload (the daemon's relay to its children)."""
+        self._on_notify = on_notify
         self._send_notify = send_notify
         self._probe_every_s = probe_every_s
         self._on_deaf = on_deaf
@@ -259,6 +262,8 @@ class Listener:
             self._on_deaf()
 
     def _dispatch(self, payload: str) -> None:
+        if self._on_notify is not None:
+            self._on_notify(payload)
         event = self._events.get(payload)
         if event is not None:
             event.set()
@@ -266,4 +271,39 @@ class Listener:
             waiter.set()
 
 
-__all__ = ["Listener"]
+class RelayedWakes:
+    """Wake-ups passed on by another process instead of a LISTEN of our own: a daemon
+    child's, whose parent holds the host's one LISTEN on `direct_dsn` and sends it a
+    `wake` message per notification (daemon/wakerelay.py). The same surface as a
+    `Listener` where `claim_wake` uses one. Always "listening": a wake lost while the
+    parent reconnects costs the child one poll interval, as with a LISTEN of its own."""
+
+    disabled = False
+    deaf = False
+
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+        self.connected = asyncio.Event()
+        self.connected.set()
+
+    def start(self) -> None:
+        return None
+
+    async def until_listening(self, timeout_s: float) -> bool:
+        return True
+
+    def sticky(self, keys: Sequence[str]) -> list[asyncio.Event]:
+        return [self._events.setdefault(k, asyncio.Event()) for k in keys]
+
+    def wake(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            event = self._events.get(key)
+            if event is not None:
+                event.set()
+
+    async def stop(self) -> None:
+        for event in self._events.values():
+            event.set()
+
+
+__all__ = ["Listener", "RelayedWakes"]

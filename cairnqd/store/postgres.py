@@ -63,7 +63,7 @@ from cairnqd.store.pg_connect import (
 )
 from cairnqd.store.pg_leadership import HeldSessionLock, session_lock
 from cairnqd.store.pg_lease import LeaseLock, lease_exclusive, new_holder, take_turn
-from cairnqd.store.pg_listen import PROBE_EVERY_S, Listener
+from cairnqd.store.pg_listen import PROBE_EVERY_S, Listener, RelayedWakes
 
 T = TypeVar("T")
 
@@ -96,6 +96,7 @@ class PostgresStore(TaskStore):
         clock: Clock | None = None,
         pooler: str = "none",
         direct_dsn: str | None = None,
+        relayed: bool = False,
     ) -> None:
         """`statement_timeout_ms` sets the server's `statement_timeout` on every
         connection (the daemon's background threads bound their queries with it).
@@ -104,7 +105,9 @@ class PostgresStore(TaskStore):
 
         `pooler`: what `dsn` reaches Postgres through: "none", or a pooler in
         "session" or "transaction" mode. `direct_dsn`: behind a pooler, a DSN that
-        reaches Postgres directly, used for LISTEN, leadership and migrations."""
+        reaches Postgres directly, used for LISTEN, leadership and migrations.
+        `relayed`: queued-work wake-ups come from `relay_wake` (a daemon child's
+        parent passes them on) instead of a LISTEN of this store's own."""
         super().__init__(clock=clock)
         self.pooler = check_pooler(pooler)
         if schema is not None and pooler == "transaction":
@@ -161,6 +164,7 @@ class PostgresStore(TaskStore):
         self._push_hint = False
         self._ever_connected = False
         self._push_off_logged = False
+        self._relay = RelayedWakes() if relayed else None
         #: How often each LISTEN proves again that it hears (store/pg_listen.py).
         self.listen_probe_every_s = PROBE_EVERY_S
         # Who this store is when it takes turns (`take_turn`): the same for its life.
@@ -277,6 +281,8 @@ class PostgresStore(TaskStore):
         listeners, self._listeners = list(self._listeners.values()), {}
         for listener in listeners:
             await listener.stop()
+        if self._relay is not None:
+            await self._relay.stop()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -389,8 +395,10 @@ class PostgresStore(TaskStore):
 
     # -- push wake-ups -------------------------------------------------------------------
 
-    def _push(self, channel: str) -> Listener | None:
+    def _push(self, channel: str) -> Listener | RelayedWakes | None:
         """The listener for `channel`, started on first use; None when push is off."""
+        if self._relay is not None:
+            return self._relay if channel == "cairnq_queued" else None
         if self._pool is None or not self.listen:
             return None
         if self.session_conninfo is None:
@@ -414,6 +422,11 @@ class PostgresStore(TaskStore):
             listener.start()
         return None if listener.disabled else listener
 
+    def relay_wake(self, queues: Sequence[str]) -> None:
+        """Work was queued on `queues` (told by the process that LISTENs for us)."""
+        if self._relay is not None:
+            self._relay.wake(queues)
+
     async def send_notify(self, channel: str, payload: str) -> None:
         """NOTIFY `channel` through the pool: the way real notifications travel, so
         a listener's proving NOTIFY meets whatever a task's would (store/pg_listen.py)."""
@@ -425,6 +438,8 @@ class PostgresStore(TaskStore):
         """How this store's waiters wake: "on" (a LISTEN that heard its own NOTIFY, or
         none opened yet), "deaf" (a LISTEN accepted but deaf: polling), "off" (no
         LISTEN by design: polling)."""
+        if self._relay is not None:
+            return "relayed"
         if not self.listen or self.session_conninfo is None:
             return "off"
         if any(listener.deaf for listener in self._listeners.values()):
@@ -465,7 +480,7 @@ class PostgresStore(TaskStore):
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
         timeout_s = max(0, timeout_ms) / 1000
         listener = self._push("cairnq_done")
-        if listener is None:
+        if not isinstance(listener, Listener):
             await asyncio.sleep(timeout_s)
             return
         if await listener.until_listening(timeout_s):

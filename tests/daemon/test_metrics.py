@@ -304,7 +304,7 @@ def _task_events(metrics: Metrics, config: Config) -> None:
             "held": 7,
             "lag_s": 0.5,
             "listen_deaf": True,
-        },  # fmt: skip
+        },
         {"t": "bye", "reason": "drain"},
     ]
     for event in events:

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from cairnqd import CairnQ
 from tests.daemon.daemon import base_config
 from tests.daemon.harness import gauge, scrape
@@ -198,3 +200,71 @@ def test_two_daemons_one_purges_and_one_exports_the_gauges(
     for daemon in daemons:
         assert daemon.stop() == 0
         assert problems_logged(daemon.output()) == []
+
+
+def wake_latencies_ms(pooled: Pooled, n: int) -> list[float]:
+    """Submit `n` tasks one at a time to idle children; how long each took from just
+    before its submit to its handler's start."""
+    client = lambda: CairnQ.postgres(pooled.pooled, pooler=pooled.mode, max_size=1)  # noqa: E731
+
+    async def measure(c: CairnQ) -> list[float]:
+        out = []
+        for _ in range(n):
+            began = time.time()
+            task = await c.submit("p.stamp", queue="lat")
+            done = await c.wait(task.id, timeout_ms=30_000, poll_ms=20, max_poll_ms=50)
+            out.append((float(done.result) - began) * 1000)
+            await asyncio.sleep(0.05)  # let every child go back to waiting
+        return out
+
+    return list(client_call_pooled(client, measure))
+
+
+def latency_config(tmp_path: Path, pooled: Pooled, **database: Any) -> dict[str, Any]:
+    config = base_config(
+        tmp_path,
+        pooled_database(pooled, **database),
+        {"lat": {"queues": ["lat"], "processes": 2, "concurrency": 2}},
+    )
+    config["handlers"] = ["tests.pooler.handlers:registry"]
+    # Polling alone would take up to 5 s: a fast start can only come from a push.
+    config["groups"]["lat"]["poll_interval"] = "5s"
+    return config
+
+
+def test_push_wakeups_through_the_parent_with_direct_dsn(
+    tmp_path: Path, pooled: Pooled, daemon_factory: Any
+) -> None:
+    daemon = daemon_factory(latency_config(tmp_path, pooled, direct_dsn=pooled.direct)).start()
+    wait_for(
+        "the start-up line on how wake-ups travel",
+        lambda: "push wake-ups through this process" in daemon.output(),
+    )
+    # The first submits may land before the parent's LISTEN is proven; warm up.
+    wake_latencies_ms(pooled, 3)
+    latencies = sorted(wake_latencies_ms(pooled, 25))
+    p50 = latencies[len(latencies) // 2]
+    assert p50 <= 20.0, f"wake-up p50 {p50:.1f} ms: {[round(x, 1) for x in latencies]}"
+    # The children LISTEN on nothing: the host's one LISTEN is the parent's.
+    with psycopg.connect(pooled.direct) as conn:
+        listening = conn.execute(
+            "select count(*) from pg_stat_activity where datname = current_database() "
+            "and query ilike 'listen %'"
+        ).fetchone()
+    assert listening == (1,)
+    assert gauge(scrape(daemon.metrics_port()), "cairnq_listen_deaf") == 0.0
+    assert daemon.stop() == 0
+    assert problems_logged(daemon.output()) == []
+
+
+def test_without_direct_dsn_the_children_poll_and_say_so(
+    tmp_path: Path, pooled_tx: Pooled, daemon_factory: Any
+) -> None:
+    config = latency_config(tmp_path, pooled_tx)
+    config["groups"]["lat"]["poll_interval"] = "500ms"
+    daemon = daemon_factory(config).start()
+    (line,) = [x for x in daemon.output().splitlines() if "push wake-ups" in x]
+    assert "WARNING" in line and "database.direct_dsn is not set" in line
+    latencies = sorted(wake_latencies_ms(pooled_tx, 6))
+    assert latencies[len(latencies) // 2] > 20.0  # polled, not pushed
+    assert daemon.stop() == 0

@@ -86,6 +86,12 @@ class Families:
             ["group", "slot"],
             registry=r,
         )
+        self.listen_deaf = Gauge(
+            "cairnq_listen_deaf",
+            "1 while the parent's LISTEN on database.direct_dsn is accepted but deaf: the "
+            "children poll instead of being woken.",
+            registry=r,
+        )
         self._build_purge_metrics()
         self._build_config_metrics()
         self.schedules = ScheduleFamilies(r)

@@ -62,6 +62,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "cairnq_child_tasks",
     "cairnq_child_loop_lag_seconds",
     "cairnq_child_listen_deaf",
+    "cairnq_listen_deaf",
     "cairnq_purge_deleted_total",
     "cairnq_purge_runs_total",
     "cairnq_purge_failures_total",

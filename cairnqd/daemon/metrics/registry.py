@@ -182,6 +182,10 @@ class Metrics(Families):
             case Ready():
                 self._child(self.child_memory, ("group", "slot"), group, str(slot)).set(event.rss)
 
+    def parent_listen_deaf(self) -> None:
+        """The parent's LISTEN on direct_dsn turned out deaf (from its relay thread)."""
+        self.listen_deaf.set(1)
+
     def forget_incarnation(self, child: str) -> None:
         """A child was reaped: its next incarnation's tallies start from zero."""
         self._tallies.forget(child)

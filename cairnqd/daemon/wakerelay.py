@@ -1,0 +1,129 @@
+"""The host's one LISTEN, on `database.direct_dsn`, passed on to the children.
+
+Design note. Behind a pooler, a LISTEN per child would cost a server connection each
+(session mode) or hear nothing at all (transaction mode). With `direct_dsn` set, the
+parent holds the host's only LISTEN connection, on `cairnq_queued`, directly on
+Postgres; the children LISTEN on nothing and get `wake` messages instead.
+
+- The LISTEN runs on a thread of its own (`LoopThread`), like every database duty of
+  the parent, so the supervisor's loop never waits on the database.
+- Each notification's payload (a queue name) goes into a set, and one byte into a
+  pipe the supervisor's selector watches; the loop takes the set and writes one `wake`
+  to each child whose group claims from one of those queues (`Supervisor._send_wakes`).
+  Only the main thread writes to the children's pipes: a child's pipe may be closed
+  (and its descriptor reused) the moment it is reaped, which only that thread knows.
+- The listener proves it hears, as every listener does (store/pg_listen.py): a NOTIFY
+  on a private channel sent through the pooled DSN, where real notifications come
+  from. Deaf: one warning, `cairnq_listen_deaf` 1, and the children keep polling.
+- Wakes are hints: a child whose control pipe is already backed up is skipped (it is
+  behind anyway, and polls), so a stuck child can never block the loop on a write.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import logging
+import os
+import termios
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from cairnqd.config import DatabaseConfig
+from cairnqd.daemon.dbthread import LoopThread
+from cairnqd.store.factory import store_for
+
+log = logging.getLogger("cairnqd.supervisor")
+
+CHANNEL = "cairnq_queued"
+
+
+class WakeRelay:
+    """See the module docstring. `start()` once; `take()` from the supervisor's loop
+    when `fd` is readable; `stop()` at the end."""
+
+    def __init__(self, database: DatabaseConfig, *, on_deaf: Callable[[], None]) -> None:
+        self._database = database
+        self._on_deaf = on_deaf
+        self._thread = LoopThread("cairnqd-wakes")
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()
+        self.fd, self._fd_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._stopped = threading.Event()
+        #: The LISTEN (a store/pg_listen.py `Listener`), once the thread started it.
+        self.listener: Any = None
+
+    def start(self) -> None:
+        self._thread.start()
+        self._thread.submit(self._serve())
+
+    async def _serve(self) -> None:
+        # Imported here: psycopg stays out of a SQLite daemon's parent.
+        from cairnqd.store.pg_listen import Listener
+        from cairnqd.store.postgres import PostgresStore
+
+        store = store_for(self._database, "background")
+        assert isinstance(store, PostgresStore) and store.session_conninfo is not None
+
+        async def send_notify(channel: str, payload: str) -> None:
+            # Through the pooled DSN, on a connection of its own: the way a task's
+            # notification travels. Once a minute, so no pool is kept for it.
+            async with await store.dedicated_connection() as conn:
+                await conn.execute("select pg_notify(%s, %s)", (channel, payload))
+
+        listener = Listener(
+            store.session_conninfo,
+            CHANNEL,
+            connect_timeout_s=self._database.connect_timeout.total_seconds(),
+            send_notify=send_notify,
+            on_deaf=self._on_deaf,
+            on_notify=self._heard,
+        )
+        listener.start()
+        self.listener = listener
+
+    def _heard(self, queue: str) -> None:
+        with self._lock:
+            first = not self._pending
+            self._pending.add(queue)
+        if first:
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._fd_w, b"w")
+
+    def take(self) -> set[str]:
+        """The queues notified since the last call (drains the wake-up pipe)."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self.fd, 4096):
+                pass
+        with self._lock:
+            pending, self._pending = self._pending, set()
+        return pending
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self._thread.running():
+            listener = self.listener
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    self._thread.submit(listener.stop()).result(timeout=timeout_s)
+            self._thread.stop(timeout_s)
+        for fd in (self.fd, self._fd_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def backed_up(fd: int, limit: int = 16384) -> bool:
+    """Whether more than `limit` bytes wait unread in the pipe `fd` writes to."""
+    buf = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, buf, True)
+    except OSError:
+        return True
+    return buf[0] > limit
+
+
+__all__ = ["CHANNEL", "WakeRelay", "backed_up"]
