@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from cairnqd.config import Config, redact_dsn
-from cairnqd.daemon.connection_budget import connection_budget, over_budget
+from cairnqd.daemon.connection_budget import describe_budget, over_budget
 from cairnqd.daemon.handler_probe import probe_handlers
 from cairnqd.errors import (
     DatabaseUnavailable,
@@ -145,9 +145,7 @@ def _check_budget(config: Config, report: Preflight, limit: int, reserved: int) 
         return
     message = over_budget(config, limit, reserved)
     if message is None:
-        needed = connection_budget(config)
-        text = f"up to {needed} of {limit - reserved} available ({db.expected_hosts} host(s))"
-        report.add("ok", "connections", text)
+        report.add("ok", "connections", describe_budget(config, limit, reserved))
     else:
         report.add(
             "problem" if db.connection_check == "refuse" else "warning", "connections", message

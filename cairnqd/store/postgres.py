@@ -514,8 +514,9 @@ class PostgresStore(TaskStore):
 
     async def server_connection_limits(self) -> tuple[int, int]:
         """(max_connections, superuser_reserved_connections) of the server. Works on a
-        store that is not connected: the daemon asks before anything is migrated."""
-        async with await self.dedicated_connection() as conn:
+        store that is not connected: the daemon asks before anything is migrated.
+        On `direct_dsn` when there is one: a pooler may answer for itself."""
+        async with await self.dedicated_connection(direct=True) as conn:
             rows = await run(conn, statement("postgres", "connection_limits"), {})
         return int(rows[0]["max_connections"]), int(rows[0]["reserved"])
 
