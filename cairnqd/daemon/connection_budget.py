@@ -43,8 +43,8 @@ def host_needs(config: Config) -> HostNeeds:
     connections, the scheduler's with `schedules:`; the leadership sessions (the
     purge lock, the stats leader's with `metrics.queue_stats: leader`, the scheduler's)
     go to `direct_dsn` when set and need none behind a transaction pooler without it
-    (lease rows); with `direct_dsn` the parent's one LISTEN, and a connection for the
-    migrations and its LISTEN's proving NOTIFY."""
+    (lease rows); with `direct_dsn` also the parent's one LISTEN, and one for the
+    migrations and the checks each of the parent's stores makes when it connects."""
     db = config.database
     own_listen = child_push(db) == "listen"
     per_child = db.connections_per_child + (1 if own_listen else 0)
