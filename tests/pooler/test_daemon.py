@@ -131,6 +131,12 @@ def test_sigkill_child_hands_back_through_the_pooler(
         return bool(got.attempt == 2 or got.status == "queued")
 
     wait_for("the hand-back", handed_back, timeout=20)
+    # The CLI through the pooler too (it used to exit 70 half the time).
+    for n in range(4):
+        done_cli = daemon.cli("submit", "t.echo", "--queue", "q", "--payload", f'{{"n": {n}}}',
+                              "--wait", "--timeout", "30s")  # fmt: skip
+        assert done_cli.returncode == 0, done_cli.stderr
+        assert f'"n": {n}' in done_cli.stdout
     assert time.monotonic() - killed_at < 10.0  # well before the 60 s lease
     release.touch()
     done = client_call_pooled(client, lambda c: c.wait(task.id, timeout_ms=30_000))
