@@ -67,17 +67,12 @@ class WakeRelay:
         store = store_for(self._database, "background")
         assert isinstance(store, PostgresStore) and store.session_conninfo is not None
 
-        async def send_notify(channel: str, payload: str) -> None:
-            # Through the pooled DSN, on a connection of its own: the way a task's
-            # notification travels. Once a minute, so no pool is kept for it.
-            async with await store.dedicated_connection() as conn:
-                await conn.execute("select pg_notify(%s, %s)", (channel, payload))
-
         listener = Listener(
             store.session_conninfo,
             CHANNEL,
             connect_timeout_s=self._database.connect_timeout.total_seconds(),
-            send_notify=send_notify,
+            # Through the pooled DSN, the way a task's notification travels.
+            send_notify=store.send_notify,
             on_deaf=self._on_deaf,
             on_notify=self._heard,
         )

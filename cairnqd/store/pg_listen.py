@@ -4,7 +4,7 @@ A LISTEN can be accepted and deaf: through PgBouncer in transaction mode the LIS
 on whichever server connection served it, which then goes back to the pool, and the
 notifications sent to it are dropped. Nothing fails, so a listener proves it hears:
 it also listens on a private channel of its own and has a NOTIFY sent there through
-another connection (the store's pool, where real notifications come from) when it
+another connection (on the store's DSN, the way real notifications come) when it
 starts and every `probe_every_s`. No echo within `PROBE_TIMEOUT_S`: the LISTEN is deaf,
 push is turned off (the waiters poll), and one warning says so.
 """

@@ -428,16 +428,25 @@ class PostgresStore(TaskStore):
             self._relay.wake(queues)
 
     async def send_notify(self, channel: str, payload: str) -> None:
-        """NOTIFY `channel` through the pool: the way real notifications travel, so
-        a listener's proving NOTIFY meets whatever a task's would (store/pg_listen.py)."""
-        async with self._borrow() as conn:
-            await conn.execute("select pg_notify(%s, %s)", (channel, payload))
+        """NOTIFY `channel` through `dsn` (the pooler, if any), the way a task's
+        notification travels, so a listener's proving NOTIFY meets whatever a task's
+        would (store/pg_listen.py). On a short-lived connection of its own, never a
+        pool one: a worker's pool may hold one connection, which its claims need."""
+        async with asyncio.timeout(self.call_timeout_s):
+            conn = await psycopg.AsyncConnection.connect(
+                self.conninfo,
+                autocommit=True,
+                connect_timeout=max(1, int(self.connect_timeout_s)),
+                **self._connect_kwargs,
+            )
+            async with conn:
+                await conn.execute("select pg_notify(%s, %s)", (channel, payload))
 
     @property
     def push_state(self) -> str:
         """How this store's waiters wake: "on" (a LISTEN that heard its own NOTIFY, or
         none opened yet), "deaf" (a LISTEN accepted but deaf: polling), "off" (no
-        LISTEN by design: polling)."""
+        LISTEN by design: polling), "relayed" (wake-ups come from `relay_wake`)."""
         if self._relay is not None:
             return "relayed"
         if not self.listen or self.session_conninfo is None:

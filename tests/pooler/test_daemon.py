@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +275,39 @@ def test_without_direct_dsn_the_children_poll_and_say_so(
     latencies = sorted(wake_latencies_ms(pooled_tx, 6))
     assert latencies[len(latencies) // 2] > 20.0  # polled, not pushed
     assert daemon.stop() == 0
+
+
+def test_two_daemons_one_schedules_and_hands_over_on_stop(
+    tmp_path: Path, pooled_tx: Pooled, daemon_factory: Any
+) -> None:
+    # The scheduler's leadership behind a transaction pooler: a lease row, not a
+    # session lock that both hosts would win.
+    pooled = pooled_tx
+    config = base_config(
+        tmp_path, pooled_database(pooled), {"g": {"queues": ["default"], "processes": 1}}
+    )
+    config["schedules"] = {"tick": {"name": "t.echo", "every": "1s", "misfire": "skip"}}
+    first = daemon_factory(config).start()
+    wait_for("the first daemon to lead", lambda: "now runs the schedules" in first.output(), 30)
+    second = daemon_factory(config).start()
+    client = lambda: CairnQ.postgres(pooled.pooled, pooler="transaction", max_size=1)  # noqa: E731
+
+    async def per_slot(c: CairnQ) -> Counter[str]:
+        tasks = await c.list(name="t.echo", limit=10_000)
+        return Counter(str(t.metadata["slot"]) for t in tasks if "slot" in t.metadata)
+
+    wait_for("six slots", lambda: len(client_call_pooled(client, per_slot)) >= 6, 30)
+    assert "now runs the schedules" not in second.output()
+    assert first.stop() == 0  # a clean stop gives the lease up at once
+    wait_for("the second daemon to lead", lambda: "now runs the schedules" in second.output(), 10)
+    before = len(client_call_pooled(client, per_slot))
+    slots = wait_for(
+        "three more slots",
+        lambda: client_call_pooled(client, per_slot),
+        30,
+        accept=lambda found: len(found) >= before + 3,
+    )
+    assert {slot: n for slot, n in slots.items() if n != 1} == {}  # none twice
+    assert second.stop() == 0
+    for daemon in (first, second):
+        assert problems_logged(daemon.output()) == []

@@ -93,6 +93,11 @@ def _params(dialect: str) -> dict[str, Any]:
         "slot_ms": now,
         "skipped": 2,
         "host": "host-1",
+        # Lease rows (cairnqd_leases): leadership behind a transaction pooler.
+        "holder": "host-1:123:ab",
+        "ttl_ms": 15_000,
+        "every_ms": 600_000,
+        "grace_ms": 300_000,
     }
 
 
@@ -186,6 +191,10 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/schedule_leader": ({}, None),
     "extensions/schedule_manual": ({}, None),
     "extensions/schedule_list": ({}, 0),
+    # The table starts empty: the first take and turn insert the row and return it.
+    "extensions/lease_take": ({"name": "lock:1:2"}, 1),
+    "extensions/lease_turn": ({"name": "purge:1"}, 1),
+    "extensions/lease_release": ({"name": "lock:1:2"}, None),
 }
 
 _PG_ONLY = {
@@ -196,6 +205,9 @@ _PG_ONLY = {
     "extensions/ledger_lock",
     "extensions/try_session_lock",
     "extensions/release_session_lock",
+    "extensions/lease_take",
+    "extensions/lease_turn",
+    "extensions/lease_release",
 }
 _SQLITE_ONLY = {"extensions/wal_checkpoint"}
 
