@@ -204,6 +204,8 @@ class Supervisor:
             self.config.database.backend, len(self.fleet.groups), self.generation,
         )  # fmt: skip
         self._log_push_mode()
+        # The preflight and start-up above are not a stall of the loop, which starts now.
+        self._last_tick = time.monotonic()
         return wakeup_r
 
     def _log_push_mode(self) -> None:

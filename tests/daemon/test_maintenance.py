@@ -424,6 +424,29 @@ async def test_postgres_skips_the_sweep_while_another_session_holds_the_lock(
     await maintenance.aclose()
 
 
+async def test_postgres_one_host_sweeps_per_interval_not_back_to_back(
+    pg_dsn: str, pg_store: PostgresStore, tmp_path: Path, closing: list[Any]
+) -> None:
+    # Two hosts whose intervals are out of step: the second must not sweep right
+    # after the first, only once an interval has passed since the first's turn.
+    config = config_for(tmp_path, "postgres", pg_dsn)
+    host_a, metrics_a = make(closing, config, clock=ahead(1_100))
+    host_b, metrics_b = make(closing, config, clock=ahead(1_100))
+    old = await finished(pg_store, "default", "canceled")
+    assert await host_a.purge_turn() == 1
+    newer = await finished(pg_store, "default", "canceled")
+    assert await host_b.purge_turn() is None  # a's turn lasts the interval (1h)
+    assert await host_a.purge_turn() is None  # and a's own next turn is not due either
+    assert await status_of(pg_store, newer) is not None
+    assert sample(metrics_a, "cairnq_purge_runs_total") == 1
+    assert sample(metrics_b, "cairnq_purge_runs_total") == 0
+    assert await status_of(pg_store, old) is None
+    # purge_once, a sweep asked for directly, takes no turn.
+    assert await host_b.purge_once() == 1
+    await host_a.aclose()
+    await host_b.aclose()
+
+
 async def test_postgres_session_lock_is_in_the_two_key_space(
     pg_dsn: str, pg_store: PostgresStore
 ) -> None:

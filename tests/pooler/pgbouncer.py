@@ -8,7 +8,8 @@ suite's throwaway databases need no entry of their own.
 
 PgBouncer refuses to run as root: as root it is started with `-u postgres` (the
 server's own user, which exists wherever the Debian server package is installed), and
-its directory is handed to that user.
+its directory is handed to that user. With KEEP_PGB=1 in the environment the directory
+(pgbouncer.ini, pgbouncer.log) is left behind for a look after the test.
 """
 
 from __future__ import annotations
@@ -141,4 +142,5 @@ class PgBouncer:
                 proc.wait()
         if proc is not None and proc.stdout is not None:
             proc.stdout.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not os.environ.get("KEEP_PGB"):
+            shutil.rmtree(self.dir, ignore_errors=True)

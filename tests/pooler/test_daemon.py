@@ -202,8 +202,15 @@ def test_two_daemons_one_purges_and_one_exports_the_gauges(
     assert sorted(seen)[0] == 0.0, f"both daemons swept: {seen}"
     for _ in range(5):
         assert sorted(exporting()) == [False, True]
-    purged = [d.output().count("purge sweep deleted") for d in daemons]
-    assert sorted(purged)[0] == 0 and sorted(purged)[1] >= 1, purged
+    # Rows old enough for the rule get deleted by the one daemon that sweeps.
+    purged = wait_for(
+        "a sweep that deletes rows",
+        lambda: [d.output().count("purge sweep deleted") for d in daemons],
+        60,
+        accept=lambda counts: sum(counts) >= 1,
+    )
+    assert sorted(purged)[0] == 0, purged
+    assert sorted(runs())[0] == 0.0
     for daemon in daemons:
         assert daemon.stop() == 0
         assert problems_logged(daemon.output()) == []
@@ -290,24 +297,29 @@ def test_two_daemons_one_schedules_and_hands_over_on_stop(
     first = daemon_factory(config).start()
     wait_for("the first daemon to lead", lambda: "now runs the schedules" in first.output(), 30)
     second = daemon_factory(config).start()
-    client = lambda: CairnQ.postgres(pooled.pooled, pooler="transaction", max_size=1)  # noqa: E731
 
-    async def per_slot(c: CairnQ) -> Counter[str]:
-        tasks = await c.list(name="t.echo", limit=10_000)
-        return Counter(str(t.metadata["slot"]) for t in tasks if "slot" in t.metadata)
+    def per_slot() -> Counter[str]:
+        # Read directly: the test's own polling stays off the daemons' pooler.
+        with psycopg.connect(pooled.direct) as conn:
+            rows = conn.execute(
+                "select metadata->>'slot' from cairnq_tasks where name = 't.echo' "
+                "and metadata ? 'slot'"
+            ).fetchall()
+        return Counter(str(r[0]) for r in rows)
 
-    wait_for("six slots", lambda: len(client_call_pooled(client, per_slot)) >= 6, 30)
+    wait_for("six slots", lambda: len(per_slot()) >= 6, 30)
     assert "now runs the schedules" not in second.output()
     assert first.stop() == 0  # a clean stop gives the lease up at once
     wait_for("the second daemon to lead", lambda: "now runs the schedules" in second.output(), 10)
-    before = len(client_call_pooled(client, per_slot))
+    before = len(per_slot())
     slots = wait_for(
         "three more slots",
-        lambda: client_call_pooled(client, per_slot),
+        per_slot,
         30,
         accept=lambda found: len(found) >= before + 3,
     )
     assert {slot: n for slot, n in slots.items() if n != 1} == {}  # none twice
     assert second.stop() == 0
     for daemon in (first, second):
-        assert problems_logged(daemon.output()) == []
+        # A slot due during the handover may be given up (misfire: skip), not doubled.
+        assert problems_logged(daemon.output(), "missed slot(s)") == []
