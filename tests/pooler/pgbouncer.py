@@ -106,14 +106,17 @@ class PgBouncer:
             for path in self.dir.iterdir():
                 os.chown(path, account.pw_uid, account.pw_gid)
             command = [binary, "-u", "postgres", str(ini)]
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self.dir
-        )
+        # Its log lines also go to stderr: into a file, never a pipe nobody reads (once
+        # the pipe's 64 KiB filled, PgBouncer would block on the write and hang).
+        with open(self.dir / "pgbouncer.out", "wb") as out:
+            self.proc = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir
+            )
 
         def answers() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                out = self.proc.stdout.read().decode(errors="replace") if self.proc.stdout else ""
+                out = (self.dir / "pgbouncer.out").read_text(errors="replace")
                 raise AssertionError(f"pgbouncer exited {self.proc.returncode}: {out}{self.log()}")
             try:
                 with psycopg.connect(self.dsn(PG_DSN), connect_timeout=2) as conn:
@@ -140,7 +143,5 @@ class PgBouncer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if proc is not None and proc.stdout is not None:
-            proc.stdout.close()
         if not os.environ.get("KEEP_PGB"):
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -258,6 +258,7 @@ def test_push_wakeups_through_the_parent_with_direct_dsn(
     wake_latencies_ms(pooled, 3)
     latencies = sorted(wake_latencies_ms(pooled, 25))
     p50 = latencies[len(latencies) // 2]
+    print(f"wake-up through the parent ({pooled.mode} pooler): p50 {p50:.1f} ms")  # -s shows it
     assert p50 <= 20.0, f"wake-up p50 {p50:.1f} ms: {[round(x, 1) for x in latencies]}"
     # The children LISTEN on nothing: the host's one LISTEN is the parent's.
     with psycopg.connect(pooled.direct) as conn:
