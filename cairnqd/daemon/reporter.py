@@ -35,7 +35,7 @@ class ChildReporter:
         outbox: Outbox,
         starts: StartTable | None,
         buckets: tuple[Sequence[float], Sequence[float]],
-        on_finished: Callable[[int], None],
+        on_finished: Callable[[int], None] | None,
     ) -> None:
         self._outbox = outbox
         self._starts = starts
@@ -73,7 +73,8 @@ class ChildReporter:
         self._tally.ended(task.queue, task.name, outcome, reason, duration_s)
         self._dirty = True
         self.finished += 1
-        self._on_finished(self.finished)
+        if self._on_finished is not None:
+            self._on_finished(self.finished)
 
     # -- sending the tally ---------------------------------------------------------------
 

@@ -38,6 +38,8 @@ CAPACITY = 4096
 _FREE, _HELD, _STARTED = 0, 1, 2
 _OVERFLOW_AT = 5
 _ATTEMPT = struct.Struct("<I")
+#: A slot after its state byte: id length, attempt, two spare bytes, the id (padded).
+_BODY = struct.Struct(f"<BI2x{_ID_MAX}s")
 
 
 class StartTable:
@@ -91,9 +93,7 @@ class StartTable:
         slot = self._free.pop()
         at = _HEADER + slot * _SLOT
         memory = self._memory
-        memory[at + 1] = len(raw)
-        memory[at + 2 : at + 6] = _ATTEMPT.pack(attempt)
-        memory[at + 8 : at + 8 + len(raw)] = raw
+        _BODY.pack_into(memory, at + 1, len(raw), attempt, raw)
         memory[at] = _HELD  # last: the slot counts only once it is whole
         self._slots[(task_id, attempt)] = slot
 

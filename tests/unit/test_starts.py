@@ -77,3 +77,18 @@ def test_attach_refuses_a_foreign_file() -> None:
             StartTable.attach(fd)
     finally:
         os.close(fd)
+
+
+def test_ids_up_to_the_slot_size_round_trip_and_a_reused_slot_keeps_no_old_bytes() -> None:
+    table = StartTable.create(capacity=1)
+    try:
+        longest = "x" * 88  # the most a 96-byte slot holds
+        table.held(longest, 7)
+        assert table.unstarted() == [(longest, 7)]
+        table.released(longest, 7)
+        table.held("short", 2**32 - 1)  # the same slot, a shorter id, the largest attempt
+        assert table.unstarted() == [("short", 2**32 - 1)]
+        table.held("y" * 89, 1)  # too long for a slot: counted as started, and said
+        assert table.overflowed
+    finally:
+        table.close()
