@@ -46,6 +46,7 @@ from cairnqd.store.arguments import (
     require_int,
     require_str,
 )
+from cairnqd.store.browse import FailedGroup, FinishedCount, TaskQuery, TaskSummary
 from cairnqd.store.leadership import LeaderLock, SoleHost
 from cairnqd.store.operator import (
     BULK_BATCH,
@@ -867,6 +868,85 @@ class TaskStore(ABC):
                     rows = await session.fetch(op, {**params, "id": task_id})
                     changed += self._tasks(rows)
         return changed
+
+    # -- the dashboard's reads and its bulk discard (see store/browse.py) -----------------
+
+    async def browse_tasks(self, query: TaskQuery) -> builtins.list[TaskSummary]:
+        """One page of the task list, newest first by `query.sort`, after its cursor."""
+        params = query.params()
+        if query.key is not None:
+            require_str(query.key, "key")
+            keyed = await self._fetch("get_key", {"key": query.key})
+            if not keyed:
+                await asyncio.sleep(0)
+                return []
+            params = query.params(task_id=keyed[0]["task_id"])
+        op = f"extensions/dashboard_tasks_{query.sort}"
+        rows = await self._scan(op, params, TaskQuery.supplied(params), _rows)
+        return [TaskSummary.from_row(r) for r in rows]
+
+    async def task_key(self, task_id: str) -> str | None:
+        """The key `task_id` was submitted with, or None."""
+        require_str(task_id, "task_id")
+        rows = await self._fetch("extensions/dashboard_task_key", {"id": task_id})
+        return str(rows[0]["key"]) if rows else None
+
+    async def finished_per_minute(self, since_ms: int) -> builtins.list[FinishedCount]:
+        """Succeeded and failed tasks per queue and minute, finished since `since_ms`."""
+        require_int(since_ms, "since_ms", minimum=0, maximum=INT8_MAX)
+        rows = await self._scan(
+            "extensions/dashboard_throughput", {"since_ms": since_ms}, frozenset(), _rows
+        )
+        return [
+            FinishedCount(r["queue"], r["status"], int(r["minute"]), int(r["n"])) for r in rows
+        ]
+
+    async def failed_groups(self, limit: int = 200) -> builtins.list[FailedGroup]:
+        """Failed tasks grouped by name and error type, the biggest groups first."""
+        require_int(limit, "limit", minimum=1, maximum=10_000)
+        rows = await self._scan(
+            "extensions/dashboard_failed_groups", {"limit": limit}, frozenset(), _rows
+        )
+        return [
+            FailedGroup(
+                name=r["name"],
+                error_type=r["error_type"],
+                n=int(r["n"]),
+                last_ms=None if r["last_ms"] is None else int(r["last_ms"]),
+                message=r["message"],
+            )
+            for r in rows
+        ]
+
+    async def failed_group_ids(
+        self, name: str, error_type: str, *, after_id: str = "", limit: int = BULK_BATCH
+    ) -> builtins.list[str]:
+        """One page of the ids of failed tasks named `name` that failed with
+        `error_type` ("" for none), in id order after `after_id`."""
+        require_str(name, "name")
+        if not isinstance(error_type, str):
+            raise ValueError(f"error_type must be a string, got {type(error_type).__name__}")
+        require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
+        params = {"name": name, "error_type": error_type, "after_id": after_id, "limit": limit}
+        rows = await self._scan("extensions/dashboard_failed_ids", params, frozenset(), _rows)
+        return [r["id"] for r in rows]
+
+    async def discard_failed(self, task_ids: Sequence[str]) -> builtins.list[str]:
+        """Delete each failed task of `task_ids` in one transaction; the ids deleted (a
+        task no longer failed stays)."""
+        ids = list(task_ids)
+        for task_id in ids:
+            require_str(task_id, "task_ids[]")
+        if not ids:
+            await asyncio.sleep(0)
+            return []
+        deleted: builtins.list[str] = []
+        with self._operation():
+            async with self._transaction() as session:
+                for task_id in ids:
+                    rows = await session.fetch("extensions/dashboard_discard", {"id": task_id})
+                    deleted += [r["id"] for r in rows]
+        return deleted
 
 
 def _check_message(message: Any) -> None:
