@@ -63,14 +63,14 @@ def _finish_dashboard(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[s
     if isinstance(v["token_file"], str):
         v["token"] = _read_token(ck, (*path, "token_file"), v["token_file"])
     listen, token_file = v["listen"], v["token_file"]
-    if listen is not _INVALID and listen is not None and not listen.is_loopback:
-        if token_file is None:
-            ck.error_at(
-                (*path, "listen"),
-                f"serves the dashboard beyond this host on {listen} without a login; "
-                "set dashboard.token_file, or listen on 127.0.0.1",
-            )
-            v["listen"] = _INVALID
+    beyond = listen is not _INVALID and listen is not None and not listen.is_loopback
+    if beyond and token_file is None:
+        ck.error_at(
+            (*path, "listen"),
+            f"serves the dashboard beyond this host on {listen} without a login; "
+            "set dashboard.token_file, or listen on 127.0.0.1",
+        )
+        v["listen"] = _INVALID
     if v["actions"] is True and token_file is None:
         ck.error_at((*path, "actions"), "needs dashboard.token_file: actions require a login")
         v["actions"] = _INVALID

@@ -897,9 +897,7 @@ class TaskStore(ABC):
         rows = await self._scan(
             "extensions/dashboard_throughput", {"since_ms": since_ms}, frozenset(), _rows
         )
-        return [
-            FinishedCount(r["queue"], r["status"], int(r["minute"]), int(r["n"])) for r in rows
-        ]
+        return [FinishedCount(r["queue"], r["status"], int(r["minute"]), int(r["n"])) for r in rows]
 
     async def failed_groups(self, limit: int = 200) -> builtins.list[FailedGroup]:
         """Failed tasks grouped by name and error type, the biggest groups first."""
