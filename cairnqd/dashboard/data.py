@@ -71,6 +71,9 @@ class Overview:
     daemon_note: str | None
     problem: str | None = None
     totals: dict[str, int] = field(default_factory=dict)
+    #: Which read of the database this is (1 for the first): pages show it, tests check
+    #: that browsers share reads.
+    serial: int = 0
 
 
 def _per_minute(counts: Sequence[FinishedCount], now_minute: int) -> dict[str, list[list[int]]]:
@@ -183,6 +186,7 @@ class DashboardData:
             problem=f"the database did not answer: {problem}"
             + (" (showing the last counts read)" if old else ""),
             totals=old.totals if old else {},
+            serial=old.serial if old else 0,
         )
 
     def _daemon(self) -> tuple[dict[str, Any] | None, str | None]:
@@ -237,6 +241,7 @@ class DashboardData:
             daemon=daemon,
             daemon_note=note,
             totals=totals,
+            serial=self.refreshes,
         )
 
     def _configured_queues(self) -> set[str]:

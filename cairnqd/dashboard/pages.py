@@ -174,7 +174,11 @@ def problem_note(overview: Overview) -> Markup:
 
 
 def snapshot_note(overview: Overview) -> Markup:
-    return render('<p class="note">Counts read at {t} UTC.</p>', t=when(overview.taken_at_ms))
+    return render(
+        '<p class="note" data-snapshot="{n}">Counts read at {t} UTC.</p>',
+        n=overview.serial,
+        t=when(overview.taken_at_ms),
+    )
 
 
 # -- overview --------------------------------------------------------------------------------

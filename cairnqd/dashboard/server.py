@@ -3,8 +3,8 @@
 Design note. Pages are HTML rendered here (pages.py) with two static files beside
 them, a stylesheet and a small script; there is no build step and no inline script
 or style, so the Content-Security-Policy can be `default-src 'self'` with nothing
-relaxed. Every answer carries it, with nosniff, no framing, no referrer and no caching.
-A malformed parameter, cursor or form is a 400 with a message naming it; a database
+relaxed. Every answer carries it, with nosniff, no framing, no referrer to other sites
+and no caching. A malformed parameter, cursor or form is a 400 with a message naming it; a database
 that does not answer is a 503; anything else unexpected is logged and a 500 says so
 without details. With a token configured every page needs a login; with none the
 dashboard serves loopback only (`check` refuses otherwise) and answers only requests
@@ -53,7 +53,9 @@ _SECURITY_HEADERS = (
     ("Content-Security-Policy", CSP),
     ("X-Content-Type-Options", "nosniff"),
     ("X-Frame-Options", "DENY"),
-    ("Referrer-Policy", "no-referrer"),
+    # Not no-referrer: under it browsers send `Origin: null`, which hides where a form
+    # post came from; same-origin sends nothing to other sites all the same.
+    ("Referrer-Policy", "same-origin"),
     ("Cross-Origin-Opener-Policy", "same-origin"),
 )
 _STATIC = {
@@ -298,16 +300,17 @@ def _loopback_host(host: str) -> bool:
 
 
 def _same_origin(headers: Mapping[str, str]) -> bool:
-    """False when the browser says the request came from another origin (Origin, or
-    Sec-Fetch-Site); a client that sends neither is judged by its CSRF value alone."""
-    origin = headers.get("origin")
-    if origin is not None and origin != "null":
-        if urlsplit(origin).netloc.lower() != headers.get("host", "").lower():
-            return False
-    elif origin == "null":
-        return False
+    """False when the browser says the request came from another origin (Sec-Fetch-Site,
+    or an Origin naming another host); a client that sends neither is judged by its CSRF
+    value alone. `Origin: null` (a sandboxed or privacy-stripped origin) passes only
+    when Sec-Fetch-Site vouches for it."""
     site = headers.get("sec-fetch-site")
-    return site in (None, "same-origin", "none")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
+    origin = headers.get("origin")
+    if origin == "null":
+        return site is not None
+    return origin is None or urlsplit(origin).netloc.lower() == headers.get("host", "").lower()
 
 
 class _Handler(BaseHTTPRequestHandler):
