@@ -3,9 +3,11 @@ series, the groups of failed tasks.
 
 Design note. The task list pages with keysets, never offsets: a page asks for the rows
 below the last one shown, `(sort column, id) < cursor`, newest first, and each sort has
-an index in that order (migration cairnqd_0004), so page 10,000 of a million rows costs
-what page 1 does. The caller passes the widest time range when none is asked, so the
-statement has no optional range for the planner to guess around.
+an index in that order (migration cairnqd_0004). The cursor's sort value is also the
+upper bound of the index range, so page 10,000 of a million rows starts reading where
+page 9,999 ended and costs what page 1 does. The time range is always bound (the widest
+when none is asked), so the statement has no optional range for the planner to guess
+around.
 """
 
 from __future__ import annotations
@@ -50,16 +52,16 @@ class TaskQuery:
         require_str(self.queue, "queue", optional=True)
         require_str(self.name, "name", optional=True)
         require_int(self.limit, "limit", minimum=1, maximum=1000)
-        cursor_ms, cursor_id = self.cursor if self.cursor is not None else (INT8_MAX, "")
-        if self.cursor is None:
-            cursor_id = "\U0010ffff"  # above every id: the first page starts at the top
+        # The first page starts above every row: the top value, and an id above any.
+        cursor_ms, cursor_id = self.cursor if self.cursor is not None else (INT8_MAX, "\U0010ffff")
+        upper_ms = cursor_ms if self.to_ms is None else min(cursor_ms, self.to_ms - 1)
         return {
             "status": self.status,
             "queue": self.queue,
             "name": self.name,
             "task_id": task_id,
             "from_ms": _MIN_MS if self.from_ms is None else self.from_ms,
-            "to_ms": INT8_MAX if self.to_ms is None else self.to_ms,
+            "upper_ms": upper_ms,
             "cursor_ms": cursor_ms,
             "cursor_id": cursor_id,
             "limit": self.limit,
