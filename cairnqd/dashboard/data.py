@@ -6,9 +6,13 @@ finished-per-minute series of the last hour, the groups of failed tasks and the
 schedules' rows. It is read at most once per `dashboard.refresh`, and only when a page
 asks for it: browsers polling at once share the read in flight, so the database's cost
 is one set of statements per interval however many browsers watch (`refreshes` counts
-them; a test holds it to that). Everything runs on a `LoopThread` of its own with its
-own store, so the HTTP threads never hold a connection and never block the daemon's
-loop; a read that takes too long fails the page, never the process.
+them; a test holds it to that). A stale snapshot is served while its successor is read
+in the background, so only the very first page (and the first after an action) waits
+for the aggregates; and the interval stretches to five times the last read's duration,
+so a huge table is read less often instead of keeping a connection busy. Everything
+runs on a `LoopThread` of its own with its own store, so the HTTP threads never hold a
+connection and never block the daemon's loop; a read that takes too long fails the
+page, never the process.
 """
 
 from __future__ import annotations
@@ -111,6 +115,11 @@ class DashboardData:
         self._overview: Overview | None = None
         self._taken_at = float("-inf")
         self._inflight: concurrent.futures.Future[Overview] | None = None
+        self._read_started = 0.0
+        #: Set by an action: the next page waits for a fresh read instead of the old one.
+        self._must_wait = False
+        #: How long the last snapshot read took (seconds).
+        self.last_read_s = 0.0
         #: Snapshots read from the database so far; tests and the bench read it.
         self.refreshes = 0
 
@@ -152,26 +161,52 @@ class DashboardData:
     # -- the shared snapshot --------------------------------------------------------------
 
     def overview(self) -> Overview:
-        """The shared snapshot, read again when older than `refresh`; concurrent
-        callers share one read."""
+        """The shared snapshot. A stale one is still served at once while one read
+        renews it in the background (so a page never waits on the database's
+        aggregates once a snapshot exists); only the first read, or one after an
+        action (`invalidate`), is waited for. Concurrent callers share one read."""
         with self._lock:
-            fresh = time.monotonic() - self._taken_at < self.refresh_s
-            if fresh and self._overview is not None:
-                return self._overview
+            current = self._overview
+            if current is not None and time.monotonic() - self._taken_at < self._interval():
+                return current
             if self._inflight is None:
-                self._inflight = self._thread.submit(self._read_overview())
+                inflight = self._thread.submit(self._read_overview())
+                self._inflight = inflight
+                self._read_started = time.monotonic()
+                inflight.add_done_callback(self._landed)
             inflight = self._inflight
+            if current is not None and not self._must_wait:
+                return current
+        # The read's own result, not `self._overview`: the waiters wake before the done
+        # callback (`_landed`) has stored it.
         try:
-            overview = inflight.result(READ_TIMEOUT_S)
+            return inflight.result(READ_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
-            overview = self._failed_overview("the database did not answer in time")
+            return self._failed_overview("the database did not answer in time")
         except Exception as exc:
-            overview = self._failed_overview(f"{type(exc).__name__}: {exc}")
+            return self._failed_overview(f"{type(exc).__name__}: {exc}")
+
+    def _interval(self) -> float:
+        """`refresh`, stretched to five times the last read's duration: on a database
+        where the aggregates take long the dashboard reads less often rather than
+        keeping a connection busy."""
+        return max(self.refresh_s, 5 * self.last_read_s)
+
+    def _landed(self, future: concurrent.futures.Future[Overview]) -> None:
+        try:
+            overview = future.result()
+        except Exception as exc:
+            if isinstance(exc, concurrent.futures.CancelledError):
+                problem = "the read was canceled"
+            else:
+                problem = f"{type(exc).__name__}: {exc}"
+            overview = self._failed_overview(problem)
         with self._lock:
-            if self._inflight is inflight:
+            if self._inflight is future:
                 self._inflight = None
-                self._overview, self._taken_at = overview, time.monotonic()
-        return overview
+            self.last_read_s = time.monotonic() - self._read_started
+            self._overview, self._taken_at = overview, time.monotonic()
+            self._must_wait = False
 
     def _failed_overview(self, problem: str) -> Overview:
         daemon, note = self._daemon()
@@ -250,6 +285,12 @@ class DashboardData:
             found.update(group.queues)
         return found
 
+    def invalidate(self) -> None:
+        """Make the next page wait for a fresh snapshot (after an action; the bench)."""
+        with self._lock:
+            self._taken_at = float("-inf")
+            self._must_wait = True
+
     # -- per-page reads -----------------------------------------------------------------
 
     def tasks(self, query: TaskQuery) -> list[TaskSummary]:
@@ -274,8 +315,7 @@ class DashboardData:
         try:
             return self._run(work, what)
         finally:
-            with self._lock:
-                self._taken_at = float("-inf")
+            self.invalidate()
 
 
 async def bulk_failed(
