@@ -363,6 +363,10 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("dashboard.refresh", _Duration("250ms"), "2s", _R,
             "How often the shared snapshot is read from the database, however many "
             "browsers watch."),
+    Setting("dashboard.report", _Bool(), False, _R,
+            "Write this daemon's groups and children to the database every few seconds "
+            "even when it serves no dashboard, for the Workers page of dashboards on other "
+            "hosts (a daemon serving one always does)."),
     Setting("retention", _Section(RetentionConfig, _finish_retention), {}, None,
             "Purging of finished tasks."),
     Setting("retention.interval", _Duration("1s"), "10m", _H,

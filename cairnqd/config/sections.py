@@ -97,6 +97,7 @@ class DashboardConfig:
     token_file: str | None
     actions: bool
     refresh: timedelta
+    report: bool
     #: The token read from `token_file`. Never log it or put it in a page.
     token: str | None = field(default=None, repr=False)
 

@@ -73,6 +73,7 @@ from cairnqd.daemon.statefile import (
 )
 from cairnqd.daemon.status import StatusReport, status_dump
 from cairnqd.dashboard import DashboardBindError, DashboardData, DashboardServer
+from cairnqd.store.schedules import host_label
 from cairnqd.store.sqlite_open import ensure_file, is_plain_file, remember_file
 
 log = logging.getLogger("cairnqd.supervisor")
@@ -113,6 +114,8 @@ class Supervisor:
         self.started_at = time.time()
         #: The web dashboard, when `dashboard.listen` is set: its own threads and store.
         self.dashboard: DashboardServer | None = None
+        #: Its database thread alone, when the daemon only reports (`dashboard.report`).
+        self.dashboard_data: DashboardData | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -209,14 +212,20 @@ class Supervisor:
 
     def _start_dashboard(self) -> None:
         """The web dashboard on threads of its own; it reads the status `cairnqd status`
-        reads (the control snapshot), never this loop's state directly."""
-        listen = self.config.dashboard.listen
-        if listen is None:
+        reads (the control snapshot), never this loop's state directly, and writes it
+        to the database for dashboards on other hosts. With `dashboard.report` and no
+        `listen`, only the reporting runs."""
+        settings = self.config.dashboard
+        if settings.listen is None and not settings.report:
             return
-        data = DashboardData(self.config, daemon_view=self.control.current)
+        data = DashboardData(self.config, daemon_view=self.control.current, report_as=host_label())
+        if settings.listen is None:
+            self.dashboard_data = data
+            data.start()
+            return
         self.dashboard = DashboardServer(self.config, data)
         port = self.dashboard.start()
-        host = f"[{listen.host}]" if ":" in listen.host else listen.host
+        host = f"[{settings.listen.host}]" if ":" in settings.listen.host else settings.listen.host
         log.info("dashboard on http://%s:%d/", host, port)
 
     def _loop(self, wakeup_r: int) -> None:
@@ -273,6 +282,8 @@ class Supervisor:
         systemd.stopping("stopped")
         if self.dashboard is not None:
             self.dashboard.stop()
+        if self.dashboard_data is not None:
+            self.dashboard_data.stop()
         self.scheduler.stop(timeout_s=5.0)
         self.maintenance.stop(timeout_s=10.0)
         self.metrics.close()

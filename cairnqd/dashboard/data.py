@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -30,7 +32,13 @@ from cairnqd.config import Config
 from cairnqd.daemon.dbthread import LoopThread
 from cairnqd.models import STATUSES, Task
 from cairnqd.store.base import TaskStore
-from cairnqd.store.browse import FailedGroup, FinishedCount, TaskQuery, TaskSummary
+from cairnqd.store.browse import (
+    DaemonReport,
+    FailedGroup,
+    FinishedCount,
+    TaskQuery,
+    TaskSummary,
+)
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.operator import QueuePause
@@ -45,6 +53,11 @@ READ_TIMEOUT_S = 10.0
 #: Statements are bounded on the server (Postgres) and in the busy wait (SQLite).
 _STATEMENT_TIMEOUT_MS = 8000
 HOUR_MINUTES = 60
+#: A daemon reports its groups and children this often at most (or every `refresh`).
+REPORT_EVERY_S = 2.0
+#: A report older than this is shown as silent; one older than an hour is dropped.
+REPORT_SILENT_S = 30.0
+_REPORT_KEEP_MS = 3_600_000
 
 #: What the daemon's control snapshot looks like (cairnqd/daemon/control.py), or None.
 DaemonView = Callable[[], "dict[str, Any] | None"]
@@ -65,6 +78,23 @@ class QueueRow:
 
 
 @dataclass(frozen=True)
+class HostView:
+    """One daemon's groups and children: this process's own (live), or what another
+    daemon last reported through the database."""
+
+    daemon: str  # host/pid
+    host: str
+    view: dict[str, Any]
+    #: Seconds since the report; None for the live view of this host's daemon.
+    age_s: float | None = None
+
+    @property
+    def silent(self) -> bool:
+        """Reported, but not lately: the daemon may be gone."""
+        return self.age_s is not None and self.age_s > REPORT_SILENT_S
+
+
+@dataclass(frozen=True)
 class Overview:
     taken_at_ms: int
     queues: list[QueueRow]
@@ -78,6 +108,8 @@ class Overview:
     #: Which read of the database this is (1 for the first): pages show it, tests check
     #: that browsers share reads.
     serial: int = 0
+    #: Every daemon's groups and children: this host's first, then the reports.
+    hosts: list[HostView] = field(default_factory=list)
 
 
 def _per_minute(counts: Sequence[FinishedCount], now_minute: int) -> dict[str, list[list[int]]]:
@@ -91,6 +123,26 @@ def _per_minute(counts: Sequence[FinishedCount], now_minute: int) -> dict[str, l
     return series
 
 
+def _hosts(local: dict[str, Any] | None, reports: Sequence[DaemonReport]) -> list[HostView]:
+    """This host's daemon (live) first, then every other daemon's last report."""
+    host = socket.gethostname()
+    hosts: list[HostView] = []
+    mine = None
+    if local is not None:
+        mine = f"{host}/{local.get('pid')}"
+        hosts.append(HostView(daemon=mine, host=host, view=local))
+    for report in reports:
+        if report.daemon == mine:
+            continue
+        try:
+            view = json.loads(report.snapshot)
+        except ValueError:
+            continue
+        if isinstance(view, dict):
+            hosts.append(HostView(report.daemon, report.host, view, report.age_ms / 1000))
+    return hosts
+
+
 class DashboardData:
     """The dashboard's reads and writes, on a thread of its own."""
 
@@ -100,8 +152,15 @@ class DashboardData:
         *,
         daemon_view: DaemonView | None = None,
         store_factory: Callable[[], TaskStore] | None = None,
+        report_as: str | None = None,
     ) -> None:
+        """`daemon_view` gives this host's daemon's status (groups, children);
+        `report_as` (host/pid) makes it also write that status to the database every
+        `REPORT_EVERY_S`, so dashboards on other hosts show these workers."""
         self.config = config
+        self.report_as = report_as
+        #: Reports written so far (tests read it).
+        self.reports = 0
         self.refresh_s = config.dashboard.refresh.total_seconds()
         self._daemon_view = daemon_view
         factory = store_factory or (
@@ -125,6 +184,28 @@ class DashboardData:
 
     def start(self) -> None:
         self._thread.start()
+        if self.report_as is not None and self._daemon_view is not None:
+            self._thread.submit(self._report_loop())
+
+    async def _report_loop(self) -> None:
+        """Write this daemon's status every few seconds; a failure is retried at the
+        next turn (the pages say when the database does not answer)."""
+        every = max(self.refresh_s, REPORT_EVERY_S)
+        assert self.report_as is not None
+        host = socket.gethostname()
+        while True:
+            view, _ = self._daemon()
+            if view is not None:
+                try:
+                    store = await self._store.get()
+                    await store.report_daemon(self.report_as, host, json.dumps(view))
+                    if self.reports % 100 == 0:
+                        await store.prune_daemon_reports(_REPORT_KEEP_MS)
+                    self.reports += 1
+                except Exception as exc:
+                    log.debug("dashboard: cannot report this daemon's status: %s", exc)
+                    await self._store.close()
+            await asyncio.sleep(every)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self._thread.running():
@@ -222,6 +303,7 @@ class DashboardData:
             + (" (showing the last counts read)" if old else ""),
             totals=old.totals if old else {},
             serial=old.serial if old else 0,
+            hosts=_hosts(daemon, []) + [h for h in (old.hosts if old else []) if h.age_s],
         )
 
     def _daemon(self) -> tuple[dict[str, Any] | None, str | None]:
@@ -245,6 +327,7 @@ class DashboardData:
             finished = await store.finished_per_minute(now_ms - HOUR_MINUTES * 60_000)
             failed = await store.failed_groups()
             schedules = await ScheduleTable(store).rows() if self.config.schedules else {}
+            reports = await store.daemon_reports()
         except Exception:
             await self._store.close()
             raise
@@ -277,6 +360,7 @@ class DashboardData:
             daemon_note=note,
             totals=totals,
             serial=self.refreshes,
+            hosts=_hosts(daemon, reports),
         )
 
     def _configured_queues(self) -> set[str]:
@@ -339,6 +423,7 @@ async def bulk_failed(
 __all__ = [
     "DashboardData",
     "DatabaseError",
+    "HostView",
     "Overview",
     "QueueRow",
     "bulk_failed",

@@ -18,7 +18,7 @@ from typing import Any
 
 from cairnqd.config import Config, ScheduleConfig
 from cairnqd.dashboard.auth import Session
-from cairnqd.dashboard.data import HOUR_MINUTES, Overview, QueueRow
+from cairnqd.dashboard.data import HOUR_MINUTES, HostView, Overview, QueueRow
 from cairnqd.dashboard.markup import Markup, join, render
 from cairnqd.dashboard.params import encode_cursor, with_params
 from cairnqd.models import STATUSES, Task
@@ -288,35 +288,47 @@ def overview_page(overview: Overview, viewer: Viewer) -> Markup:
     )
 
 
+def _host_label(h: HostView) -> Markup:
+    """Which daemon: this host's (live) or another's, with the age of its report."""
+    pid = h.view.get("pid")
+    if h.age_s is None:
+        return render("{host} <small>pid {pid}, this host, live</small>", host=h.host, pid=pid)
+    state = "silent for" if h.silent else "reported"
+    return render(
+        '{host} <small class="{cls}">pid {pid}, {state} {age} ago</small>',
+        host=h.host, pid=pid, state=state, age=age(h.age_s), cls="fatal" if h.silent else "",
+    )  # fmt: skip
+
+
 def groups_table(overview: Overview) -> Markup:
-    daemon = overview.daemon
-    if daemon is None:
+    if not overview.hosts:
         return render('<p class="empty">No daemon status: {why}.</p>', why=overview.daemon_note)
     rows = []
-    for g in daemon.get("groups", []):
-        fatal = g.get("fatal_error")
-        rows.append(render(
-            '<tr><th scope="row">{name}</th><td><span class="state state-{state}">{state}'
-            "</span></td><td>{queues}</td><td class=\"num\">{ready}/{processes}</td>"
-            '<td class="num">{concurrency}</td><td class="num">{restarts}</td>'
-            "<td>{fatal}</td></tr>",
-            name=g.get("name"), state=str(g.get("state", "")).lower(),
-            queues=", ".join(g.get("queues", [])), ready=g.get("ready"),
-            processes=g.get("processes"), concurrency=g.get("concurrency"),
-            restarts=g.get("restarts"),
-            fatal=render('<span class="fatal">{f}</span>', f=fatal) if fatal else "",
-        ))  # fmt: skip
-    state = "stopping" if daemon.get("stopping") else ("quiet" if daemon.get("quiet") else "")
+    for h in overview.hosts:
+        for g in h.view.get("groups", []):
+            fatal = g.get("fatal_error")
+            rows.append(render(
+                '<tr><th scope="row">{name}</th><td>{host}</td>'
+                '<td><span class="state state-{state}">{state}</span></td><td>{queues}</td>'
+                '<td class="num">{ready}/{processes}</td><td class="num">{concurrency}</td>'
+                '<td class="num">{restarts}</td><td>{fatal}</td></tr>',
+                name=g.get("name"), host=_host_label(h), state=str(g.get("state", "")).lower(),
+                queues=", ".join(g.get("queues", [])), ready=g.get("ready"),
+                processes=g.get("processes"), concurrency=g.get("concurrency"),
+                restarts=g.get("restarts"),
+                fatal=render('<span class="fatal">{f}</span>', f=fatal) if fatal else "",
+            ))  # fmt: skip
+    note = Markup("")
+    if overview.daemon is None:
+        note = render('<p class="note">No daemon on this host: {why}.</p>',
+                      why=overview.daemon_note)  # fmt: skip
     return render(
-        '<p class="note">Daemon pid {pid}, generation {gen}, up {up}{state}.</p>'
-        '<table class="grid"><thead><tr><th scope="col">group</th><th scope="col">state</th>'
-        '<th scope="col">queues</th><th scope="col" class="num">ready</th>'
-        '<th scope="col" class="num">concurrency</th><th scope="col" class="num">restarts</th>'
-        '<th scope="col">FATAL reason</th></tr></thead><tbody>{rows}</tbody></table>',
-        pid=daemon.get("pid"),
-        gen=daemon.get("generation"),
-        up=age(daemon.get("uptime_s")),
-        state=f", {state}" if state else "",
+        '{note}<table class="grid"><thead><tr><th scope="col">group</th>'
+        '<th scope="col">daemon</th><th scope="col">state</th><th scope="col">queues</th>'
+        '<th scope="col" class="num">ready</th><th scope="col" class="num">concurrency</th>'
+        '<th scope="col" class="num">restarts</th><th scope="col">FATAL reason</th></tr>'
+        "</thead><tbody>{rows}</tbody></table>",
+        note=note,
         rows=join(rows),
     )
 
@@ -517,53 +529,64 @@ def failed_page(overview: Overview, viewer: Viewer) -> Markup:
 
 
 def workers_page(overview: Overview) -> Markup:
-    daemon = overview.daemon
-    if daemon is None:
+    if not overview.hosts:
         return render(
-            '<p class="empty">No worker status: {why}. This page shows the children of the '
-            "daemon this dashboard runs in (or, standalone, of the daemon that runs this "
-            "config on this host).</p>",
+            '<p class="empty">No worker status: {why}. Daemons that serve the dashboard, or '
+            "set dashboard.report, report their children here.</p>",
             why=overview.daemon_note,
         )
     sections = []
-    for g in [*daemon.get("groups", []), *daemon.get("removed_groups", [])]:
-        rows = []
-        for c in g.get("children", []):
-            longest = c.get("longest")
-            rows.append(render(
-                "<tr><td class=\"num\">{pid}</td><td class=\"num\">{slot}</td><td>{role}</td>"
-                '<td class="num">{gen}</td><td>{state}</td><td class="num">{rss}</td>'
-                '<td class="num">{executing}</td><td class="num">{held}</td>'
-                '<td class="num">{uptime}</td><td class="num">{lag}</td><td>{longest}</td>'
-                '<td class="mono">{worker}</td></tr>',
-                pid=c.get("pid"), slot=c.get("slot"), role=c.get("role"),
-                gen=c.get("generation"), state=c.get("state"), rss=size(c.get("rss")),
-                executing=c.get("executing"), held=c.get("held"),
-                uptime=age(c.get("uptime_s")),
-                lag="-" if c.get("lag_s") is None else f"{c['lag_s']:.2f}s",
-                longest=render('<a href="/task/{id}">{name}</a> {age}', id=longest["id"],
-                               name=longest["name"], age=age(longest["age_s"]))
-                if isinstance(longest, dict) else "-",
-                worker=c.get("worker_id") or "-",
+    for h in overview.hosts:
+        view = h.view
+        tables = []
+        for g in [*view.get("groups", []), *view.get("removed_groups", [])]:
+            rows = []
+            for c in g.get("children", []):
+                longest = c.get("longest")
+                rows.append(render(
+                    "<tr><td class=\"num\">{pid}</td><td class=\"num\">{slot}</td>"
+                    '<td>{role}</td><td class="num">{gen}</td><td>{state}</td>'
+                    '<td class="num">{rss}</td><td class="num">{executing}</td>'
+                    '<td class="num">{held}</td><td class="num">{uptime}</td>'
+                    '<td class="num">{lag}</td><td>{longest}</td><td class="mono">{worker}</td>'
+                    "</tr>",
+                    pid=c.get("pid"), slot=c.get("slot"), role=c.get("role"),
+                    gen=c.get("generation"), state=c.get("state"), rss=size(c.get("rss")),
+                    executing=c.get("executing"), held=c.get("held"),
+                    uptime=age(c.get("uptime_s")),
+                    lag="-" if c.get("lag_s") is None else f"{c['lag_s']:.2f}s",
+                    longest=render('<a href="/task/{id}">{name}</a> {age}', id=longest["id"],
+                                   name=longest["name"], age=age(longest["age_s"]))
+                    if isinstance(longest, dict) else "-",
+                    worker=c.get("worker_id") or "-",
+                ))  # fmt: skip
+            tables.append(render(
+                "<h3>{name} <small>{state}, {ready}/{processes} ready</small></h3>"
+                '<table class="grid"><thead><tr><th scope="col" class="num">pid</th>'
+                '<th scope="col" class="num">slot</th><th scope="col">role</th>'
+                '<th scope="col" class="num">generation</th><th scope="col">state</th>'
+                '<th scope="col" class="num">RSS</th><th scope="col" class="num">executing</th>'
+                '<th scope="col" class="num">held</th><th scope="col" class="num">uptime</th>'
+                '<th scope="col" class="num">loop lag</th><th scope="col">longest task</th>'
+                '<th scope="col">worker id</th></tr></thead><tbody>{rows}</tbody></table>',
+                name=g.get("name"), state=str(g.get("state", "")).lower(), ready=g.get("ready"),
+                processes=g.get("processes"), rows=join(rows),
             ))  # fmt: skip
         sections.append(render(
-            "<h2>{name} <small>{state}, {ready}/{processes} ready</small></h2>"
-            '<table class="grid"><thead><tr><th scope="col" class="num">pid</th>'
-            '<th scope="col" class="num">slot</th><th scope="col">role</th>'
-            '<th scope="col" class="num">generation</th><th scope="col">state</th>'
-            '<th scope="col" class="num">RSS</th><th scope="col" class="num">executing</th>'
-            '<th scope="col" class="num">held</th><th scope="col" class="num">uptime</th>'
-            '<th scope="col" class="num">loop lag</th><th scope="col">longest task</th>'
-            '<th scope="col">worker id</th></tr></thead><tbody>{rows}</tbody></table>',
-            name=g.get("name"), state=str(g.get("state", "")).lower(), ready=g.get("ready"),
-            processes=g.get("processes"), rows=join(rows),
+            '<section class="host"><h2>{label}</h2><p class="note">generation {gen}, '
+            "up {up}{state}</p>{tables}</section>",
+            label=_host_label(h), gen=view.get("generation"), up=age(view.get("uptime_s")),
+            state=", stopping" if view.get("stopping") else "", tables=join(tables),
         ))  # fmt: skip
+    note = Markup("")
+    if overview.daemon is None:
+        note = render('<p class="note">No daemon on this host: {why}.</p>',
+                      why=overview.daemon_note)  # fmt: skip
     return render(
-        '<p class="note">Daemon pid {pid} on {host}, generation {gen}. Other hosts run '
-        "daemons of their own, each with its own dashboard.</p>{sections}",
-        pid=daemon.get("pid"),
-        host=socket.gethostname(),
-        gen=daemon.get("generation"),
+        '{note}<p class="note">This host\'s daemon is shown live; every other daemon that '
+        "serves the dashboard or sets dashboard.report as it last reported (every few "
+        "seconds).</p>{sections}",
+        note=note,
         sections=join(sections),
     )
 

@@ -46,7 +46,14 @@ from cairnqd.store.arguments import (
     require_int,
     require_str,
 )
-from cairnqd.store.browse import FailedGroup, FinishedCount, TaskQuery, TaskSummary
+from cairnqd.store.browse import (
+    REPORT_MAX_CHARS,
+    DaemonReport,
+    FailedGroup,
+    FinishedCount,
+    TaskQuery,
+    TaskSummary,
+)
 from cairnqd.store.leadership import LeaderLock, SoleHost
 from cairnqd.store.operator import (
     BULK_BATCH,
@@ -945,6 +952,30 @@ class TaskStore(ABC):
                     rows = await session.fetch("extensions/dashboard_discard", {"id": task_id})
                     deleted += [r["id"] for r in rows]
         return deleted
+
+    async def report_daemon(self, daemon: str, host: str, snapshot: str) -> None:
+        """Store `daemon`'s report (JSON text) of its groups and children, replacing
+        its last; stamped with the database's clock."""
+        require_str(daemon, "daemon")
+        require_str(host, "host")
+        require_str(snapshot, "snapshot")
+        if len(snapshot) > REPORT_MAX_CHARS:
+            raise ValueError(f"snapshot is longer than {REPORT_MAX_CHARS} characters")
+        params = {"daemon": daemon[:255], "host": host, "snapshot": snapshot}
+        await self._fetch("extensions/dashboard_report", params)
+
+    async def daemon_reports(self) -> builtins.list[DaemonReport]:
+        """Every daemon's last report, by host."""
+        rows = await self._fetch("extensions/dashboard_reports", {})
+        return [DaemonReport.from_row(r) for r in rows]
+
+    async def prune_daemon_reports(self, older_than_ms: int) -> int:
+        """Forget daemons silent for `older_than_ms`; how many were forgotten."""
+        require_duration(older_than_ms, "older_than_ms")
+        rows = await self._fetch(
+            "extensions/dashboard_reports_prune", {"older_than_ms": older_than_ms}
+        )
+        return len(rows)
 
 
 def _check_message(message: Any) -> None:

@@ -134,3 +134,28 @@ class FailedGroup:
     n: int
     last_ms: int | None
     message: str | None
+
+
+#: The largest daemon report stored: a daemon with hundreds of children stays well below.
+REPORT_MAX_CHARS = 1_000_000
+
+
+@dataclass(frozen=True)
+class DaemonReport:
+    """What one daemon last reported about its groups and children."""
+
+    daemon: str
+    host: str
+    snapshot: str  # JSON text, as the daemon wrote it
+    reported_at_ms: int
+    age_ms: int
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> DaemonReport:
+        return cls(
+            daemon=row["daemon"],
+            host=row["host"],
+            snapshot=row["snapshot"],
+            reported_at_ms=int(row["reported_at_ms"]),
+            age_ms=max(0, int(row["age_ms"])),
+        )

@@ -35,7 +35,8 @@ def test_every_page_renders_with_tasks_in_every_status(dash: Dash) -> None:
     for status in ("queued", "running", "succeeded", "failed", "canceled"):
         assert re.search(rf"<b>1</b> {status}</a>", overview.text), status
     assert ">work</a>" in overview.text and ">parked</a>" in overview.text
-    assert "Daemon pid" in overview.text and ">w</th>" in overview.text
+    assert f"pid {dash.daemon.pid}, this host, live" in overview.text
+    assert '<th scope="row">w</th>' in overview.text
 
     tasks = http.get("/tasks")
     assert tasks.status == 200
@@ -350,3 +351,34 @@ def test_a_taken_port_stops_the_daemon(tmp_path: Path) -> None:
         daemon.stop()
     finally:
         taken.close()
+
+
+def test_workers_of_every_reporting_daemon(dash: Dash, tmp_path: Path) -> None:
+    """A second daemon on the same database, serving no dashboard but reporting: the
+    first one's Workers page shows its children beside its own."""
+    folder = tmp_path / "second"
+    folder.mkdir()
+    config = dashboard_config(folder, dash.dialect, dash.target)
+    config["dashboard"] = {"report": True}
+    config["groups"] = {"other": {"queues": ["elsewhere"], "processes": 2}}
+    del config["schedules"]
+    second = Daemon(folder, config)
+    try:
+        second.start()
+        pids = wait_for("the second daemon's children", lambda: second.children("other"))
+        http = dash.http()
+
+        def shown() -> bool:
+            page = http.get("/workers").text
+            return all(f'<td class="num">{pid}</td>' in page for pid in pids)
+
+        wait_for("the second daemon's children on the Workers page", shown, 60)
+        page = http.get("/workers").text
+        assert f"pid {second.pid}, reported" in page
+        assert f"pid {dash.daemon.pid}, this host, live" in page
+        (own,) = dash.daemon.children("w")
+        assert f'<td class="num">{own}</td>' in page
+        assert '<th scope="row">other</th>' in http.get("/").text
+        assert "dashboard on http" not in second.output()  # it serves nothing
+    finally:
+        second.stop()

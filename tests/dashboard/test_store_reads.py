@@ -213,3 +213,18 @@ def _steps(conn: sqlite3.Connection, query: TaskQuery) -> int:
         conn.set_progress_handler(None, 0)
     assert len(rows) == 20
     return count[0]
+
+
+async def test_daemon_reports(store: TaskStore) -> None:
+    await store.report_daemon("h1/1", "h1", '{"pid": 1}')
+    await store.report_daemon("h1/1", "h1", '{"pid": 1, "generation": 2}')
+    await store.report_daemon("h2/7", "h2", '{"pid": 7}')
+    reports = await store.daemon_reports()
+    assert [(r.daemon, r.snapshot) for r in reports] == [
+        ("h1/1", '{"pid": 1, "generation": 2}'),
+        ("h2/7", '{"pid": 7}'),
+    ]
+    assert all(0 <= r.age_ms < 60_000 for r in reports)
+    assert await store.prune_daemon_reports(3_600_000) == 0
+    with pytest.raises(ValueError, match="snapshot is longer"):
+        await store.report_daemon("h3/1", "h3", "x" * 1_000_001)

@@ -95,12 +95,14 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_tasks_created_idx",
         "cairnqd_tasks_status_created_idx",
         "cairnqd_tasks_run_at_idx",
+        "cairnqd_daemons",
+        "sqlite_autoindex_cairnqd_daemons_1",
     }
     assert sqlite_ledger(ours, "cairnqd_migrations") == {
         "cairnqd_0001_task_keys_task_idx.sql",
         "cairnqd_0002_queue_pauses.sql",
         "cairnqd_0003_schedules.sql",
-        "cairnqd_0004_dashboard_indexes.sql",
+        "cairnqd_0004_dashboard.sql",
     }
 
 
@@ -125,7 +127,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0001_task_keys_task_idx.sql",
             "cairnqd_0002_queue_pauses.sql",
             "cairnqd_0003_schedules.sql",
-            "cairnqd_0004_dashboard_indexes.sql",
+            "cairnqd_0004_dashboard.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
@@ -138,6 +140,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_tasks_created_idx",
             "cairnqd_tasks_status_created_idx",
             "cairnqd_tasks_run_at_idx",
+            "cairnqd_daemons_pkey",
         }
 
 

@@ -8,3 +8,14 @@ create index if not exists cairnqd_tasks_created_idx on cairnq_tasks (created_at
 create index if not exists cairnqd_tasks_status_created_idx
     on cairnq_tasks (status, created_at_ms, id);
 create index if not exists cairnqd_tasks_run_at_idx on cairnq_tasks (run_at_ms, id);
+
+-- What each daemon that reports (dashboard.listen or dashboard.report) last said about
+-- its groups and children, so a dashboard on any host shows the workers of every host:
+-- one row per daemon (host/pid), rewritten every few seconds, dropped an hour after
+-- its daemon stopped reporting. The snapshot is the JSON `cairnqd status --json` prints.
+create table if not exists cairnqd_daemons (
+    daemon text primary key check (length(daemon) between 1 and 255),
+    host text not null,
+    snapshot text not null,
+    reported_at_ms bigint not null
+);
