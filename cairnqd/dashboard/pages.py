@@ -82,8 +82,15 @@ def size(n: int | None) -> str:
     return str(n)
 
 
+#: The most of one JSON value a task's page shows.
+SHOWN_MAX = 100_000
+
+
 def pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+    if len(text) > SHOWN_MAX:
+        return f"{text[:SHOWN_MAX]}\n… ({len(text):,} characters; the rest is not shown)"
+    return text
 
 
 def status_badge(status: str) -> Markup:

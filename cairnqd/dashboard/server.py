@@ -122,6 +122,8 @@ class Dashboard:
             return self._route(method, target, headers, body, address)
         except BadRequest as exc:
             return _error(400, str(exc))
+        except ValueError as exc:  # the store's own argument checks (a queue name's length)
+            return _error(400, str(exc))
         except DatabaseError as exc:
             log.warning("dashboard: %s", exc)
             return _error(503, str(exc))

@@ -145,3 +145,12 @@ def test_config_refuses_exposure_without_token(tmp_path: Path) -> None:
         load_config(str(_config(tmp_path, "{listen: '0.0.0.0:8470'}")))
     with pytest.raises(ConfigError, match=r"dashboard\.actions: needs dashboard\.token_file"):
         load_config(str(_config(tmp_path, "{listen: '127.0.0.1:8470', actions: true}")))
+
+
+def test_a_huge_value_is_shown_in_part() -> None:
+    from cairnqd.dashboard.pages import SHOWN_MAX, pretty
+
+    text = pretty({"blob": "a" * (SHOWN_MAX * 2)})
+    assert len(text) < SHOWN_MAX + 100
+    assert text.endswith("characters; the rest is not shown)")
+    assert pretty({"x": 1}) == '{\n  "x": 1\n}'
