@@ -228,3 +228,10 @@ async def test_daemon_reports(store: TaskStore) -> None:
     assert await store.prune_daemon_reports(3_600_000) == 0
     with pytest.raises(ValueError, match="snapshot is longer"):
         await store.report_daemon("h3/1", "h3", "x" * 1_000_001)
+
+
+def test_sqlite_finished_per_minute_reads_the_last_hour_only(seeded: sqlite3.Connection) -> None:
+    stmt = statement("sqlite", "extensions/dashboard_throughput")
+    bound = sqlite_statements.bind(stmt, {"since_ms": 0}, wall_clock_ms)
+    plan = "\n".join(r[3] for r in seeded.execute("explain query plan " + stmt.text, bound))
+    assert "cairnq_tasks_status_completed_idx (status=? AND completed_at_ms>?)" in plan, plan
