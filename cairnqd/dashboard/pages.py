@@ -605,7 +605,8 @@ def _next_fires(schedule: ScheduleConfig, row: ScheduleRow | None, now: datetime
     if not schedule.enabled:
         return []
     start = now if row is None else max(now, from_ms(row.last_slot_ms))
-    return [t.strftime("%Y-%m-%d %H:%M:%S") for t in schedule.slots().next_n(start, 3)]
+    fires = schedule.slots().next_n(start, 3)
+    return [t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") for t in fires]
 
 
 def schedules_page(config: Config, overview: Overview, viewer: Viewer) -> Markup:

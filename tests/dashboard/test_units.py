@@ -154,3 +154,20 @@ def test_a_huge_value_is_shown_in_part() -> None:
     assert len(text) < SHOWN_MAX + 100
     assert text.endswith("characters; the rest is not shown)")
     assert pretty({"x": 1}) == '{\n  "x": 1\n}'
+
+
+def test_next_fires_are_shown_in_utc(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from cairnqd.dashboard.pages import _next_fires
+
+    path = _config(tmp_path, "{}")
+    path.write_text(
+        path.read_text()
+        + "schedules:\n  nightly: {name: t, queue: a, cron: '0 3 * * *', "
+        + "timezone: Europe/Berlin}\n"
+    )
+    config = load_config(str(path))
+    fires = _next_fires(config.schedules["nightly"], None, datetime.now(UTC))
+    assert len(fires) == 3
+    assert {f[11:] for f in fires} <= {"01:00:00", "02:00:00"}  # 03:00 in Berlin
