@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 
@@ -25,6 +26,44 @@ COOKIE = "cairnqd_dashboard"
 #: A session lasts this long after login.
 SESSION_S = 12 * 3600
 _WHO = re.compile(r"[A-Za-z0-9 ._@+-]{1,64}")
+
+
+#: Wrong tokens an address may send per window before its logins are refused for a window.
+LOGIN_FAILURES = 5
+LOGIN_WINDOW_S = 60.0
+
+
+class LoginThrottle:
+    """Refuses logins from an address that sent `LOGIN_FAILURES` wrong tokens within
+    `LOGIN_WINDOW_S`, until the window has passed: guessing a token takes forever."""
+
+    def __init__(self, failures: int = LOGIN_FAILURES, window_s: float = LOGIN_WINDOW_S) -> None:
+        self.failures = failures
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._seen: dict[str, list[float]] = {}
+
+    def _recent(self, address: str, now: float) -> list[float]:
+        times = [t for t in self._seen.get(address, []) if now - t < self.window_s]
+        if times:
+            self._seen[address] = times
+        else:
+            self._seen.pop(address, None)
+        return times
+
+    def blocked(self, address: str, now: float | None = None) -> bool:
+        with self._lock:
+            return len(self._recent(address, time.monotonic() if now is None else now)) >= (
+                self.failures
+            )
+
+    def failed(self, address: str, now: float | None = None) -> None:
+        moment = time.monotonic() if now is None else now
+        with self._lock:
+            if len(self._seen) > 10_000:  # a flood of addresses: forget the oldest half
+                for stale in list(self._seen)[:5_000]:
+                    del self._seen[stale]
+            self._seen[address] = [*self._recent(address, moment), moment]
 
 
 @dataclass(frozen=True)
@@ -98,4 +137,4 @@ class Auth:
         return bool(given) and hmac.compare_digest(session.csrf, given or "")
 
 
-__all__ = ["COOKIE", "SESSION_S", "Auth", "Session"]
+__all__ = ["COOKIE", "SESSION_S", "Auth", "LoginThrottle", "Session"]

@@ -31,7 +31,7 @@ from urllib.parse import quote, urlsplit
 from cairnqd.config import Config
 from cairnqd.dashboard import pages
 from cairnqd.dashboard.actions import ACTIONS, FIELDS, audit
-from cairnqd.dashboard.auth import COOKIE, SESSION_S, Auth, Session
+from cairnqd.dashboard.auth import COOKIE, SESSION_S, Auth, LoginThrottle, Session
 from cairnqd.dashboard.data import DashboardData, DatabaseError
 from cairnqd.dashboard.markup import Markup
 from cairnqd.dashboard.params import (
@@ -109,6 +109,7 @@ class Dashboard:
         self.data = data
         settings = config.dashboard
         self.auth = Auth(settings.token)
+        self.throttle = LoginThrottle()
         self.actions = bool(settings.actions and settings.token)
         self.refresh_ms = int(settings.refresh.total_seconds() * 1000)
         self.static = {name: _static(name) for name in _STATIC}
@@ -221,7 +222,13 @@ class Dashboard:
         if clean is None:
             page = pages.login_page(back, "your name: letters, digits, spaces and ._@+- only")
             return _html(400, pages.plain_layout("Log in", page))
+        if self.throttle.blocked(address):
+            log.warning("dashboard: login refused for %r from %s: too many wrong tokens",
+                        clean, address)  # fmt: skip
+            page = pages.login_page(back, "too many wrong tokens from here: wait a minute")
+            return _html(429, pages.plain_layout("Log in", page))
         if not self.auth.token_ok(form.get("token", "")):
+            self.throttle.failed(address)
             log.warning("dashboard: login refused for %r from %s: wrong token", clean, address)
             page = pages.login_page(back, "wrong token")
             return _html(403, pages.plain_layout("Log in", page))
@@ -319,6 +326,9 @@ def _same_origin(headers: Mapping[str, str]) -> bool:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    #: A client silent this long (a request never finished, an idle keep-alive) is
+    #: dropped, so slow clients cannot hold the server's threads.
+    timeout = 30
     server_version = "cairnqd-dashboard"
     sys_version = ""
 

@@ -197,6 +197,11 @@ def test_login_is_required_with_a_token(sqlite_dash: Dash) -> None:
     forged = Http(sqlite_dash.port, cookie="cairnqd_dashboard=abc.1.ZXZl.deadbeef")
     assert forged.get("/").status == 303
     assert "login refused for 'eve'" in sqlite_dash.daemon.output()
+    # Guessing is throttled: after 5 wrong tokens, even the right one waits a minute.
+    for _ in range(4):
+        anonymous.post("/login", {"who": "eve", "token": "y" * 30, "next": "/"})
+    throttled = anonymous.post("/login", {"who": "eve", "token": TOKEN, "next": "/"})
+    assert throttled.status == 429 and anonymous.cookie is None
     # The static files need no login (the login page uses the stylesheet).
     assert anonymous.get("/static/dashboard.css").status == 200
 

@@ -171,3 +171,15 @@ def test_next_fires_are_shown_in_utc(tmp_path: Path) -> None:
     fires = _next_fires(config.schedules["nightly"], None, datetime.now(UTC))
     assert len(fires) == 3
     assert {f[11:] for f in fires} <= {"01:00:00", "02:00:00"}  # 03:00 in Berlin
+
+
+def test_login_throttle() -> None:
+    from cairnqd.dashboard.auth import LoginThrottle
+
+    throttle = LoginThrottle(failures=3, window_s=60)
+    for i in range(3):
+        assert not throttle.blocked("10.0.0.1", now=100 + i)
+        throttle.failed("10.0.0.1", now=100 + i)
+    assert throttle.blocked("10.0.0.1", now=103)
+    assert not throttle.blocked("10.0.0.2", now=103)
+    assert not throttle.blocked("10.0.0.1", now=161)
