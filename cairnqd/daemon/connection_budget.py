@@ -20,7 +20,8 @@ def connection_budget(config: Config) -> int:
     """Postgres connections the configuration opens across all hosts: per child its
     pool plus the LISTEN connection; per parent the maintenance and metrics
     connections and the purge lock's session, plus the stats leader's session with
-    `metrics.queue_stats: leader`."""
+    `metrics.queue_stats: leader`, the scheduler's two with schedules, and the
+    dashboard's one when it is served."""
     per_child = config.database.connections_per_child + 1
     children = sum(g.processes for g in config.groups.values())
     parent = 3
@@ -28,6 +29,8 @@ def connection_budget(config: Config) -> int:
         parent += 1  # the stats collector holds its leader lock on a session of its own
     if config.schedules:
         parent += 2  # the scheduler's connection and its leader lock's session
+    if config.dashboard.listen is not None or config.dashboard.report:
+        parent += 1  # the dashboard's database thread (serving, or reporting only)
     return config.database.expected_hosts * (children * per_child + parent)
 
 
