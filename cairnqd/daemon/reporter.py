@@ -3,9 +3,10 @@
 Design note. Nothing here writes a message per task (`daemon.tally` says why). The
 observer keeps three things, each for its own reader:
 
-- the start table (`daemon.starts`): a task is recorded when the worker takes it in
-  and marked started right before its handler is called, in memory the parent reads
-  after this process is gone, to give unstarted tasks their attempt back;
+- the start table (`daemon.starts`): a task is recorded when the worker takes it in,
+  marked started right before its handler is called and returned when its result is
+  queued, in memory the parent reads after this process is gone, to give unstarted
+  (and returned but unwritten) tasks their attempt back;
 - the tally (`daemon.tally`): cumulative counts, sent a few times a second while they
   change;
 - the tasks running now with their start times, which the heartbeat thread reads (it
@@ -62,6 +63,10 @@ class ChildReporter:
         wait_s = (task.updated_at_ms - task.run_at_ms) / 1000
         self._tally.started(task.queue, task.name, wait_s)
         self._dirty = True
+
+    def task_returned(self, task: Task) -> None:
+        if self._starts is not None:
+            self._starts.returned(task.id, task.attempt)
 
     def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None:
         if self._starts is not None:
