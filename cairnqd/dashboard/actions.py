@@ -20,7 +20,7 @@ from cairnqd.dashboard.data import DashboardData, bulk_failed
 from cairnqd.dashboard.params import BadRequest, task_id
 from cairnqd.store.base import TaskStore
 from cairnqd.store.operator import QUEUE_MAX, REASON_MAX
-from cairnqd.store.schedules import ScheduleTable, host_label, rule_of
+from cairnqd.store.schedules import run_now
 
 log = logging.getLogger("cairnqd.dashboard")
 
@@ -117,19 +117,7 @@ def schedule_trigger(
     now_ms = int(time.time() * 1000)
 
     async def work(store: TaskStore) -> str:
-        # As `cairnqd schedules run`: no key, a task of its own, no slot claimed.
-        task = await store.submit(
-            name=schedule.name,
-            payload=schedule.payload,
-            queue=schedule.queue,
-            max_attempts=schedule.max_attempts,
-            priority=schedule.priority,
-            metadata={"schedule": schedule.schedule, "manual": True, "by": f"dashboard:{who}"},
-        )
-        await ScheduleTable(store).record_manual(
-            schedule.schedule, rule_of(schedule), task.id, host=host_label(), at_ms=now_ms
-        )
-        return task.id
+        return await run_now(store, schedule, at_ms=now_ms, by=f"dashboard:{who}")
 
     tid = data.write(work, f"run schedule {name}")
     return Outcome(f"{tid} enqueued now for schedule {name}")
