@@ -34,8 +34,9 @@ from typing import Any
 import psycopg
 
 from cairnqd._protocol import Statement, statement
-from cairnqd.store.postgres import _bind as pg_bind
-from cairnqd.store.sqlite import SQLiteStore
+from cairnqd.store.base import wall_clock_ms
+from cairnqd.store.pg_connect import bind as pg_bind
+from cairnqd.store.sqlite_statements import bind as sqlite_bind
 
 QUEUE = "default"
 LEASE_MS = 30_000
@@ -57,14 +58,14 @@ def sqlite_loop(target: str, batch: int, two_tx: bool, worker_id: str) -> tuple[
     }
 
     def run(stmt: Statement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        cursor = conn.execute(stmt.text, SQLiteStore._bind(stmt, params))
+        cursor = conn.execute(stmt.text, sqlite_bind(stmt, params, wall_clock_ms))
         return cursor.fetchall()
 
     handled, end = 0, time.time()
     ready_go()
     while True:
         conn.execute("BEGIN IMMEDIATE")
-        cursor = conn.execute(claim.text, SQLiteStore._bind(claim, claim_params))
+        cursor = conn.execute(claim.text, sqlite_bind(claim, claim_params, wall_clock_ms))
         id_col = [d[0] for d in cursor.description].index("id")
         ids = [row[id_col] for row in cursor.fetchall()]
         if not ids:

@@ -44,7 +44,8 @@ class WorkerObserver(Protocol):
     """Hooks a host process (the daemon's child) uses to follow a worker's tasks.
 
     `task_held` runs when a claimed task is taken into the worker; `task_started`
-    runs synchronously right before its handler is called; `task_ended` runs once for
+    runs synchronously right before its handler is called; `task_returned` right after
+    a handler returned a result that is now queued for writing; `task_ended` runs once for
     every task the worker held, started or not, with the outcome: succeeded, failed,
     retried, canceled, or lease_lost (written by nobody: the lease was gone, or the
     result could not be written)."""
@@ -52,6 +53,8 @@ class WorkerObserver(Protocol):
     def task_held(self, task: Task) -> None: ...
 
     def task_started(self, task: Task) -> None: ...
+
+    def task_returned(self, task: Task) -> None: ...
 
     def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None: ...
 
@@ -147,6 +150,11 @@ class InFlight:
         if self.observer is not None:
             self.observer.task_started(ctx.task)
         return True
+
+    def returned(self, ctx: TaskContext) -> None:
+        """The handler of started `ctx` returned; its result waits to be written."""
+        if self.observer is not None:
+            self.observer.task_returned(ctx.task)
 
     def release(self, ctx: TaskContext, outcome: str, reason: str = "") -> None:
         """Stop holding `ctx` and report its end; later calls are no-ops."""

@@ -149,6 +149,7 @@ class Settlement:
 
     def enqueue(self, ctx: TaskContext, encoded: str | None) -> None:
         """Queue a result; the handler's call slot is free as soon as this returns."""
+        self.inflight.returned(ctx)
         first = not self._pending
         self._pending.append((ctx, encoded))
         if self._flusher is not None:

@@ -87,6 +87,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_daemon(args.config, config)
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    if args.listen is not None:
+        listen = _listen(args.listen, config)
+        config = dataclasses.replace(
+            config, dashboard=dataclasses.replace(config.dashboard, listen=listen)
+        )
+    from cairnqd.dashboard.standalone import run_dashboard
+
+    return run_dashboard(args.config, config)
+
+
+def _listen(value: str, config: Any) -> Any:
+    """`--listen HOST:PORT`, held to the rules `check` holds dashboard.listen to."""
+    from cairnqd.config.kinds import _Listen
+
+    try:
+        listen = _Listen().convert(value)
+    except Exception as exc:
+        raise CliError(exitcodes.USAGE, f"dashboard --listen: {exc}") from None
+    if listen is None:
+        raise CliError(exitcodes.USAGE, "dashboard --listen: give host:port, not off")
+    if not listen.is_loopback and config.dashboard.token is None:
+        raise CliError(
+            exitcodes.USAGE,
+            f"dashboard --listen {listen}: beyond this host the dashboard needs "
+            "dashboard.token_file in the config",
+        )
+    return listen
+
+
 def cmd_config_dump(args: argparse.Namespace) -> int:
     data = load(args.config).redacted()
     if args.format == "json":
@@ -344,6 +375,20 @@ def _add_reload(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
     p.set_defaults(func=cmd_reload)
 
 
+def _add_dashboard(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "dashboard",
+        parents=parents,
+        help="serve the web dashboard without running workers",
+        description="Serve the web dashboard (docs/dashboard.md) on dashboard.listen, or "
+        "--listen, until TERM or INT, reading the config's database: for an ops host that "
+        "runs no workers. A daemon serves the same dashboard itself when its config sets "
+        "dashboard.listen.",
+    )
+    p.add_argument("--listen", metavar="HOST:PORT", help="override dashboard.listen")
+    p.set_defaults(func=cmd_dashboard)
+
+
 def _add_version(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "version",
@@ -375,6 +420,7 @@ COMMANDS: tuple[Register, ...] = (
     cli_status.add_parsers,
     cli_top.add_parsers,
     cli_schedules.add_parsers,
+    _add_dashboard,
     _add_version,
 )
 

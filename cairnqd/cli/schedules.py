@@ -19,7 +19,7 @@ from cairnqd.config import Config, ScheduleConfig
 from cairnqd.daemon import exitcodes
 from cairnqd.schedules import from_ms
 from cairnqd.store.base import TaskStore
-from cairnqd.store.schedules import ScheduleRow, ScheduleTable, host_label, rule_of
+from cairnqd.store.schedules import ScheduleRow, ScheduleTable, run_now
 
 if TYPE_CHECKING:
     from cairnqd.cli.admin import Subparsers
@@ -182,19 +182,7 @@ def cmd_schedules_run(args: argparse.Namespace) -> int:
     now_ms = int(time.time() * 1000)
 
     async def run(store: TaskStore) -> str:
-        # No key: each manual run is a task of its own, and claims no slot.
-        task = await store.submit(
-            name=schedule.name,
-            payload=schedule.payload,
-            queue=schedule.queue,
-            max_attempts=schedule.max_attempts,
-            priority=schedule.priority,
-            metadata={"schedule": schedule.schedule, "manual": True},
-        )
-        await ScheduleTable(store).record_manual(
-            schedule.schedule, rule_of(schedule), task.id, host=host_label(), at_ms=now_ms
-        )
-        return task.id
+        return await run_now(store, schedule, at_ms=now_ms)
 
     task_id = with_store(config, run)
     print(f"{task_id} enqueued now for schedule {schedule.schedule} ({schedule.name} on "

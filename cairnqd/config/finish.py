@@ -75,6 +75,55 @@ def _finish_group(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, 
     return v
 
 
+#: The shortest dashboard token accepted: a guessable one is no protection.
+DASHBOARD_TOKEN_MIN = 16
+_DASHBOARD_TOKEN_MAX = 4096
+
+
+def _finish_dashboard(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+    v["token"] = None
+    if isinstance(v["token_file"], str):
+        v["token"] = _read_token(ck, (*path, "token_file"), v["token_file"])
+    listen, token_file = v["listen"], v["token_file"]
+    beyond = listen is not _INVALID and listen is not None and not listen.is_loopback
+    if beyond and token_file is None:
+        ck.error_at(
+            (*path, "listen"),
+            f"serves the dashboard beyond this host on {listen} without a login; "
+            "set dashboard.token_file, or listen on 127.0.0.1",
+        )
+        v["listen"] = _INVALID
+    if v["actions"] is True and token_file is None:
+        ck.error_at((*path, "actions"), "needs dashboard.token_file: actions require a login")
+        v["actions"] = _INVALID
+    return v
+
+
+def _read_token(ck: _Checker, path: YamlPath, filename: str) -> Any:
+    try:
+        with open(filename, encoding="utf-8") as f:
+            text = f.read(_DASHBOARD_TOKEN_MAX + 1)
+            mode = os.fstat(f.fileno()).st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
+        ck.error_at(path, f"cannot read {filename}: {reason or exc}")
+        return _INVALID
+    token = text.strip()
+    if len(text) > _DASHBOARD_TOKEN_MAX:
+        ck.error_at(path, f"{filename} is longer than {_DASHBOARD_TOKEN_MAX} characters")
+        return _INVALID
+    if len(token) < DASHBOARD_TOKEN_MIN or any(c.isspace() for c in token):
+        ck.error_at(
+            path,
+            f"{filename} must hold one token of at least {DASHBOARD_TOKEN_MIN} characters "
+            "without spaces",
+        )
+        return _INVALID
+    if mode & 0o077:
+        ck.warn_at(path, f"{filename} is readable by other users (mode {mode & 0o777:o})")
+    return token
+
+
 def _finish_retention(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     rules = v["rules"]
     if rules is not _INVALID:

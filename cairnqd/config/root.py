@@ -14,6 +14,7 @@ from cairnqd.config.dsn import redact_dsn
 from cairnqd.config.problems import ConfigProblem
 from cairnqd.config.schema import Reload, _children, _dump
 from cairnqd.config.sections import (
+    DashboardConfig,
     DatabaseConfig,
     GroupConfig,
     LoggingConfig,
@@ -35,6 +36,7 @@ class Config:
     schedules: Mapping[str, ScheduleConfig]
     shutdown_timeout: timedelta
     metrics: MetricsConfig
+    dashboard: DashboardConfig
     retention: RetentionConfig
     reaper: ReaperConfig
     supervisor: SupervisorConfig

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from cairnqd.config.finish import _finish_database, _finish_group, _finish_retention
+from cairnqd.config.finish import (
+    _finish_dashboard,
+    _finish_database,
+    _finish_group,
+    _finish_retention,
+)
 from cairnqd.config.kinds import (
     _INVALID,
     _Bool,
@@ -43,6 +48,7 @@ from cairnqd.config.schedule_kinds import (
     _Timezone,
 )
 from cairnqd.config.sections import (
+    DashboardConfig,
     DatabaseConfig,
     GroupConfig,
     LoggingConfig,
@@ -355,6 +361,25 @@ SCHEMA: tuple[Setting, ...] = (
             "Histogram bounds of task durations, in seconds."),
     Setting("metrics.wait_buckets", _Buckets(), _WAIT_BUCKETS, _H,
             "Histogram bounds of queue waits, in seconds."),
+    Setting("dashboard", _Section(DashboardConfig, _finish_dashboard), {}, None,
+            "The web dashboard (docs/dashboard.md), served by the parent or by "
+            "`cairnqd dashboard`."),
+    Setting("dashboard.listen", _Listen(), "off", _R,
+            "host:port to serve the dashboard on (port 0 picks a free one), or off; "
+            "beyond loopback it needs token_file."),
+    Setting("dashboard.token_file", _Path(), None, _R, nullable=True, doc=
+            "A file holding the token operators log in with (16 characters or more); "
+            "null: no login, read-only, loopback only."),
+    Setting("dashboard.actions", _Bool(), False, _R,
+            "Offer retry, cancel, discard, pause/resume and schedule triggers (needs "
+            "token_file); false: read-only, with no action endpoint at all."),
+    Setting("dashboard.refresh", _Duration("250ms"), "2s", _R,
+            "How often the shared snapshot is read from the database, however many "
+            "browsers watch."),
+    Setting("dashboard.report", _Bool(), False, _R,
+            "Write this daemon's groups and children to the database every few seconds "
+            "even when it serves no dashboard, for the Workers page of dashboards on other "
+            "hosts (a daemon serving one always does)."),
     Setting("retention", _Section(RetentionConfig, _finish_retention), {}, None,
             "Purging of finished tasks."),
     Setting("retention.interval", _Duration("1s"), "10m", _H,

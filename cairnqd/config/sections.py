@@ -100,6 +100,18 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class DashboardConfig:
+    #: None when `listen: off` (the default).
+    listen: ListenAddress | None
+    token_file: str | None
+    actions: bool
+    refresh: timedelta
+    report: bool
+    #: The token read from `token_file`. Never log it or put it in a page.
+    token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
 class PurgeRule:
     older_than: timedelta
     status: str | None

@@ -251,7 +251,11 @@ class Child:
         worker.worker_id = self.boot.worker_id
         starts = StartTable.attach(self._starts_fd) if self._starts_fd is not None else None
         buckets = (self.boot.duration_buckets, self.boot.wait_buckets)
-        self.reporter = ChildReporter(self.events, starts, buckets, self.after_task)
+        # Without a task or memory limit there is nothing to check after each task.
+        limits = self.boot.max_tasks or self.boot.max_memory
+        self.reporter = ChildReporter(
+            self.events, starts, buckets, self.after_task if limits else None
+        )
         worker.observer = self.reporter
         # Retire on the limits before claiming, not only after a task ends: a claim
         # (prefetch included) made after the limit is work the retiring child must

@@ -40,7 +40,8 @@ class HostNeeds:
 def host_needs(config: Config) -> HostNeeds:
     """Per child its pool, plus a LISTEN of its own unless the parent relays wake-ups
     or none work (transaction pooler). Per parent the maintenance and metrics
-    connections, the scheduler's with `schedules:`; the leadership sessions (the
+    connections, the scheduler's with `schedules:`, the dashboard's when it is served
+    (or reports); the leadership sessions (the
     purge lock, the stats leader's with `metrics.queue_stats: leader`, the scheduler's)
     go to `direct_dsn` when set and need none behind a transaction pooler without it
     (lease rows); with `direct_dsn` also the parent's one LISTEN, and one for the
@@ -50,6 +51,8 @@ def host_needs(config: Config) -> HostNeeds:
     per_child = db.connections_per_child + (1 if own_listen else 0)
     children = sum(g.processes for g in config.groups.values())
     pooled = children * per_child + 2 + (1 if config.schedules else 0)
+    if config.dashboard.listen is not None or config.dashboard.report:
+        pooled += 1  # the dashboard's database thread (serving, or reporting only)
     sessions = 1 + (1 if config.metrics.queue_stats == "leader" else 0)
     sessions += 1 if config.schedules else 0
     direct = 0

@@ -115,6 +115,10 @@ class ControlServer:
             raise UnsafeRuntimeDir(f"{self.path} exists and is not our socket: refusing it")
         os.unlink(self.name, dir_fd=dir_fd)
 
+    def current(self) -> Snapshot | None:
+        """The last snapshot published (from any thread), None before the first."""
+        return self._snapshot or None
+
     def publish_due(self, build: Callable[[], Snapshot]) -> None:
         """Replace the snapshot with `build()` unless the last one is fresh enough."""
         if self._sock is None:

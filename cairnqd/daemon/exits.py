@@ -3,10 +3,12 @@
 Design note. First the tasks: a child that did not say goodbye may hold leases, so its
 tasks are handed back at once (`Maintenance.hand_back`, scoped by its worker_id and
 queued only now that waitpid has returned), not when the leases expire. Tasks its
-start table shows it held but never started get back the attempt their claim spent;
-tasks that got it killed for running past `max_run` are failed first, as
-`max_run_exceeded` with the normal retry backoff. Then what the
-end means for its pool, in this order:
+start table shows it held but never started get back the attempt their claim spent, and
+so do tasks whose handler had returned but whose result was not written yet (at most
+`RETURNED_RESTORES` times per task: a result whose writing kills the child must not
+loop forever; see `daemon.starts`); tasks that got it killed for running past
+`max_run` are failed first, as `max_run_exceeded` with the normal retry backoff. Then
+what the end means for its pool, in this order:
 
 - exit 0 after `bye`: planned (drain, max_tasks, max_memory); its slot refills now.
 - stopped by us (SIGQUIT past a drain deadline, or a hard stop): nothing more.
@@ -35,6 +37,33 @@ from cairnqd.worker import backoff_delay_ms
 
 log = logging.getLogger("cairnqd.supervisor")
 
+#: How many times one task's attempt is given back because its handler had returned
+#: when its child died; past that, its runs count as attempts again.
+RETURNED_RESTORES = 2
+#: Tasks the parent remembers for that count (oldest forgotten first).
+_RESTORES_REMEMBERED = 10_000
+
+
+class ReturnedRestores:
+    """Counts, per task, the attempts given back for results a dead child never wrote."""
+
+    def __init__(self, limit: int = RETURNED_RESTORES) -> None:
+        self.limit = limit
+        self._given: dict[str, int] = {}
+
+    def allow(self, returned: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The tasks of `returned` that may have their attempt back, counted as given."""
+        allowed = []
+        for task_id, attempt in returned:
+            given = self._given.pop(task_id, 0)
+            if given < self.limit:
+                allowed.append((task_id, attempt))
+                given += 1
+            self._given[task_id] = given  # re-inserted: most recent last
+        while len(self._given) > _RESTORES_REMEMBERED:
+            del self._given[next(iter(self._given))]
+        return allowed
+
 
 class ChildExits:
     def __init__(
@@ -48,17 +77,19 @@ class ChildExits:
         self._maintenance = maintenance
         self._metrics = metrics
         self._roll_failed = roll_failed
+        self._restores = ReturnedRestores()
 
     def on_exit(self, child: ChildProcess, code: int, *, stopping: bool) -> None:
         """`code` as `Popen.returncode` has it: an exit status, or -signal."""
         where = self._fleet.detach(child)
         self._forget_slot_series(child)
         planned = code == OK and child.bye is not None
-        unstarted = child.unstarted()  # read (and closed) whatever the exit
+        unstarted, returned = child.spared()  # read (and closed) whatever the exit
         if not planned:
             self._fail_overruns(child)
             reason = _handback_reason(child, stopping)
-            self._maintenance.hand_back(child.worker_id, reason, unstarted)
+            spared = unstarted + self._restores.allow(returned)
+            self._maintenance.hand_back(child.worker_id, reason, spared)
         described = describe_exit(code)
         group = where.pool
         if group is None:

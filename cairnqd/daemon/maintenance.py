@@ -452,7 +452,11 @@ class Maintenance:
         if rows:
             outcomes = Counter(str(r["status"]) for r in rows)
             summary = ", ".join(f"{status} {n}" for status, n in sorted(outcomes.items()))
-            spared = f"; {len(unstarted)} never started kept their attempt" if unstarted else ""
+            spared = (
+                f"; {len(unstarted)} not started or with an unwritten result kept their attempt"
+                if unstarted
+                else ""
+            )
             log.info(
                 "handed back %d task(s) of %s (%s): %s%s",
                 len(rows), worker_id, reason, summary, spared,

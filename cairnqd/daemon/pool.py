@@ -151,18 +151,19 @@ class ChildProcess:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def unstarted(self) -> list[tuple[str, int]]:
-        """After it died: the (task id, attempt) of each task it held and never started.
-        The table is closed on the way out; an unreadable one lists nothing, so
-        everything counts as started."""
+    def spared(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """After it died: the (task id, attempt) of each task it held and never started,
+        and of each whose handler returned but whose result it had not written. The
+        table is closed on the way out; an unreadable one lists nothing, so everything
+        counts as started."""
         table, self.starts = self.starts, None
         if table is None:
-            return []
+            return [], []
         try:
-            return table.unstarted()
+            return table.unstarted(), table.returned_unwritten()
         except (ValueError, OSError) as exc:
             log.error("cannot read the start table of child %d: %s", self.pid, exc)
-            return []
+            return [], []
         finally:
             table.close()
 

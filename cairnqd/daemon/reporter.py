@@ -3,9 +3,10 @@
 Design note. Nothing here writes a message per task (`daemon.tally` says why). The
 observer keeps three things, each for its own reader:
 
-- the start table (`daemon.starts`): a task is recorded when the worker takes it in
-  and marked started right before its handler is called, in memory the parent reads
-  after this process is gone, to give unstarted tasks their attempt back;
+- the start table (`daemon.starts`): a task is recorded when the worker takes it in,
+  marked started right before its handler is called and returned when its result is
+  queued, in memory the parent reads after this process is gone, to give unstarted
+  (and returned but unwritten) tasks their attempt back;
 - the tally (`daemon.tally`): cumulative counts, sent a few times a second while they
   change;
 - the tasks running now with their start times, which the heartbeat thread reads (it
@@ -35,7 +36,7 @@ class ChildReporter:
         outbox: Outbox,
         starts: StartTable | None,
         buckets: tuple[Sequence[float], Sequence[float]],
-        on_finished: Callable[[int], None],
+        on_finished: Callable[[int], None] | None,
     ) -> None:
         self._outbox = outbox
         self._starts = starts
@@ -63,6 +64,10 @@ class ChildReporter:
         self._tally.started(task.queue, task.name, wait_s)
         self._dirty = True
 
+    def task_returned(self, task: Task) -> None:
+        if self._starts is not None:
+            self._starts.returned(task.id, task.attempt)
+
     def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None:
         if self._starts is not None:
             self._starts.released(task.id, task.attempt)
@@ -73,7 +78,8 @@ class ChildReporter:
         self._tally.ended(task.queue, task.name, outcome, reason, duration_s)
         self._dirty = True
         self.finished += 1
-        self._on_finished(self.finished)
+        if self._on_finished is not None:
+            self._on_finished(self.finished)
 
     # -- sending the tally ---------------------------------------------------------------
 

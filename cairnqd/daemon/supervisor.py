@@ -75,6 +75,8 @@ from cairnqd.daemon.statefile import (
 )
 from cairnqd.daemon.status import StatusReport, status_dump
 from cairnqd.daemon.wakerelay import WakeRelay, backed_up
+from cairnqd.dashboard import DashboardBindError, DashboardData, DashboardServer
+from cairnqd.store.schedules import host_label
 from cairnqd.store.sqlite_open import ensure_file, is_plain_file, remember_file
 
 log = logging.getLogger("cairnqd.supervisor")
@@ -117,6 +119,10 @@ class Supervisor:
         #: Answers `cairnqd status` and `top` from a thread, off this loop.
         self.control = ControlServer(control_path(self.statefile.path))
         self.started_at = time.time()
+        #: The web dashboard, when `dashboard.listen` is set: its own threads and store.
+        self.dashboard: DashboardServer | None = None
+        #: Its database thread alone, when the daemon only reports (`dashboard.report`).
+        self.dashboard_data: DashboardData | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -156,6 +162,14 @@ class Supervisor:
             where = setting_position(self.config_path, ("metrics", "listen"))
             key = f"metrics.listen at {where}" if where else "metrics.listen (its default)"
             log.error("cannot start: %s; set %s to a free port, or off", exc, key)
+            return CONFIG
+        except DashboardBindError as exc:
+            where = setting_position(self.config_path, ("dashboard", "listen"))
+            log.error("cannot start: %s; set dashboard.listen at %s to a free port, or off",
+                      exc, where)  # fmt: skip
+            self.maintenance.stop(timeout_s=10.0)
+            self.scheduler.stop(timeout_s=5.0)
+            self.metrics.close()
             return CONFIG
         self._loop(wakeup_r)
         return self._finish()
@@ -198,6 +212,7 @@ class Supervisor:
         if self.wakes is not None:
             self.wakes.start()
             self.selector.register(self.wakes.fd, selectors.EVENT_READ)
+        self._start_dashboard()
         self.write_state()
         log.info(
             "cairnqd started: %s, %d group(s), generation %d",
@@ -223,6 +238,24 @@ class Supervisor:
                 "push wake-ups through this process: one LISTEN on database.direct_dsn, "
                 "passed on to the children over their pipes"
             )
+
+    def _start_dashboard(self) -> None:
+        """The web dashboard on threads of its own; it reads the status `cairnqd status`
+        reads (the control snapshot), never this loop's state directly, and writes it
+        to the database for dashboards on other hosts. With `dashboard.report` and no
+        `listen`, only the reporting runs."""
+        settings = self.config.dashboard
+        if settings.listen is None and not settings.report:
+            return
+        data = DashboardData(self.config, daemon_view=self.control.current, report_as=host_label())
+        if settings.listen is None:
+            self.dashboard_data = data
+            data.start()
+            return
+        self.dashboard = DashboardServer(self.config, data)
+        port = self.dashboard.start()
+        host = f"[{settings.listen.host}]" if ":" in settings.listen.host else settings.listen.host
+        log.info("dashboard on http://%s:%d/", host, port)
 
     def _loop(self, wakeup_r: int) -> None:
         next_housekeeping = 0.0
@@ -287,6 +320,10 @@ class Supervisor:
 
     def _finish(self) -> int:
         systemd.stopping("stopped")
+        if self.dashboard is not None:
+            self.dashboard.stop()
+        if self.dashboard_data is not None:
+            self.dashboard_data.stop()
         self.scheduler.stop(timeout_s=5.0)
         if self.wakes is not None:
             self.wakes.stop()

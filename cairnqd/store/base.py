@@ -46,6 +46,14 @@ from cairnqd.store.arguments import (
     require_int,
     require_str,
 )
+from cairnqd.store.browse import (
+    REPORT_MAX_CHARS,
+    DaemonReport,
+    FailedGroup,
+    FinishedCount,
+    TaskQuery,
+    TaskSummary,
+)
 from cairnqd.store.leadership import LeaderLock, SoleHost
 from cairnqd.store.operator import (
     BULK_BATCH,
@@ -872,6 +880,107 @@ class TaskStore(ABC):
                     rows = await session.fetch(op, {**params, "id": task_id})
                     changed += self._tasks(rows)
         return changed
+
+    # -- the dashboard's reads and its bulk discard (see store/browse.py) -----------------
+
+    async def browse_tasks(self, query: TaskQuery) -> builtins.list[TaskSummary]:
+        """One page of the task list, newest first by `query.sort`, after its cursor."""
+        params = query.params()
+        if query.key is not None:
+            require_str(query.key, "key")
+            keyed = await self._fetch("get_key", {"key": query.key})
+            if not keyed:
+                await asyncio.sleep(0)
+                return []
+            params = query.params(task_id=keyed[0]["task_id"])
+        op = f"extensions/dashboard_tasks_{query.sort}"
+        rows = await self._scan(op, params, TaskQuery.supplied(params), _rows)
+        return [TaskSummary.from_row(r) for r in rows]
+
+    async def task_key(self, task_id: str) -> str | None:
+        """The key `task_id` was submitted with, or None."""
+        require_str(task_id, "task_id")
+        rows = await self._fetch("extensions/dashboard_task_key", {"id": task_id})
+        return str(rows[0]["key"]) if rows else None
+
+    async def finished_per_minute(self, since_ms: int) -> builtins.list[FinishedCount]:
+        """Succeeded and failed tasks per queue and minute, finished since `since_ms`."""
+        require_int(since_ms, "since_ms", minimum=0, maximum=INT8_MAX)
+        rows = await self._scan(
+            "extensions/dashboard_throughput", {"since_ms": since_ms}, frozenset(), _rows
+        )
+        return [FinishedCount(r["queue"], r["status"], int(r["minute"]), int(r["n"])) for r in rows]
+
+    async def failed_groups(self, limit: int = 200) -> builtins.list[FailedGroup]:
+        """Failed tasks grouped by name and error type, the biggest groups first."""
+        require_int(limit, "limit", minimum=1, maximum=10_000)
+        rows = await self._scan(
+            "extensions/dashboard_failed_groups", {"limit": limit}, frozenset(), _rows
+        )
+        return [
+            FailedGroup(
+                name=r["name"],
+                error_type=r["error_type"],
+                n=int(r["n"]),
+                last_ms=None if r["last_ms"] is None else int(r["last_ms"]),
+                message=r["message"],
+            )
+            for r in rows
+        ]
+
+    async def failed_group_ids(
+        self, name: str, error_type: str, *, after_id: str = "", limit: int = BULK_BATCH
+    ) -> builtins.list[str]:
+        """One page of the ids of failed tasks named `name` that failed with
+        `error_type` ("" for none), in id order after `after_id`."""
+        require_str(name, "name")
+        if not isinstance(error_type, str):
+            raise ValueError(f"error_type must be a string, got {type(error_type).__name__}")
+        require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
+        params = {"name": name, "error_type": error_type, "after_id": after_id, "limit": limit}
+        rows = await self._scan("extensions/dashboard_failed_ids", params, frozenset(), _rows)
+        return [r["id"] for r in rows]
+
+    async def discard_failed(self, task_ids: Sequence[str]) -> builtins.list[str]:
+        """Delete each failed task of `task_ids` in one transaction; the ids deleted (a
+        task no longer failed stays)."""
+        ids = list(task_ids)
+        for task_id in ids:
+            require_str(task_id, "task_ids[]")
+        if not ids:
+            await asyncio.sleep(0)
+            return []
+        deleted: builtins.list[str] = []
+        with self._operation():
+            async with self._transaction() as session:
+                for task_id in ids:
+                    rows = await session.fetch("extensions/dashboard_discard", {"id": task_id})
+                    deleted += [r["id"] for r in rows]
+        return deleted
+
+    async def report_daemon(self, daemon: str, host: str, snapshot: str) -> None:
+        """Store `daemon`'s report (JSON text) of its groups and children, replacing
+        its last; stamped with the database's clock."""
+        require_str(daemon, "daemon")
+        require_str(host, "host")
+        require_str(snapshot, "snapshot")
+        if len(snapshot) > REPORT_MAX_CHARS:
+            raise ValueError(f"snapshot is longer than {REPORT_MAX_CHARS} characters")
+        params = {"daemon": daemon[:255], "host": host, "snapshot": snapshot}
+        await self._fetch("extensions/dashboard_report", params)
+
+    async def daemon_reports(self) -> builtins.list[DaemonReport]:
+        """Every daemon's last report, by host."""
+        rows = await self._fetch("extensions/dashboard_reports", {})
+        return [DaemonReport.from_row(r) for r in rows]
+
+    async def prune_daemon_reports(self, older_than_ms: int) -> int:
+        """Forget daemons silent for `older_than_ms`; how many were forgotten."""
+        require_duration(older_than_ms, "older_than_ms")
+        rows = await self._fetch(
+            "extensions/dashboard_reports_prune", {"older_than_ms": older_than_ms}
+        )
+        return len(rows)
 
 
 def _check_message(message: Any) -> None:

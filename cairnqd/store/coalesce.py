@@ -5,9 +5,13 @@ own `submit`. On Postgres every autocommit insert is a round trip and a commit (
 fsync on the server), so 64 concurrent submits cost 64 commits, and the pool's size
 caps how many overlap. Here a submit that arrives while another is being written
 waits for that write to finish; then everything that queued meanwhile goes in as one
-`insert_many`: one round trip and one commit for the lot. A lone submit is written at
-once, alone, with the single-row statement, so sequential callers pay only a task
-switch for it.
+`insert_many`: one round trip and one commit for the lot. A lone submit (nothing being
+written, nothing queued) is written at once by its own caller with the single-row
+statement, so sequential callers pay nothing for the coalescing. (Handing every write
+to a writer task cost three extra event-loop turns per submit: sequential submits on
+Postgres ran at 0.79x the rate of the release before the coalescer, bench/RESULTS.md.)
+Submits that arrive during a lone write queue as usual, and the lone caller starts the
+writer for them when its own write ends.
 
 Every caller keeps its own outcome:
 
@@ -61,15 +65,20 @@ class SubmitCoalescer:
         self._max_batch = max_batch
         self._queue: list[_Waiting] = []
         self._writer: asyncio.Task[None] | None = None
+        #: A lone write runs in its caller's task; `drain` waits on `_lone_done`, made
+        #: only when someone drains during one (a future per submit costs time).
+        self._lone = False
+        self._lone_done: asyncio.Event | None = None
         #: Statements written and submits they carried (for tests and the bench).
         self.statements = 0
         self.submits = 0
 
     async def submit(self, params: dict[str, object]) -> Task:
+        if self._writer is None and not self._lone:
+            return await self._submit_alone(params)
         waiting = _Waiting(params, asyncio.get_running_loop().create_future())
         self._queue.append(waiting)
-        if self._writer is None:
-            self._writer = asyncio.create_task(self._write_all(), name="cairnqd-submits")
+        self._start_writer()
         try:
             # Shielded: the writer resolves the future; a cancelled caller only leaves.
             return await asyncio.shield(waiting.future)
@@ -80,10 +89,35 @@ class SubmitCoalescer:
                 waiting.future.add_done_callback(_consume)
             raise
 
+    async def _submit_alone(self, params: dict[str, object]) -> Task:
+        """The fast path: write in the caller's task while others queue behind it."""
+        self._lone = True
+        self.statements += 1
+        self.submits += 1
+        try:
+            return await self._insert_one(params)
+        finally:
+            self._lone = False
+            if self._lone_done is not None:
+                self._lone_done.set()
+                self._lone_done = None
+            self._start_writer()
+
+    def _start_writer(self) -> None:
+        """Start the writer for queued submits unless a write is already running (its
+        end starts the writer)."""
+        if self._queue and self._writer is None and not self._lone:
+            self._writer = asyncio.create_task(self._write_all(), name="cairnqd-submits")
+
     async def drain(self) -> None:
         """Wait until everything queued so far has been written (or has failed)."""
-        while self._writer is not None:
-            await asyncio.shield(self._writer)
+        while self._writer is not None or self._lone:
+            if self._writer is not None:
+                await asyncio.shield(self._writer)
+            else:
+                if self._lone_done is None:
+                    self._lone_done = asyncio.Event()
+                await self._lone_done.wait()
 
     async def _write_all(self) -> None:
         batch: list[_Waiting] = []

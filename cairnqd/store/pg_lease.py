@@ -1,5 +1,5 @@
 """Leadership without a session: lease rows in `cairnqd_leases` (our own table, in our
-own ledger as `cairnqd_0004_leases.sql`).
+own ledger as `cairnqd_0005_leases.sql`).
 
 Behind a transaction pooler a session advisory lock means nothing: it is taken on
 whichever server connection ran that transaction, so two hosts both "win" it, and its

@@ -28,7 +28,7 @@ from cairnqd.store.base import TaskStore
 if TYPE_CHECKING:
     from cairnqd.config import ScheduleConfig
 
-__all__ = ["ScheduleRow", "ScheduleTable", "host_label", "rule_of", "slot_key"]
+__all__ = ["ScheduleRow", "ScheduleTable", "host_label", "rule_of", "run_now", "slot_key"]
 
 
 def slot_key(schedule: str, slot_ms: int) -> str:
@@ -128,6 +128,30 @@ class ScheduleTable:
     async def rows(self) -> dict[str, ScheduleRow]:
         rows = await self.store._fetch("extensions/schedule_list", {})
         return {str(r["name"]): ScheduleRow.from_row(r) for r in rows}
+
+
+async def run_now(
+    store: TaskStore, schedule: ScheduleConfig, *, at_ms: int, by: str | None = None
+) -> str:
+    """Enqueue one run of `schedule` now, as an operator asks for it (`cairnqd schedules
+    run`, the dashboard's Run now): a task of its own with no key, so it claims no slot
+    and never collides with a scheduled fire; recorded as the schedule's manual fire.
+    `by` names who asked, in the task's metadata. Returns the task id."""
+    metadata: dict[str, Any] = {"schedule": schedule.schedule, "manual": True}
+    if by is not None:
+        metadata["by"] = by
+    task = await store.submit(
+        name=schedule.name,
+        payload=schedule.payload,
+        queue=schedule.queue,
+        max_attempts=schedule.max_attempts,
+        priority=schedule.priority,
+        metadata=metadata,
+    )
+    await ScheduleTable(store).record_manual(
+        schedule.schedule, rule_of(schedule), task.id, host=host_label(), at_ms=at_ms
+    )
+    return task.id
 
 
 def host_label() -> str:

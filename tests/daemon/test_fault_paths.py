@@ -263,3 +263,27 @@ def test_sigkill_chaos_never_fails_a_task_that_never_ran(
     # A task fails only when three executions died under it.
     assert len(failed) < 30, f"{len(failed)} failures from {kills} kills"
     assert daemon.stop() == 0
+
+
+# -- a crash between a handler's return and its result's commit -------------------------
+
+
+def test_a_crash_after_the_handler_returned_costs_the_task_no_attempt(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
+) -> None:
+    # The child dies after the handler returned and before its result was written (a
+    # window of milliseconds that SIGKILL chaos on a loaded machine hits dozens of times
+    # in 10,000 tasks). Before the fix the hand-back charged that run's attempt, so a
+    # task with max_attempts 1 ended failed although its only run succeeded.
+    log, marker = tmp_path / "runs.log", tmp_path / "died"
+    config = fault_config(tmp_path, dialect, db_target, {"g": {"queues": ["q"], "processes": 1}})
+    config["handlers"] = ["tests.daemon.returned_handlers:registry"]
+    daemon = daemon_factory(config).start()
+    payload = {"log": str(log), "marker": str(marker)}
+    ids = submit(dialect, db_target, "r.die_after_return", [payload], queue="q", max_attempts=1)
+    done = wait_for("the task to end", lambda: all_terminal(dialect, db_target, ids), 60)
+    assert marker.exists(), "the child died after the first run returned"
+    assert [(t.status, t.attempt, t.result) for t in done] == [("succeeded", 1, "done")]
+    assert [(r.attempt, r.ended is not None) for r in executions(log)] == [(1, True), (1, True)]
+    assert "with an unwritten result kept their attempt" in daemon.output()
+    assert daemon.stop() == 0

@@ -152,3 +152,37 @@ async def test_a_transient_batch_error_reaches_every_caller_at_once() -> None:
     assert all(isinstance(o, psycopg.OperationalError) for o in outcomes)
     # One single write, one batch write: no retry of each item against a dead server.
     assert calls == [1, 9]
+
+
+async def test_a_lone_submit_is_written_by_its_caller_and_drain_waits_for_it() -> None:
+    """Sequential submits skip the writer task (three loop turns each on the hot path);
+    submits that arrive meanwhile wait for the lone write, then go as one batch, and
+    `drain` (the store's close) waits for the lone write too."""
+    written: list[object] = []
+    gate = asyncio.Event()
+    writer_names: list[str] = []
+
+    async def one(params: dict[str, object]) -> Task:
+        writer_names.append(asyncio.current_task().get_name())  # type: ignore[union-attr]
+        await gate.wait()
+        written.append(params["i"])
+        return object()  # type: ignore[return-value]
+
+    async def many(batch: Sequence[dict[str, object]]) -> list[Task]:
+        written.append([p["i"] for p in batch])
+        return [object() for _ in batch]  # type: ignore[misc]
+
+    coalescer = SubmitCoalescer(one, many)
+    first = asyncio.create_task(coalescer.submit({"i": 0}), name="caller-0")
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(coalescer.submit({"i": i})) for i in (1, 2, 3)]
+    drained = asyncio.create_task(coalescer.drain())
+    await asyncio.sleep(0)
+    assert written == [] and not drained.done()
+    gate.set()
+    await asyncio.wait_for(drained, 10)
+    # drain returned only once the lone write and the batch queued behind it landed.
+    assert written == [0, [1, 2, 3]]
+    assert writer_names == ["caller-0"]  # written in the caller's own task
+    await asyncio.gather(first, *rest)
+    assert (coalescer.statements, coalescer.submits) == (2, 4)

@@ -77,3 +77,65 @@ def test_attach_refuses_a_foreign_file() -> None:
             StartTable.attach(fd)
     finally:
         os.close(fd)
+
+
+def test_ids_up_to_the_slot_size_round_trip_and_a_reused_slot_keeps_no_old_bytes() -> None:
+    table = StartTable.create(capacity=1)
+    try:
+        longest = "x" * 88  # the most a 96-byte slot holds
+        table.held(longest, 7)
+        assert table.unstarted() == [(longest, 7)]
+        table.released(longest, 7)
+        table.held("short", 2**32 - 1)  # the same slot, a shorter id, the largest attempt
+        assert table.unstarted() == [("short", 2**32 - 1)]
+        table.held("y" * 89, 1)  # too long for a slot: counted as started, and said
+        assert table.overflowed
+    finally:
+        table.close()
+
+
+RETURNING_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from cairnqd.daemon.starts import StartTable
+    table = StartTable.attach(int(sys.argv[1]))
+    for i in range(3):
+        table.held(f"task_{i}", 1)
+        table.started(f"task_{i}", 1)
+    table.returned("task_0", 1)   # result queued, not written
+    table.returned("task_1", 1)
+    table.released("task_1", 1)   # result written
+    table.held("task_3", 1)       # claimed ahead, never started
+    print("ready", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_returned_but_unwritten_tasks_are_told_apart_from_running_and_unstarted() -> None:
+    table = StartTable.create(capacity=8)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", RETURNING_CHILD, str(table.fd)],
+            pass_fds=(table.fd,), stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, signal.SIGKILL)
+        wait_for("the child to die", lambda: child.poll() is not None)
+        child.stdout.close()
+        assert table.returned_unwritten() == [("task_0", 1)]
+        assert table.unstarted() == [("task_3", 1)]  # task_2 was running: neither
+    finally:
+        table.close()
+
+
+def test_a_task_gets_its_attempt_back_for_an_unwritten_result_a_bounded_number_of_times() -> None:
+    from cairnqd.daemon.exits import ReturnedRestores
+
+    restores = ReturnedRestores(limit=2)
+    assert restores.allow([("a", 1), ("b", 1)]) == [("a", 1), ("b", 1)]
+    assert restores.allow([("a", 1)]) == [("a", 1)]
+    # A result whose writing kills the child every time: the third death charges it.
+    assert restores.allow([("a", 1)]) == []
+    assert restores.allow([("b", 1)]) == [("b", 1)]

@@ -1,0 +1,158 @@
+"""The dashboard's actions: what each does, checked and logged.
+
+Design note. An action exists only when `dashboard.actions` is true (the config
+refuses it without a token file); otherwise the server has no route for it at all.
+Each takes its fields from a POST form, checks them as the CLI would, does its writes
+through the same store operations as the CLI command it mirrors (`cairnqd retry`,
+`cancel`, `pause`, `resume`, `schedules run`) and logs one line on `cairnqd.dashboard`:
+who (the name given at login), from where, what, and the outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from cairnqd.config import Config
+from cairnqd.dashboard.data import DashboardData, bulk_failed
+from cairnqd.dashboard.params import BadRequest, task_id
+from cairnqd.store.base import TaskStore
+from cairnqd.store.operator import QUEUE_MAX, REASON_MAX
+from cairnqd.store.schedules import run_now
+
+log = logging.getLogger("cairnqd.dashboard")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    message: str
+
+
+Action = Callable[[Config, DashboardData, Mapping[str, str], str], Outcome]
+
+#: The form fields of each action (besides `csrf` and `next`).
+FIELDS: dict[str, frozenset[str]] = {
+    "task-retry": frozenset({"id"}),
+    "task-cancel": frozenset({"id"}),
+    "queue-pause": frozenset({"queue", "reason"}),
+    "queue-resume": frozenset({"queue"}),
+    "schedule-trigger": frozenset({"schedule"}),
+    "failed-retry": frozenset({"name", "error_type"}),
+    "failed-discard": frozenset({"name", "error_type"}),
+}
+
+
+def _need(form: Mapping[str, str], name: str) -> str:
+    value = form.get(name, "")
+    if not value:
+        raise BadRequest(f"form field {name!r} is missing")
+    return value
+
+
+def _queue(form: Mapping[str, str]) -> str:
+    queue = _need(form, "queue")
+    if len(queue) > QUEUE_MAX:
+        raise BadRequest(f"queue: longer than {QUEUE_MAX} characters")
+    return queue
+
+
+def task_retry(config: Config, data: DashboardData, form: Mapping[str, str], who: str) -> Outcome:
+    tid = task_id(_need(form, "id"))
+
+    async def work(store: TaskStore) -> bool:
+        return await store.retry(tid) is not None
+
+    done = data.write(work, f"retry {tid}")
+    return Outcome(f"{tid} queued again" if done else f"{tid} was not failed or canceled")
+
+
+def task_cancel(config: Config, data: DashboardData, form: Mapping[str, str], who: str) -> Outcome:
+    tid = task_id(_need(form, "id"))
+
+    async def work(store: TaskStore) -> str | None:
+        task = await store.cancel(tid)
+        return None if task is None else task.status
+
+    status = data.write(work, f"cancel {tid}")
+    if status is None:
+        return Outcome(f"{tid} was not queued or running: nothing to cancel")
+    if status == "canceled":
+        return Outcome(f"{tid} canceled")
+    return Outcome(f"{tid} is running: its cancel is asked, and it ends as canceled")
+
+
+def queue_pause(config: Config, data: DashboardData, form: Mapping[str, str], who: str) -> Outcome:
+    queue = _queue(form)
+    reason = form.get("reason") or None
+    if reason is not None and len(reason) > REASON_MAX:
+        raise BadRequest(f"reason: longer than {REASON_MAX} characters")
+
+    async def work(store: TaskStore) -> bool:
+        made = await store.pause_queues([queue], paused_by=f"dashboard:{who}", reason=reason)
+        return bool(made)
+
+    done = data.write(work, f"pause {queue}")
+    return Outcome(f"queue {queue} paused" if done else f"queue {queue} was paused already")
+
+
+def queue_resume(config: Config, data: DashboardData, form: Mapping[str, str], who: str) -> Outcome:
+    queue = _queue(form)
+
+    async def work(store: TaskStore) -> bool:
+        return bool(await store.resume_queues([queue]))
+
+    done = data.write(work, f"resume {queue}")
+    return Outcome(f"queue {queue} resumed" if done else f"queue {queue} was not paused")
+
+
+def schedule_trigger(
+    config: Config, data: DashboardData, form: Mapping[str, str], who: str
+) -> Outcome:
+    name = _need(form, "schedule")
+    schedule = config.schedules.get(name)
+    if schedule is None:
+        raise BadRequest(f"schedule: no schedule {name[:80]!r} in the config")
+    now_ms = int(time.time() * 1000)
+
+    async def work(store: TaskStore) -> str:
+        return await run_now(store, schedule, at_ms=now_ms, by=f"dashboard:{who}")
+
+    tid = data.write(work, f"run schedule {name}")
+    return Outcome(f"{tid} enqueued now for schedule {name}")
+
+
+def _failed(discard: bool) -> Action:
+    def act(config: Config, data: DashboardData, form: Mapping[str, str], who: str) -> Outcome:
+        name = _need(form, "name")
+        error_type = form.get("error_type", "")
+
+        async def work(store: TaskStore) -> int:
+            return await bulk_failed(store, name, error_type, discard=discard)
+
+        verb = "discard" if discard else "retry"
+        n = data.write(work, f"{verb} failed {name}")
+        done = "deleted" if discard else "queued again"
+        return Outcome(f"{n} failed {name} task(s) ({error_type or 'no type'}) {done}")
+
+    return act
+
+
+ACTIONS: dict[str, Action] = {
+    "task-retry": task_retry,
+    "task-cancel": task_cancel,
+    "queue-pause": queue_pause,
+    "queue-resume": queue_resume,
+    "schedule-trigger": schedule_trigger,
+    "failed-retry": _failed(discard=False),
+    "failed-discard": _failed(discard=True),
+}
+
+
+def audit(action: str, who: str, address: str, form: Mapping[str, str], outcome: str) -> None:
+    what = ", ".join(f"{k}={v!r}" for k, v in sorted(form.items()) if k not in ("csrf", "next"))
+    log.info("dashboard action %s by %s from %s (%s): %s", action, who, address, what, outcome)
+
+
+__all__ = ["ACTIONS", "FIELDS", "Outcome", "audit"]

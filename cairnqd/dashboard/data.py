@@ -1,0 +1,430 @@
+"""The dashboard's database work: one thread, one store, one shared snapshot.
+
+Design note. Every page but the task list and a task's own page is drawn from one
+`Overview` snapshot: counts per queue and status, the oldest queued age, pauses, the
+finished-per-minute series of the last hour, the groups of failed tasks and the
+schedules' rows. It is read at most once per `dashboard.refresh`, and only when a page
+asks for it: browsers polling at once share the read in flight, so the database's cost
+is one set of statements per interval however many browsers watch (`refreshes` counts
+them; a test holds it to that). A stale snapshot is served while its successor is read
+in the background, so only the very first page (and the first after an action) waits
+for the aggregates; and the interval stretches to five times the last read's duration,
+so a huge table is read less often instead of keeping a connection busy. Everything
+runs on a `LoopThread` of its own with its own store, so the HTTP threads never hold a
+connection and never block the daemon's loop; a read that takes too long fails the
+page, never the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from cairnqd.config import Config
+from cairnqd.daemon.dbthread import LoopThread
+from cairnqd.models import STATUSES, Task
+from cairnqd.store.base import TaskStore
+from cairnqd.store.browse import (
+    DaemonReport,
+    FailedGroup,
+    FinishedCount,
+    TaskQuery,
+    TaskSummary,
+)
+from cairnqd.store.factory import store_for
+from cairnqd.store.lazy import LazyStore
+from cairnqd.store.operator import QueuePause
+from cairnqd.store.schedules import ScheduleRow, ScheduleTable
+
+log = logging.getLogger("cairnqd.dashboard")
+
+T = TypeVar("T")
+
+#: How long a page waits for the database before it answers 503.
+READ_TIMEOUT_S = 10.0
+#: Statements are bounded on the server (Postgres) and in the busy wait (SQLite).
+_STATEMENT_TIMEOUT_MS = 8000
+HOUR_MINUTES = 60
+#: A daemon reports its groups and children this often at most (or every `refresh`).
+REPORT_EVERY_S = 2.0
+#: A report older than this is shown as silent; one older than an hour is dropped.
+REPORT_SILENT_S = 30.0
+_REPORT_KEEP_MS = 3_600_000
+
+#: What the daemon's control snapshot looks like (cairnqd/daemon/control.py), or None.
+DaemonView = Callable[[], "dict[str, Any] | None"]
+
+
+class DatabaseError(Exception):
+    """The database did not answer a page's read; the message says why."""
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    queue: str
+    counts: dict[str, int]
+    oldest_queued_s: float | None
+    pause: QueuePause | None
+    #: (succeeded, failed) per minute of the last hour, oldest first.
+    per_minute: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class HostView:
+    """One daemon's groups and children: this process's own (live), or what another
+    daemon last reported through the database."""
+
+    daemon: str  # host/pid
+    host: str
+    view: dict[str, Any]
+    #: Seconds since the report; None for the live view of this host's daemon.
+    age_s: float | None = None
+
+    @property
+    def silent(self) -> bool:
+        """Reported, but not lately: the daemon may be gone."""
+        return self.age_s is not None and self.age_s > REPORT_SILENT_S
+
+
+@dataclass(frozen=True)
+class Overview:
+    taken_at_ms: int
+    queues: list[QueueRow]
+    failed_groups: list[FailedGroup]
+    schedules: dict[str, ScheduleRow]
+    #: The daemon's own view (groups, children), None when none answers.
+    daemon: dict[str, Any] | None
+    daemon_note: str | None
+    problem: str | None = None
+    totals: dict[str, int] = field(default_factory=dict)
+    #: Which read of the database this is (1 for the first): pages show it, tests check
+    #: that browsers share reads.
+    serial: int = 0
+    #: Every daemon's groups and children: this host's first, then the reports.
+    hosts: list[HostView] = field(default_factory=list)
+
+
+def _per_minute(counts: Sequence[FinishedCount], now_minute: int) -> dict[str, list[list[int]]]:
+    series: dict[str, list[list[int]]] = {}
+    first = now_minute - HOUR_MINUTES + 1
+    for c in counts:
+        if c.minute < first or c.minute > now_minute:
+            continue
+        bars = series.setdefault(c.queue, [[0, 0] for _ in range(HOUR_MINUTES)])
+        bars[c.minute - first][0 if c.status == "succeeded" else 1] += c.n
+    return series
+
+
+def _hosts(local: dict[str, Any] | None, reports: Sequence[DaemonReport]) -> list[HostView]:
+    """This host's daemon (live) first, then every other daemon's last report."""
+    host = socket.gethostname()
+    hosts: list[HostView] = []
+    mine = None
+    if local is not None:
+        mine = f"{host}/{local.get('pid')}"
+        hosts.append(HostView(daemon=mine, host=host, view=local))
+    for report in reports:
+        if report.daemon == mine:
+            continue
+        try:
+            view = json.loads(report.snapshot)
+        except ValueError:
+            continue
+        if isinstance(view, dict):
+            hosts.append(HostView(report.daemon, report.host, view, report.age_ms / 1000))
+    return hosts
+
+
+class DashboardData:
+    """The dashboard's reads and writes, on a thread of its own."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        daemon_view: DaemonView | None = None,
+        store_factory: Callable[[], TaskStore] | None = None,
+        report_as: str | None = None,
+    ) -> None:
+        """`daemon_view` gives this host's daemon's status (groups, children);
+        `report_as` (host/pid) makes it also write that status to the database every
+        `REPORT_EVERY_S`, so dashboards on other hosts show these workers."""
+        self.config = config
+        self.report_as = report_as
+        #: Reports written so far (tests read it).
+        self.reports = 0
+        self.refresh_s = config.dashboard.refresh.total_seconds()
+        self._daemon_view = daemon_view
+        factory = store_factory or (
+            lambda: store_for(
+                config.database, "background", statement_timeout_ms=_STATEMENT_TIMEOUT_MS
+            )
+        )
+        self._store = LazyStore(factory)
+        self._thread = LoopThread("cairnqd-dashboard-db")
+        self._lock = threading.Lock()
+        self._overview: Overview | None = None
+        self._taken_at = float("-inf")
+        self._inflight: concurrent.futures.Future[Overview] | None = None
+        self._read_started = 0.0
+        #: Set by an action: the next page waits for a fresh read instead of the old one.
+        self._must_wait = False
+        #: How long the last snapshot read took (seconds).
+        self.last_read_s = 0.0
+        #: Snapshots read from the database so far; tests and the bench read it.
+        self.refreshes = 0
+
+    def start(self) -> None:
+        self._thread.start()
+        if self.report_as is not None and self._daemon_view is not None:
+            self._thread.submit(self._report_loop())
+
+    async def _report_loop(self) -> None:
+        """Write this daemon's status every few seconds; a failure is retried at the
+        next turn (the pages say when the database does not answer)."""
+        every = max(self.refresh_s, REPORT_EVERY_S)
+        assert self.report_as is not None
+        host = socket.gethostname()
+        while True:
+            view, _ = self._daemon()
+            if view is not None:
+                try:
+                    store = await self._store.get()
+                    await store.report_daemon(self.report_as, host, json.dumps(view))
+                    if self.reports % 100 == 0:
+                        await store.prune_daemon_reports(_REPORT_KEEP_MS)
+                    self.reports += 1
+                except Exception as exc:
+                    log.debug("dashboard: cannot report this daemon's status: %s", exc)
+                    await self._store.close()
+            await asyncio.sleep(every)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self._thread.running():
+            try:
+                self._thread.submit(self._store.close()).result(timeout_s)
+            except Exception as exc:  # closing must not stop the shutdown
+                log.debug("closing the dashboard's store: %s", exc)
+        self._thread.stop(timeout_s)
+
+    # -- running on the thread ----------------------------------------------------------
+
+    def _run(self, work: Callable[[TaskStore], Coroutine[Any, Any, T]], what: str) -> T:
+        async def call() -> T:
+            try:
+                store = await self._store.get()
+                return await work(store)
+            except Exception:
+                # A broken connection is opened afresh on the next read.
+                await self._store.close()
+                raise
+
+        future = self._thread.submit(call())
+        try:
+            return future.result(READ_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise DatabaseError(f"{what}: the database did not answer within "
+                                f"{READ_TIMEOUT_S:.0f}s") from None  # fmt: skip
+        except (ValueError, DatabaseError):
+            raise
+        except Exception as exc:
+            raise DatabaseError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    # -- the shared snapshot --------------------------------------------------------------
+
+    def overview(self) -> Overview:
+        """The shared snapshot. A stale one is still served at once while one read
+        renews it in the background (so a page never waits on the database's
+        aggregates once a snapshot exists); only the first read, or one after an
+        action (`invalidate`), is waited for. Concurrent callers share one read."""
+        with self._lock:
+            current = self._overview
+            if current is not None and time.monotonic() - self._taken_at < self._interval():
+                return current
+            if self._inflight is None:
+                inflight = self._thread.submit(self._read_overview())
+                self._inflight = inflight
+                self._read_started = time.monotonic()
+                inflight.add_done_callback(self._landed)
+            inflight = self._inflight
+            if current is not None and not self._must_wait:
+                return current
+        # The read's own result, not `self._overview`: the waiters wake before the done
+        # callback (`_landed`) has stored it.
+        try:
+            return inflight.result(READ_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            return self._failed_overview("the database did not answer in time")
+        except Exception as exc:
+            return self._failed_overview(f"{type(exc).__name__}: {exc}")
+
+    def _interval(self) -> float:
+        """`refresh`, stretched to five times the last read's duration: on a database
+        where the aggregates take long the dashboard reads less often rather than
+        keeping a connection busy."""
+        return max(self.refresh_s, 5 * self.last_read_s)
+
+    def _landed(self, future: concurrent.futures.Future[Overview]) -> None:
+        try:
+            overview = future.result()
+        except Exception as exc:
+            if isinstance(exc, concurrent.futures.CancelledError):
+                problem = "the read was canceled"
+            else:
+                problem = f"{type(exc).__name__}: {exc}"
+            overview = self._failed_overview(problem)
+        with self._lock:
+            if self._inflight is future:
+                self._inflight = None
+            self.last_read_s = time.monotonic() - self._read_started
+            self._overview, self._taken_at = overview, time.monotonic()
+            self._must_wait = False
+
+    def _failed_overview(self, problem: str) -> Overview:
+        daemon, note = self._daemon()
+        old = self._overview
+        return Overview(
+            taken_at_ms=int(time.time() * 1000),
+            queues=old.queues if old else [],
+            failed_groups=old.failed_groups if old else [],
+            schedules=old.schedules if old else {},
+            daemon=daemon,
+            daemon_note=note,
+            problem=f"the database did not answer: {problem}"
+            + (" (showing the last counts read)" if old else ""),
+            totals=old.totals if old else {},
+            serial=old.serial if old else 0,
+            hosts=_hosts(daemon, []) + [h for h in (old.hosts if old else []) if h.age_s],
+        )
+
+    def _daemon(self) -> tuple[dict[str, Any] | None, str | None]:
+        if self._daemon_view is None:
+            return None, "no daemon runs in this process"
+        try:
+            view = self._daemon_view()
+        except Exception as exc:
+            return None, str(exc)
+        if view is None:
+            return None, "the daemon has published no status yet"
+        return view, None
+
+    async def _read_overview(self) -> Overview:
+        try:
+            store = await self._store.get()
+            now_ms = store.now_ms()
+            stats = await store.stats()
+            oldest = await store.oldest_queued_age_ms()
+            pauses = {p.queue: p for p in await store.paused_queues()}
+            finished = await store.finished_per_minute(now_ms - HOUR_MINUTES * 60_000)
+            failed = await store.failed_groups()
+            schedules = await ScheduleTable(store).rows() if self.config.schedules else {}
+            reports = await store.daemon_reports()
+        except Exception:
+            await self._store.close()
+            raise
+        self.refreshes += 1
+        series = _per_minute(finished, now_ms // 60_000)
+        names = sorted(set(stats) | set(pauses) | set(series) | self._configured_queues())
+        queues = []
+        totals: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        for name in names:
+            counts: dict[str, int] = {s: int(stats.get(name, {}).get(s, 0)) for s in STATUSES}
+            for s in STATUSES:
+                totals[s] += counts[s]
+            age = oldest.get(name)
+            queues.append(
+                QueueRow(
+                    queue=name,
+                    counts=counts,
+                    oldest_queued_s=None if age is None else age / 1000,
+                    pause=pauses.get(name),
+                    per_minute=[(a, b) for a, b in series.get(name, [[0, 0]] * HOUR_MINUTES)],
+                )
+            )
+        daemon, note = self._daemon()
+        return Overview(
+            taken_at_ms=now_ms,
+            queues=queues,
+            failed_groups=failed,
+            schedules=schedules,
+            daemon=daemon,
+            daemon_note=note,
+            totals=totals,
+            serial=self.refreshes,
+            hosts=_hosts(daemon, reports),
+        )
+
+    def _configured_queues(self) -> set[str]:
+        found: set[str] = set()
+        for group in self.config.groups.values():
+            found.update(group.queues)
+        return found
+
+    def invalidate(self) -> None:
+        """Make the next page wait for a fresh snapshot (after an action; the bench)."""
+        with self._lock:
+            self._taken_at = float("-inf")
+            self._must_wait = True
+
+    # -- per-page reads -----------------------------------------------------------------
+
+    def tasks(self, query: TaskQuery) -> list[TaskSummary]:
+        async def read(store: TaskStore) -> list[TaskSummary]:
+            return await store.browse_tasks(query)
+
+        return self._run(read, "the task list")
+
+    def task(self, task_id: str) -> tuple[Task | None, str | None]:
+        async def read(store: TaskStore) -> tuple[Task | None, str | None]:
+            task = await store.get(task_id)
+            key = await store.task_key(task_id) if task is not None else None
+            return task, key
+
+        return self._run(read, f"task {task_id}")
+
+    # -- writes (actions) -----------------------------------------------------------------
+
+    def write(self, work: Callable[[TaskStore], Coroutine[Any, Any, T]], what: str) -> T:
+        """Run an action's writes on the dashboard's thread and store; the next page
+        reads a fresh snapshot."""
+        try:
+            return self._run(work, what)
+        finally:
+            self.invalidate()
+
+
+async def bulk_failed(
+    store: TaskStore, name: str, error_type: str, *, discard: bool, batch: int = 500
+) -> int:
+    """Retry (or discard) every failed task of one group of the Failed page, a page
+    of ids per transaction; how many changed."""
+    changed, after = 0, ""
+    while True:
+        ids = await store.failed_group_ids(name, error_type, after_id=after, limit=batch)
+        if not ids:
+            return changed
+        if discard:
+            changed += len(await store.discard_failed(ids))
+        else:
+            changed += len(await store.retry_many(ids))
+        after = ids[-1]
+        await asyncio.sleep(0)
+
+
+__all__ = [
+    "DashboardData",
+    "DatabaseError",
+    "HostView",
+    "Overview",
+    "QueueRow",
+    "bulk_failed",
+]

@@ -1,0 +1,715 @@
+"""The dashboard's pages, rendered on the server with every value escaped (markup.py).
+
+Each function returns the page's main part; `layout` wraps it. Pages drawn from the
+shared snapshot (overview, failed, workers, schedules) and a running task's page are
+marked live: the script re-reads them every `dashboard.refresh` and swaps the main
+part in, without a reload. Action forms appear only when actions are enabled and the
+viewer is logged in; each carries the session's CSRF value.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from cairnqd.config import Config, ScheduleConfig
+from cairnqd.dashboard.auth import Session
+from cairnqd.dashboard.data import HOUR_MINUTES, HostView, Overview, QueueRow
+from cairnqd.dashboard.markup import Markup, join, render
+from cairnqd.dashboard.params import encode_cursor, with_params
+from cairnqd.models import STATUSES, Task
+from cairnqd.schedules import from_ms
+from cairnqd.store.browse import SORTS, TaskQuery, TaskSummary
+from cairnqd.store.schedules import ScheduleRow
+
+NAV = (
+    ("/", "Overview"),
+    ("/tasks", "Tasks"),
+    ("/failed", "Failed"),
+    ("/workers", "Workers"),
+    ("/schedules", "Schedules"),
+)
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who looks, and what they may do."""
+
+    session: Session | None
+    login_required: bool
+    actions: bool
+    refresh_ms: int
+
+    @property
+    def can_act(self) -> bool:
+        return self.actions and self.session is not None
+
+
+# -- small pieces --------------------------------------------------------------------------
+
+
+def when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return from_ms(ms).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(n)
+
+
+#: The most of one JSON value a task's page shows.
+SHOWN_MAX = 100_000
+
+
+def pretty(value: Any) -> str:
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+    if len(text) > SHOWN_MAX:
+        return f"{text[:SHOWN_MAX]}\n… ({len(text):,} characters; the rest is not shown)"
+    return text
+
+
+def status_badge(status: str) -> Markup:
+    return render('<span class="status st-{s}">{s}</span>', s=status)
+
+
+def action_form(
+    viewer: Viewer,
+    action: str,
+    label: str,
+    fields: Mapping[str, str],
+    back: str,
+    *,
+    confirm: str | None = None,
+    danger: bool = False,
+    extra: Markup | None = None,
+) -> Markup:
+    """A POST form for one action, or nothing when the viewer may not act."""
+    if not viewer.can_act or viewer.session is None:
+        return Markup("")
+    hidden = join(
+        render('<input type="hidden" name="{k}" value="{v}">', k=k, v=v)
+        for k, v in {**fields, "next": back, "csrf": viewer.session.csrf}.items()
+    )
+    return render(
+        '<form method="post" action="/actions/{action}" class="act"{confirm}>{hidden}{extra}'
+        '<button type="submit" class="{cls}">{label}</button></form>',
+        action=action,
+        hidden=hidden,
+        extra=extra or Markup(""),
+        label=label,
+        cls="danger" if danger else "",
+        confirm=render(' data-confirm="{c}"', c=confirm) if confirm else Markup(""),
+    )
+
+
+def layout(title: str, path: str, body: Markup, viewer: Viewer, *, live: bool) -> Markup:
+    nav = join(
+        render(
+            '<a href="{href}"{current}>{label}</a>',
+            href=href,
+            label=label,
+            current=Markup(' aria-current="page"') if _section(path) == href else Markup(""),
+        )
+        for href, label in NAV
+    )
+    if viewer.session is not None:
+        who = render(
+            '<form method="post" action="/logout" class="who"><span>{who}</span>'
+            '<input type="hidden" name="csrf" value="{csrf}">'
+            '<button type="submit">Log out</button></form>',
+            who=viewer.session.who,
+            csrf=viewer.session.csrf,
+        )
+    else:
+        who = Markup('<span class="who">read-only</span>')
+    return render(
+        "<!doctype html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>{title} · cairnqd</title>"
+        '<link rel="stylesheet" href="/static/dashboard.css">'
+        '<script src="/static/dashboard.js" defer></script></head>'
+        '<body><header><a class="brand" href="/">cairnqd</a><nav>{nav}</nav>{who}</header>'
+        '<main id="page"{live}><h1>{title}</h1>{body}</main>'
+        '<footer><span id="live-state">{footer}</span> · host {host}</footer>'
+        "</body></html>\n",
+        title=title,
+        nav=nav,
+        who=who,
+        live=render(' data-live="{ms}"', ms=viewer.refresh_ms) if live else Markup(""),
+        body=body,
+        footer=f"live, every {viewer.refresh_ms / 1000:g}s" if live else "not live",
+        host=socket.gethostname(),
+    )
+
+
+def _section(path: str) -> str:
+    if path.startswith("/task"):
+        return "/tasks"
+    return path
+
+
+def problem_note(overview: Overview) -> Markup:
+    if overview.problem is None:
+        return Markup("")
+    return render('<p class="problem" role="alert">{p}</p>', p=overview.problem)
+
+
+def snapshot_note(overview: Overview) -> Markup:
+    return render(
+        '<p class="note" data-snapshot="{n}">Counts read at {t} UTC.</p>',
+        n=overview.serial,
+        t=when(overview.taken_at_ms),
+    )
+
+
+# -- overview --------------------------------------------------------------------------------
+
+
+def chart(row: QueueRow) -> Markup:
+    """The last hour of one queue, a bar per minute: succeeded below, failed on top."""
+    top = max([a + b for a, b in row.per_minute] + [1])
+    height, width = 28, 3
+    bars = []
+    for i, (ok, bad) in enumerate(row.per_minute):
+        h_ok = round(ok / top * height)
+        h_bad = round(bad / top * height)
+        x = i * width
+        if h_ok:
+            bars.append(render(
+                '<rect class="ok" x="{x}" y="{y}" width="2" height="{h}"></rect>',
+                x=x, y=height - h_ok, h=h_ok,
+            ))  # fmt: skip
+        if h_bad:
+            bars.append(render(
+                '<rect class="bad" x="{x}" y="{y}" width="2" height="{h}"></rect>',
+                x=x, y=height - h_ok - h_bad, h=h_bad,
+            ))  # fmt: skip
+    done = sum(a for a, _ in row.per_minute)
+    failed = sum(b for _, b in row.per_minute)
+    return render(
+        '<svg class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
+        'aria-label="{label}"><title>{label}</title>{bars}</svg>'
+        '<span class="rate">{per_min}/min</span>',
+        w=HOUR_MINUTES * width,
+        h=height,
+        label=f"last hour: {done} succeeded, {failed} failed",
+        bars=join(bars),
+        per_min=f"{(done + failed) / HOUR_MINUTES:.1f}",
+    )
+
+
+def overview_page(overview: Overview, viewer: Viewer) -> Markup:
+    totals = join(
+        render(
+            '<a class="total st-{s}" href="/tasks?status={s}"><b>{n}</b> {s}</a>',
+            s=s,
+            n=overview.totals.get(s, 0),
+        )
+        for s in STATUSES
+    )
+    rows = []
+    for q in overview.queues:
+        counts = join(
+            render(
+                '<td class="num"><a href="{href}">{n}</a></td>',
+                href=with_params("/tasks", {"queue": q.queue, "status": s}),
+                n=q.counts[s],
+            )
+            for s in STATUSES
+        )
+        if q.pause is not None:
+            paused = render(
+                '<span class="paused">paused</span> <small>by {by} at {at}{why}</small>',
+                by=q.pause.paused_by,
+                at=when(q.pause.paused_at_ms),
+                why=f": {q.pause.reason}" if q.pause.reason else "",
+            )
+            control = action_form(viewer, "queue-resume", "Resume", {"queue": q.queue}, "/")
+        else:
+            paused = Markup('<span class="running">running</span>')
+            control = action_form(
+                viewer,
+                "queue-pause",
+                "Pause",
+                {"queue": q.queue},
+                "/",
+                extra=Markup(
+                    '<input name="reason" placeholder="reason (optional)" maxlength="1000">'
+                ),
+            )
+        rows.append(render(
+            '<tr><th scope="row"><a href="{href}">{queue}</a></th>{counts}'
+            '<td class="num">{oldest}</td><td class="spark">{chart}</td>'
+            "<td>{paused}{control}</td></tr>",
+            href=with_params("/tasks", {"queue": q.queue}),
+            queue=q.queue, counts=counts, oldest=age(q.oldest_queued_s), chart=chart(q),
+            paused=paused, control=control,
+        ))  # fmt: skip
+    heads = join(render('<th scope="col" class="num">{s}</th>', s=s) for s in STATUSES)
+    queues = (
+        render(
+            '<table class="grid"><thead><tr><th scope="col">queue</th>{heads}'
+            '<th scope="col" class="num">oldest queued</th>'
+            '<th scope="col">finished, last hour</th><th scope="col">state</th></tr></thead>'
+            "<tbody>{rows}</tbody></table>",
+            heads=heads,
+            rows=join(rows),
+        )
+        if rows
+        else Markup('<p class="empty">No queues yet: no task was submitted.</p>')
+    )
+    return render(
+        '{problem}<div class="totals">{totals}</div><h2>Queues</h2>{queues}'
+        "<h2>Groups</h2>{groups}{note}",
+        problem=problem_note(overview),
+        totals=totals,
+        queues=queues,
+        groups=groups_table(overview),
+        note=snapshot_note(overview),
+    )
+
+
+def _host_label(h: HostView) -> Markup:
+    """Which daemon: this host's (live) or another's, with the age of its report."""
+    pid = h.view.get("pid")
+    if h.age_s is None:
+        return render("{host} <small>pid {pid}, this host, live</small>", host=h.host, pid=pid)
+    state = "silent for" if h.silent else "reported"
+    return render(
+        '{host} <small class="{cls}">pid {pid}, {state} {age} ago</small>',
+        host=h.host, pid=pid, state=state, age=age(h.age_s), cls="fatal" if h.silent else "",
+    )  # fmt: skip
+
+
+def groups_table(overview: Overview) -> Markup:
+    if not overview.hosts:
+        return render('<p class="empty">No daemon status: {why}.</p>', why=overview.daemon_note)
+    rows = []
+    for h in overview.hosts:
+        for g in h.view.get("groups", []):
+            fatal = g.get("fatal_error")
+            rows.append(render(
+                '<tr><th scope="row">{name}</th><td>{host}</td>'
+                '<td><span class="state state-{state}">{state}</span></td><td>{queues}</td>'
+                '<td class="num">{ready}/{processes}</td><td class="num">{concurrency}</td>'
+                '<td class="num">{restarts}</td><td>{fatal}</td></tr>',
+                name=g.get("name"), host=_host_label(h), state=str(g.get("state", "")).lower(),
+                queues=", ".join(g.get("queues", [])), ready=g.get("ready"),
+                processes=g.get("processes"), concurrency=g.get("concurrency"),
+                restarts=g.get("restarts"),
+                fatal=render('<span class="fatal">{f}</span>', f=fatal) if fatal else "",
+            ))  # fmt: skip
+    note = Markup("")
+    if overview.daemon is None:
+        note = render('<p class="note">No daemon on this host: {why}.</p>',
+                      why=overview.daemon_note)  # fmt: skip
+    return render(
+        '{note}<table class="grid"><thead><tr><th scope="col">group</th>'
+        '<th scope="col">daemon</th><th scope="col">state</th><th scope="col">queues</th>'
+        '<th scope="col" class="num">ready</th><th scope="col" class="num">concurrency</th>'
+        '<th scope="col" class="num">restarts</th><th scope="col">FATAL reason</th></tr>'
+        "</thead><tbody>{rows}</tbody></table>",
+        note=note,
+        rows=join(rows),
+    )
+
+
+# -- tasks -----------------------------------------------------------------------------------
+
+
+def tasks_page(
+    values: Mapping[str, str], query: TaskQuery, rows: Sequence[TaskSummary], more: bool
+) -> Markup:
+    status_options = join(
+        render('<option value="{v}"{sel}>{label}</option>', v=v, label=v or "any status",
+               sel=Markup(" selected") if (query.status or "") == v else Markup(""))
+        for v in ("", *STATUSES)
+    )  # fmt: skip
+    sort_options = join(
+        render('<option value="{v}"{sel}>newest {label}</option>', v=v,
+               label={"run_at": "due"}.get(v, v),
+               sel=Markup(" selected") if query.sort == v else Markup(""))
+        for v in SORTS
+    )  # fmt: skip
+    form = render(
+        '<form method="get" action="/tasks" class="filters">'
+        '<label>status <select name="status">{status_options}</select></label>'
+        '<label>queue <input name="queue" value="{queue}" size="10"></label>'
+        '<label>name <input name="name" value="{name}" size="14"></label>'
+        '<label>key <input name="key" value="{key}" size="14"></label>'
+        '<label>from <input name="from" value="{from_}" size="16" '
+        'placeholder="2026-12-01T08:00"></label>'
+        '<label>to <input name="to" value="{to}" size="16" placeholder="UTC, or +01:00"></label>'
+        '<label>sort <select name="sort">{sort_options}</select></label>'
+        '<button type="submit">Filter</button> <a href="/tasks">clear</a></form>',
+        status_options=status_options, sort_options=sort_options,
+        queue=values.get("queue", ""), name=values.get("name", ""), key=values.get("key", ""),
+        from_=values.get("from", ""), to=values.get("to", ""),
+    )  # fmt: skip
+    body_rows = join(
+        render(
+            '<tr><td><a class="mono" href="/task/{id}">{id}</a></td><td>{name}</td>'
+            '<td>{queue}</td><td>{status}</td><td class="num">{attempt}/{max}</td>'
+            "<td>{created}</td><td>{run_at}</td><td>{finished}</td></tr>",
+            id=t.id,
+            name=t.name,
+            queue=t.queue,
+            status=status_badge(t.status),
+            attempt=t.attempt,
+            max=t.max_attempts,
+            created=when(t.created_at_ms),
+            run_at=when(t.run_at_ms),
+            finished=when(t.completed_at_ms),
+        )
+        for t in rows
+    )
+    keep = {k: v for k, v in values.items() if k not in ("cursor",)}
+    pager = []
+    if query.cursor is not None:
+        pager.append(render('<a href="{href}">first page</a>', href=with_params("/tasks", keep)))
+    if more and rows:
+        last = rows[-1]
+        value = last.sort_value(query.sort)
+        assert value is not None
+        cursor = encode_cursor(query.sort, value, last.id)
+        pager.append(render(
+            '<a rel="next" href="{href}">next page</a>',
+            href=with_params("/tasks", {**keep, "cursor": cursor}),
+        ))  # fmt: skip
+    table = (
+        render(
+            '<table class="grid"><thead><tr><th scope="col">id</th><th scope="col">name</th>'
+            '<th scope="col">queue</th><th scope="col">status</th>'
+            '<th scope="col" class="num">attempt</th><th scope="col">created</th>'
+            '<th scope="col">due</th><th scope="col">finished</th></tr></thead>'
+            "<tbody>{rows}</tbody></table>",
+            rows=body_rows,
+        )
+        if rows
+        else Markup('<p class="empty">No task matches.</p>')
+    )
+    return render(
+        '{form}{table}<nav class="pager">{pager}</nav><p class="note">Times are UTC.</p>',
+        form=form, table=table, pager=join(pager, " · "),
+    )  # fmt: skip
+
+
+def task_page(task: Task, key: str | None, viewer: Viewer) -> Markup:
+    back = f"/task/{task.id}"
+    controls = []
+    if task.status in ("failed", "canceled"):
+        controls.append(action_form(viewer, "task-retry", "Retry", {"id": task.id}, back))
+    if task.status in ("queued", "running") and task.cancel_requested_at_ms is None:
+        controls.append(
+            action_form(viewer, "task-cancel", "Cancel", {"id": task.id}, back, danger=True)
+        )
+    facts: list[tuple[str, Any]] = [
+        ("id", task.id),
+        ("name", task.name),
+        ("queue", task.queue),
+        ("status", status_badge(task.status)),
+        ("key", key if key is not None else "-"),
+        ("attempt", f"{task.attempt} of {task.max_attempts}"),
+        ("priority", task.priority),
+        ("lease holder", task.worker_id or "-"),
+        ("lease until", when(task.lease_until_ms)),
+        ("created", when(task.created_at_ms)),
+        ("due", when(task.run_at_ms)),
+        ("updated", when(task.updated_at_ms)),
+        ("finished", when(task.completed_at_ms)),
+        ("cancel requested", when(task.cancel_requested_at_ms)),
+        ("parent", task.parent_id or "-"),
+        ("root", task.root_id or "-"),
+        ("correlation", task.correlation_id or "-"),
+    ]
+    dl = join(render("<dt>{k}</dt><dd>{v}</dd>", k=k, v=v) for k, v in facts)
+    progress = Markup("")
+    if task.progress is not None or task.message is not None:
+        value = task.progress if task.progress is not None else 0.0
+        progress = render(
+            '<h2>Progress</h2><p><progress max="1" value="{v}">{pct}</progress> {pct} '
+            '<span class="message">{m}</span></p>',
+            v=f"{min(max(value, 0.0), 1.0):.4f}",
+            pct=f"{value * 100:.0f}%" if task.progress is not None else "",
+            m=task.message or "",
+        )
+    error = Markup("")
+    if task.error is not None:
+        envelope = task.error if isinstance(task.error, dict) else {"message": task.error}
+        details = envelope.get("details") if isinstance(envelope.get("details"), dict) else {}
+        trace = details.get("traceback") if isinstance(details, dict) else None
+        rest = {k: v for k, v in (details or {}).items() if k != "traceback"}
+        error = render(
+            '<h2>Error</h2><dl class="facts"><dt>type</dt><dd>{type}</dd><dt>code</dt>'
+            "<dd>{code}</dd><dt>message</dt><dd>{message}</dd><dt>retryable</dt>"
+            "<dd>{retryable}</dd></dl>{trace}{rest}",
+            type=envelope.get("type", "-"), code=envelope.get("code", "-"),
+            message=envelope.get("message", "-"), retryable=envelope.get("retryable", "-"),
+            trace=render('<h3>Traceback</h3><pre class="trace">{t}</pre>', t=trace)
+            if isinstance(trace, str) else "",
+            rest=render("<h3>Details</h3><pre>{d}</pre>", d=pretty(rest)) if rest else "",
+        )  # fmt: skip
+    result = (
+        render("<h2>Result</h2><pre>{r}</pre>", r=pretty(task.result))
+        if task.status == "succeeded" or task.result is not None
+        else Markup("")
+    )
+    return render(
+        '<div class="controls">{controls}</div><dl class="facts">{dl}</dl>{progress}'
+        "<h2>Payload</h2><pre>{payload}</pre>{result}{error}"
+        "<h2>Metadata</h2><pre>{metadata}</pre>",
+        controls=join(controls),
+        dl=dl,
+        progress=progress,
+        payload=pretty(task.payload),
+        result=result,
+        error=error,
+        metadata=pretty(task.metadata),
+    )
+
+
+# -- failed ----------------------------------------------------------------------------------
+
+
+def failed_page(overview: Overview, viewer: Viewer) -> Markup:
+    rows = []
+    for g in overview.failed_groups:
+        fields = {"name": g.name, "error_type": g.error_type}
+        rows.append(render(
+            '<tr><td><a href="{href}">{name}</a></td><td>{etype}</td><td class="num">{n}</td>'
+            "<td>{last}</td><td class=\"msg\">{message}</td><td>{retry}{discard}</td></tr>",
+            href=with_params("/tasks", {"status": "failed", "name": g.name}),
+            name=g.name, etype=g.error_type or "-", n=g.n, last=when(g.last_ms),
+            message=(g.message or "")[:300],
+            retry=action_form(viewer, "failed-retry", f"Retry all {g.n}", fields, "/failed",
+                              confirm=f"Retry every failed {g.name} ({g.error_type})?"),
+            discard=action_form(viewer, "failed-discard", "Discard", fields, "/failed",
+                                confirm=f"Delete every failed {g.name} ({g.error_type})?",
+                                danger=True),
+        ))  # fmt: skip
+    table = (
+        render(
+            '<table class="grid"><thead><tr><th scope="col">task name</th>'
+            '<th scope="col">error type</th><th scope="col" class="num">tasks</th>'
+            '<th scope="col">last failure</th><th scope="col">a message</th>'
+            '<th scope="col"></th></tr></thead><tbody>{rows}</tbody></table>',
+            rows=join(rows),
+        )
+        if rows
+        else Markup('<p class="empty">No failed tasks.</p>')
+    )
+    return render(
+        "{problem}{table}{note}",
+        problem=problem_note(overview),
+        table=table,
+        note=snapshot_note(overview),
+    )
+
+
+# -- workers ---------------------------------------------------------------------------------
+
+
+def workers_page(overview: Overview) -> Markup:
+    if not overview.hosts:
+        return render(
+            '<p class="empty">No worker status: {why}. Daemons that serve the dashboard, or '
+            "set dashboard.report, report their children here.</p>",
+            why=overview.daemon_note,
+        )
+    sections = []
+    for h in overview.hosts:
+        view = h.view
+        tables = []
+        for g in [*view.get("groups", []), *view.get("removed_groups", [])]:
+            rows = []
+            for c in g.get("children", []):
+                longest = c.get("longest")
+                rows.append(render(
+                    "<tr><td class=\"num\">{pid}</td><td class=\"num\">{slot}</td>"
+                    '<td>{role}</td><td class="num">{gen}</td><td>{state}</td>'
+                    '<td class="num">{rss}</td><td class="num">{executing}</td>'
+                    '<td class="num">{held}</td><td class="num">{uptime}</td>'
+                    '<td class="num">{lag}</td><td>{longest}</td><td class="mono">{worker}</td>'
+                    "</tr>",
+                    pid=c.get("pid"), slot=c.get("slot"), role=c.get("role"),
+                    gen=c.get("generation"), state=c.get("state"), rss=size(c.get("rss")),
+                    executing=c.get("executing"), held=c.get("held"),
+                    uptime=age(c.get("uptime_s")),
+                    lag="-" if c.get("lag_s") is None else f"{c['lag_s']:.2f}s",
+                    longest=render('<a href="/task/{id}">{name}</a> {age}', id=longest["id"],
+                                   name=longest["name"], age=age(longest["age_s"]))
+                    if isinstance(longest, dict) else "-",
+                    worker=c.get("worker_id") or "-",
+                ))  # fmt: skip
+            tables.append(render(
+                "<h3>{name} <small>{state}, {ready}/{processes} ready</small></h3>"
+                '<table class="grid"><thead><tr><th scope="col" class="num">pid</th>'
+                '<th scope="col" class="num">slot</th><th scope="col">role</th>'
+                '<th scope="col" class="num">generation</th><th scope="col">state</th>'
+                '<th scope="col" class="num">RSS</th><th scope="col" class="num">executing</th>'
+                '<th scope="col" class="num">held</th><th scope="col" class="num">uptime</th>'
+                '<th scope="col" class="num">loop lag</th><th scope="col">longest task</th>'
+                '<th scope="col">worker id</th></tr></thead><tbody>{rows}</tbody></table>',
+                name=g.get("name"), state=str(g.get("state", "")).lower(), ready=g.get("ready"),
+                processes=g.get("processes"), rows=join(rows),
+            ))  # fmt: skip
+        sections.append(render(
+            '<section class="host"><h2>{label}</h2><p class="note">generation {gen}, '
+            "up {up}{state}</p>{tables}</section>",
+            label=_host_label(h), gen=view.get("generation"), up=age(view.get("uptime_s")),
+            state=", stopping" if view.get("stopping") else "", tables=join(tables),
+        ))  # fmt: skip
+    note = Markup("")
+    if overview.daemon is None:
+        note = render('<p class="note">No daemon on this host: {why}.</p>',
+                      why=overview.daemon_note)  # fmt: skip
+    return render(
+        '{note}<p class="note">This host\'s daemon is shown live; every other daemon that '
+        "serves the dashboard or sets dashboard.report as it last reported (every few "
+        "seconds).</p>{sections}",
+        note=note,
+        sections=join(sections),
+    )
+
+
+# -- schedules -------------------------------------------------------------------------------
+
+
+def _next_fires(schedule: ScheduleConfig, row: ScheduleRow | None, now: datetime) -> list[str]:
+    if not schedule.enabled:
+        return []
+    start = now if row is None else max(now, from_ms(row.last_slot_ms))
+    fires = schedule.slots().next_n(start, 3)
+    return [t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") for t in fires]
+
+
+def schedules_page(config: Config, overview: Overview, viewer: Viewer) -> Markup:
+    if not config.schedules:
+        return Markup('<p class="empty">No schedules in the config.</p>')
+    now = datetime.now(UTC)
+    rows = []
+    for name, s in config.schedules.items():
+        row = overview.schedules.get(name)
+        last = Markup("never")
+        if row is not None and row.last_fired_at_ms is not None:
+            last = render(
+                '{at} <small>{slot}, by {by}</small><br>{task}',
+                at=when(row.last_fired_at_ms),
+                slot="slot " + when(row.last_fired_slot_ms)
+                if row.last_fired_slot_ms is not None else "manual",
+                by=row.fired_by or "-",
+                task=render('<a class="mono" href="/task/{id}">{id}</a> {st}',
+                            id=row.last_task_id, st=status_badge(row.last_status or "purged"))
+                if row.last_task_id else "",
+            )  # fmt: skip
+        error = (
+            render('<span class="fatal">{at}: {m}</span>', at=when(row.last_error_at_ms),
+                   m=row.last_error)
+            if row is not None and row.last_error else "-"
+        )  # fmt: skip
+        rows.append(render(
+            '<tr><th scope="row">{name}</th><td>{task}</td><td>{queue}</td><td>{rule}</td>'
+            "<td>{enabled}</td><td>{next}</td><td>{last}</td><td class=\"num\">{misfires}</td>"
+            "<td>{error}</td><td>{trigger}</td></tr>",
+            name=name, task=s.name, queue=s.queue, rule=s.rule,
+            enabled="yes" if s.enabled else "disabled",
+            next=join(_next_fires(s, row, now), "<br>") or "-",
+            last=last, misfires=row.misfires if row is not None else 0, error=error,
+            trigger=action_form(viewer, "schedule-trigger", "Run now", {"schedule": name},
+                                "/schedules"),
+        ))  # fmt: skip
+    return render(
+        "{problem}"
+        '<table class="grid"><thead><tr><th scope="col">schedule</th><th scope="col">task</th>'
+        '<th scope="col">queue</th><th scope="col">rule</th><th scope="col">enabled</th>'
+        '<th scope="col">next fires (UTC)</th><th scope="col">last fire</th>'
+        '<th scope="col" class="num">misfires</th><th scope="col">last error</th>'
+        '<th scope="col"></th></tr></thead><tbody>{rows}</tbody></table>{note}',
+        problem=problem_note(overview),
+        rows=join(rows),
+        note=snapshot_note(overview),
+    )
+
+
+# -- login, results, errors ------------------------------------------------------------------
+
+
+def login_page(back: str, message: str | None = None) -> Markup:
+    return render(
+        "{message}"
+        '<form method="post" action="/login" class="login">'
+        '<input type="hidden" name="next" value="{back}">'
+        '<label>your name (for the audit log) <input name="who" maxlength="64" '
+        'autocomplete="username"></label>'
+        '<label>token <input name="token" type="password" autocomplete="current-password" '
+        "required></label>"
+        '<button type="submit">Log in</button></form>',
+        back=back,
+        message=render('<p class="problem" role="alert">{m}</p>', m=message) if message else "",
+    )
+
+
+def message_page(message: str, back: str | None = None) -> Markup:
+    return render(
+        '<p class="message">{m}</p>{back}',
+        m=message,
+        back=render('<p><a href="{b}">back</a></p>', b=back) if back else "",
+    )
+
+
+def plain_layout(title: str, body: Markup) -> Markup:
+    """A page outside the dashboard proper (errors before login, the login itself)."""
+    return render(
+        "<!doctype html>\n"
+        '<html lang="en"><head><meta charset="utf-8"><title>{title} · cairnqd</title>'
+        '<link rel="stylesheet" href="/static/dashboard.css"></head>'
+        '<body><header><a class="brand" href="/">cairnqd</a></header>'
+        '<main id="page"><h1>{title}</h1>{body}</main></body></html>\n',
+        title=title,
+        body=body,
+    )
+
+
+def lines(items: Iterable[str]) -> Markup:
+    return join(items, "<br>")
+
+
+__all__ = [
+    "Viewer",
+    "failed_page",
+    "layout",
+    "login_page",
+    "message_page",
+    "overview_page",
+    "plain_layout",
+    "schedules_page",
+    "task_page",
+    "tasks_page",
+    "workers_page",
+]

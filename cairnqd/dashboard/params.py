@@ -1,0 +1,173 @@
+"""Reading a dashboard request's query string and form: filters, cursors, names.
+
+Every malformed value is a `BadRequest` naming the parameter and what it expected, so
+the server answers 400 with that message; no input reaches the database unchecked.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from urllib.parse import parse_qs, urlencode
+
+from cairnqd.models import STATUSES
+from cairnqd.store.browse import SORTS, TaskQuery
+
+#: The longest value any parameter may carry (a queue or task name is far shorter).
+VALUE_MAX = 1000
+PAGE_SIZE = 50
+_PAGE_MAX = 500
+_CURSOR_MAX = 400
+_TASK_ID = re.compile(r"[A-Za-z0-9_:.-]{1,255}")
+
+
+class BadRequest(Exception):
+    """A request the dashboard cannot answer: the message says which input and why."""
+
+
+def parse_query(
+    query: str, allowed: frozenset[str], what: str = "query parameter"
+) -> dict[str, str]:
+    """Single-valued parameters from a query string or form body; an unknown, repeated
+    or over-long one is a BadRequest."""
+    try:
+        parsed = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=50)
+    except ValueError as exc:
+        raise BadRequest(f"malformed {what}s: {exc}") from None
+    values: dict[str, str] = {}
+    for name, found in parsed.items():
+        if name not in allowed:
+            known = ", ".join(sorted(allowed)) or "none"
+            raise BadRequest(f"unknown {what} {name!r} (known: {known})")
+        if len(found) > 1:
+            raise BadRequest(f"{what} {name!r} given {len(found)} times; give it once")
+        value = found[0]
+        if len(value) > VALUE_MAX:
+            raise BadRequest(f"{what} {name!r} is longer than {VALUE_MAX} characters")
+        if any(ord(c) < 32 and c not in "\t\r\n" for c in value):
+            raise BadRequest(f"{what} {name!r} holds control characters")
+        values[name] = value
+    return values
+
+
+TASK_FILTERS = frozenset(
+    {"status", "queue", "name", "key", "from", "to", "sort", "cursor", "limit"}
+)
+
+
+def parse_time(value: str, name: str) -> int:
+    """Epoch milliseconds from `2026-12-01T08:30`, `...:45Z`, `...+01:00` (a time
+    without a zone is UTC), a date `2026-12-01`, or epoch milliseconds."""
+    if value.isdigit():
+        if len(value) > 15:
+            raise BadRequest(f"{name}: {value!r} is out of range for epoch milliseconds")
+        return int(value)
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadRequest(
+            f"{name}: {value!r} is not a time; write 2026-12-01T08:30 (UTC), "
+            "2026-12-01T08:30+01:00, 2026-12-01 or epoch milliseconds"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def encode_cursor(sort: str, sort_ms: int, task_id: str) -> str:
+    raw = f"{sort}:{sort_ms}:{task_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(value: str, sort: str) -> tuple[int, str]:
+    """(sort value, id) of the row a page continues after; the cursor must come from
+    a page of the same sort."""
+    if len(value) > _CURSOR_MAX or not re.fullmatch(r"[A-Za-z0-9_-]+", value):
+        raise BadRequest("cursor: not a page cursor of this dashboard (follow the Next link)")
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise BadRequest(
+            "cursor: not a page cursor of this dashboard (follow the Next link)"
+        ) from None
+    parts = raw.split(":", 2)
+    if len(parts) != 3 or parts[0] not in SORTS or not re.fullmatch(r"-?\d{1,19}", parts[1]):
+        raise BadRequest("cursor: not a page cursor of this dashboard (follow the Next link)")
+    if parts[0] != sort:
+        raise BadRequest(f"cursor: it pages the {parts[0]!r} sort, not {sort!r}")
+    if not _TASK_ID.fullmatch(parts[2]):
+        raise BadRequest("cursor: not a page cursor of this dashboard (follow the Next link)")
+    return int(parts[1]), parts[2]
+
+
+def task_query(values: Mapping[str, str]) -> TaskQuery:
+    """The task list's query from its (already parsed) parameters."""
+    sort = values.get("sort") or "created"
+    if sort not in SORTS:
+        raise BadRequest(f"sort: must be one of {', '.join(SORTS)}, got {sort!r}")
+    status = values.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise BadRequest(f"status: must be one of {', '.join(STATUSES)}, got {status!r}")
+    from_ms = parse_time(values["from"], "from") if values.get("from") else None
+    to_ms = parse_time(values["to"], "to") if values.get("to") else None
+    if from_ms is not None and to_ms is not None and from_ms >= to_ms:
+        raise BadRequest("from: must be before to")
+    limit = PAGE_SIZE
+    if values.get("limit"):
+        text = values["limit"]
+        if not text.isdigit() or not 1 <= int(text) <= _PAGE_MAX:
+            raise BadRequest(f"limit: must be a whole number from 1 to {_PAGE_MAX}, got {text!r}")
+        limit = int(text)
+    cursor = decode_cursor(values["cursor"], sort) if values.get("cursor") else None
+    return TaskQuery(
+        sort=sort,
+        status=status,
+        queue=values.get("queue") or None,
+        name=values.get("name") or None,
+        key=values.get("key") or None,
+        from_ms=from_ms,
+        to_ms=to_ms,
+        cursor=cursor,
+        limit=limit,
+    )
+
+
+def task_id(value: str) -> str:
+    """A task id from a URL path."""
+    if not _TASK_ID.fullmatch(value):
+        raise BadRequest(f"task id: {value[:80]!r} is not a task id")
+    return value
+
+
+def with_params(path: str, values: Mapping[str, str | None]) -> str:
+    """`path` with the non-empty `values` as its query string."""
+    kept = {k: v for k, v in values.items() if v}
+    return f"{path}?{urlencode(kept)}" if kept else path
+
+
+def local_path(value: str | None, default: str = "/") -> str:
+    """A redirect target that stays on this dashboard (no scheme, no host)."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return default
+    return value
+
+
+__all__ = [
+    "PAGE_SIZE",
+    "TASK_FILTERS",
+    "BadRequest",
+    "decode_cursor",
+    "encode_cursor",
+    "local_path",
+    "parse_query",
+    "parse_time",
+    "task_id",
+    "task_query",
+    "with_params",
+]

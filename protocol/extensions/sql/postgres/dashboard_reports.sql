@@ -1,0 +1,5 @@
+-- Every daemon's last report, with its age on the database's clock (the Workers page).
+select daemon, host, snapshot, reported_at_ms,
+       (extract(epoch from now()) * 1000)::bigint - reported_at_ms as age_ms
+from cairnqd_daemons
+order by host, daemon

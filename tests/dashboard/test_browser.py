@@ -1,0 +1,235 @@
+"""The dashboard in a real browser: Debian's chromium, driven by Playwright.
+
+Needs `chromium` (/usr/bin/chromium; .ci/run installs it) and the `playwright` package
+(the [test] extra); the browser Playwright would download is never used. With
+CAIRNQD_DASHBOARD_SCREENSHOTS=1 the first test rewrites docs/dashboard/*.png.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cairnqd import CairnQ
+from tests.dashboard.conftest import TOKEN, Dash
+from tests.waiting import wait_for
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = "/usr/bin/chromium"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "dashboard"
+SCREENSHOTS = os.environ.get("CAIRNQD_DASHBOARD_SCREENSHOTS") == "1"
+#: Runs before any page script: records CSP violations and console errors.
+WATCH = """
+window.__violations = [];
+document.addEventListener("securitypolicyviolation", function (e) {
+  window.__violations.push(e.violatedDirective + " " + e.blockedURI);
+});
+"""
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if not os.path.exists(CHROMIUM) or shutil.which("chromium") is None:
+        pytest.skip("chromium is not installed (.ci/run installs it)")
+    with playwright_api.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+class Tab:
+    """One logged-in page, with the console errors it saw."""
+
+    def __init__(self, browser: Any, dash: Dash) -> None:
+        self.dash = dash
+        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
+        self.context.add_init_script(WATCH)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("dialog", lambda d: d.accept())
+
+    def go(self, path: str) -> Any:
+        response = self.page.goto(self.dash.url + path)
+        assert response is not None
+        return response
+
+    def login(self) -> None:
+        self.go("/")
+        assert "/login" in self.page.url
+        self.page.fill("input[name=who]", "browser")
+        self.page.fill("input[name=token]", TOKEN)
+        self.page.click("form.login button[type=submit]")
+        self.page.wait_for_url(self.dash.url + "/")
+
+    def clean(self) -> None:
+        """No script ran from user data, nothing broke the CSP, nothing failed."""
+        assert self.page.evaluate("window.__xss") is None
+        assert self.page.evaluate("window.__violations") == []
+        assert (
+            self.page.evaluate("document.querySelectorAll('[onmouseover],[onerror]').length") == 0
+        )
+        assert self.errors == []
+
+    def shot(self, name: str, *, full_page: bool = True) -> None:
+        if SCREENSHOTS:
+            DOCS.mkdir(parents=True, exist_ok=True)
+            self.page.screenshot(path=str(DOCS / f"{name}.png"), full_page=full_page)
+
+
+def _busier(dash: Dash) -> None:
+    """Some history for the screenshots: tasks finished over the last hour (their finish
+    times spread back by hand, which only SQL can do), failures of two kinds, a delay."""
+
+    async def submit(q: CairnQ) -> list[str]:
+        made = [await q.submit("d.echo", {"i": i}, queue="work") for i in range(240)]
+        for i in range(18):
+            message = ("disk full", "no invoice 1234 in billing")[i % 2]
+            payload = {"message": message, "kind": ("value", "lookup")[i % 2]}
+            made.append(await q.submit("d.fail", payload, queue="work", max_attempts=1))
+        for i in range(3):
+            await q.submit("d.echo", {"i": i}, queue="reports", delay_ms=3_600_000)
+        return [t.id for t in made]
+
+    ids = dash.run(submit)
+    for task_id in ids[-1:]:
+        dash.wait_status(task_id, "failed")
+    with sqlite3.connect(dash.target) as conn:
+        rows = conn.execute(
+            "select id from cairnq_tasks where status in ('succeeded', 'failed')"
+        ).fetchall()
+        for n, (task_id,) in enumerate(rows):
+            back = (n * 104_729) % 3_540_000
+            conn.execute(
+                "update cairnq_tasks set completed_at_ms = completed_at_ms - ? where id = ?",
+                (back, task_id),
+            )
+
+
+def test_every_page_in_a_browser_with_user_data_inert(browser: Any, sqlite_dash: Dash) -> None:
+    dash = sqlite_dash
+    if SCREENSHOTS:
+        _busier(dash)
+    tab = Tab(browser, dash)
+    tab.go("/")
+    tab.shot("login")
+    tab.login()
+    titles = {"/": "Overview", "/tasks": "Tasks", "/failed": "Failed",
+              "/workers": "Workers", "/schedules": "Schedules"}  # fmt: skip
+    for path, title in titles.items():
+        response = tab.go(path)
+        assert response.status == 200
+        assert tab.page.locator("main h1").inner_text() == title
+        tab.clean()
+    tab.go("/")
+    assert tab.page.locator(".totals").inner_text().count("\n") >= 5
+    tab.shot("overview")
+    for status, task_id in dash.tasks.items():
+        tab.go(f"/task/{task_id}")
+        assert tab.page.locator(f".status.st-{status}").first.is_visible()
+        tab.clean()
+    # The payload shows as text, exactly as submitted.
+    tab.go(f"/task/{dash.tasks['queued']}")
+    assert "<script>window.__xss = 1</script>" in tab.page.locator("pre").first.inner_text()
+    assert "<script>window.__xss=4</script>" in tab.page.locator("main h1").inner_text()
+    tab.go(f"/task/{dash.tasks['failed']}")
+    assert "Traceback (most recent call last)" in tab.page.locator("pre.trace").inner_text()
+    tab.shot("task")
+    for path in ("/tasks", "/failed", "/workers", "/schedules"):
+        tab.go(path)
+        tab.clean()
+        tab.shot(path.strip("/"), full_page=path != "/tasks")
+    # Paging by clicking: the next page has other rows.
+    tab.go("/tasks?limit=2")
+    first = tab.page.locator("tbody a.mono").all_inner_texts()
+    tab.page.click("a[rel=next]")
+    assert set(tab.page.locator("tbody a.mono").all_inner_texts()).isdisjoint(first)
+    # A malformed filter is a page saying why, not an error.
+    assert tab.go("/tasks?status=nope").status == 400
+    assert "status: must be one of" in tab.page.inner_text("main")
+    tab.errors.clear()  # the 400 itself is logged by the console
+
+
+def test_live_update_without_reload(browser: Any, sqlite_dash: Dash) -> None:
+    dash = sqlite_dash
+    tab = Tab(browser, dash)
+    tab.login()
+    running = dash.tasks["running"]
+    tab.go(f"/task/{running}")
+    assert tab.page.locator(".status.st-running").is_visible()
+    tab.page.evaluate("window.__sameDocument = true")
+    assert dash.release is not None
+    dash.release.touch()
+    tab.page.wait_for_selector(".status.st-succeeded", timeout=60_000)
+    assert tab.page.evaluate("window.__sameDocument") is True  # no reload happened
+    assert "final" in tab.page.inner_text("#live-state")
+    assert '"released": true' in tab.page.locator("pre").nth(1).inner_text()
+
+    tab.go("/")
+    tab.page.evaluate("window.__sameDocument = true")
+    before = tab.page.locator("a.total.st-queued b").inner_text()
+
+    async def submit(q: CairnQ) -> None:
+        await q.submit("d.echo", {}, queue="parked")
+
+    dash.run(submit)
+    # Polled from here: the page's CSP forbids the eval wait_for_function would need.
+    wait_for(
+        "the queued total to change in place",
+        lambda: tab.page.locator("a.total.st-queued b").inner_text() != before,
+        60,
+    )
+    assert tab.page.evaluate("window.__sameDocument") is True
+    tab.clean()
+
+
+def test_actions_by_clicking_and_refused_without_csrf(browser: Any, sqlite_dash: Dash) -> None:
+    dash = sqlite_dash
+    tab = Tab(browser, dash)
+    tab.login()
+    failed = dash.tasks["failed"]
+    tab.go(f"/task/{failed}")
+    tab.page.click("form.act button:has-text('Retry')")
+    assert "queued again" in tab.page.inner_text("main")
+    dash.wait_status(failed, "failed")
+
+    tab.go("/")
+    row = tab.page.locator("tr", has=tab.page.locator("th a", has_text=re.compile("^parked$")))
+    row.locator("input[name=reason]").fill("deploy")
+    row.locator("button:has-text('Pause')").click()
+    assert "queue parked paused" in tab.page.inner_text("main")
+    tab.go("/")
+    assert "deploy" in tab.page.inner_text("main")
+
+    tab.go("/failed")
+    tab.page.click("form.act button:has-text('Retry all')")  # confirmed by the dialog handler
+    assert "queued again" in tab.page.inner_text("main")
+
+    # The same request without the page's CSRF value, from this logged-in browser.
+    refused = tab.page.request.post(
+        dash.url + "/actions/task-retry", form={"id": failed, "next": "/"}
+    )
+    assert refused.status == 403
+    # And with it, but from a page of another origin.
+    csrf = tab.page.evaluate("document.querySelector('input[name=csrf]').value")
+    cross = tab.page.request.post(
+        dash.url + "/actions/task-retry",
+        form={"id": failed, "csrf": csrf},
+        headers={"Origin": "http://evil.example"},
+    )
+    assert cross.status == 403
+    assert "refused" in dash.daemon.output()
+
+    tab.page.click("header button:has-text('Log out')")
+    assert "/login" in tab.page.url
+    assert tab.go("/").url.startswith(dash.url + "/login")

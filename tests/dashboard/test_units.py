@@ -1,0 +1,185 @@
+"""The dashboard's pieces on their own: escaping, request parsing, login cookies, config."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cairnqd.config import ConfigError, load_config
+from cairnqd.dashboard.auth import SESSION_S, Auth
+from cairnqd.dashboard.markup import Markup, esc, join, render
+from cairnqd.dashboard.params import (
+    BadRequest,
+    decode_cursor,
+    encode_cursor,
+    local_path,
+    parse_query,
+    parse_time,
+    task_query,
+)
+
+
+@given(st.text())
+def test_render_escapes_any_text(value: str) -> None:
+    out = render('<p title="{v}">{v}</p>', v=value)
+    attribute, text = out.removeprefix('<p title="').removesuffix("</p>").split('">', 1)
+    for part in (attribute, text):
+        assert not set(part) & set("<>\"'")
+        assert html.unescape(part) == value
+
+
+def test_markup_passes_and_text_is_escaped() -> None:
+    assert render("<b>{x}</b>", x="<i>") == "<b>&lt;i&gt;</b>"
+    assert render("<b>{x}</b>", x=Markup("<i>")) == "<b><i></b>"
+    assert render("{x!r}", x=Markup("<i>")) == "&#x27;&lt;i&gt;&#x27;"
+    assert render("{x:>5}", x="<") == "    &lt;"
+    assert esc(None) == "" and esc(3) == "3"
+    assert join(["<a>", Markup("<b>")], "<br>") == "&lt;a&gt;<br><b>"
+
+
+@given(
+    st.sampled_from(["created", "run_at", "finished"]),
+    st.integers(-(2**63), 2**63 - 1),
+    st.from_regex(r"task_[0-9A-Z]{26}", fullmatch=True),
+)
+def test_cursor_round_trip(sort: str, ms: int, task_id: str) -> None:
+    assert decode_cursor(encode_cursor(sort, ms, task_id), sort) == (ms, task_id)
+
+
+@given(st.text(max_size=80))
+def test_any_cursor_text_is_a_cursor_or_a_bad_request(value: str) -> None:
+    try:
+        decode_cursor(value, "created")
+    except BadRequest as exc:
+        assert str(exc).startswith("cursor: ")
+
+
+@given(st.dictionaries(st.sampled_from(sorted(["status", "sort", "from", "to", "limit"])),
+                       st.text(max_size=30)))  # fmt: skip
+def test_any_filter_value_parses_or_is_a_bad_request(values: dict[str, str]) -> None:
+    try:
+        task_query(values)
+    except BadRequest as exc:
+        assert str(exc)
+
+
+def test_times() -> None:
+    assert parse_time("1700000000000", "from") == 1_700_000_000_000
+    assert parse_time("2026-12-01T08:30", "from") == parse_time("2026-12-01T08:30Z", "from")
+    assert parse_time("2026-12-01T09:30+01:00", "to") == parse_time("2026-12-01T08:30Z", "to")
+    with pytest.raises(BadRequest, match="to: 'soon' is not a time"):
+        parse_time("soon", "to")
+
+
+def test_query_parsing() -> None:
+    allowed = frozenset({"a"})
+    assert parse_query("a=1", allowed) == {"a": "1"}
+    with pytest.raises(BadRequest, match="unknown query parameter 'b'"):
+        parse_query("b=1", allowed)
+    with pytest.raises(BadRequest, match="given 2 times"):
+        parse_query("a=1&a=2", allowed)
+
+
+def test_redirects_stay_on_the_dashboard() -> None:
+    assert local_path("/tasks?x=1") == "/tasks?x=1"
+    for outside in ("//evil.example/", "https://evil.example/", "/\\evil", "", None):
+        assert local_path(outside) == "/"
+
+
+def test_sessions_and_csrf() -> None:
+    auth = Auth("t" * 20)
+    cookie = auth.new_cookie("alice", now=1000.0)
+    session = auth.session(f"other=1; cairnqd_dashboard={cookie}", now=1001.0)
+    assert session is not None and session.who == "alice"
+    assert auth.csrf_ok(session, session.csrf) and not auth.csrf_ok(session, "")
+    assert auth.session(f"cairnqd_dashboard={cookie}", now=1000.0 + SESSION_S + 1) is None
+    assert Auth("u" * 20).session(f"cairnqd_dashboard={cookie}", now=1001.0) is None
+    nonce, issued, _alice, mac = cookie.split(".")
+    forged = f"{nonce}.{issued}.{'Ym9i'}.{mac}"  # "bob" in place of alice
+    assert auth.session(f"cairnqd_dashboard={forged}", now=1001.0) is None
+    assert not Auth(None).required and Auth(None).session(f"cairnqd_dashboard={cookie}") is None
+    assert auth.token_ok("t" * 20) and not auth.token_ok("t" * 19)
+
+
+def _config(tmp_path: Path, dashboard: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "version: 1\n"
+        f"database: {{path: {tmp_path / 't.db'}}}\n"
+        "handlers: ['cairnqd.demo:registry']\n"
+        "groups: {g: {queues: [a]}}\n"
+        f"dashboard: {dashboard}\n"
+    )
+    return path
+
+
+def test_config_defaults_off(tmp_path: Path) -> None:
+    config = load_config(str(_config(tmp_path, "{}")))
+    assert config.dashboard.listen is None and not config.dashboard.actions
+    assert config.dashboard.token is None
+
+
+def test_config_token_file(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-of-20ch\n")
+    token.chmod(0o600)
+    config = load_config(
+        str(_config(tmp_path, f"{{listen: '0.0.0.0:0', token_file: {token}, actions: true}}"))
+    )
+    assert config.dashboard.token == "s3cret-token-of-20ch"
+    assert "s3cret" not in repr(config.dashboard)
+    assert "s3cret" not in str(config.redacted())
+    token.write_text("short\n")
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        load_config(str(_config(tmp_path, f"{{token_file: {token}}}")))
+    with pytest.raises(ConfigError, match=r"c.yaml:5:\d+: dashboard.token_file: cannot read"):
+        load_config(str(_config(tmp_path, f"{{token_file: {tmp_path / 'none'}}}")))
+
+
+def test_config_refuses_exposure_without_token(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"beyond this host on 0\.0\.0\.0:8470 without a login"):
+        load_config(str(_config(tmp_path, "{listen: '0.0.0.0:8470'}")))
+    with pytest.raises(ConfigError, match=r"dashboard\.actions: needs dashboard\.token_file"):
+        load_config(str(_config(tmp_path, "{listen: '127.0.0.1:8470', actions: true}")))
+
+
+def test_a_huge_value_is_shown_in_part() -> None:
+    from cairnqd.dashboard.pages import SHOWN_MAX, pretty
+
+    text = pretty({"blob": "a" * (SHOWN_MAX * 2)})
+    assert len(text) < SHOWN_MAX + 100
+    assert text.endswith("characters; the rest is not shown)")
+    assert pretty({"x": 1}) == '{\n  "x": 1\n}'
+
+
+def test_next_fires_are_shown_in_utc(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from cairnqd.dashboard.pages import _next_fires
+
+    path = _config(tmp_path, "{}")
+    path.write_text(
+        path.read_text()
+        + "schedules:\n  nightly: {name: t, queue: a, cron: '0 3 * * *', "
+        + "timezone: Europe/Berlin}\n"
+    )
+    config = load_config(str(path))
+    fires = _next_fires(config.schedules["nightly"], None, datetime.now(UTC))
+    assert len(fires) == 3
+    assert {f[11:] for f in fires} <= {"01:00:00", "02:00:00"}  # 03:00 in Berlin
+
+
+def test_login_throttle() -> None:
+    from cairnqd.dashboard.auth import LoginThrottle
+
+    throttle = LoginThrottle(failures=3, window_s=60)
+    for i in range(3):
+        assert not throttle.blocked("10.0.0.1", now=100 + i)
+        throttle.failed("10.0.0.1", now=100 + i)
+    assert throttle.blocked("10.0.0.1", now=103)
+    assert not throttle.blocked("10.0.0.2", now=103)
+    assert not throttle.blocked("10.0.0.1", now=161)
