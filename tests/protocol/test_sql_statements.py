@@ -98,6 +98,15 @@ def _params(dialect: str) -> dict[str, Any]:
         "ttl_ms": 15_000,
         "every_ms": 600_000,
         "grace_ms": 300_000,
+        # The dashboard's reads (keyset pages: every row is older than the cursor).
+        "from_ms": 0,
+        "upper_ms": now + 10**9,
+        "cursor_ms": now + 10**9,
+        "cursor_id": "",
+        "since_ms": 0,
+        "error_type": "",
+        "daemon": "host-1:123",
+        "snapshot": "{}",
     }
 
 
@@ -121,6 +130,9 @@ def _insert_many_params(sqlite: bool) -> dict[str, Any]:
 
 # An expected row count of AT_LEAST_ONE: the ledgers hold one row per applied migration.
 AT_LEAST_ONE = -1
+
+# The dashboard's task list with no filter.
+_NO_FILTERS = ("status", "queue", "name", "task_id")
 
 # op -> (overrides, expected row count or None when the statement returns nothing)
 _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
@@ -195,6 +207,19 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/lease_take": ({"name": "lock:1:2"}, 1),
     "extensions/lease_turn": ({"name": "purge:1"}, 1),
     "extensions/lease_release": ({"name": "lock:1:2"}, None),
+    # The dashboard: the seed has one failed task (no error, so error type ''), a key on
+    # task_run, and no daemon reports yet.
+    "extensions/dashboard_tasks_created": (dict.fromkeys(_NO_FILTERS), 4),
+    "extensions/dashboard_tasks_run_at": (dict.fromkeys(_NO_FILTERS), 4),
+    "extensions/dashboard_tasks_finished": (dict.fromkeys(_NO_FILTERS), 1),
+    "extensions/dashboard_throughput": ({}, 1),
+    "extensions/dashboard_failed_groups": ({}, 1),
+    "extensions/dashboard_failed_ids": ({"name": "n"}, 1),
+    "extensions/dashboard_discard": ({"id": "task_done"}, 1),
+    "extensions/dashboard_task_key": ({"id": "task_run"}, 1),
+    "extensions/dashboard_report": ({}, None),
+    "extensions/dashboard_reports": ({}, 0),
+    "extensions/dashboard_reports_prune": ({}, 0),
 }
 
 _PG_ONLY = {
