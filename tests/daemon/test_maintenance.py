@@ -205,10 +205,14 @@ async def test_hand_back_releases_exactly_that_workers_tasks(
     untouched = await store.get(other)
     assert untouched is not None and untouched.status == "running"
     assert untouched.worker_id == "host:default.1:B"
-    for queue in ("h1", "h2", "h3"):
-        assert (
-            sample(metrics, "cairnq_lease_recoveries_total", queue=queue, reason="worker_exit") == 1
+    # The rows commit before the maintenance thread counts them: wait for the count.
+    async def counted() -> bool:
+        return all(
+            sample(metrics, "cairnq_lease_recoveries_total", queue=q, reason="worker_exit") == 1
+            for q in ("h1", "h2", "h3")
         )
+
+    await eventually(counted, timeout_s=10)
 
 
 async def test_stop_finishes_queued_hand_backs(
