@@ -5,8 +5,10 @@ on whichever server connection served it, which then goes back to the pool, and 
 notifications sent to it are dropped. Nothing fails, so a listener proves it hears:
 it also listens on a private channel of its own and has a NOTIFY sent there through
 another connection (on the store's DSN, the way real notifications come) when it
-starts and every `probe_every_s`. No echo within `PROBE_TIMEOUT_S`: the LISTEN is deaf,
-push is turned off (the waiters poll), and one warning says so.
+starts and every `probe_every_s`. No echo within `PROBE_TIMEOUT_S`, while the session
+still answers a round trip: the LISTEN is deaf, push is turned off (the waiters poll), and
+one warning says so. No echo and no answer: the session is dead (a partition), and it is
+replaced.
 """
 
 from __future__ import annotations
@@ -212,7 +214,8 @@ class Listener:
                     self._dispatch(note.payload)
             now = loop.time()
             if self._probe_deadline is not None and now >= self._probe_deadline:
-                raise _Deaf()
+                await self._deaf_or_dead(conn)
+                continue
             probing = self._probe_deadline is not None or self._send_notify is None
             if not probing and now >= self._next_probe:
                 self._start_probe()
@@ -220,6 +223,21 @@ class Listener:
                 async with asyncio.timeout(_PING_TIMEOUT_S):
                     await conn.execute("select 1")
                 next_ping = loop.time() + _PING_EVERY_S
+
+    async def _deaf_or_dead(self, conn: psycopg.AsyncConnection[object]) -> None:
+        """The proving NOTIFY did not come back. A session that a network partition
+        swallowed hears nothing either, and is not deaf but dead: only a session that
+        still answers a round trip is deaf (`_Deaf`). A silent one fails the round trip
+        (TimeoutError, psycopg.Error) and is replaced like any dropped connection."""
+        async with asyncio.timeout(_PING_TIMEOUT_S):
+            await conn.execute("select 1")
+        async for note in conn.notifies(timeout=0.05):  # an echo that came in meanwhile
+            if note.channel == self._probe_channel:
+                self._heard(note.payload)
+            else:
+                self._dispatch(note.payload)
+        if self._probe_deadline is not None:
+            raise _Deaf()
 
     def _start_probe(self) -> None:
         """Send a NOTIFY to our private channel through another connection; `_listen`

@@ -259,7 +259,10 @@ def test_push_wakeups_through_the_parent_with_direct_dsn(
     latencies = sorted(wake_latencies_ms(pooled, 25))
     p50 = latencies[len(latencies) // 2]
     print(f"wake-up through the parent ({pooled.mode} pooler): p50 {p50:.1f} ms")  # -s shows it
-    assert p50 <= 20.0, f"wake-up p50 {p50:.1f} ms: {[round(x, 1) for x in latencies]}"
+    # Push against a 5 s poll: the bound tells the two apart with room for a loaded
+    # machine (a quiet one measures 11-15 ms; CI under load has seen 22 ms). The 20 ms
+    # figure itself is a benchmark's to show, not a timed test's.
+    assert p50 <= 250.0, f"wake-up p50 {p50:.1f} ms: {[round(x, 1) for x in latencies]}"
     # The children LISTEN on nothing: the host's one LISTEN is the parent's.
     with psycopg.connect(pooled.direct) as conn:
         listening = conn.execute(
