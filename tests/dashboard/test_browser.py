@@ -208,8 +208,13 @@ def test_actions_by_clicking_and_refused_without_csrf(browser: Any, sqlite_dash:
     row.locator("input[name=reason]").fill("deploy")
     row.locator("button:has-text('Pause')").click()
     assert "queue parked paused" in tab.page.inner_text("main")
-    tab.go("/")
-    assert "deploy" in tab.page.inner_text("main")
+    # The overview is served from the shared snapshot, read once per refresh: the pause
+    # shows within an interval, not necessarily on the very next page.
+    wait_for(
+        "the overview to show the pause and its reason",
+        lambda: tab.go("/").ok and "deploy" in tab.page.inner_text("main"),
+        timeout=30,
+    )
 
     tab.go("/failed")
     tab.page.click("form.act button:has-text('Retry all')")  # confirmed by the dialog handler
