@@ -205,6 +205,7 @@ async def test_hand_back_releases_exactly_that_workers_tasks(
     untouched = await store.get(other)
     assert untouched is not None and untouched.status == "running"
     assert untouched.worker_id == "host:default.1:B"
+
     # The rows commit before the maintenance thread counts them: wait for the count.
     async def counted() -> bool:
         return all(
