@@ -314,7 +314,9 @@ async def save(name: str, config: dict[str, Any], points: Sequence[Point]) -> Pa
     path = OUT_DIR / f"{name}.json"
     text = json.dumps(payload, indent=2, default=str)
     await asyncio.to_thread(path.write_text, text + "\n", "utf-8")
-    print(f"wrote {path.relative_to(REPO)}", flush=True)
+    # An absolute --out lands outside the repository: print it whole then.
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    print(f"wrote {shown}", flush=True)
     return path
 
 

@@ -1,5 +1,6 @@
-"""Concurrent keyless submits share statements on Postgres (store/coalesce.py), and each
-caller still gets its own task or its own error; keyed submits keep their conflict rules.
+"""Concurrent keyless submits share statements (store/coalesce.py) on Postgres and on
+SQLite, and each caller still gets its own task or its own error; keyed submits keep
+their conflict rules.
 
 The failures are real: a trigger in the test database refuses or delays chosen rows.
 """
@@ -7,7 +8,9 @@ The failures are real: a trigger in the test database refuses or delays chosen r
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,6 +18,7 @@ import pytest
 from cairnqd.models import Task
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.postgres import PostgresStore
+from cairnqd.store.sqlite import SQLiteStore
 
 # Rows named "poison" are refused; rows named "slow" take a moment to insert.
 TRIGGER = """
@@ -124,6 +128,76 @@ async def test_concurrent_keyed_submits_keep_their_conflict_rules(pg: PostgresSt
     assert replaced.id != reused[0].id
     old = await pg.get(reused[0].id)
     assert old is not None and old.status == "canceled"
+
+
+# -- SQLite: the same sharing in front of the store's group commit ------------------
+
+SQLITE_TRIGGER = """
+create trigger test_refuse_poison before insert on cairnq_tasks
+    when new.name = 'poison'
+begin
+    select raise(abort, 'poison refused');
+end;
+"""
+
+
+@pytest.fixture
+async def lite(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    store = SQLiteStore(tmp_path / "tasks.db")
+    async with store:
+        await store.connect()
+        with sqlite3.connect(store.path) as conn:
+            conn.executescript(SQLITE_TRIGGER)
+        yield store
+
+
+def sqlite_rows_named(path: str, name: str) -> list[tuple[str, str]]:
+    with sqlite3.connect(path) as conn:
+        found = conn.execute(
+            "select id, payload from cairnq_tasks where name = ? order by id", (name,)
+        ).fetchall()
+    return [(str(i), str(p)) for i, p in found]
+
+
+async def test_sqlite_concurrent_submits_share_statements_and_each_lands_once(
+    lite: SQLiteStore,
+) -> None:
+    before = lite.submits.statements
+    tasks = await asyncio.gather(*(lite.submit(name="n", payload={"i": i}) for i in range(64)))
+    assert [t.payload for t in tasks] == [{"i": i} for i in range(64)]
+    stored = dict(sqlite_rows_named(lite.path, "n"))
+    assert stored == {t.id: f'{{"i":{i}}}' for i, t in enumerate(tasks)}
+    statements = lite.submits.statements - before
+    assert statements < 16, f"64 concurrent submits took {statements} statements"
+    again = await lite.get(tasks[-1].id)
+    assert again is not None
+    assert (again.status, again.attempt, again.run_at_ms) == ("queued", 0, tasks[-1].run_at_ms)
+    assert again.created_at_ms == tasks[-1].created_at_ms
+
+
+async def test_sqlite_a_refused_submit_fails_alone(lite: SQLiteStore) -> None:
+    names = ["n"] * 31 + ["poison"] + ["n"] * 32
+    outcomes = await asyncio.gather(
+        *(lite.submit(name=name, payload={"i": i}) for i, name in enumerate(names)),
+        return_exceptions=True,
+    )
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(failed) == 1 and "poison refused" in str(failed[0])
+    assert isinstance(outcomes[31], BaseException)
+    landed = [o for o in outcomes if isinstance(o, Task)]
+    assert sorted(t.id for t in landed) == [i for i, _ in sqlite_rows_named(lite.path, "n")]
+    assert sqlite_rows_named(lite.path, "poison") == []
+
+
+async def test_sqlite_close_writes_what_was_queued(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "tasks.db")
+    await store.connect()
+    pending = [asyncio.create_task(store.submit(name="n", payload=i)) for i in range(20)]
+    await asyncio.sleep(0)  # queued, not yet written
+    await store.close()
+    assert sorted(t.payload for t in await asyncio.gather(*pending)) == list(range(20))
+    assert len(sqlite_rows_named(str(tmp_path / "tasks.db"), "n")) == 20
+    assert store.submits.statements < 20  # they were shared, and still all landed
 
 
 # -- the coalescer's own rules, with insert functions standing in for a database -----
