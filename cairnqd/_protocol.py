@@ -135,3 +135,13 @@ def migrations(dialect: Dialect) -> list[Migration]:
         for path in sorted(folder.glob("*.sql")):
             found.append(Migration(path.name, _read(path), ledger))  # type: ignore[arg-type]
     return found
+
+
+def on_demand(dialect: Dialect, name: str) -> list[str]:
+    """The statements of `extensions/on_demand/<dialect>/<name>.sql`, one by one:
+    schema objects that only some databases want (the dashboard's indexes), made by the
+    feature that wants them rather than by a migration. Each statement ends with `;`
+    and holds none inside it."""
+    path = protocol_root() / "extensions" / "on_demand" / dialect / f"{name}.sql"
+    statements = strip_comments(_read(path)).split(";")
+    return [" ".join(s.split()) for s in statements if s.strip()]

@@ -55,6 +55,8 @@ _STATEMENT_TIMEOUT_MS = 8000
 HOUR_MINUTES = 60
 #: A daemon reports its groups and children this often at most (or every `refresh`).
 REPORT_EVERY_S = 2.0
+# How long to wait before trying again to build the task pages' indexes.
+INDEX_RETRY_S = 60
 #: A report older than this is shown as silent; one older than an hour is dropped.
 REPORT_SILENT_S = 30.0
 _REPORT_KEEP_MS = 3_600_000
@@ -181,11 +183,46 @@ class DashboardData:
         self.last_read_s = 0.0
         #: Snapshots read from the database so far; tests and the bench read it.
         self.refreshes = 0
+        #: The task pages' indexes exist (`build_indexes` finished).
+        self.indexes_ready = False
 
     def start(self) -> None:
         self._thread.start()
         if self.report_as is not None and self._daemon_view is not None:
             self._thread.submit(self._report_loop())
+
+    def build_indexes(self) -> None:
+        """Have the task pages' indexes built, in the background: pages are served
+        meanwhile (on a large table, slower until the build ends). Only a database a
+        dashboard reads carries them; protocol/extensions/on_demand says why."""
+        self._thread.submit(self._build_indexes())
+
+    async def _build_indexes(self) -> None:
+        """Build until it works: a busy SQLite file or a database that is down now may
+        let it through later. The first failure is a warning, the rest are debug."""
+        failures = 0
+        while True:
+            began = time.monotonic()
+            try:
+                store = await self._store.get()
+                await store.ensure_schema("dashboard_indexes")
+                break
+            except Exception as exc:
+                log.log(
+                    logging.DEBUG if failures else logging.WARNING,
+                    "dashboard: cannot create its indexes on cairnq_tasks (%s: %s); task "
+                    "pages still work, reading a large table more slowly; retrying every %ds",
+                    type(exc).__name__,
+                    exc,
+                    INDEX_RETRY_S,
+                )
+                failures += 1
+                await self._store.close()
+            await asyncio.sleep(INDEX_RETRY_S)
+        self.indexes_ready = True
+        took = time.monotonic() - began
+        if took >= 1.0 or failures:
+            log.info("dashboard: its indexes on cairnq_tasks are ready (built in %.1fs)", took)
 
     async def _report_loop(self) -> None:
         """Write this daemon's status every few seconds; a failure is retried at the

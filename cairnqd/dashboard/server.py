@@ -442,6 +442,7 @@ class DashboardServer:
         self._httpd = httpd
         self.port = int(httpd.server_address[1])
         self.data.start()
+        self.data.build_indexes()
         self._thread = threading.Thread(
             target=httpd.serve_forever,
             kwargs={"poll_interval": 0.2},

@@ -41,6 +41,7 @@ from cairnqd.store.arguments import (
     SubmitRequest,
     check_status_filter,
     check_text,
+    insert_params_for,
     optional_filters,
     require_duration,
     require_int,
@@ -279,9 +280,13 @@ class TaskStore(ABC):
         rows = await self._fetch("insert_task", params)
         return self._task(rows[0])
 
+    def _insert_many_params(self, run: Sequence[Params]) -> Params:
+        # SQLite's statement reads positional rows (protocol/extensions/sql/sqlite).
+        return insert_many_params(run, positional=self.dialect == "sqlite")
+
     async def _insert_many_keyless(self, prepared: Sequence[Params]) -> builtins.list[Task]:
         """Keyless submits in one statement, atomically."""
-        rows = await self._fetch("insert_many", insert_many_params(prepared))
+        rows = await self._fetch("insert_many", self._insert_many_params(prepared))
         times = {r["id"]: (int(r["run_at_ms"]), int(r["created_at_ms"])) for r in rows}
         return [new_task(p, *times[p["id"]]) for p in prepared]
 
@@ -316,7 +321,7 @@ class TaskStore(ABC):
             if not isinstance(item, Mapping):
                 raise ValueError(f"tasks[{index}] must be a mapping of submit arguments")
             try:
-                prepared.append(SubmitRequest.from_mapping(item).insert_params())
+                prepared.append(insert_params_for(item))
             except TypeError as exc:
                 raise ValueError(f"tasks[{index}]: {exc}") from None
             except (ValueError, SerializationError) as exc:
@@ -343,7 +348,7 @@ class TaskStore(ABC):
 
         async def flush_run() -> None:
             if run:
-                rows = await session.fetch("insert_many", insert_many_params(run))
+                rows = await session.fetch("insert_many", self._insert_many_params(run))
                 # Only the times come back; the rest is what we inserted, so the rows
                 # are not parsed back out of their JSON.
                 times = {r["id"]: (int(r["run_at_ms"]), int(r["created_at_ms"])) for r in rows}
@@ -957,6 +962,12 @@ class TaskStore(ABC):
                     rows = await session.fetch("extensions/dashboard_discard", {"id": task_id})
                     deleted += [r["id"] for r in rows]
         return deleted
+
+    @abstractmethod
+    async def ensure_schema(self, name: str) -> None:
+        """Create what `extensions/on_demand/<dialect>/<name>.sql` describes, if it is
+        missing (the dashboard's indexes: `dashboard_indexes`). It may take a while on a
+        large table; the dialect builds without blocking the workers' writes for long."""
 
     async def report_daemon(self, daemon: str, host: str, snapshot: str) -> None:
         """Store `daemon`'s report (JSON text) of its groups and children, replacing

@@ -36,7 +36,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from cairnqd._jsoncodec import dump_json, load_json
-from cairnqd._protocol import statement
+from cairnqd._protocol import on_demand, statement
 from cairnqd.config import redact_dsn
 from cairnqd.errors import (
     DatabaseUnavailable,
@@ -74,6 +74,8 @@ _SCAN_CHUNK = 128
 #: Longest a store operation may take on our side before its connection is dropped.
 DEFAULT_CALL_TIMEOUT_S = 60.0
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
+# The index an on-demand `create index ... if not exists NAME` makes.
+_INDEX_NAME = re.compile(r"\bif not exists (\w+)", re.I)
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
 
 
@@ -541,6 +543,38 @@ class PostgresStore(TaskStore):
 
     async def _lease_fetch(self, op: str, params: Mapping[str, Any]) -> list[Row]:
         return await self._fetch(op, dict(params))
+
+    async def ensure_schema(self, name: str) -> None:
+        # `create index concurrently` cannot run in a transaction: a connection of its
+        # own in autocommit, on direct_dsn when there is one. A build cancelled midway
+        # leaves an invalid index that `if not exists` would keep: dropped and rebuilt.
+        conn = await self.dedicated_connection(direct=True)
+        async with conn:
+            if self.pooler == "none" or self.direct_dsn is not None:
+                # This connection carries the role's statement timeout (a background
+                # one of seconds); a build on a large table takes longer, and that is
+                # fine. Behind a pooler the timeout is per transaction: nothing to lift.
+                await conn.execute("set statement_timeout = 0")
+            for text in on_demand("postgres", name):
+                index = _INDEX_NAME.search(text)
+                if index is not None:
+                    await self._drop_invalid_index(conn, index.group(1))
+                await conn.execute(text)
+
+    @staticmethod
+    async def _drop_invalid_index(conn: AsyncConn, index: str) -> None:
+        cur = await conn.execute(
+            "select 1 from pg_index i join pg_class c on c.oid = i.indexrelid "
+            "where c.relname = %s and not i.indisvalid and pg_table_is_visible(c.oid)",
+            (index,),
+        )
+        if await cur.fetchone() is not None:
+            log.warning(
+                "dropping the invalid index %s (a build did not finish) to rebuild it", index
+            )
+            await conn.execute(
+                sql.SQL("drop index concurrently if exists {}").format(sql.Identifier(index))
+            )
 
     def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
         """The advisory lock `(namespace, lock_id)` on a session of its own, for the

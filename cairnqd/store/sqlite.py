@@ -45,7 +45,7 @@ from contextvars import ContextVar, Token
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cairnqd._protocol import Statement, statement
+from cairnqd._protocol import Statement, on_demand, statement
 from cairnqd.errors import StoreClosed
 from cairnqd.models import Task
 from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
@@ -471,6 +471,25 @@ class SQLiteStore(TaskStore):
             refresh_statistics(conn)
 
     # -- daemon maintenance ------------------------------------------------------------
+
+    async def ensure_schema(self, name: str) -> None:
+        # Built on the scan thread, the loop free meanwhile; the write lock is held
+        # for the build (SQLite builds an index in one write), about a second per
+        # million rows, so workers' writes wait that long once.
+        statements = on_demand("sqlite", name)
+        with self._operation():
+            await self._open()
+            conn = await self._begin_immediate()
+            try:
+                for text in statements:
+                    await self._stepped(conn, conn.execute, text)
+                conn.execute("COMMIT")
+                self._local_commits += 1
+            except BaseException:
+                rollback(conn)
+                raise
+            finally:
+                self._lock.release()
 
     async def after_purge(self) -> None:
         """A passive WAL checkpoint: keeps the WAL small after a purge without waiting

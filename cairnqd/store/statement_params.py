@@ -61,29 +61,45 @@ def new_task(params: Params, run_at_ms: int, created_at_ms: int) -> Task:
 INSERT_MANY_CHUNK = 5000
 
 
-def insert_many_params(run: Sequence[Params]) -> Params:
-    """Both dialects read one JSON array of the new tasks."""
-    return {
-        "new_tasks": dump_json(
+def insert_many_params(run: Sequence[Params], *, positional: bool = False) -> Params:
+    """One JSON array of the new tasks: objects for Postgres's json_to_recordset, or
+    (`positional`, SQLite) arrays in the order its insert_many.sql lists."""
+    # Every field was checked when its SubmitRequest was made: no storage check here.
+    if positional:
+        rows: list[Any] = [
             [
-                {
-                    "id": p["id"],
-                    "name": p["name"],
-                    "queue": p["queue"],
-                    "p": p["payload"],
-                    "m": p["metadata"],
-                    "max_attempts": p["max_attempts"],
-                    "priority": p["priority"],
-                    "parent_id": p["parent_id"],
-                    "root_id": p["root_id"],
-                    "correlation_id": p["correlation_id"],
-                    "delay_ms": p["delay_ms"],
-                }
-                for p in run
-            ],
-            check=False,  # every field was checked when its SubmitRequest was made
-        )
-    }
+                p["id"],
+                p["name"],
+                p["queue"],
+                p["payload"],
+                p["metadata"],
+                p["max_attempts"],
+                p["priority"],
+                p["parent_id"],
+                p["root_id"],
+                p["correlation_id"],
+                p["delay_ms"],
+            ]
+            for p in run
+        ]
+    else:
+        rows = [
+            {
+                "id": p["id"],
+                "name": p["name"],
+                "queue": p["queue"],
+                "p": p["payload"],
+                "m": p["metadata"],
+                "max_attempts": p["max_attempts"],
+                "priority": p["priority"],
+                "parent_id": p["parent_id"],
+                "root_id": p["root_id"],
+                "correlation_id": p["correlation_id"],
+                "delay_ms": p["delay_ms"],
+            }
+            for p in run
+        ]
+    return {"new_tasks": dump_json(rows, check=False)}
 
 
 #: A result to write: (task id, result as JSON text or None), optionally with the

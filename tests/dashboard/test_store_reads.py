@@ -115,6 +115,7 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sqlite3.Connect
     async def create() -> None:
         s = SQLiteStore(path)
         await s.connect()
+        await s.ensure_schema("dashboard_indexes")  # what a serving dashboard builds
         await s.close()
 
     asyncio.run(create())

@@ -85,7 +85,7 @@ def _params(dialect: str) -> dict[str, Any]:
         # The daemon's session locks (two-int4 advisory key space).
         "lock_namespace": 1668378212,
         "lock_id": 1,
-        # insert_many: SQLite reads one JSON array, Postgres parallel arrays.
+        # insert_many: one JSON array, of arrays on SQLite and of objects on Postgres.
         **_insert_many_params(sqlite),
         # The scheduler's table (cairnqd_schedules).
         "rule": "every 1s",
@@ -124,7 +124,8 @@ def _insert_many_params(sqlite: bool) -> dict[str, Any]:
         "correlation_id": None,
         "delay_ms": 0,
     }
-    del sqlite  # both dialects read the same JSON array
+    if sqlite:  # positional, in the column order of sqlite/insert_many.sql
+        return {"new_tasks": json.dumps([list(row.values())])}
     return {"new_tasks": json.dumps([row])}
 
 
