@@ -126,11 +126,14 @@ def report(samples: dict[tuple[str, ...], list[float]], backends: Sequence[str])
             after = samples.get((backend, f"{what} after"), [])
             if before and after:
                 b, a = statistics.median(before), statistics.median(after)
-                rows.append([backend, what, f"{b:,.0f}", f"{a:,.0f}", f"{a / b:.2f}"])
+                # Every run's ratio to the median before: the spread a reader needs to
+                # tell a change from noise.
+                spread = " ".join(f"{x / b:.2f}" for x in after)
+                rows.append([backend, what, f"{b:,.0f}", f"{a:,.0f}", f"{a / b:.2f}", spread])
         limit = samples.get((backend, "raw256 (limit)"), [])
         if limit:
-            rows.append([backend, "raw256 drain", "", f"{statistics.median(limit):,.0f}", ""])
-    columns = ["backend", "tasks/s (median)", "before", "after", "after ÷ before"]
+            rows.append([backend, "raw256 drain", "", f"{statistics.median(limit):,.0f}", "", ""])
+    columns = ["backend", "tasks/s (median)", "before", "after", "after ÷ before", "each run"]
     print_table("A/B: before vs after, interleaved", columns, rows)
 
 

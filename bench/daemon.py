@@ -53,7 +53,7 @@ def wait_for(
 class Database:
     """A fresh database per data point, and the few reads the bench needs."""
 
-    def __init__(self, backend: str, dsn: str, tmp: Path) -> None:
+    def __init__(self, backend: str, dsn: str, tmp: Path, connections: int = 1) -> None:
         self.backend = backend
         self.admin_dsn = dsn
         if backend == "sqlite":
@@ -64,7 +64,14 @@ class Database:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(f'create database "{self.name}"')  # type: ignore[arg-type]
             self.dsn = psycopg.conninfo.make_conninfo(dsn, dbname=self.name)
-            self.target = {"dsn": self.dsn, "auto_migrate": True}
+            # One pool connection per process on both sides: the daemon's default
+            # (`connections_per_child`), which the bare worker is given too, so the
+            # ratio measures the daemon, not a pool size (`--connections`).
+            self.target = {
+                "dsn": self.dsn,
+                "auto_migrate": True,
+                "connections_per_child": connections,
+            }
 
     def scalar(self, sql: str) -> Any:
         if self.backend == "sqlite":
@@ -87,6 +94,12 @@ def helper(*args: str) -> list[str]:
 
 def preload(db: Database, n: int) -> None:
     subprocess.run(helper("preload", json.dumps(db.target), str(n)), check=True, env=ENV)
+    if n and db.backend == "postgres":
+        # The shared server runs with autovacuum off, so nothing would ever analyze the
+        # table: the claims would be planned for the empty table the workers first saw
+        # (as bench.drain does, and as autovacuum would in production).
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute("analyze cairnq_tasks")
 
 
 def pending(db: Database) -> int:
@@ -261,11 +274,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         for processes in (1, 2):
-            for kind in ("bare", "daemon"):
-                runs = [
-                    drain_once(kind, args.backend, args.dsn, tmp, processes, args.tasks)
-                    for _ in range(args.repeats)
-                ]
+            # Round-robin, the first side alternating, so drift of the machine or the
+            # shared server over the minutes of a run hits both sides alike.
+            by_kind: dict[str, list[dict[str, float]]] = {"bare": [], "daemon": []}
+            for round_ in range(args.repeats):
+                order = ("bare", "daemon") if round_ % 2 == 0 else ("daemon", "bare")
+                for kind in order:
+                    by_kind[kind].append(
+                        drain_once(kind, args.backend, args.dsn, tmp, processes, args.tasks)
+                    )
+            for kind, runs in by_kind.items():
                 med = median_of(runs)
                 results[f"drain_{kind}_{processes}"] = {"median": med, "runs": runs}
                 print(

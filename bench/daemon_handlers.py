@@ -47,7 +47,8 @@ async def block(ctx: Any, payload: Any) -> None:
 def _store(target: dict[str, Any]) -> cairnqd.TaskStore:
     if "path" in target:
         return cairnqd.SQLiteStore(target["path"])
-    return cairnqd.PostgresStore(target["dsn"])
+    # The pool a daemon child gets (`connections_per_child`), when the bench says so.
+    return cairnqd.PostgresStore(target["dsn"], max_size=target.get("connections_per_child", 10))
 
 
 async def _preload(target: dict[str, Any], n: int) -> None:
