@@ -177,12 +177,12 @@ def bare_workers(db: Database, processes: int) -> list[subprocess.Popen[bytes]]:
 
 
 def drain_once(
-    kind: str, backend: str, dsn: str, tmp: Path, processes: int, n: int
+    kind: str, backend: str, dsn: str, tmp: Path, processes: int, n: int, connections: int = 1
 ) -> dict[str, float]:
     """Workers start idle on an empty queue; all n tasks then appear in one commit, and
     the clock runs from that commit to the last completion, so neither side pays for
     its start-up inside the measurement."""
-    db = Database(backend, dsn, tmp)
+    db = Database(backend, dsn, tmp, connections)
     try:
         preload(db, 0)  # migrate before anyone connects
         daemon: Daemon | None = None
@@ -264,12 +264,17 @@ def main() -> None:
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument(
+        "--connections", type=int, default=1,
+        help="Postgres: connections per process on both sides (connections_per_child)",
+    )  # fmt: skip
     parser.add_argument("--out", default=str(REPO / "bench/out"))
     args = parser.parse_args()
     results: dict[str, Any] = {
         "backend": args.backend,
         "tasks": args.tasks,
         "repeats": args.repeats,
+        "connections": args.connections,
     }
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -281,7 +286,15 @@ def main() -> None:
                 order = ("bare", "daemon") if round_ % 2 == 0 else ("daemon", "bare")
                 for kind in order:
                     by_kind[kind].append(
-                        drain_once(kind, args.backend, args.dsn, tmp, processes, args.tasks)
+                        drain_once(
+                            kind,
+                            args.backend,
+                            args.dsn,
+                            tmp,
+                            processes,
+                            args.tasks,
+                            args.connections,
+                        )
                     )
             for kind, runs in by_kind.items():
                 med = median_of(runs)

@@ -2,6 +2,7 @@
 
     python -m bench.soak --backend postgres --minutes 30 [--autovacuum off]
     python -m bench.soak --backend sqlite --minutes 30
+    python -m bench.soak plot OUT.png soak-A.json soak-B.json   # several runs, one figure
 
 A short burst says little about a queue that runs for months: dead rows pile up, indexes
 bloat, the purge falls behind or the planner changes its mind. This bench keeps a steady
@@ -365,6 +366,15 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "migrate":
         asyncio.run(_migrate(json.loads(sys.argv[2])))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "plot":
+        # Runs made apart (or at once, one process each) drawn in one figure:
+        #   python -m bench.soak plot OUT.png soak-A.json soak-B.json ...
+        merged: dict[str, list[Sample]] = {}
+        for name in sys.argv[3:]:
+            report = json.loads(Path(name).read_text())
+            for label, run in report["runs"].items():
+                merged[label] = [Sample(**sample) for sample in run["samples"]]
+        sys.exit(0 if plot(merged, Path(sys.argv[2])) else 1)
     if len(sys.argv) > 1 and sys.argv[1] == "submit":
         target, rate, seconds = json.loads(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
         asyncio.run(submitter(target, rate, seconds))

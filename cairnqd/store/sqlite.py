@@ -407,13 +407,20 @@ class SQLiteStore(TaskStore):
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Session]:
+        async with self._write_locked() as conn:
+            yield SQLiteSession(conn, self.now_ms)
+
+    @asynccontextmanager
+    async def _write_locked(self) -> AsyncIterator[sqlite3.Connection]:
+        """`BEGIN IMMEDIATE` … `COMMIT` (rolled back on error), the in-process lock
+        held throughout: the connection, for the statements in between."""
         with self._operation():
             if self._conn is None:
                 await self._open()
             await asyncio.sleep(0)  # see "a fair share of the loop"
             conn = await self._begin_immediate()
             try:
-                yield SQLiteSession(conn, self.now_ms)
+                yield conn
                 conn.execute("COMMIT")
                 self._local_commits += 1
             except BaseException:
@@ -476,20 +483,9 @@ class SQLiteStore(TaskStore):
         # Built on the scan thread, the loop free meanwhile; the write lock is held
         # for the build (SQLite builds an index in one write), about a second per
         # million rows, so workers' writes wait that long once.
-        statements = on_demand("sqlite", name)
-        with self._operation():
-            await self._open()
-            conn = await self._begin_immediate()
-            try:
-                for text in statements:
-                    await self._stepped(conn, conn.execute, text)
-                conn.execute("COMMIT")
-                self._local_commits += 1
-            except BaseException:
-                rollback(conn)
-                raise
-            finally:
-                self._lock.release()
+        async with self._write_locked() as conn:
+            for text in on_demand("sqlite", name):
+                await self._stepped(conn, conn.execute, text)
 
     async def after_purge(self) -> None:
         """A passive WAL checkpoint: keeps the WAL small after a purge without waiting
