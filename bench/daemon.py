@@ -128,11 +128,14 @@ def children_of(pid: int) -> list[int]:
 
 class Daemon:
     def __init__(self, db: Database, tmp: Path, processes: int, lease: str = "30s") -> None:
+        # A runtime directory per daemon: nothing one run leaves (state file, control
+        # socket) is seen by the next.
+        run = tmp / f"run-{uuid.uuid4().hex[:8]}"
         config = {
             "version": 1,
             "database": db.target,
             "handlers": [HANDLERS],
-            "runtime_dir": str(tmp / "run"),
+            "runtime_dir": str(run),
             "metrics": {"listen": "127.0.0.1:0"},
             "retention": {"rules": []},
             "groups": {
@@ -145,7 +148,7 @@ class Daemon:
                 }
             },
         }
-        (tmp / "run").mkdir(exist_ok=True)
+        run.mkdir()
         self.config = tmp / f"cairnq-{uuid.uuid4().hex[:6]}.yaml"
         self.config.write_text(yaml.safe_dump(config))
         self.log = open(tmp / "daemon.log", "ab")  # noqa: SIM115 - closed in stop()

@@ -121,6 +121,23 @@ ClaimDraw = Callable[[Sequence[str] | None, int], Awaitable[list[Task]]]
 CLAIM_RECOVERY_EVERY_S = 1.0
 
 
+def _prepare(items: Sequence[Mapping[str, Any]], start: int, stop: int) -> list[Params]:
+    """The insert parameters of `items[start:stop]`; a bad item raises, naming its
+    index in the whole list."""
+    prepared: list[Params] = []
+    for index in range(start, min(stop, len(items))):
+        item = items[index]
+        if not isinstance(item, Mapping):
+            raise ValueError(f"tasks[{index}] must be a mapping of submit arguments")
+        try:
+            prepared.append(insert_params_for(item))
+        except TypeError as exc:
+            raise ValueError(f"tasks[{index}]: {exc}") from None
+        except (ValueError, SerializationError) as exc:
+            raise type(exc)(f"tasks[{index}]: {exc}") from None
+    return prepared
+
+
 class TaskStore(ABC):
     """One connection (or pool) to one cairnq database."""
 
@@ -314,18 +331,13 @@ class TaskStore(ABC):
 
         Each item takes `submit`'s keyword arguments. Keys and conflict strategies are
         honoured in list order, so two items with one key behave as two submits in a
-        row. Everything is validated before the first write.
+        row. A bad item raises (naming its index) and nothing is written.
         """
-        prepared: list[Params] = []
-        for index, item in enumerate(tasks):
-            if not isinstance(item, Mapping):
-                raise ValueError(f"tasks[{index}] must be a mapping of submit arguments")
-            try:
-                prepared.append(insert_params_for(item))
-            except TypeError as exc:
-                raise ValueError(f"tasks[{index}]: {exc}") from None
-            except (ValueError, SerializationError) as exc:
-                raise type(exc)(f"tasks[{index}]: {exc}") from None
+        items = tasks if isinstance(tasks, list | tuple) else list(tasks)
+        chunk = self.overlap_chunk
+        if chunk is not None and self._gate is None and len(items) > chunk:
+            return await self._submit_many_overlapped(items, chunk)
+        prepared = _prepare(items, 0, len(items))
         if not prepared:
             await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return []
@@ -335,6 +347,39 @@ class TaskStore(ABC):
                     await self._gate.admit(params["queue"])
             async with self._transaction() as session:
                 return await self._insert_prepared(session, prepared)
+
+    #: Items `submit_many` checks while the server inserts the ones before them, or
+    #: None: check everything, then write. Postgres sets it: its statements wait on a
+    #: server, and checking and encoding an item costs about a third of inserting it,
+    #: so the two overlap. SQLite runs statements on the loop thread: nothing to overlap.
+    overlap_chunk: int | None = None
+
+    async def _submit_many_overlapped(
+        self, items: Sequence[Mapping[str, Any]], size: int
+    ) -> list[Task]:
+        """`submit_many` in chunks of `size`: each chunk's insert is on its way to the
+        server while the next chunk is checked. Still all or nothing: a bad item found
+        after earlier chunks went in rolls the transaction back before it raises."""
+        out: list[Task] = []
+        chunk = _prepare(items, 0, size)
+        with self._operation():
+            async with self._transaction() as session:
+                start = size
+                while chunk:
+                    writing = asyncio.ensure_future(self._insert_prepared(session, chunk))
+                    try:
+                        await asyncio.sleep(0)  # lets the insert reach the server
+                        chunk = _prepare(items, start, start + size)
+                    except BaseException:
+                        # The insert holds the transaction's connection: let it end
+                        # (its outcome no longer matters), then roll back.
+                        await asyncio.wait({writing})
+                        if not writing.cancelled():
+                            writing.exception()
+                        raise
+                    out.extend(await writing)
+                    start += size
+        return out
 
     async def _insert_prepared(self, session: Session, prepared: list[Params]) -> list[Task]:
         """Insert validated submits in list order inside `session`.

