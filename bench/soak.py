@@ -408,7 +408,9 @@ def main() -> None:
                 **extra,
                 "samples": [asdict(s) for s in samples],
             }
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    # The pid too: runs started in the same second (at once, one process each) must
+    # not overwrite each other's files.
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     (out / f"soak-{stamp}.json").write_text(json.dumps(report, indent=1))
     for label, samples in runs.items():
         print_table(

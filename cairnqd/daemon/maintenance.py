@@ -345,6 +345,11 @@ class Maintenance:
         try:
             await run()
         except Exception as exc:
+            # A statement on a SQLite file deleted or replaced meanwhile fails with
+            # "disk I/O error": that is the loss (logged once, in /healthz), not an
+            # outage to retry quietly.
+            if self._file_lost():
+                return
             self._count_db_error(exc, duty, began)
         else:
             self._answered()

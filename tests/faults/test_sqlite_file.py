@@ -235,3 +235,41 @@ def test_maintenance_stops_its_duties_on_a_lost_file_without_spinning(tmp_path: 
         maintenance.stop(10)
         metrics.close()
     assert not path.exists()  # closing did not recreate it either
+
+
+def test_a_duty_failing_on_a_deleted_file_reports_the_loss_not_an_outage(
+    tmp_path: Path,
+) -> None:
+    """The race the test above once lost in CI: the reaper's statement ran as the file
+    went and failed with "disk I/O error" before the next identity check, so /healthz
+    said "database unreachable" instead of naming the deleted file."""
+    import asyncio
+    import sqlite3
+
+    from cairnqd.daemon.maintenance import Maintenance
+    from cairnqd.daemon.metrics import Metrics
+    from cairnqd.store.sqlite_open import ensure_file, remember_file
+    from tests.daemon.harness import daemon_config
+
+    path = tmp_path / "tasks.db"
+    ensure_file(str(path))
+    remember_file(str(path))
+    config = daemon_config(tmp_path, "sqlite", str(path))
+    metrics = Metrics(config)
+    maintenance = Maintenance(config, metrics)
+    try:
+        # Started to take note of the file, as the daemon does; stopped, so that the one
+        # duty below runs here, alone.
+        maintenance.start()
+        assert maintenance.stop(10)
+        path.unlink()
+
+        async def reaper_on_the_lost_file() -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        asyncio.run(maintenance._tick("reaper", reaper_on_the_lost_file))
+        problem = maintenance.database_problem()
+        assert problem is not None and "deleted" in problem and str(path) in problem, problem
+        assert maintenance.database_down_s() == 0.0  # not counted as an outage
+    finally:
+        metrics.close()
