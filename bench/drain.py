@@ -10,6 +10,8 @@ Implementations:
   transaction per task, or claim 256 + one set-based complete_many in one transaction.
   `raw1-2tx`, `raw256-2tx` (not run by default): the claim and the complete commit
   separately, as a worker's must.
+- `huey` (SQLite only): `SqliteHuey` with `fsync=True` (synchronous=FULL, as ours), its
+  own consumer with `--concurrency` worker threads, tasks queued through huey itself.
 - `procrastinate`, `pgqueuer` (Postgres only): their own workers on jobs pre-loaded with
   their own batch enqueue.
 
@@ -73,10 +75,13 @@ RAW = {
     "raw256-2tx": (256, "two"),
 }
 IMPLS: dict[Backend, tuple[str, ...]] = {
-    "sqlite": ("ours", "cairnq", "raw1", "raw256"),
+    "sqlite": ("ours", "cairnq", "raw1", "raw256", "huey"),
     "postgres": ("ours", "cairnq", "raw1", "raw256", "procrastinate", "pgqueuer"),
 }
 CAIRNQ_PENDING = "select count(*) from cairnq_tasks where status in ('queued', 'running')"
+# huey deletes a task from its queue table when a worker takes it (and runs a no-op at
+# once): the end is the first poll that finds the table empty.
+HUEY_PENDING = "select count(*) from task"
 POLL_S = 0.05
 COLUMNS = [
     "impl",
@@ -202,6 +207,8 @@ async def drain_once(
     async with fresh_target(backend, "drain") as target:
         if impl in peers.PEERS:
             load_s = await peers.preload(impl, target, n)
+        elif impl == "huey":
+            load_s = await preload_huey(target, n)
         else:
             load_s = await preload_cairnq_schema(backend, target, n)
         if backend == "postgres" and args.analyze:
@@ -219,7 +226,9 @@ async def drain_once(
                 end = max(float(w.done["end"]) for w in workers)
                 split = [int(w.done["handled"]) for w in workers]
             else:
-                pending_sql = peers.PENDING_SQL.get(impl, CAIRNQ_PENDING)
+                pending_sql = (
+                    HUEY_PENDING if impl == "huey" else peers.PENDING_SQL.get(impl, CAIRNQ_PENDING)
+                )
                 polled_end = await table.wait_until_zero(pending_sql, args.timeout)
                 cpu = sum(cpu_seconds(w.pid) - cpu0[w.pid] for w in workers)
                 if impl in SDKS:
@@ -234,7 +243,7 @@ async def drain_once(
             else:
                 db_cpu1 = await table.backend_cpu()
                 db_cpu = sum(v - db_cpu0.get(pid, 0.0) for pid, v in db_cpu1.items())
-        if impl in peers.PEERS:
+        if impl in peers.PEERS or impl == "huey":
             split = [int(w.done.get("handled", 0)) for w in workers]
     elapsed = end - t0
     metrics = {"tasks_per_s": n / elapsed, "elapsed_s": elapsed, "load_s": load_s}
@@ -253,6 +262,18 @@ async def drain_once(
         metrics["cycles_per_1k_tasks"] = 1000 * len(cycles) / max(1, sum(cycles))
         detail["cycle_histogram"] = cycle_histogram(cycles)
     return Run(metrics, detail)
+
+
+async def preload_huey(path: str, n: int) -> float:
+    """Queue `n` huey tasks through huey itself (in a process of its own, which names
+    the task the way the consumers do); seconds spent."""
+    start = time.perf_counter()
+    argv = [*worker_argv("huey", "sqlite", path, concurrency=1, prefetch=None, extra=[]),
+            "--huey-preload", str(n)]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(*argv)
+    if await proc.wait() != 0:
+        raise RuntimeError(f"huey preload exited {proc.returncode}")
+    return time.perf_counter() - start
 
 
 async def analyze(dsn: str) -> None:
@@ -400,7 +421,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
         for impl in args.impl or IMPLS[backend]:
             if impl not in IMPLS[backend] and impl not in RAW:
                 continue
-            if impl in peers.PEERS and not peers.available(impl):
+            if (impl in peers.PEERS or impl == "huey") and not peers.available(impl):
                 print(f"skip {impl}: not installed")
                 continue
             prefetches: list[int | str | None] = [None]

@@ -1,6 +1,6 @@
 """One benchmark worker process: serves `bench.noop` with the chosen implementation.
 
-    python bench/worker_proc.py --impl ours|cairnq|procrastinate|pgqueuer \
+    python bench/worker_proc.py --impl ours|cairnq|procrastinate|pgqueuer|huey \
         --backend sqlite|postgres --target PATH_OR_DSN --concurrency 8
 
 Connects (running migrations if needed), prints `READY <worker-id>`, waits for a `GO`
@@ -34,6 +34,7 @@ QUEUE = "default"
 
 class Stats:
     handled = 0
+    lock: Any = None  # huey's worker threads count under it
 
 
 def stamper(path: str | None) -> Callable[[Any], None]:
@@ -194,10 +195,50 @@ async def serve_pgqueuer(args: argparse.Namespace) -> None:
         await conn.close()
 
 
+# -- huey (SQLite) ----------------------------------------------------------------------
+
+
+def huey_app(path: str, *, fsync: bool) -> tuple[Any, Any]:
+    """huey on the SQLite file `path`, and its no-op task (named the same in the
+    preloading process and the consumer, so the one runs what the other queued)."""
+    from huey import SqliteHuey
+
+    huey = SqliteHuey("bench", filename=path, fsync=fsync)  # fsync: synchronous=FULL
+
+    @huey.task(name=NOOP)
+    def noop(i: int) -> None:
+        with Stats.lock:
+            Stats.handled += 1
+
+    return huey, noop
+
+
+def preload_huey(path: str, n: int) -> None:
+    """Queue `n` no-op tasks without an fsync each (the drain, not this, is measured)."""
+    _, noop = huey_app(path, fsync=False)
+    for i in range(n):
+        noop(i)
+
+
+def serve_huey(args: argparse.Namespace) -> None:
+    """huey's own consumer: `concurrency` worker threads polling the file."""
+    import threading
+
+    Stats.lock = threading.Lock()
+    huey, _ = huey_app(args.target, fsync=True)
+    # periodic off (no scheduler work); polling as huey ships it.
+    consumer = huey.create_consumer(workers=args.concurrency, worker_type="thread", periodic=False)
+    announce(f"huey-{os.getpid()}")
+    line = sys.stdin.readline()
+    if line.strip() != "GO":
+        return
+    consumer.run()  # until SIGTERM (huey's own handler stops it)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--impl", required=True, choices=["ours", "cairnq", "procrastinate", "pgqueuer"]
+        "--impl", required=True, choices=["ours", "cairnq", "procrastinate", "pgqueuer", "huey"]
     )
     parser.add_argument("--backend", required=True, choices=["sqlite", "postgres"])
     parser.add_argument("--target", required=True, help="SQLite file path or Postgres DSN")
@@ -207,6 +248,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stamp", action="store_true", help="return {'t': time.time()}")
     parser.add_argument("--stamp-file", default=None, help="peers: append '<i> <time>' here")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="stop on its own after")
+    parser.add_argument("--huey-preload", type=int, default=None, help="huey: queue N, exit")
     parser.add_argument("--pgq-batch", type=int, default=10, help="pgqueuer dequeue batch")
     parser.add_argument(
         "--pgq-max-in-flight", type=int, default=None, help="pgqueuer max_concurrent_tasks"
@@ -214,11 +256,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.impl in ("procrastinate", "pgqueuer") and args.backend != "postgres":
         parser.error(f"{args.impl} runs on Postgres only")
+    if args.impl == "huey" and args.backend != "sqlite":
+        parser.error("huey runs on SQLite here (SqliteHuey)")
     return args
 
 
 def main() -> None:
     args = parse_args()
+    if args.impl == "huey":
+        if args.huey_preload is not None:
+            preload_huey(args.target, args.huey_preload)
+            return
+        serve_huey(args)
+        print(f"DONE handled={Stats.handled}", flush=True)
+        return
     serve = {
         "ours": serve_sdk,
         "cairnq": serve_sdk,
