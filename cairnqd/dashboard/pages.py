@@ -58,6 +58,13 @@ def when(ms: int | None) -> str:
     return from_ms(ms).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _no_daemon_note(overview: Overview) -> Markup:
+    """Why this host's groups are missing, when no daemon runs here (empty otherwise)."""
+    if overview.daemon is not None:
+        return Markup("")
+    return render('<p class="note">No daemon on this host: {why}.</p>', why=overview.daemon_note)
+
+
 def age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -325,10 +332,7 @@ def groups_table(overview: Overview) -> Markup:
                 restarts=g.get("restarts"),
                 fatal=render('<span class="fatal">{f}</span>', f=fatal) if fatal else "",
             ))  # fmt: skip
-    note = Markup("")
-    if overview.daemon is None:
-        note = render('<p class="note">No daemon on this host: {why}.</p>',
-                      why=overview.daemon_note)  # fmt: skip
+    note = _no_daemon_note(overview)
     return render(
         '{note}<table class="grid"><thead><tr><th scope="col">group</th>'
         '<th scope="col">daemon</th><th scope="col">state</th><th scope="col">queues</th>'
@@ -585,10 +589,7 @@ def workers_page(overview: Overview) -> Markup:
             label=_host_label(h), gen=view.get("generation"), up=age(view.get("uptime_s")),
             state=", stopping" if view.get("stopping") else "", tables=join(tables),
         ))  # fmt: skip
-    note = Markup("")
-    if overview.daemon is None:
-        note = render('<p class="note">No daemon on this host: {why}.</p>',
-                      why=overview.daemon_note)  # fmt: skip
+    note = _no_daemon_note(overview)
     return render(
         '{note}<p class="note">This host\'s daemon is shown live; every other daemon that '
         "serves the dashboard or sets dashboard.report as it last reported (every few "

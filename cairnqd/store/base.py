@@ -297,15 +297,23 @@ class TaskStore(ABC):
         rows = await self._fetch("insert_task", params)
         return self._task(rows[0])
 
-    def _insert_many_params(self, run: Sequence[Params]) -> Params:
-        # SQLite's statement reads positional rows (protocol/extensions/sql/sqlite).
-        return insert_many_params(run, positional=self.dialect == "sqlite")
-
     async def _insert_many_keyless(self, prepared: Sequence[Params]) -> builtins.list[Task]:
         """Keyless submits in one statement, atomically."""
-        rows = await self._fetch("insert_many", self._insert_many_params(prepared))
+        return await self._insert_run(self._fetch, prepared)
+
+    async def _insert_run(
+        self,
+        fetch: Callable[[str, Params], Awaitable[builtins.list[Row]]],
+        run: Sequence[Params],
+    ) -> builtins.list[Task]:
+        """One `insert_many` of validated keyless submits, through `fetch` (the store's,
+        or a transaction's). Only the times come back; the rest is what we inserted, so
+        the rows are not parsed back out of their JSON."""
+        # SQLite's statement reads positional rows (protocol/extensions/sql/sqlite).
+        params = insert_many_params(run, positional=self.dialect == "sqlite")
+        rows = await fetch("insert_many", params)
         times = {r["id"]: (int(r["run_at_ms"]), int(r["created_at_ms"])) for r in rows}
-        return [new_task(p, *times[p["id"]]) for p in prepared]
+        return [new_task(p, *times[p["id"]]) for p in run]
 
     async def _submit_keyed(self, session: Session, params: Params) -> Task:
         key, conflict = params["key"], params["conflict"]
@@ -393,11 +401,7 @@ class TaskStore(ABC):
 
         async def flush_run() -> None:
             if run:
-                rows = await session.fetch("insert_many", self._insert_many_params(run))
-                # Only the times come back; the rest is what we inserted, so the rows
-                # are not parsed back out of their JSON.
-                times = {r["id"]: (int(r["run_at_ms"]), int(r["created_at_ms"])) for r in rows}
-                out.extend(new_task(p, *times[p["id"]]) for p in run)
+                out.extend(await self._insert_run(session.fetch, run))
                 run.clear()
 
         for params in prepared:
