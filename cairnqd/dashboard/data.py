@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import socket
@@ -170,6 +171,7 @@ class DashboardData:
                 config.database, "background", statement_timeout_ms=_STATEMENT_TIMEOUT_MS
             )
         )
+        self._store_factory = factory
         self._store = LazyStore(factory)
         self._thread = LoopThread("cairnqd-dashboard-db")
         self._lock = threading.Lock()
@@ -203,8 +205,11 @@ class DashboardData:
         failures = 0
         while True:
             began = time.monotonic()
+            # A store of its own: the pages' reads never queue behind the build (or
+            # lose their connection when a failed build is cleaned up).
+            store = self._store_factory()
             try:
-                store = await self._store.get()
+                await store.connect()
                 await store.ensure_schema("dashboard_indexes")
                 break
             except Exception as exc:
@@ -217,7 +222,9 @@ class DashboardData:
                     INDEX_RETRY_S,
                 )
                 failures += 1
-                await self._store.close()
+            finally:
+                with contextlib.suppress(Exception):
+                    await store.close()
             await asyncio.sleep(INDEX_RETRY_S)
         self.indexes_ready = True
         took = time.monotonic() - began
