@@ -90,17 +90,22 @@ class Task:
     completed_at_ms: int | None = None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any], json_is_text: bool = True) -> Task:
+    def from_row(
+        cls, row: Mapping[str, Any], json_is_text: bool = True, *, take: bool = False
+    ) -> Task:
         """Build a Task from a driver row.
 
         `json_is_text` says how this driver hands over JSON columns: as text to parse
         (SQLite) or already decoded (psycopg's jsonb loader). Guessing from the value's
         type would parse a top-level JSON string twice, so the caller must know.
         Unknown columns are dropped, so a newer schema with extra columns still reads.
+        `take`: the row is a dict nobody else uses (a store's fresh driver row), so a
+        full one becomes the task's own attributes instead of being copied.
         """
-        if row.keys() == _FIELD_SET:
-            # The common case (a full row of today's schema): copy it in one step
-            # rather than key by key; a claim builds hundreds of these per batch.
+        full = row.keys() == _FIELD_SET
+        if full and take and type(row) is dict:
+            values = row
+        elif full:
             values = dict(row)
         else:
             values = {name: row[name] for name in _FIELD_NAMES if name in row}
@@ -113,6 +118,11 @@ class Task:
             value = values.get(column)
             if value is not None and not isinstance(value, int):
                 values[column] = int(value)
+        if full and cls is Task:
+            # The common case (a full row of today's schema; a claim builds hundreds of
+            # these per batch): the checked values become the attributes as they are,
+            # a quarter of the cost of the keyword call.
+            return adopt_task(values)
         return cls(**values)
 
     @property
@@ -146,4 +156,16 @@ class Task:
 
 _FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Task))
 _FIELD_SET = frozenset(_FIELD_NAMES)
+
+
+def adopt_task(values: dict[str, Any]) -> Task:
+    """A Task whose attributes are `values`, which must hold every field, already in
+    its final type, and belong to nobody else: `Task(**values)` without the call.
+    Only for the hot paths that build thousands (claims, `submit_many`); a test
+    keeps it equal to the constructor."""
+    task = object.__new__(Task)
+    task.__dict__ = values
+    return task
+
+
 TASK_COLUMNS = _FIELD_NAMES

@@ -206,10 +206,12 @@ class TaskStore(ABC):
         await self.close()
 
     def _task(self, row: Row) -> Task:
-        return Task.from_row(row, self.json_is_text)
+        # Driver rows are fresh dicts that only this call reads: the task takes them.
+        return Task.from_row(row, self.json_is_text, take=True)
 
     def _tasks(self, rows: list[Row]) -> list[Task]:
-        return [Task.from_row(r, self.json_is_text) for r in rows]
+        json_is_text = self.json_is_text
+        return [Task.from_row(r, json_is_text, take=True) for r in rows]
 
     # -- hooks used by the client layer ------------------------------------------------
 

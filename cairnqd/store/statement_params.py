@@ -8,7 +8,7 @@ from typing import Any
 
 from cairnqd._jsoncodec import check_storable, dump_json
 from cairnqd.errors import ErrorEnvelope, SerializationError
-from cairnqd.models import Task
+from cairnqd.models import Task, adopt_task
 from cairnqd.store.arguments import Params
 
 #: What recovery stores on a task whose lease ran out on its last attempt.
@@ -38,21 +38,34 @@ def claim_variant(queues: list[str], names: Sequence[str] | None) -> tuple[str, 
 
 
 def new_task(params: Params, run_at_ms: int, created_at_ms: int) -> Task:
-    return Task(
-        id=params["id"],
-        name=params["name"],
-        queue=params["queue"],
-        status="queued",
-        payload=params["payload_value"],
-        metadata=params["metadata_value"],
-        max_attempts=params["max_attempts"],
-        priority=params["priority"],
-        parent_id=params["parent_id"],
-        root_id=params["root_id"],
-        correlation_id=params["correlation_id"],
-        run_at_ms=run_at_ms,
-        created_at_ms=created_at_ms,
-        updated_at_ms=created_at_ms,
+    """The task a keyless insert made, from what was inserted: every column, as
+    insert_task leaves a new row (`submit_many` builds thousands, hence `adopt_task`)."""
+    return adopt_task(
+        {
+            "id": params["id"],
+            "name": params["name"],
+            "queue": params["queue"],
+            "status": "queued",
+            "payload": params["payload_value"],
+            "result": None,
+            "error": None,
+            "metadata": params["metadata_value"],
+            "progress": None,
+            "message": None,
+            "attempt": 0,
+            "max_attempts": params["max_attempts"],
+            "priority": params["priority"],
+            "worker_id": None,
+            "lease_until_ms": None,
+            "run_at_ms": run_at_ms,
+            "cancel_requested_at_ms": None,
+            "parent_id": params["parent_id"],
+            "root_id": params["root_id"],
+            "correlation_id": params["correlation_id"],
+            "created_at_ms": created_at_ms,
+            "updated_at_ms": created_at_ms,
+            "completed_at_ms": None,
+        }
     )
 
 

@@ -89,3 +89,26 @@ def test_absent_payload_is_stored_as_an_empty_object(value: Any) -> None:
 def test_text_with_a_nul_is_refused_anywhere(before: str, after: str) -> None:
     with pytest.raises(SerializationError, match="NUL"):
         dump_json({"k": [before + "\x00" + after]})
+
+
+_STDLIB = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
+@given(json_values)
+def test_the_prebuilt_encoder_writes_the_stdlib_bytes(value: Any) -> None:
+    # dump_json builds its C encoder once; the text must stay the public SDK's.
+    assert dump_json(value) == _STDLIB.encode(value)
+
+
+def test_a_cycle_is_named_and_the_next_call_is_unharmed() -> None:
+    # The prebuilt encoder has no cycle memo; a cycle must still be refused by name,
+    # and an encode after it must not see a stale memo.
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(SerializationError, match="Circular reference"):
+        dump_json(loop, what="payload")
+    shared = [1]
+    assert dump_json({"a": shared, "b": shared}) == '{"a":[1],"b":[1]}'
+    with pytest.raises(SerializationError, match=r"payload is not JSON-serializable: .*set"):
+        dump_json({"x": {1}}, what="payload")
+    assert dump_json({"after": "error"}) == '{"after":"error"}'
