@@ -1,19 +1,23 @@
 """The daemon's own costs, measured against the bare worker in the same run.
 
-1. Drain: 20,000 pre-loaded no-op tasks drained by `cairnqd` with P children versus P
+1. Drain: 60,000 pre-loaded no-op tasks drained by `cairnqd` with P children versus P
    bare `Worker.serve()` processes with the same handler, concurrency and database
    (SQLite file or Postgres). Ratio daemon / bare: the supervisor should cost nothing.
+   Single runs scatter by 10-20% on a 2-core machine, so the sides alternate over 6
+   rounds (ABBA order), each run starts after a checkpoint and a sync, and the ratio
+   is given both of the medians and as the median of the rounds' own ratios.
 2. Recovery: a child is SIGKILLed while running a task (lease 60 s); the time until the
    task is running again on another child (the parent's hand-back, not lease expiry).
 3. Memory: resident size of the parent and of one child, idle and after the drain.
 
-    python -m bench.daemon --backend sqlite --repeats 3
+    python -m bench.daemon --backend sqlite
     python -m bench.daemon --backend postgres --dsn postgresql://postgres@127.0.0.1/postgres
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -82,7 +86,20 @@ class Database:
             row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
             return row[0] if row else None
 
+    def settle(self) -> None:
+        """Before a measured drain: write out what earlier runs left dirty (a
+        Postgres checkpoint, the page cache), so no run pays for its predecessor's
+        writeback. Unsettled, runs in a row differed by up to 25%."""
+        if self.backend == "postgres":
+            with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+                conn.execute("checkpoint")
+        os.sync()
+
     def drop(self) -> None:
+        if self.backend == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path + suffix)
         if self.backend == "postgres":
             with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
                 conn.execute(f'drop database if exists "{self.name}" with (force)')  # type: ignore[arg-type]
@@ -198,6 +215,7 @@ def drain_once(
             workers = bare_workers(db, processes)
             pids = [w.pid for w in workers]
             time.sleep(3)  # a bare serve() has no readiness signal; imports take ~1 s
+        db.settle()
         preload(db, n)
         started = time.perf_counter()
         wait_for("drain", lambda: pending(db) == 0, every=0.02)
@@ -265,8 +283,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--tasks", type=int, default=60_000)
     parser.add_argument(
         "--connections", type=int, default=1,
         help="Postgres: connections per process on both sides (connections_per_child)",
@@ -309,8 +327,21 @@ def main() -> None:
                 results[f"drain_daemon_{processes}"]["median"]["tasks_per_s"]
                 / results[f"drain_bare_{processes}"]["median"]["tasks_per_s"]
             )
+            # Each round's own ratio too: the two sides of a round ran back to back,
+            # so drift between rounds cancels out of it.
+            per_round = [
+                d["tasks_per_s"] / b["tasks_per_s"]
+                for d, b in zip(by_kind["daemon"], by_kind["bare"], strict=True)
+            ]
             results[f"ratio_daemon_over_bare_{processes}"] = ratio
-            print(f"{args.backend} daemon / bare with {processes} process(es): {ratio:.2f}")
+            results[f"ratio_per_round_{processes}"] = per_round
+            results[f"ratio_median_of_rounds_{processes}"] = statistics.median(per_round)
+            print(
+                f"{args.backend} daemon / bare with {processes} process(es): {ratio:.2f} "
+                f"(median of rounds {statistics.median(per_round):.2f}; each round: "
+                + " ".join(f"{r:.2f}" for r in per_round)
+                + ")"
+            )
         runs = [recovery_once(args.backend, args.dsn, tmp) for _ in range(max(3, args.repeats))]
         results["recovery"] = {"median": median_of(runs), "runs": runs}
         med = results["recovery"]["median"]
