@@ -290,18 +290,24 @@ class DashboardData:
         renews it in the background (so a page never waits on the database's
         aggregates once a snapshot exists); only the first read, or one after an
         action (`invalidate`), is waited for. Concurrent callers share one read."""
+        started: concurrent.futures.Future[Overview] | None = None
         with self._lock:
             current = self._overview
             if current is not None and time.monotonic() - self._taken_at < self._interval():
                 return current
             if self._inflight is None:
-                inflight = self._thread.submit(self._read_overview())
-                self._inflight = inflight
                 self._read_started = time.monotonic()
-                inflight.add_done_callback(self._landed)
+                started = self._inflight = self._thread.submit(self._read_overview())
             inflight = self._inflight
-            if current is not None and not self._must_wait:
-                return current
+            stale_will_do = current is not None and not self._must_wait
+        if started is not None:
+            # Outside the lock: on a read that has already finished (a quick one, this
+            # thread descheduled meanwhile) `add_done_callback` runs `_landed` right
+            # here, and `_landed` takes the lock. Under it, that deadlocked every page.
+            started.add_done_callback(self._landed)
+        if stale_will_do:
+            assert current is not None
+            return current
         # The read's own result, not `self._overview`: the waiters wake before the done
         # callback (`_landed`) has stored it.
         try:

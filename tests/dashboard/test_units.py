@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -183,3 +184,39 @@ def test_login_throttle() -> None:
     assert throttle.blocked("10.0.0.1", now=103)
     assert not throttle.blocked("10.0.0.2", now=103)
     assert not throttle.blocked("10.0.0.1", now=161)
+
+
+def test_an_overview_read_done_before_its_callback_is_added_does_not_deadlock(
+    tmp_path: Path,
+) -> None:
+    """Seen in CI under load: the snapshot read finished before the page's thread added
+    its done callback, so the callback ran at once in that thread, which still held the
+    lock the callback takes; that page and every later one hung."""
+    import threading
+
+    from cairnqd.dashboard.data import DashboardData
+
+    data = DashboardData(load_config(str(_config(tmp_path, "{}"))))
+    data.start()
+    try:
+        submit = data._thread.submit
+
+        def finished_first(coro: Any) -> Any:  # the race, made certain
+            future = submit(coro)
+            future.result(10)
+            return future
+
+        data._thread.submit = finished_first  # type: ignore[method-assign]
+        results: list[Any] = []
+        pages = [threading.Thread(target=lambda: results.append(data.overview()), daemon=True)]
+        pages[0].start()
+        pages[0].join(10)
+        assert not pages[0].is_alive(), "the overview deadlocked on its own lock"
+        assert results[0].problem is None and data.refreshes == 1
+        data.invalidate()  # the next page waits for a fresh read: the same path again
+        second = threading.Thread(target=lambda: results.append(data.overview()), daemon=True)
+        second.start()
+        second.join(10)
+        assert not second.is_alive() and data.refreshes == 2
+    finally:
+        data.stop()
