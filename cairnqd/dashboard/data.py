@@ -299,15 +299,14 @@ class DashboardData:
                 self._read_started = time.monotonic()
                 started = self._inflight = self._thread.submit(self._read_overview())
             inflight = self._inflight
-            stale_will_do = current is not None and not self._must_wait
+            stale = None if self._must_wait else current
         if started is not None:
             # Outside the lock: on a read that has already finished (a quick one, this
             # thread descheduled meanwhile) `add_done_callback` runs `_landed` right
             # here, and `_landed` takes the lock. Under it, that deadlocked every page.
             started.add_done_callback(self._landed)
-        if stale_will_do:
-            assert current is not None
-            return current
+        if stale is not None:
+            return stale
         # The read's own result, not `self._overview`: the waiters wake before the done
         # callback (`_landed`) has stored it.
         try:

@@ -4,6 +4,7 @@ fixed values the protocol writes (the lease-expired envelope)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, fields
 from typing import Any
 
 from cairnqd._jsoncodec import check_storable, dump_json
@@ -37,34 +38,30 @@ def claim_variant(queues: list[str], names: Sequence[str] | None) -> tuple[str, 
     return "claim", {"queues": queues, "names": name_list}
 
 
+# A new row's columns that no submit argument sets: the dataclass defaults are what
+# insert_task leaves (queued, attempt 0, no result, lease or completion).
+_NEW_ROW: dict[str, Any] = {f.name: f.default for f in fields(Task) if f.default is not MISSING}
+
+
 def new_task(params: Params, run_at_ms: int, created_at_ms: int) -> Task:
-    """The task a keyless insert made, from what was inserted: every column, as
-    insert_task leaves a new row (`submit_many` builds thousands, hence `adopt_task`)."""
+    """The task a keyless insert made, from what was inserted (`submit_many` builds
+    thousands, hence `adopt_task`)."""
     return adopt_task(
         {
+            **_NEW_ROW,
             "id": params["id"],
             "name": params["name"],
             "queue": params["queue"],
-            "status": "queued",
             "payload": params["payload_value"],
-            "result": None,
-            "error": None,
             "metadata": params["metadata_value"],
-            "progress": None,
-            "message": None,
-            "attempt": 0,
             "max_attempts": params["max_attempts"],
             "priority": params["priority"],
-            "worker_id": None,
-            "lease_until_ms": None,
-            "run_at_ms": run_at_ms,
-            "cancel_requested_at_ms": None,
             "parent_id": params["parent_id"],
             "root_id": params["root_id"],
             "correlation_id": params["correlation_id"],
+            "run_at_ms": run_at_ms,
             "created_at_ms": created_at_ms,
             "updated_at_ms": created_at_ms,
-            "completed_at_ms": None,
         }
     )
 

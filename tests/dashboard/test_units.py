@@ -208,15 +208,17 @@ def test_an_overview_read_done_before_its_callback_is_added_does_not_deadlock(
 
         data._thread.submit = finished_first  # type: ignore[method-assign]
         results: list[Any] = []
-        pages = [threading.Thread(target=lambda: results.append(data.overview()), daemon=True)]
-        pages[0].start()
-        pages[0].join(10)
-        assert not pages[0].is_alive(), "the overview deadlocked on its own lock"
+
+        def page_answers() -> bool:
+            """One page's overview, on a thread of its own (a deadlock would hang it)."""
+            page = threading.Thread(target=lambda: results.append(data.overview()), daemon=True)
+            page.start()
+            page.join(10)
+            return not page.is_alive()
+
+        assert page_answers(), "the overview deadlocked on its own lock"
         assert results[0].problem is None and data.refreshes == 1
         data.invalidate()  # the next page waits for a fresh read: the same path again
-        second = threading.Thread(target=lambda: results.append(data.overview()), daemon=True)
-        second.start()
-        second.join(10)
-        assert not second.is_alive() and data.refreshes == 2
+        assert page_answers() and data.refreshes == 2
     finally:
         data.stop()
