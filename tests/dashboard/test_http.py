@@ -110,11 +110,12 @@ def test_no_secret_in_any_page(dash: Dash) -> None:
 
 
 def test_filters_and_keyset_paging(dash: Dash) -> None:
-    async def more(q: CairnQ) -> list[str]:
+    async def more(q: CairnQ) -> list[tuple[int, str]]:
         made = [await q.submit("d.echo", {"i": i}, queue="parked") for i in range(7)]
-        return [t.id for t in made]
+        return [(t.created_at_ms, t.id) for t in made]
 
-    ids = set(dash.run(more))
+    made = dash.run(more)
+    ids = {task_id for _, task_id in made}
     http = dash.http()
     seen: list[str] = []
     path = "/tasks?queue=parked&status=queued&limit=3"
@@ -129,8 +130,10 @@ def test_filters_and_keyset_paging(dash: Dash) -> None:
     assert pages == 3
     assert len(seen) == len(set(seen)) == 7
     assert set(seen) == ids
-    # Newest first: ULIDs of one process grow with time.
-    assert seen == sorted(seen, reverse=True)
+    # Newest first: created_at_ms, then id. Not the ids alone: two submits within one
+    # millisecond get ULIDs in random order, and the database's clock stamps
+    # created_at_ms, not the one in the ULID (CI once saw the two disagree).
+    assert seen == [task_id for _, task_id in sorted(made, reverse=True)]
 
     by_status = http.get("/tasks?status=failed")
     assert re.findall(r'href="/task/(task_[0-9A-Z]+)"', by_status.text) == [dash.tasks["failed"]]
