@@ -48,15 +48,19 @@ class WorkerObserver(Protocol):
     a handler returned a result that is now queued for writing; `task_ended` runs once for
     every task the worker held, started or not, with the outcome: succeeded, failed,
     retried, canceled, or lease_lost (written by nobody: the lease was gone, or the
-    result could not be written)."""
+    result could not be written). Each gets the context itself: a context object is
+    one attempt (two attempts of one task are two contexts), so a host can key its own
+    bookkeeping by it, and read `ctx.started_at` rather than keep a clock of its own."""
 
-    def task_held(self, task: Task) -> None: ...
+    def task_held(self, ctx: TaskContext) -> None: ...
 
-    def task_started(self, task: Task) -> None: ...
+    def task_started(self, ctx: TaskContext) -> None: ...
 
-    def task_returned(self, task: Task) -> None: ...
+    def task_returned(self, ctx: TaskContext) -> None: ...
 
-    def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None: ...
+    def task_ended(
+        self, ctx: TaskContext, outcome: str, reason: str, duration_s: float
+    ) -> None: ...
 
 
 class LoopState:
@@ -130,7 +134,7 @@ class InFlight:
         ctx.lease_deadline = claim_sent_at + self.lease_s
         self._held[ctx.identity] = ctx
         if self.observer is not None:
-            self.observer.task_held(ctx.task)
+            self.observer.task_held(ctx)
 
     def stale(self, ctx: TaskContext) -> bool:
         """True (and `ctx` released as lease_lost) when its lease is gone or may be."""
@@ -148,13 +152,13 @@ class InFlight:
         ctx.started_at = self.clock()
         self.executing += 1
         if self.observer is not None:
-            self.observer.task_started(ctx.task)
+            self.observer.task_started(ctx)
         return True
 
     def returned(self, ctx: TaskContext) -> None:
         """The handler of started `ctx` returned; its result waits to be written."""
         if self.observer is not None:
-            self.observer.task_returned(ctx.task)
+            self.observer.task_returned(ctx)
 
     def release(self, ctx: TaskContext, outcome: str, reason: str = "") -> None:
         """Stop holding `ctx` and report its end; later calls are no-ops."""
@@ -171,7 +175,7 @@ class InFlight:
         if observer is not None:
             began = ctx.started_at
             duration = self.clock() - began if began is not None else 0.0
-            observer.task_ended(ctx.task, outcome, reason, duration)
+            observer.task_ended(ctx, outcome, reason, duration)
 
     def release_settled(self, ctx: TaskContext, task: Task | None, reason: str = "") -> None:
         """Release after a write settled the task (`task` as it now reads)."""

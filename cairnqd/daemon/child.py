@@ -254,7 +254,11 @@ class Child:
         # Without a task or memory limit there is nothing to check after each task.
         limits = self.boot.max_tasks or self.boot.max_memory
         self.reporter = ChildReporter(
-            self.events, starts, buckets, self.after_task if limits else None
+            self.events,
+            starts,
+            buckets,
+            self.after_task if limits else None,
+            worker.in_flight.contexts,
         )
         worker.observer = self.reporter
         # Retire on the limits before claiming, not only after a task ends: a claim

@@ -9,9 +9,10 @@ observer keeps three things, each for its own reader:
   (and returned but unwritten) tasks their attempt back;
 - the tally (`daemon.tally`): cumulative counts, sent a few times a second while they
   change;
-- the tasks running now with their start times, which the heartbeat thread reads (it
-  runs even while the event loop is blocked) to report the longest-running task and
-  any past `max_run`, so the parent can enforce `max_run` from the handler's start.
+- nothing for the tasks running now: the heartbeat thread (it runs even while the
+  event loop is blocked) reads the worker's own held contexts and their start times to
+  report the longest-running task and any past `max_run`, so the parent can enforce
+  `max_run` from the handler's start.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
+from cairnqd.context import TaskContext
 from cairnqd.daemon.messages import LongestTask, Overrun, encode
 from cairnqd.daemon.outbox import Outbox
 from cairnqd.daemon.starts import StartTable
 from cairnqd.daemon.tally import TaskTally
-from cairnqd.models import Task
 
 #: How often a changed tally is sent.
 TALLY_EVERY_S = 0.25
@@ -37,44 +38,48 @@ class ChildReporter:
         starts: StartTable | None,
         buckets: tuple[Sequence[float], Sequence[float]],
         on_finished: Callable[[int], None] | None,
+        held: Callable[[], list[TaskContext]],
     ) -> None:
         self._outbox = outbox
         self._starts = starts
         self._tally = TaskTally(*buckets)
         self._dirty = False
         self._on_finished = on_finished
-        #: (task id, attempt) -> (monotonic start, task name), written by the loop
-        #: thread only; the heartbeat thread reads a copy.
-        self.running: dict[tuple[str, int], tuple[float, str]] = {}
+        #: The worker's held contexts, as a list copy (`InFlight.contexts`): where the
+        #: heartbeat thread finds the running tasks and their start times (on the
+        #: worker's clock, `time.monotonic`).
+        self._held = held
         self.finished = 0
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- the worker's observer -----------------------------------------------------------
+    # These run for every task (tens of thousands a second across a pool): each does a
+    # dictionary lookup or two and a counter increment, nothing that allocates.
 
-    def task_held(self, task: Task) -> None:
+    def task_held(self, ctx: TaskContext) -> None:
         if self._starts is not None:
-            self._starts.held(task.id, task.attempt)
+            task = ctx.task
+            self._starts.held(ctx, task.id, task.attempt)
 
-    def task_started(self, task: Task) -> None:
+    def task_started(self, ctx: TaskContext) -> None:
         if self._starts is not None:
-            self._starts.started(task.id, task.attempt)
-        self.running[(task.id, task.attempt)] = (time.monotonic(), task.name)
-        wait_s = (task.updated_at_ms - task.run_at_ms) / 1000
-        self._tally.started(task.queue, task.name, wait_s)
+            self._starts.started(ctx)
+        task = ctx.task
+        self._tally.started(task.queue, task.name, (task.updated_at_ms - task.run_at_ms) / 1000)
         self._dirty = True
 
-    def task_returned(self, task: Task) -> None:
+    def task_returned(self, ctx: TaskContext) -> None:
         if self._starts is not None:
-            self._starts.returned(task.id, task.attempt)
+            self._starts.returned(ctx)
 
-    def task_ended(self, task: Task, outcome: str, reason: str, duration_s: float) -> None:
+    def task_ended(self, ctx: TaskContext, outcome: str, reason: str, duration_s: float) -> None:
         if self._starts is not None:
-            self._starts.released(task.id, task.attempt)
-        began = self.running.pop((task.id, task.attempt), None)
-        if began is None and outcome == "lease_lost":
+            self._starts.released(ctx)
+        if ctx.started_at is None and outcome == "lease_lost":
             # Claimed ahead and dropped before it started: no attempt was made here.
             return
+        task = ctx.task
         self._tally.ended(task.queue, task.name, outcome, reason, duration_s)
         self._dirty = True
         self.finished += 1
@@ -109,16 +114,22 @@ class ChildReporter:
         self, max_run_s: float | None
     ) -> tuple[int, tuple[Overrun, ...], LongestTask | None]:
         """How many tasks run, those past `max_run_s`, and the longest-running one.
-        Safe from another thread: it works on a copy of the running table."""
-        running = dict(self.running)  # one C-level copy: consistent under the GIL
+        Safe from another thread: it reads a copy of the worker's held contexts."""
+        # One C-level copy (consistent under the GIL), then only the started ones; a
+        # context released since the copy was made is no longer running.
+        running = [
+            (began, ctx)
+            for ctx in self._held()
+            if (began := ctx.started_at) is not None and not ctx.released
+        ]
         now = time.monotonic()
         overdue = tuple(
-            Overrun(task_id, attempt, round(now - began, 3))
-            for (task_id, attempt), (began, _) in running.items()
+            Overrun(ctx.task_id, ctx.attempt, round(now - began, 3))
+            for began, ctx in running
             if max_run_s is not None and now - began > max_run_s
         )
         longest = None
         if running:
-            (task_id, _), (began, name) = min(running.items(), key=lambda item: item[1][0])
-            longest = LongestTask(task_id, name, round(now - began, 3))
+            began, ctx = min(running, key=lambda item: item[0])
+            longest = LongestTask(ctx.task_id, ctx.name, round(now - began, 3))
         return len(running), overdue, longest

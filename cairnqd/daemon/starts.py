@@ -35,6 +35,7 @@ import contextlib
 import mmap
 import os
 import struct
+from collections.abc import Hashable
 
 _MAGIC = b"CQST"
 _VERSION = 1
@@ -60,8 +61,10 @@ class StartTable:
         self.fd = fd
         self._memory = memory
         self._capacity = capacity
-        # Child side only: where each held task lives, and the slots free for reuse.
-        self._slots: dict[tuple[str, int], int] = {}
+        # Child side only: the slot of each held task, by the key its holder chose (the
+        # worker's context object: hashed by identity, so two attempts never collide),
+        # and the slots free for reuse.
+        self._slots: dict[Hashable, int] = {}
         self._free = list(range(capacity - 1, -1, -1))
 
     @classmethod
@@ -94,8 +97,8 @@ class StartTable:
 
     # -- the child's side ------------------------------------------------------------
 
-    def held(self, task_id: str, attempt: int) -> None:
-        """Record a task claimed into this child (not started yet)."""
+    def held(self, key: Hashable, task_id: str, attempt: int) -> None:
+        """Record a task claimed into this child (not started yet), under `key`."""
         raw = task_id.encode()
         if len(raw) > _ID_MAX or not self._free:
             self._memory[_OVERFLOW_AT] = 1  # said once; the task counts as started
@@ -105,27 +108,27 @@ class StartTable:
         memory = self._memory
         _BODY.pack_into(memory, at + 1, len(raw), attempt, raw)
         memory[at] = _HELD  # last: the slot counts only once it is whole
-        self._slots[(task_id, attempt)] = slot
+        self._slots[key] = at
 
-    def started(self, task_id: str, attempt: int) -> None:
+    def started(self, key: Hashable) -> None:
         """Mark a held task started; call right before its handler is called."""
-        slot = self._slots.get((task_id, attempt))
-        if slot is not None:
-            self._memory[_HEADER + slot * _SLOT] = _STARTED
+        at = self._slots.get(key)
+        if at is not None:
+            self._memory[at] = _STARTED
 
-    def returned(self, task_id: str, attempt: int) -> None:
+    def returned(self, key: Hashable) -> None:
         """Mark a started task whose handler returned: its result is queued, not yet
         written. Call right after the handler returns."""
-        slot = self._slots.get((task_id, attempt))
-        if slot is not None:
-            self._memory[_HEADER + slot * _SLOT] = _RETURNED
+        at = self._slots.get(key)
+        if at is not None:
+            self._memory[at] = _RETURNED
 
-    def released(self, task_id: str, attempt: int) -> None:
+    def released(self, key: Hashable) -> None:
         """The child let go of the task (settled, or its lease lost)."""
-        slot = self._slots.pop((task_id, attempt), None)
-        if slot is not None:
-            self._memory[_HEADER + slot * _SLOT] = _FREE
-            self._free.append(slot)
+        at = self._slots.pop(key, None)
+        if at is not None:
+            self._memory[at] = _FREE
+            self._free.append((at - _HEADER) // _SLOT)
 
     # -- the parent's side -----------------------------------------------------------
 

@@ -54,48 +54,112 @@ class _Histogram:
         self.total += value
 
 
+class _Name:
+    """The counts of one task name in one queue. The common outcomes are fields; the
+    failures, rarer, are counted by (kind, reason)."""
+
+    __slots__ = ("canceled", "others", "started", "succeeded")
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.succeeded = 0
+        self.canceled = 0
+        self.others: dict[tuple[str, str], int] = {}
+
+
+class _Queue:
+    """One queue's names and its two histograms."""
+
+    __slots__ = ("durations", "names", "waits")
+
+    def __init__(self, duration_buckets: Sequence[float], wait_buckets: Sequence[float]) -> None:
+        self.names: dict[str, _Name] = {}
+        self.durations = _Histogram(duration_buckets)
+        self.waits = _Histogram(wait_buckets)
+
+
 class TaskTally:
-    """A child's cumulative task counts (event-loop thread only)."""
+    """A child's cumulative task counts (event-loop thread only).
+
+    `started` and `ended` run for every task, at up to ~10k a second per child, so they
+    do the least they can: two lookups by string (no tuple key is built), a field
+    increment and a bisect. `counters` and `snapshot` do the reshaping, a few times a
+    second."""
 
     def __init__(self, duration_buckets: Sequence[float], wait_buckets: Sequence[float]) -> None:
         self._buckets = (list(duration_buckets), list(wait_buckets))
-        self.counters: dict[CounterKey, int] = {}
-        self.durations: dict[str, _Histogram] = {}
-        self.waits: dict[str, _Histogram] = {}
+        self._queues: dict[str, _Queue] = {}
 
-    # started/ended run for every task, at up to ~10k a second per child: the counting
-    # is inlined (a method call per counter was a measurable share of the daemon's cost).
+    def _name(self, queue: str, name: str) -> tuple[_Queue, _Name]:
+        counts = self._queues.get(queue)
+        if counts is None:
+            counts = self._queues[queue] = _Queue(*self._buckets)
+        named = counts.names.get(name)
+        if named is None:
+            named = counts.names[name] = _Name()
+        return counts, named
+
     def started(self, queue: str, name: str, wait_s: float) -> None:
-        counters = self.counters
-        key = (queue, name, "started", "")
-        counters[key] = counters.get(key, 0) + 1
-        histogram = self.waits.get(queue)
-        if histogram is None:
-            histogram = self.waits[queue] = _Histogram(self._buckets[1])
-        histogram.observe(wait_s if wait_s > 0.0 else 0.0)
+        counts = self._queues.get(queue)
+        named = None if counts is None else counts.names.get(name)
+        if counts is None or named is None:
+            counts, named = self._name(queue, name)
+        named.started += 1
+        waits = counts.waits
+        if wait_s < 0.0:
+            wait_s = 0.0
+        waits.counts[bisect.bisect_left(waits.bounds, wait_s)] += 1
+        waits.total += wait_s
 
     def ended(self, queue: str, name: str, outcome: str, code: str, duration_s: float) -> None:
-        counters = self.counters
-        if outcome == "succeeded" or outcome == "canceled":
-            key = (queue, name, outcome, "")
+        counts = self._queues.get(queue)
+        named = None if counts is None else counts.names.get(name)
+        if counts is None or named is None:
+            counts, named = self._name(queue, name)
+        if outcome == "succeeded":
+            named.succeeded += 1
+        elif outcome == "canceled":
+            named.canceled += 1
         else:
-            key = (queue, name, "failed", failure_reason(outcome, code))
+            others = named.others
+            key = ("failed", failure_reason(outcome, code))
+            others[key] = others.get(key, 0) + 1
             if outcome == "retried":
-                retried = (queue, name, "retried", "")
-                counters[retried] = counters.get(retried, 0) + 1
-        counters[key] = counters.get(key, 0) + 1
-        histogram = self.durations.get(queue)
-        if histogram is None:
-            histogram = self.durations[queue] = _Histogram(self._buckets[0])
-        histogram.observe(duration_s if duration_s > 0.0 else 0.0)
+                others[_RETRIED] = others.get(_RETRIED, 0) + 1
+        durations = counts.durations
+        if duration_s < 0.0:
+            duration_s = 0.0
+        durations.counts[bisect.bisect_left(durations.bounds, duration_s)] += 1
+        durations.total += duration_s
+
+    @property
+    def counters(self) -> dict[CounterKey, int]:
+        """Every non-zero count by (queue, name, kind, reason)."""
+        found: dict[CounterKey, int] = {}
+        for queue, counts in self._queues.items():
+            for name, named in counts.names.items():
+                for kind, n in (
+                    ("started", named.started),
+                    ("succeeded", named.succeeded),
+                    ("canceled", named.canceled),
+                ):
+                    if n:
+                        found[(queue, name, kind, "")] = n
+                for (kind, reason), n in named.others.items():
+                    found[(queue, name, kind, reason)] = n
+        return found
 
     def snapshot(self) -> Tally:
         """The counts so far, as the `tally` message carries them."""
+        queues = self._queues.items()
         return Tally(
             counts=tuple(TallyCount(*key, n) for key, n in self.counters.items()),
-            durations={q: (*h.counts, h.total) for q, h in self.durations.items()},
-            waits={q: (*h.counts, h.total) for q, h in self.waits.items()},
+            durations={q: (*c.durations.counts, c.durations.total) for q, c in queues},
+            waits={q: (*c.waits.counts, c.waits.total) for q, c in queues},
         )
+
+
+_RETRIED = ("retried", "")
 
 
 @dataclass(frozen=True)

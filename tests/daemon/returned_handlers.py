@@ -12,8 +12,8 @@ import os
 import signal
 from typing import Any
 
+from cairnqd.context import TaskContext
 from cairnqd.daemon.reporter import ChildReporter
-from cairnqd.models import Task
 from cairnqd.registry import TaskRegistry
 from tests.daemon.fault_handlers import record
 
@@ -22,8 +22,9 @@ registry = TaskRegistry()
 _queued = ChildReporter.task_returned
 
 
-def _die_once_after_return(self: ChildReporter, task: Task) -> None:
-    _queued(self, task)  # the start table says "returned" first
+def _die_once_after_return(self: ChildReporter, ctx: TaskContext) -> None:
+    _queued(self, ctx)  # the start table says "returned" first
+    task = ctx.task
     marker = task.payload.get("marker") if isinstance(task.payload, dict) else None
     if task.name == "r.die_after_return" and marker and not os.path.exists(marker):
         open(marker, "w").close()
