@@ -257,9 +257,9 @@ class ClaimLoop:
                     self._inflight.in_use[handler.resource] += 1
                 self._spawn(self._runner.execute(Call(handler, contexts)))
                 free -= 1
-        backlog = self._inflight.backlog
-        for task in plain:
-            backlog.append(self._hold(task))
+        waiting = [TaskContext(self._settlement, task) for task in plain]
+        self._inflight.hold(waiting, self._claim_sent_at)
+        self._inflight.backlog.extend(waiting)
         self.start_backlog(free)
 
     def start_backlog(self, free: int) -> None:
@@ -277,7 +277,7 @@ class ClaimLoop:
 
     def _hold(self, task: Task) -> TaskContext:
         ctx = TaskContext(self._settlement, task)
-        self._inflight.hold(ctx, self._claim_sent_at)
+        self._inflight.hold((ctx,), self._claim_sent_at)
         return ctx
 
     def _spawn(self, coro: Awaitable[None]) -> None:

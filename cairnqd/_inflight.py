@@ -26,7 +26,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cairnqd.models import Task
@@ -43,7 +43,7 @@ ErrorReporter = Callable[[BaseException, dict[str, Any]], None]
 class WorkerObserver(Protocol):
     """Hooks a host process (the daemon's child) uses to follow a worker's tasks.
 
-    `task_held` runs when a claimed task is taken into the worker; `task_started`
+    `tasks_held` runs when claimed tasks are taken into the worker (once per claim); `task_started`
     runs synchronously right before its handler is called; `task_returned` right after
     a handler returned a result that is now queued for writing; `task_ended` runs once for
     every task the worker held, started or not, with the outcome: succeeded, failed,
@@ -52,7 +52,7 @@ class WorkerObserver(Protocol):
     one attempt (two attempts of one task are two contexts), so a host can key its own
     bookkeeping by it, and read `ctx.started_at` rather than keep a clock of its own."""
 
-    def task_held(self, ctx: TaskContext) -> None: ...
+    def tasks_held(self, contexts: Sequence[TaskContext]) -> None: ...
 
     def task_started(self, ctx: TaskContext) -> None: ...
 
@@ -129,12 +129,15 @@ class InFlight:
 
     # -- claim, start, release -------------------------------------------------------
 
-    def hold(self, ctx: TaskContext, claim_sent_at: float) -> None:
-        """Track a claimed task; its lease is ours until `claim_sent_at + lease`."""
-        ctx.lease_deadline = claim_sent_at + self.lease_s
-        self._held[ctx.identity] = ctx
+    def hold(self, contexts: Sequence[TaskContext], claim_sent_at: float) -> None:
+        """Track claimed tasks; their lease is ours until `claim_sent_at + lease`."""
+        deadline = claim_sent_at + self.lease_s
+        held = self._held
+        for ctx in contexts:
+            ctx.lease_deadline = deadline
+            held[ctx.identity] = ctx
         if self.observer is not None:
-            self.observer.task_held(ctx)
+            self.observer.tasks_held(contexts)
 
     def stale(self, ctx: TaskContext) -> bool:
         """True (and `ctx` released as lease_lost) when its lease is gone or may be."""

@@ -57,10 +57,12 @@ class ChildReporter:
     # These run for every task (tens of thousands a second across a pool): each does a
     # dictionary lookup or two and a counter increment, nothing that allocates.
 
-    def task_held(self, ctx: TaskContext) -> None:
-        if self._starts is not None:
-            task = ctx.task
-            self._starts.held(ctx, task.id, task.attempt)
+    def tasks_held(self, contexts: Sequence[TaskContext]) -> None:
+        starts = self._starts
+        if starts is not None:
+            for ctx in contexts:
+                task = ctx.task
+                starts.held(ctx, task.id, task.attempt)
 
     def task_started(self, ctx: TaskContext) -> None:
         if self._starts is not None:

@@ -227,7 +227,7 @@ class LeaseModel(RuleBasedStateMachine):
         inflight = self.workers[m.worker].inflight
         if m.kind == "claim" and m.reply is not None:
             ctx = TaskContext(_Host(inflight), _task(m.task_id, m.reply))  # type: ignore[arg-type]
-            inflight.hold(ctx, m.sent_at)
+            inflight.hold((ctx,), m.sent_at)
             inflight.backlog.append(ctx)
         elif m.kind == "heartbeat":
             inflight.renewed(m.contexts, m.sent_at, m.reply)
