@@ -5,7 +5,8 @@
    (SQLite file or Postgres). Ratio daemon / bare: the supervisor should cost nothing.
    Single runs scatter by 10-20% on a 2-core machine, so the sides alternate over 6
    rounds (ABBA order), each run starts after a checkpoint and a sync, and the ratio
-   is given both of the medians and as the median of the rounds' own ratios.
+   is given both of the medians and as the median of the rounds' own ratios. CPU per
+   task (children + parent against the bare workers, from /proc) is given beside it.
 2. Recovery: a child is SIGKILLed while running a task (lease 60 s); the time until the
    task is running again on another child (the parent's hand-back, not lease expiry).
 3. Memory: resident size of the parent and of one child, idle and after the drain.
@@ -123,6 +124,12 @@ def pending(db: Database) -> int:
     return int(db.scalar("select count(*) from cairnq_tasks where status <> 'succeeded'"))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def last_completion(db: Database) -> float:
     """The wall-clock second of the last task's completion (the database's clock: this
     machine's for SQLite, the local server's for Postgres)."""
@@ -221,7 +228,9 @@ def drain_once(
             workers = bare_workers(db, processes)
             pids = [w.pid for w in workers]
             time.sleep(3)  # a bare serve() has no readiness signal; imports take ~1 s
+        workers_cpu = [p for p in pids if daemon is None or p != daemon.proc.pid]
         db.settle()
+        cpu_before = {pid: cpu_seconds(pid) for pid in pids}
         preload(db, n)
         started = time.time()  # the preload has committed: the tasks are visible now
         # Polled slowly: each poll counts the whole table, and at 50 a second those
@@ -229,6 +238,13 @@ def drain_once(
         # on a 2-core machine). The end is the last completion the table records.
         wait_for("drain", lambda: pending(db) == 0, every=0.25)
         elapsed = last_completion(db) - started
+        spent = {pid: cpu_seconds(pid) - before for pid, before in cpu_before.items()}
+        cpu = {
+            # The processes that run tasks (children, or the bare workers), and the
+            # daemon's parent: microseconds of CPU per task drained.
+            "worker_cpu_us": sum(spent[pid] for pid in workers_cpu) / n * 1e6,
+            "parent_cpu_us": 0.0 if daemon is None else spent[daemon.proc.pid] / n * 1e6,
+        }
         rss = {f"rss_kib_{i}": float(rss_kib(pid)) for i, pid in enumerate(pids)}
         if daemon is not None:
             daemon.stop()
@@ -236,7 +252,7 @@ def drain_once(
             w.send_signal(signal.SIGTERM)
         for w in workers:
             w.wait(60)
-        return {"tasks_per_s": n / elapsed, **rss}
+        return {"tasks_per_s": n / elapsed, **cpu, **rss}
     finally:
         db.drop()
 
@@ -330,7 +346,10 @@ def main() -> None:
                 med = median_of(runs)
                 results[f"drain_{kind}_{processes}"] = {"median": med, "runs": runs}
                 print(
-                    f"{args.backend} drain {kind:6} x{processes}: {med['tasks_per_s']:8.0f} tasks/s"
+                    f"{args.backend} drain {kind:6} x{processes}: "
+                    f"{med['tasks_per_s']:8.0f} tasks/s, CPU per task: "
+                    f"task processes {med['worker_cpu_us']:.1f} µs, "
+                    f"parent {med['parent_cpu_us']:.2f} µs"
                 )
             ratio = (
                 results[f"drain_daemon_{processes}"]["median"]["tasks_per_s"]
@@ -345,6 +364,19 @@ def main() -> None:
             results[f"ratio_daemon_over_bare_{processes}"] = ratio
             results[f"ratio_per_round_{processes}"] = per_round
             results[f"ratio_median_of_rounds_{processes}"] = statistics.median(per_round)
+            # CPU per task scatters less than throughput (a slow round is slow for both
+            # sides' wall clock, less so for the work each task costs): the daemon's
+            # processes (children + parent) over the bare workers', per round.
+            cpu_rounds = [
+                (d["worker_cpu_us"] + d["parent_cpu_us"]) / b["worker_cpu_us"]
+                for d, b in zip(by_kind["daemon"], by_kind["bare"], strict=True)
+            ]
+            results[f"cpu_ratio_per_round_{processes}"] = cpu_rounds
+            print(
+                f"{args.backend} daemon / bare CPU per task with {processes} process(es): "
+                f"median of rounds {statistics.median(cpu_rounds):.3f}; each round: "
+                + " ".join(f"{r:.2f}" for r in cpu_rounds)
+            )
             print(
                 f"{args.backend} daemon / bare with {processes} process(es): {ratio:.2f} "
                 f"(median of rounds {statistics.median(per_round):.2f}; each round: "
