@@ -371,8 +371,8 @@ def main() -> None:
         #   python -m bench.soak plot OUT.png soak-A.json soak-B.json ...
         merged: dict[str, list[Sample]] = {}
         for name in sys.argv[3:]:
-            report = json.loads(Path(name).read_text())
-            for label, run in report["runs"].items():
+            saved = json.loads(Path(name).read_text())
+            for label, run in saved["runs"].items():
                 merged[label] = [Sample(**sample) for sample in run["samples"]]
         sys.exit(0 if plot(merged, Path(sys.argv[2])) else 1)
     if len(sys.argv) > 1 and sys.argv[1] == "submit":
