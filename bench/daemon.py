@@ -364,9 +364,9 @@ def main() -> None:
             results[f"ratio_daemon_over_bare_{processes}"] = ratio
             results[f"ratio_per_round_{processes}"] = per_round
             results[f"ratio_median_of_rounds_{processes}"] = statistics.median(per_round)
-            # CPU per task scatters less than throughput (a slow round is slow for both
-            # sides' wall clock, less so for the work each task costs): the daemon's
-            # processes (children + parent) over the bare workers', per round.
+            # A second measure beside throughput, and a direct one: CPU per task of the
+            # daemon's processes (children + parent) over the bare workers', per round.
+            # It says whether a slower round was work done or time spent waiting.
             cpu_rounds = [
                 (d["worker_cpu_us"] + d["parent_cpu_us"]) / b["worker_cpu_us"]
                 for d, b in zip(by_kind["daemon"], by_kind["bare"], strict=True)

@@ -43,12 +43,12 @@ ErrorReporter = Callable[[BaseException, dict[str, Any]], None]
 class WorkerObserver(Protocol):
     """Hooks a host process (the daemon's child) uses to follow a worker's tasks.
 
-    `tasks_held` runs when claimed tasks are taken into the worker (once per claim); `task_started`
-    runs synchronously right before its handler is called; `task_returned` right after
-    a handler returned a result that is now queued for writing; `task_ended` runs once for
-    every task the worker held, started or not, with the outcome: succeeded, failed,
-    retried, canceled, or lease_lost (written by nobody: the lease was gone, or the
-    result could not be written). Each gets the context itself: a context object is
+    `tasks_held` runs when claimed tasks are taken into the worker (once per claim);
+    `task_started` runs synchronously right before a handler is called; `task_returned`
+    right after a handler returned a result that is now queued for writing; `task_ended`
+    runs once for every task the worker held, started or not, with the outcome:
+    succeeded, failed, retried, canceled, or lease_lost (written by nobody: the lease
+    was gone, or the result could not be written). Each gets the context itself: a context object is
     one attempt (two attempts of one task are two contexts), so a host can key its own
     bookkeeping by it, and read `ctx.started_at` rather than keep a clock of its own."""
 

@@ -50,6 +50,9 @@ class _Histogram:
         self.total = 0.0
 
     def observe(self, value: float) -> None:
+        """Count `value` (a negative one, from clock skew, as 0)."""
+        if value < 0.0:
+            value = 0.0
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total += value
 
@@ -82,8 +85,8 @@ class TaskTally:
     """A child's cumulative task counts (event-loop thread only).
 
     `started` and `ended` run for every task, at up to ~10k a second per child, so they
-    do the least they can: two lookups by string (no tuple key is built), a field
-    increment and a bisect. `counters` and `snapshot` do the reshaping, a few times a
+    do little: two lookups by string (no tuple key is built), a field increment and a
+    bisect. `counters` and `snapshot` do the reshaping, a few times a
     second."""
 
     def __init__(self, duration_buckets: Sequence[float], wait_buckets: Sequence[float]) -> None:
@@ -100,22 +103,12 @@ class TaskTally:
         return counts, named
 
     def started(self, queue: str, name: str, wait_s: float) -> None:
-        counts = self._queues.get(queue)
-        named = None if counts is None else counts.names.get(name)
-        if counts is None or named is None:
-            counts, named = self._name(queue, name)
+        counts, named = self._name(queue, name)
         named.started += 1
-        waits = counts.waits
-        if wait_s < 0.0:
-            wait_s = 0.0
-        waits.counts[bisect.bisect_left(waits.bounds, wait_s)] += 1
-        waits.total += wait_s
+        counts.waits.observe(wait_s)
 
     def ended(self, queue: str, name: str, outcome: str, code: str, duration_s: float) -> None:
-        counts = self._queues.get(queue)
-        named = None if counts is None else counts.names.get(name)
-        if counts is None or named is None:
-            counts, named = self._name(queue, name)
+        counts, named = self._name(queue, name)
         if outcome == "succeeded":
             named.succeeded += 1
         elif outcome == "canceled":
@@ -126,11 +119,7 @@ class TaskTally:
             others[key] = others.get(key, 0) + 1
             if outcome == "retried":
                 others[_RETRIED] = others.get(_RETRIED, 0) + 1
-        durations = counts.durations
-        if duration_s < 0.0:
-            duration_s = 0.0
-        durations.counts[bisect.bisect_left(durations.bounds, duration_s)] += 1
-        durations.total += duration_s
+        counts.durations.observe(duration_s)
 
     @property
     def counters(self) -> dict[CounterKey, int]:

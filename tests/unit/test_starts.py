@@ -86,9 +86,8 @@ def test_ids_up_to_the_slot_size_round_trip_and_a_reused_slot_keeps_no_old_bytes
         table.held((longest, 7), longest, 7)
         assert table.unstarted() == [(longest, 7)]
         table.released((longest, 7))
-        table.held(
-            ("short", 2**32 - 1), "short", 2**32 - 1
-        )  # the same slot, a shorter id, the largest attempt
+        # The same slot, a shorter id, the largest attempt.
+        table.held(("short", 2**32 - 1), "short", 2**32 - 1)
         assert table.unstarted() == [("short", 2**32 - 1)]
         table.held(("y" * 89, 1), "y" * 89, 1)  # too long for a slot: counted as started, and said
         assert table.overflowed
