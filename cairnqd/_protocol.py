@@ -47,11 +47,16 @@ def protocol_root() -> Path:
 
 @dataclass(frozen=True)
 class Statement:
-    """One executable statement: the text for the driver and the names it binds."""
+    """One executable statement: the text for the driver and the names it binds.
+
+    A *row statement* (`row_width` > 0; SQLite's insert_many) binds no names: its text
+    ends in one `values` row of `row_width` `?` placeholders, which `rows_text`
+    repeats once per row to bind."""
 
     name: str
     text: str
     params: tuple[str, ...]
+    row_width: int = 0
 
 
 def strip_comments(sql: str) -> str:
@@ -110,7 +115,18 @@ def statement(dialect: Dialect, name: str, supplied: frozenset[str] = frozenset(
     sql = specialize(raw_sql(dialect, name), supplied)
     params = tuple(dict.fromkeys(_PARAM.findall(sql)))
     text = _to_psycopg(sql) if dialect == "postgres" else sql
-    return Statement(name=name, text=text, params=params)
+    # Postgres reads `?` as a jsonb operator; only SQLite's statements mean a placeholder.
+    row_width = sql.count("?") if dialect == "sqlite" and not params else 0
+    return Statement(name=name, text=text, params=params, row_width=row_width)
+
+
+@functools.lru_cache(maxsize=64)
+def rows_text(stmt: Statement, rows: int) -> str:
+    """The text of row statement `stmt` with its `values` row repeated `rows` times."""
+    head, keyword, row = stmt.text.rpartition("values")
+    if not keyword or row.count("?") != stmt.row_width or not stmt.row_width:
+        raise ValueError(f"{stmt.name} is not a row statement")
+    return f"{head}values {', '.join([row.strip()] * rows)}"
 
 
 @dataclass(frozen=True)

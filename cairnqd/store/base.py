@@ -311,9 +311,7 @@ class TaskStore(ABC):
         """One `insert_many` of validated keyless submits, through `fetch` (the store's,
         or a transaction's). Only the times come back; the rest is what we inserted, so
         the rows are not parsed back out of their JSON."""
-        # SQLite's statement reads positional rows (protocol/extensions/sql/sqlite).
-        params = insert_many_params(run, positional=self.dialect == "sqlite")
-        rows = await fetch("insert_many", params)
+        rows = await fetch("insert_many", insert_many_params(run))
         times = {r["id"]: (int(r["run_at_ms"]), int(r["created_at_ms"])) for r in rows}
         return [new_task(p, *times[p["id"]]) for p in run]
 

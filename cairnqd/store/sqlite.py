@@ -60,6 +60,7 @@ from cairnqd.store.sqlite_statements import (
     rollback,
     run,
 )
+from cairnqd.store.statement_params import insert_rows, new_task
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -239,6 +240,16 @@ class SQLiteStore(TaskStore):
 
     async def _insert_keyless(self, params: Params) -> Task:
         return await self.submits.submit(params)
+
+    async def _insert_run(
+        self, fetch: Callable[[str, Params], Awaitable[list[Row]]], run: Sequence[Params]
+    ) -> list[Task]:
+        """One `insert_many` of validated keyless submits, through `fetch` (the store's,
+        or a transaction's). Here insert_many is a row statement binding each task's
+        values as they are, and the times are the store's own, so nothing is read back."""
+        now = self.now_ms()
+        await fetch("insert_many", {"values": insert_rows(run, now)})
+        return [new_task(p, now + p["delay_ms"], now) for p in run]
 
     async def _fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()

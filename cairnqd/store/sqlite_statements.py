@@ -7,10 +7,10 @@ import json
 import random
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cairnqd._protocol import Statement, statement
+from cairnqd._protocol import Statement, rows_text, statement
 from cairnqd.store.base import Clock, Params, Row
 
 
@@ -40,13 +40,46 @@ def bind(stmt: Statement, params: Mapping[str, Any], clock: Clock) -> dict[str, 
 def run(
     conn: sqlite3.Connection, stmt: Statement, params: Mapping[str, Any], clock: Clock
 ) -> list[Row]:
-    """Run one statement to completion; its rows as dicts."""
+    """Run one statement to completion; its rows as dicts. A row statement takes its
+    values, flat, in `params["values"]` (see `run_rows`)."""
+    if stmt.row_width:
+        run_rows(conn, stmt, params["values"])
+        return []
     cursor = conn.execute(stmt.text, bind(stmt, params, clock))
     rows = cursor.fetchall()
     if not rows:
         return []
     columns = [d[0] for d in cursor.description]
     return [dict(zip(columns, row, strict=True)) for row in rows]
+
+
+#: Rows one statement binds at most: enough to amortize a statement (250 rows cost ~25%
+#: less per row than 100), well inside SQLite's limit on bound values (`_row_cap`).
+_MAX_ROWS = 256
+
+
+def run_rows(conn: sqlite3.Connection, stmt: Statement, values: Sequence[Any]) -> None:
+    """Run row statement `stmt` for every row in `values` (`stmt.row_width` values per
+    row, flat), in statements of a power of two rows each: any count then runs as a few
+    statements from a handful of texts, which sqlite3 keeps prepared."""
+    width = stmt.row_width
+    left, extra = divmod(len(values), width)
+    if extra:
+        raise ValueError(f"{stmt.name}: {len(values)} values are not rows of {width}")
+    cap = _row_cap(conn, width)
+    at = 0
+    while left:
+        rows = min(cap, 1 << (left.bit_length() - 1))
+        conn.execute(rows_text(stmt, rows), values[at : at + rows * width])
+        at += rows * width
+        left -= rows
+
+
+def _row_cap(conn: sqlite3.Connection, width: int) -> int:
+    """The largest power of two of rows, at most `_MAX_ROWS`, whose values this SQLite
+    binds in one statement (999 values before SQLite 3.32, 32,766 since)."""
+    fits = min(_MAX_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
+    return 1 << (max(fits, 1).bit_length() - 1)
 
 
 def is_read(stmt: Statement) -> bool:
@@ -102,4 +135,4 @@ class Backoff:
         self._delay = min(self._delay * 2, self._CAP_S)
 
 
-__all__ = ["Backoff", "SQLiteSession", "bind", "is_read", "rollback", "run"]
+__all__ = ["Backoff", "SQLiteSession", "bind", "is_read", "rollback", "run", "run_rows"]

@@ -71,13 +71,37 @@ def new_task(params: Params, run_at_ms: int, created_at_ms: int) -> Task:
 INSERT_MANY_CHUNK = 5000
 
 
-def insert_many_params(run: Sequence[Params], *, positional: bool = False) -> Params:
-    """One JSON array of the new tasks: objects for Postgres's json_to_recordset, or
-    (`positional`, SQLite) arrays in the order its insert_many.sql lists."""
+def insert_many_params(run: Sequence[Params]) -> Params:
+    """Postgres's insert_many: one JSON array of the new tasks, objects for its
+    json_to_recordset."""
     # Every field was checked when its SubmitRequest was made: no storage check here.
-    if positional:
-        rows: list[Any] = [
-            [
+    rows = [
+        {
+            "id": p["id"],
+            "name": p["name"],
+            "queue": p["queue"],
+            "p": p["payload"],
+            "m": p["metadata"],
+            "max_attempts": p["max_attempts"],
+            "priority": p["priority"],
+            "parent_id": p["parent_id"],
+            "root_id": p["root_id"],
+            "correlation_id": p["correlation_id"],
+            "delay_ms": p["delay_ms"],
+        }
+        for p in run
+    ]
+    return {"new_tasks": dump_json(rows, check=False)}
+
+
+def insert_rows(run: Sequence[Params], now_ms: int) -> list[Any]:
+    """SQLite's insert_many: every new task's values, flat, in the order of the row in
+    its insert_many.sql; the times are `now_ms` (run_at: plus the task's delay)."""
+    values: list[Any] = []
+    add = values.extend
+    for p in run:
+        add(
+            (
                 p["id"],
                 p["name"],
                 p["queue"],
@@ -88,28 +112,12 @@ def insert_many_params(run: Sequence[Params], *, positional: bool = False) -> Pa
                 p["parent_id"],
                 p["root_id"],
                 p["correlation_id"],
-                p["delay_ms"],
-            ]
-            for p in run
-        ]
-    else:
-        rows = [
-            {
-                "id": p["id"],
-                "name": p["name"],
-                "queue": p["queue"],
-                "p": p["payload"],
-                "m": p["metadata"],
-                "max_attempts": p["max_attempts"],
-                "priority": p["priority"],
-                "parent_id": p["parent_id"],
-                "root_id": p["root_id"],
-                "correlation_id": p["correlation_id"],
-                "delay_ms": p["delay_ms"],
-            }
-            for p in run
-        ]
-    return {"new_tasks": dump_json(rows, check=False)}
+                now_ms + p["delay_ms"],
+                now_ms,
+                now_ms,
+            )
+        )
+    return values
 
 
 #: A result to write: (task id, result as JSON text or None), optionally with the
@@ -151,5 +159,6 @@ __all__ = [
     "complete_many_params",
     "encode_error",
     "insert_many_params",
+    "insert_rows",
     "new_task",
 ]

@@ -85,8 +85,8 @@ def _params(dialect: str) -> dict[str, Any]:
         # The daemon's session locks (two-int4 advisory key space).
         "lock_namespace": 1668378212,
         "lock_id": 1,
-        # insert_many: one JSON array, of arrays on SQLite and of objects on Postgres.
-        **_insert_many_params(sqlite),
+        # insert_many (Postgres): one JSON array of objects.
+        **_insert_many_params(),
         # The scheduler's table (cairnqd_schedules).
         "rule": "every 1s",
         "at_ms": now,
@@ -110,7 +110,7 @@ def _params(dialect: str) -> dict[str, Any]:
     }
 
 
-def _insert_many_params(sqlite: bool) -> dict[str, Any]:
+def _insert_many_params() -> dict[str, Any]:
     row = {
         "id": "task_many",
         "name": "n",
@@ -124,9 +124,27 @@ def _insert_many_params(sqlite: bool) -> dict[str, Any]:
         "correlation_id": None,
         "delay_ms": 0,
     }
-    if sqlite:  # positional, in the column order of sqlite/insert_many.sql
-        return {"new_tasks": json.dumps([list(row.values())])}
+    # Postgres's; SQLite's insert_many is a row statement (_sqlite_values).
     return {"new_tasks": json.dumps([row])}
+
+
+def _sqlite_values(text: str) -> list[Any] | None:
+    """A row statement's values for two rows (SQLite's insert_many: its `values` row
+    repeated, as the store runs it), or None for a statement of named parameters."""
+    if "?" not in text:
+        return None
+    now = now_ms()
+    rows = [
+        # id, name, queue, payload, metadata, max_attempts, priority, parent_id,
+        # root_id, correlation_id, run_at_ms, created_at_ms, updated_at_ms
+        (
+            *(f"task_many{i}", "n", "default", '{"a": 1}', "{}", 3, 0),
+            *(None, f"task_many{i}", None, now, now, now),
+        )
+        for i in range(2)
+    ]
+    assert text.count("?") == len(rows[0])  # the order insert_rows binds in
+    return [value for row in rows for value in row]
 
 
 # An expected row count of AT_LEAST_ONE: the ledgers hold one row per applied migration.
@@ -304,8 +322,14 @@ def test_sqlite_statements_execute(tmp_path: Path) -> None:
         overrides, expected = _STATEMENT_CASES[op]
         params = {**_params("sqlite"), **overrides}
         conn.execute("begin")
+        text = strip_comments(path.read_text())
+        values = _sqlite_values(text)
         try:
-            cur = conn.execute(strip_comments(path.read_text()), params)
+            if values is not None:
+                head, _, row = text.strip().rstrip(";").rpartition("values")
+                text = f"{head}values {row}, {row}"
+                expected = None  # it returns nothing: the store knows the rows it wrote
+            cur = conn.execute(text, params if values is None else values)
             rows = cur.fetchall() if cur.description else None
         except sqlite3.Error as exc:
             raise AssertionError(f"sqlite {op}: {exc}") from exc
