@@ -53,8 +53,8 @@ def run(
     return [dict(zip(columns, row, strict=True)) for row in rows]
 
 
-#: Rows one statement binds at most: enough to amortize a statement (250 rows cost ~25%
-#: less per row than 100), well inside SQLite's limit on bound values (`_row_cap`).
+#: Rows one statement binds at most: enough to spread a statement's fixed cost thin,
+#: well inside SQLite's limit on bound values (`_row_cap`).
 _MAX_ROWS = 256
 
 
