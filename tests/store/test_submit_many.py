@@ -12,32 +12,41 @@ from cairnqd.store.base import TaskStore
 from tests.store.helpers import count_rows, query, scalar
 
 
+# 25 go in as one statement; 300 as several SQLite row statements (256 + 32 + 8 + 4
+# rows), and on Postgres as one json_to_recordset statement.
+@pytest.mark.parametrize("n", [25, 300])
 async def test_order_and_fields_are_preserved(
-    store: TaskStore, dialect: str, db_target: str
+    store: TaskStore, dialect: str, db_target: str, n: int
 ) -> None:
     items = [
         {
             "name": f"job.{i % 3}",
-            "payload": {"i": i, "text": "h\u00e9llo", "nested": [i, {"k": None}]},
+            "payload": {"i": i, "text": "h\u00e9llo\ttab\\back\nline", "nested": [i, {"k": None}]},
             "queue": ("default", "gpu")[i % 2],
             "priority": i % 4,
             "max_attempts": 1 + i % 5,
             "metadata": {"batch": "b1", "i": i},
-            "correlation_id": f"corr-{i % 2}",
+            "correlation_id": f"corr-{i % 2}" if i % 3 else None,
+            "delay_ms": (0, 60_000)[i % 2],
         }
-        for i in range(25)
+        for i in range(n)
     ]
+    before_ms = int(time.time() * 1000)
     tasks = await store.submit_many(items)
-    assert len(tasks) == 25
-    assert len({t.id for t in tasks}) == 25
+    assert len(tasks) == n
+    assert len({t.id for t in tasks}) == n
     for item, task in zip(items, tasks, strict=True):
         assert task.status == "queued"
         assert task.root_id == task.id
+        assert task.attempt == 0
+        assert task.run_at_ms == task.created_at_ms + item["delay_ms"]
+        assert task.created_at_ms == task.updated_at_ms >= before_ms - 1_000
         for field in ("name", "payload", "queue", "priority", "max_attempts", "metadata"):
             assert getattr(task, field) == item[field], field
+        assert task.correlation_id == item["correlation_id"]
         stored = await store.get(task.id)
         assert stored == task
-    assert count_rows(dialect, db_target) == (25, 0)
+    assert count_rows(dialect, db_target) == (n, 0)
 
 
 async def test_accepts_task_defs_and_defaults(store: TaskStore) -> None:
