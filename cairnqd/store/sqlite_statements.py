@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import sqlite3
@@ -61,18 +62,35 @@ _MAX_ROWS = 256
 def run_rows(conn: sqlite3.Connection, stmt: Statement, values: Sequence[Any]) -> None:
     """Run row statement `stmt` for every row in `values` (`stmt.row_width` values per
     row, flat), in statements of a power of two rows each: any count then runs as a few
-    statements from a handful of texts, which sqlite3 keeps prepared."""
+    statements from a handful of texts, which sqlite3 keeps prepared. All or nothing,
+    as one statement would be: several run inside a savepoint (in autocommit, that is
+    one transaction and one commit), rolled back if any of them fails."""
     width = stmt.row_width
     left, extra = divmod(len(values), width)
     if extra:
         raise ValueError(f"{stmt.name}: {len(values)} values are not rows of {width}")
     cap = _row_cap(conn, width)
-    at = 0
+    pieces = []
     while left:
         rows = min(cap, 1 << (left.bit_length() - 1))
-        conn.execute(rows_text(stmt, rows), values[at : at + rows * width])
-        at += rows * width
+        pieces.append(rows)
         left -= rows
+    if len(pieces) == 1:
+        conn.execute(rows_text(stmt, pieces[0]), values)
+        return
+    conn.execute("savepoint cairnqd_rows")
+    try:
+        at = 0
+        for rows in pieces:
+            conn.execute(rows_text(stmt, rows), values[at : at + rows * width])
+            at += rows * width
+    except BaseException:
+        # An error that ended the whole transaction took the savepoint with it.
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("rollback to cairnqd_rows")
+            conn.execute("release cairnqd_rows")
+        raise
+    conn.execute("release cairnqd_rows")
 
 
 def _row_cap(conn: sqlite3.Connection, width: int) -> int:

@@ -49,6 +49,27 @@ def test_every_row_lands_once_with_its_values(tmp_path: Path, count: int, variab
     ]
 
 
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_a_failing_statement_leaves_none_of_the_rows(tmp_path: Path, in_transaction: bool) -> None:
+    """300 rows run as 256 + 32 + 8 + 4: a clash in the last statement must take the
+    first three's rows with it, in autocommit and inside a caller's transaction (whose
+    own earlier writes stay)."""
+    conn = sqlite_ours(tmp_path / "rows.db")
+    conn.isolation_level = None
+    run = [_params(i) for i in range(300)]
+    run[-1] = {**run[-1], "id": run[0]["id"]}  # a primary-key clash in the last piece
+    if in_transaction:
+        conn.execute("begin immediate")
+        run_rows(conn, INSERT_MANY, insert_rows([_params(999)], 1_000))
+    with pytest.raises(sqlite3.IntegrityError):
+        run_rows(conn, INSERT_MANY, insert_rows(run, 1_000))
+    if in_transaction:
+        conn.execute("commit")
+    ids = [row[0] for row in conn.execute("select id from cairnq_tasks").fetchall()]
+    assert ids == (["task_00999"] if in_transaction else [])
+    assert not conn.in_transaction
+
+
 def test_values_that_are_not_whole_rows_are_refused(tmp_path: Path) -> None:
     conn = sqlite_ours(tmp_path / "rows.db")
     values = insert_rows([_params(1)], 1_000)
