@@ -149,6 +149,9 @@ class FaultProxy:
         self._stats = ProxyStats()
         self._links: set[_Link] = set()
         self._serving: set[asyncio.Task[None]] = set()
+        # Accepted clients whose serving task has not started yet: stop() resets them
+        # (a cancelled task that never ran cannot close its client).
+        self._accepted: set[asyncio.StreamWriter] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -241,6 +244,12 @@ class FaultProxy:
         for task in list(self._serving):
             task.cancel()
         await asyncio.gather(*self._serving, return_exceptions=True)
+        orphans = [writer for writer in self._accepted if not writer.transport.is_closing()]
+        for writer in orphans:
+            _reset(writer)
+        for writer in orphans:
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
         await server.wait_closed()
 
     async def _apply(self, setting: _Setting) -> None:
@@ -268,12 +277,18 @@ class FaultProxy:
         if self.client_keepalive and sock is not None:
             for level, option, value in _CLIENT_KEEPALIVE:
                 sock.setsockopt(level, option, value)
+        self._accepted.add(client)
         task = asyncio.get_running_loop().create_task(self._serve(client_in, client))
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
 
     async def _serve(self, client_in: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
-        link = await self._connect(client_in, client)
+        self._accepted.discard(client)  # from here this task closes it
+        try:
+            link = await self._connect(client_in, client)
+        except BaseException:
+            _reset(client)  # stop() cancelled the upstream connect
+            raise
         if link is None:
             return
         self._links.add(link)

@@ -231,3 +231,38 @@ def test_blackhole_sends_neither_data_nor_fin_nor_rst(echo_proxy: FaultProxy) ->
         sock.settimeout(1)
         with pytest.raises(TimeoutError):
             sock.recv(16)
+
+
+def test_stop_closes_clients_still_waiting_for_their_upstream() -> None:
+    """A client whose upstream connect is still pending when the proxy stops is reset,
+    not left open for the garbage collector to find (an unclosed-socket warning in a
+    later test, and a client that hangs meanwhile)."""
+    # An upstream that never completes a connect: a listener with a full backlog.
+    upstream = socket.socket()
+    upstream.bind(("127.0.0.1", 0))
+    upstream.listen(0)
+    fillers = []
+    host, port = upstream.getsockname()
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect((host, port))
+        fillers.append(filler)
+    try:
+        proxy = FaultProxy((host, port)).start()
+        clients = [socket.create_connection(("127.0.0.1", proxy.port)) for _ in range(3)]
+        wait_for("the proxy to accept", lambda: proxy.stats.accepted == len(clients))
+        proxy.stop()
+        for client in clients:
+            client.settimeout(10)
+            try:
+                assert client.recv(1) == b""
+            except ConnectionResetError:
+                pass  # reset: closed, as it should be
+            finally:
+                client.close()
+    finally:
+        for filler in fillers:
+            filler.close()
+        upstream.close()
