@@ -27,6 +27,7 @@ import cairnqd
 from cairnqd._ids import new_task_id
 from cairnqd._protocol import statement
 from cairnqd.store.sqlite_statements import run_rows
+from cairnqd.store.statement_params import insert_rows
 
 # The statement the row statement replaced: one JSON array of positional arrays.
 JSON_EACH = """
@@ -58,10 +59,17 @@ def fresh_file(tmp: Path, n: int) -> str:
 
 
 def task_values(i: int) -> list[Any]:
-    """id, name, queue, payload, metadata, max_attempts, priority, parent_id, root_id,
-    correlation_id: what both statements take before the times."""
+    """id, name, queue, payload, metadata, max_attempts, priority: the values both
+    statements take first (parent_id, root_id and correlation_id follow)."""
     task_id = new_task_id()
     return [task_id, "bench.unclaimed", "default", json.dumps({"i": i}), "{}", 3, 0]
+
+
+def task_params(i: int) -> dict[str, Any]:
+    """One validated keyless submit, as the store hands it to `insert_rows`."""
+    keys = ("id", "name", "queue", "payload", "metadata", "max_attempts", "priority")
+    params = dict(zip(keys, task_values(i), strict=True))
+    return {**params, "parent_id": None, "root_id": params["id"], "correlation_id": None}
 
 
 def connect(path: str, synchronous: str) -> sqlite3.Connection:
@@ -93,13 +101,11 @@ def row_statement_side(path: str, synchronous: str, batches: int, rows: int) -> 
     conn = connect(path, synchronous)
     stmt = statement("sqlite", "insert_many")
     now = int(time.time() * 1000)
-    flats = []
-    for _ in range(batches):
-        flat: list[Any] = []
-        for i in range(rows):
-            values = task_values(i)
-            flat.extend([*values, None, values[0], None, now, now, now])
-        flats.append(flat)
+    # The store's own values, built before the clock starts.
+    flats = [
+        insert_rows([{**task_params(i), "delay_ms": 0} for i in range(rows)], now)
+        for _ in range(batches)
+    ]
     start = time.perf_counter()
     for flat in flats:
         conn.execute("begin immediate")

@@ -48,9 +48,10 @@ class WorkerObserver(Protocol):
     right after a handler returned a result that is now queued for writing; `task_ended`
     runs once for every task the worker held, started or not, with the outcome:
     succeeded, failed, retried, canceled, or lease_lost (written by nobody: the lease
-    was gone, or the result could not be written). Each gets the context itself: a context object is
-    one attempt (two attempts of one task are two contexts), so a host can key its own
-    bookkeeping by it, and read `ctx.started_at` rather than keep a clock of its own."""
+    was gone, or the result could not be written). Each gets the context itself: a
+    context object is one attempt (two attempts of one task are two contexts), so a
+    host can key its own bookkeeping by it, and read `ctx.started_at` rather than keep
+    a clock of its own."""
 
     def tasks_held(self, contexts: Sequence[TaskContext]) -> None: ...
 
