@@ -208,10 +208,14 @@ class Listener:
             elif self._send_notify is not None:
                 wake_at = min(wake_at, self._next_probe)
             async for note in conn.notifies(timeout=max(0.01, wake_at - loop.time())):
-                if note.channel == self._probe_channel:
-                    self._heard(note.payload)
-                else:
+                if note.channel != self._probe_channel:
                     self._dispatch(note.payload)
+                    continue
+                self._heard(note.payload)
+                if self._probe_deadline is None:
+                    # The echo came: wake for the next probe, not at the old deadline
+                    # (the probes ran every PROBE_TIMEOUT_S, whatever probe_every_s).
+                    break
             now = loop.time()
             if self._probe_deadline is not None and now >= self._probe_deadline:
                 await self._deaf_or_dead(conn)
