@@ -79,6 +79,7 @@ IMPLS: dict[Backend, tuple[str, ...]] = {
     "postgres": ("ours", "cairnq", "raw1", "raw256", "procrastinate", "pgqueuer"),
 }
 CAIRNQ_PENDING = "select count(*) from cairnq_tasks where status in ('queued', 'running')"
+CAIRNQ_SUCCEEDED = "select count(*) from cairnq_tasks where status = 'succeeded'"
 # huey deletes a task from its queue table when a worker takes it (and runs a no-op at
 # once): the end is the first poll that finds the table empty.
 HUEY_PENDING = "select count(*) from task"
@@ -238,6 +239,12 @@ async def drain_once(
                 else:
                     end = polled_end
                     split = []
+            if impl in SDKS or impl in RAW:
+                # A drain counts only if it settled what it took: a raw loop whose
+                # complete matched no row once measured claims alone (RESULTS, session 9).
+                succeeded = await table.scalar(CAIRNQ_SUCCEEDED)
+                if succeeded != n:
+                    raise RuntimeError(f"{impl}: {succeeded} of {n} tasks succeeded")
             if impl in RAW:  # their backends have exited; each loop measured its own
                 db_cpu = sum(float(w.done.get("dbcpu", 0)) for w in workers)
             else:

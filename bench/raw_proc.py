@@ -23,7 +23,6 @@ GO> dbcpu=<its Postgres backend's CPU s since GO>` (Postgres on the same host).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sqlite3
 import sys
@@ -37,6 +36,7 @@ from cairnqd._protocol import Statement, statement
 from cairnqd.store.base import wall_clock_ms
 from cairnqd.store.pg_connect import bind as pg_bind
 from cairnqd.store.sqlite_statements import bind as sqlite_bind
+from cairnqd.store.statement_params import complete_many_params
 
 QUEUE = "default"
 LEASE_MS = 30_000
@@ -73,11 +73,7 @@ def sqlite_loop(target: str, batch: int, two_tx: bool, worker_id: str) -> tuple[
             break
         if two_tx:
             conn.execute("COMMIT")
-        if batch == 1:
-            run(finish, {"id": ids[0], "worker_id": worker_id, "result": None})
-        else:
-            items = json.dumps([{"id": i, "r": None} for i in ids])
-            run(finish, {"items": items, "worker_id": worker_id})
+        complete(run, finish, ids, worker_id)
         if not two_tx:
             conn.execute("COMMIT")
         handled += len(ids)
@@ -115,11 +111,8 @@ def postgres_loop(target: str, batch: int, two_tx: bool, worker_id: str) -> tupl
             assert cursor.description is not None
             id_col = [d.name for d in cursor.description].index("id")
             ids = [row[id_col] for row in cursor.fetchall()]
-            if ids and batch == 1:
-                run(finish, {"id": ids[0], "worker_id": worker_id, "result": None})
-            elif ids:
-                params = {"ids": ids, "results": [None] * len(ids), "worker_id": worker_id}
-                run(finish, params)
+            if ids:
+                complete(run, finish, ids, worker_id)
             if not two_tx:
                 conn.execute("commit")
             if not ids:
@@ -129,6 +122,22 @@ def postgres_loop(target: str, batch: int, two_tx: bool, worker_id: str) -> tupl
         global server_cpu
         server_cpu = proc_cpu_seconds(backend_pid) - server_cpu_at_go
         return handled, end
+
+
+def complete(
+    run: Callable[[Statement, dict[str, Any]], list[tuple[Any, ...]]],
+    finish: Statement,
+    ids: list[str],
+    worker_id: str,
+) -> None:
+    """Complete the claimed `ids` (`complete` for one, else one `complete_many`), and
+    stop the run if any was not: a limit that settles nothing measures only claims."""
+    if finish.name == "complete":
+        rows = run(finish, {"id": ids[0], "worker_id": worker_id, "result": None})
+    else:
+        rows = run(finish, complete_many_params(worker_id, [(i, None) for i in ids]))
+    if len(rows) != len(ids):
+        sys.exit(f"raw loop: completed {len(rows)} of the {len(ids)} tasks it claimed")
 
 
 cpu_at_go = 0.0

@@ -21,19 +21,26 @@ def test_bench_module_imports(name: str) -> None:
     importlib.import_module(f"bench.{name}")
 
 
-async def test_the_raw_sql_limit_loop_drains_a_real_file(tmp_path: Path) -> None:
-    """bench/raw_proc.py borrows the stores' bind helpers; run it on 10 tasks."""
+@pytest.mark.parametrize("batch", [1, 4])
+async def test_the_raw_sql_limit_loop_settles_what_it_claims(
+    dialect: str, db_target: str, batch: int
+) -> None:
+    """bench/raw_proc.py borrows the stores' bind helpers and statements; run it on 10
+    tasks and read the rows back: every one must end succeeded (a parameter the
+    statement does not read once left them all running, on Postgres, unnoticed)."""
     import subprocess
     import sys
 
-    from cairnqd.store.sqlite import SQLiteStore
+    from tests.conftest import make_store
 
-    path = tmp_path / "raw.db"
-    async with SQLiteStore(str(path)) as store:
+    store = make_store(dialect, db_target)
+    async with store:
         await store.submit_many([{"name": "bench.noop"}] * 10)
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "raw_proc.py"), "--backend", "sqlite",
-         "--target", str(path), "--batch", "4"],
-        input="GO\n", capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    assert "DONE handled=10 " in done.stdout, done.stdout + done.stderr
+        done = subprocess.run(
+            [sys.executable, str(BENCH / "raw_proc.py"), "--backend", dialect,
+             "--target", db_target, "--batch", str(batch)],
+            input="GO\n", capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert "DONE handled=10 " in done.stdout, done.stdout + done.stderr
+        counts = await store.stats()
+    assert counts["default"]["succeeded"] == 10, counts
