@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cairnqd._handlers import RegisteredHandler
-from cairnqd.models import Task
-from cairnqd.store.base import ClaimDraw
+from cairnqd.store.base import ClaimDraw, Row
 
 
 @dataclass
@@ -51,10 +50,10 @@ class ClaimPlan:
     capacity: Mapping[str, int]  # declared resources
     in_use: Mapping[str, int]  # the worker's live count of calls per resource
 
-    async def __call__(self, draw: ClaimDraw) -> list[Task]:
+    async def __call__(self, draw: ClaimDraw) -> list[Row]:
         remaining = self.free
         taken: dict[str, int] = {}
-        claimed: list[Task] = []
+        claimed: list[Row] = []
         for source in self.ordered:
             quota = remaining + (self.ahead if source.shared else 0)
             if quota <= 0:

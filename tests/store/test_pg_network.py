@@ -217,7 +217,7 @@ async def test_a_claim_session_past_its_deadline_rolls_back(pg_dsn: str) -> None
 
         async def stalls_after_drawing(draw: ClaimDraw) -> Any:
             drawn = await draw(None, 1)
-            assert [t.id for t in drawn] == [task.id]
+            assert [row["id"] for row in drawn] == [task.id]
             await asyncio.sleep(60)  # e.g. a wedged caller between statements
             return drawn
 
