@@ -6,7 +6,7 @@ Design notes.
   microseconds; a hop to a helper thread per statement (what aiosqlite does) costs more
   than the work. What must never happen on the loop is *waiting*: after connect the
   connection's busy_timeout is 0, and SQLITE_BUSY is retried with an awaited, jittered
-  backoff (0.5 ms doubling to 4 ms, within `busy_timeout_ms`; `Backoff` says why the
+  backoff (up to 0.5 ms, then up to 1 ms, within `busy_timeout_ms`; `Backoff` says why the
   cap is small), re-taking the in-process lock on each attempt so reads keep flowing
   meanwhile.
 - A fair share of the loop. Every operation yields at least once (an uncontended
