@@ -9,12 +9,22 @@ the claim loop runs, the claim loop does. Its next claim transaction carries eve
 queued result, so a busy worker pays one commit per cycle for finishing the last
 tasks and claiming the next ones. A result never waits longer than `SETTLE_WAIT_S`
 (`PREFETCH_SETTLE_WAIT_S` for a worker claiming ahead, whose claims are further apart)
-for that: when it is due, the claim loop runs a cycle just for it. A result not yet
-written dies with the process and its task runs again; 2 ms for a prefetching worker
-too made SIGKILL chaos cheaper but halved its drain rate (cycles of ~48 tasks instead of
-256), so a prefetching claim instead commits its results first (see `_claimloop`). When no claim is
+for that: when it is due, the claim loop runs a cycle just for it. When no claim is
 coming (idle, stopping, or told not to claim) a flusher writes them at once instead;
 it is also what retries a write that failed.
+
+How long a prefetching worker's results may wait is a trade. A result not yet written
+dies with the process and its task runs again (under the daemon with its attempt given
+back, see `_inflight`), so the wait bounds what a crash re-runs. But a cycle run only
+for due results is a commit for the few results of the last milliseconds, and on
+SQLite it takes the write lock from every other process and rewrites index pages the
+next claim rewrites anyway. At 10 ms, two SQLite workers draining no-op tasks ran as
+many of those transactions (8-15 results each) as claims; at 50 ms (`HORIZON_S`, as
+long as a claimed task may wait to start) there are almost none and the drain is ~19%
+faster, while SIGKILL chaos re-runs about twice as many tasks per kill (bench/RESULTS.md,
+session 9). 2 ms halved the drain rate (cycles of ~48 tasks instead of 256). A
+prefetching claim commits its results before it claims (see `_claimloop`), so a kill
+during a large claim loses none of them.
 
 A result is written only while its lease is ours by the worker's own clock (see
 `_inflight`): one whose lease may have passed is dropped and logged, never written
@@ -31,6 +41,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cairnqd._inflight import InFlight, LoopState
+from cairnqd._prefetch import PrefetchSizer
 from cairnqd.errors import LostLease, StoreClosed
 from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
@@ -64,7 +75,7 @@ class Settlement:
     MAX_BACKLOG_PER_SLOT = 4
     MAX_WRITE_ATTEMPTS = 20
     SETTLE_WAIT_S = 0.002
-    PREFETCH_SETTLE_WAIT_S = 0.01
+    PREFETCH_SETTLE_WAIT_S = PrefetchSizer.HORIZON_S
 
     def __init__(
         self,
