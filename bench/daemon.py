@@ -87,6 +87,22 @@ class Database:
             row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
             return row[0] if row else None
 
+    def server_cpu(self) -> dict[int, float]:
+        """CPU seconds so far of every Postgres backend connected to this database but
+        the asking one (the server runs on this host); {} for SQLite."""
+        if self.backend == "sqlite":
+            return {}
+        with psycopg.connect(self.dsn) as conn:
+            rows = conn.execute(
+                "select pid from pg_stat_activity "
+                "where datname = current_database() and pid <> pg_backend_pid()"
+            ).fetchall()
+        usage: dict[int, float] = {}
+        for (pid,) in rows:
+            with contextlib.suppress(OSError):
+                usage[int(pid)] = cpu_seconds(int(pid))
+        return usage
+
     def settle(self) -> None:
         """Before a measured drain: write out what earlier runs left dirty (a
         Postgres checkpoint, the page cache), so no run pays for its predecessor's
@@ -231,6 +247,7 @@ def drain_once(
         workers_cpu = [p for p in pids if daemon is None or p != daemon.proc.pid]
         db.settle()
         cpu_before = {pid: cpu_seconds(pid) for pid in pids}
+        server_before = db.server_cpu()
         preload(db, n)
         started = time.time()  # the preload has committed: the tasks are visible now
         # Polled slowly: each poll counts the whole table, and at 50 a second those
@@ -239,11 +256,15 @@ def drain_once(
         wait_for("drain", lambda: pending(db) == 0, every=0.25)
         elapsed = last_completion(db) - started
         spent = {pid: cpu_seconds(pid) - before for pid, before in cpu_before.items()}
+        # Backends that were there before the drain, plus any it opened (whole). The
+        # preload's and the polls' own backends have exited and are not counted.
+        server = sum(v - server_before.get(pid, 0.0) for pid, v in db.server_cpu().items())
         cpu = {
             # The processes that run tasks (children, or the bare workers), and the
             # daemon's parent: microseconds of CPU per task drained.
             "worker_cpu_us": sum(spent[pid] for pid in workers_cpu) / n * 1e6,
             "parent_cpu_us": 0.0 if daemon is None else spent[daemon.proc.pid] / n * 1e6,
+            "server_cpu_us": server / n * 1e6,
         }
         rss = {f"rss_kib_{i}": float(rss_kib(pid)) for i, pid in enumerate(pids)}
         if daemon is not None:
@@ -350,6 +371,11 @@ def main() -> None:
                     f"{med['tasks_per_s']:8.0f} tasks/s, CPU per task: "
                     f"task processes {med['worker_cpu_us']:.1f} µs, "
                     f"parent {med['parent_cpu_us']:.2f} µs"
+                    + (
+                        f", Postgres backends {med['server_cpu_us']:.1f} µs"
+                        if args.backend == "postgres"
+                        else ""
+                    )
                 )
             ratio = (
                 results[f"drain_daemon_{processes}"]["median"]["tasks_per_s"]
