@@ -30,6 +30,7 @@ class TaskContext:
         "_task",
         "identity",
         "lease_deadline",
+        "observer_state",
         "released",
         "started_at",
     )
@@ -48,6 +49,9 @@ class TaskContext:
         self.started_at: float | None = None
         #: Set once the worker let go of it and reported its end.
         self.released = False
+        #: The worker's observer may keep its own bookkeeping for this attempt here
+        #: (set in `tasks_held`), instead of in a table keyed by the context.
+        self.observer_state: Any = None
 
     # -- what the handler reads ----------------------------------------------------------
 

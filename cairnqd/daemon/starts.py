@@ -35,7 +35,6 @@ import contextlib
 import mmap
 import os
 import struct
-from collections.abc import Hashable
 
 _MAGIC = b"CQST"
 _VERSION = 1
@@ -47,6 +46,8 @@ _ID_MAX = _SLOT - 8
 CAPACITY = 4096
 
 _FREE, _HELD, _STARTED, _RETURNED = 0, 1, 2, 3
+#: What `StartTable.held` returns for a task it could not record.
+NO_SLOT = -1
 _OVERFLOW_AT = 5
 _ATTEMPT = struct.Struct("<I")
 #: A slot after its state byte: id length, attempt, two spare bytes, the id (padded).
@@ -55,17 +56,18 @@ _BODY = struct.Struct(f"<BI2x{_ID_MAX}s")
 
 class StartTable:
     """One child's table of held tasks. The parent `create`s it before spawning and
-    `unstarted()` reads it after the child is gone; the child `attach`es to the fd."""
+    `unstarted()` reads it after the child is gone; the child `attach`es to the fd.
+
+    The child's side works by slot: `held` returns the slot it wrote (or NO_SLOT), and
+    the holder keeps it with the task (the worker's context) and passes it back, so
+    marking a start is one byte written, with no lookup on the way to the handler."""
 
     def __init__(self, fd: int, memory: mmap.mmap, capacity: int) -> None:
         self.fd = fd
         self._memory = memory
         self._capacity = capacity
-        # Child side only: the slot of each held task, by the key its holder chose (the
-        # worker's context object: hashed by identity, so two attempts never collide),
-        # and the slots free for reuse.
-        self._slots: dict[Hashable, int] = {}
-        self._free = list(range(capacity - 1, -1, -1))
+        # Child side only: the slots free for reuse (offsets into the memory).
+        self._free = [_HEADER + i * _SLOT for i in range(capacity - 1, -1, -1)]
 
     @classmethod
     def create(cls, capacity: int = CAPACITY) -> StartTable:
@@ -97,38 +99,35 @@ class StartTable:
 
     # -- the child's side ------------------------------------------------------------
 
-    def held(self, key: Hashable, task_id: str, attempt: int) -> None:
-        """Record a task claimed into this child (not started yet), under `key`."""
+    def held(self, task_id: str, attempt: int) -> int:
+        """Record a task claimed into this child (not started yet); its slot, for the
+        calls below, or NO_SLOT when it is in none (it then counts as started)."""
         raw = task_id.encode()
         if len(raw) > _ID_MAX or not self._free:
             self._memory[_OVERFLOW_AT] = 1  # said once; the task counts as started
-            return
-        slot = self._free.pop()
-        at = _HEADER + slot * _SLOT
+            return NO_SLOT
+        at = self._free.pop()
         memory = self._memory
         _BODY.pack_into(memory, at + 1, len(raw), attempt, raw)
         memory[at] = _HELD  # last: the slot counts only once it is whole
-        self._slots[key] = at
+        return at
 
-    def started(self, key: Hashable) -> None:
+    def started(self, slot: int) -> None:
         """Mark a held task started; call right before its handler is called."""
-        at = self._slots.get(key)
-        if at is not None:
-            self._memory[at] = _STARTED
+        if slot != NO_SLOT:
+            self._memory[slot] = _STARTED
 
-    def returned(self, key: Hashable) -> None:
+    def returned(self, slot: int) -> None:
         """Mark a started task whose handler returned: its result is queued, not yet
         written. Call right after the handler returns."""
-        at = self._slots.get(key)
-        if at is not None:
-            self._memory[at] = _RETURNED
+        if slot != NO_SLOT:
+            self._memory[slot] = _RETURNED
 
-    def released(self, key: Hashable) -> None:
-        """The child let go of the task (settled, or its lease lost)."""
-        at = self._slots.pop(key, None)
-        if at is not None:
-            self._memory[at] = _FREE
-            self._free.append((at - _HEADER) // _SLOT)
+    def released(self, slot: int) -> None:
+        """The child let go of the task (settled, or its lease lost). Once per slot."""
+        if slot != NO_SLOT:
+            self._memory[slot] = _FREE
+            self._free.append(slot)
 
     # -- the parent's side -----------------------------------------------------------
 

@@ -81,19 +81,26 @@ class _Queue:
         self.waits = _Histogram(wait_buckets)
 
 
+#: One (queue, name)'s counts: its queue's histograms and its own counters.
+Record = tuple[_Queue, _Name]
+
+
 class TaskTally:
     """A child's cumulative task counts (event-loop thread only).
 
-    `started` and `ended` run for every task, at up to ~10k a second per child, so they
-    do little: two lookups by string (no tuple key is built), a field increment and a
-    bisect. `counters` and `snapshot` do the reshaping, a few times a
-    second."""
+    Counting runs for every task, at up to ~10k a second per child, so it does little:
+    a field increment and a bisect, on a `record` the caller keeps per task (or looks
+    up by two strings: no tuple key is built). `counters` and `snapshot` do the
+    reshaping, a few times a second."""
 
     def __init__(self, duration_buckets: Sequence[float], wait_buckets: Sequence[float]) -> None:
         self._buckets = (list(duration_buckets), list(wait_buckets))
         self._queues: dict[str, _Queue] = {}
 
-    def _name(self, queue: str, name: str) -> tuple[_Queue, _Name]:
+    def record(self, queue: str, name: str) -> Record:
+        """The counts of `name` in `queue`, made on first use. A caller that keeps
+        them with the task (the daemon's child, per attempt) counts through the `*_in`
+        methods below without looking them up again."""
         counts = self._queues.get(queue)
         if counts is None:
             counts = self._queues[queue] = _Queue(*self._buckets)
@@ -102,13 +109,18 @@ class TaskTally:
             named = counts.names[name] = _Name()
         return counts, named
 
-    def started(self, queue: str, name: str, wait_s: float) -> None:
-        counts, named = self._name(queue, name)
-        named.started += 1
-        counts.waits.observe(wait_s)
+    @staticmethod
+    def waited_in(record: Record, wait_s: float) -> None:
+        """A claim of this record's task, `wait_s` after it was due."""
+        record[0].waits.observe(wait_s)
 
-    def ended(self, queue: str, name: str, outcome: str, code: str, duration_s: float) -> None:
-        counts, named = self._name(queue, name)
+    @staticmethod
+    def started_in(record: Record) -> None:
+        record[1].started += 1
+
+    @staticmethod
+    def ended_in(record: Record, outcome: str, code: str, duration_s: float) -> None:
+        counts, named = record
         if outcome == "succeeded":
             named.succeeded += 1
         elif outcome == "canceled":
@@ -120,6 +132,15 @@ class TaskTally:
             if outcome == "retried":
                 others[_RETRIED] = others.get(_RETRIED, 0) + 1
         counts.durations.observe(duration_s)
+
+    def started(self, queue: str, name: str, wait_s: float) -> None:
+        """A start of `name` in `queue`, claimed `wait_s` after it was due."""
+        record = self.record(queue, name)
+        self.waited_in(record, wait_s)
+        self.started_in(record)
+
+    def ended(self, queue: str, name: str, outcome: str, code: str, duration_s: float) -> None:
+        self.ended_in(self.record(queue, name), outcome, code, duration_s)
 
     @property
     def counters(self) -> dict[CounterKey, int]:

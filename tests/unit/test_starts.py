@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from cairnqd.daemon.starts import StartTable
+from cairnqd.daemon.starts import NO_SLOT, StartTable
 from tests.waiting import wait_for
 
 CHILD = textwrap.dedent(
@@ -18,13 +18,12 @@ CHILD = textwrap.dedent(
     import sys, time
     from cairnqd.daemon.starts import StartTable
     table = StartTable.attach(int(sys.argv[1]))
-    for i in range(5):
-        table.held((f"task_{i}", 1), f"task_{i}", 1)
-    table.started(("task_1", 1))
-    table.started(("task_3", 1))
-    table.released(("task_3", 1))   # started and finished
-    table.released(("task_4", 1))   # lease lost before it started
-    table.held(("task_1", 2), "task_1", 2)       # the same task again, a later attempt, not started
+    slots = [table.held(f"task_{i}", 1) for i in range(5)]
+    table.started(slots[1])
+    table.started(slots[3])
+    table.released(slots[3])   # started and finished
+    table.released(slots[4])   # lease lost before it started
+    table.held("task_1", 2)    # the same task again, a later attempt, not started
     print("ready", flush=True)
     time.sleep(60)
     """
@@ -58,12 +57,14 @@ def test_the_parent_reads_what_a_killed_child_left() -> None:
 def test_a_full_table_says_so_and_counts_the_rest_as_started() -> None:
     table = StartTable.create(capacity=2)
     try:
-        for i in range(3):
-            table.held((f"t{i}", 1), f"t{i}", 1)
+        slots = [table.held(f"t{i}", 1) for i in range(3)]
+        assert slots[2] == NO_SLOT
         assert table.overflowed
         assert sorted(table.unstarted()) == [("t0", 1), ("t1", 1)]
-        table.released(("t0", 1))
-        table.held(("t3", 1), "t3", 1)  # a freed slot is reused
+        table.released(slots[0])
+        table.released(slots[2])  # no slot: nothing to free
+        assert table.held("t3", 1) == slots[0]  # a freed slot is reused
+        assert table.held("t4", 1) == NO_SLOT
         assert sorted(table.unstarted()) == [("t1", 1), ("t3", 1)]
     finally:
         table.close()
@@ -83,13 +84,14 @@ def test_ids_up_to_the_slot_size_round_trip_and_a_reused_slot_keeps_no_old_bytes
     table = StartTable.create(capacity=1)
     try:
         longest = "x" * 88  # the most a 96-byte slot holds
-        table.held((longest, 7), longest, 7)
+        slot = table.held(longest, 7)
         assert table.unstarted() == [(longest, 7)]
-        table.released((longest, 7))
+        table.released(slot)
         # The same slot, a shorter id, the largest attempt.
-        table.held(("short", 2**32 - 1), "short", 2**32 - 1)
+        table.held("short", 2**32 - 1)
         assert table.unstarted() == [("short", 2**32 - 1)]
-        table.held(("y" * 89, 1), "y" * 89, 1)  # too long for a slot: counted as started, and said
+        # Too long for a slot: counted as started, and said.
+        assert table.held("y" * 89, 1) == NO_SLOT
         assert table.overflowed
     finally:
         table.close()
@@ -100,13 +102,13 @@ RETURNING_CHILD = textwrap.dedent(
     import sys, time
     from cairnqd.daemon.starts import StartTable
     table = StartTable.attach(int(sys.argv[1]))
-    for i in range(3):
-        table.held((f"task_{i}", 1), f"task_{i}", 1)
-        table.started((f"task_{i}", 1))
-    table.returned(("task_0", 1))   # result queued, not written
-    table.returned(("task_1", 1))
-    table.released(("task_1", 1))   # result written
-    table.held(("task_3", 1), "task_3", 1)       # claimed ahead, never started
+    slots = [table.held(f"task_{i}", 1) for i in range(3)]
+    for slot in slots:
+        table.started(slot)
+    table.returned(slots[0])   # result queued, not written
+    table.returned(slots[1])
+    table.released(slots[1])   # result written
+    table.held("task_3", 1)    # claimed ahead, never started
     print("ready", flush=True)
     time.sleep(60)
     """
