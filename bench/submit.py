@@ -10,6 +10,10 @@ clock starts:
 - `ours` / `cairnq` concurrent: `--single` submits from `--coroutines` (64) coroutines, each
   awaiting its own `submit`s one after another (a web application's pattern).
 - `ours` batch: `--batches` calls of `submit_many` with 1,000 items each.
+- `raw` batch: the limit beside `ours` batch. The store's own `insert_many` statement
+  alone, `--batches` transactions of 1,000 rows whose parameters (checked, encoded,
+  ids made) are ready before the clock starts; durable settings as the store's
+  (SQLite WAL with synchronous=FULL, Postgres synchronous_commit=on).
 - Postgres peers (unless `--no-peers`): procrastinate `defer_async` / `batch_defer_async`
   and pgqueuer `enqueue` (single and list form), same counts.
 """
@@ -18,9 +22,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import psycopg
 
 from bench import peers
 from bench.common import (
@@ -80,6 +87,56 @@ async def sdk_once(
     return Run({"tasks_per_s": n / elapsed, "elapsed_s": elapsed, "tasks": n})
 
 
+async def raw_once(backend: Backend, batches: int) -> Run:
+    """The bare `insert_many` statement, `batches` transactions of BATCH rows."""
+    from cairnqd._protocol import statement
+    from cairnqd.store.arguments import insert_params_for
+    from cairnqd.store.base import wall_clock_ms
+    from cairnqd.store.pg_connect import bind
+    from cairnqd.store.sqlite_statements import run_rows
+    from cairnqd.store.statement_params import insert_many_params, insert_rows
+
+    async with fresh_target(backend, "submit") as target:
+        async with sdk_client("ours", backend, target):
+            pass  # migrated
+        item = {"name": UNCLAIMED, "payload": {"i": 0}}
+        runs = [[insert_params_for({**item, "payload": {"i": i}}) for i in range(BATCH)]
+                for _ in range(batches)]  # fmt: skip
+        stmt = statement(backend, "insert_many")
+        insert: Callable[[], None]
+        if backend == "sqlite":
+            conn = sqlite3.connect(target, isolation_level=None)
+            conn.execute("pragma journal_mode = wal")
+            conn.execute("pragma synchronous = full")
+            now = wall_clock_ms()
+            values = iter([insert_rows(run, now) for run in runs])
+
+            def insert() -> None:
+                conn.execute("BEGIN IMMEDIATE")
+                run_rows(conn, stmt, next(values))
+                conn.execute("COMMIT")
+
+            close = conn.close
+        else:
+            pg = psycopg.connect(target, autocommit=True)
+            pg.execute("set synchronous_commit = on")
+            params = iter([bind(stmt, insert_many_params(run)) for run in runs])
+
+            def insert() -> None:
+                with pg.transaction():
+                    pg.execute(stmt.text, next(params), prepare=True).fetchall()
+
+            close = pg.close
+        try:
+            start = time.perf_counter()
+            for _ in range(batches):
+                insert()
+            elapsed, n = time.perf_counter() - start, batches * BATCH
+        finally:
+            close()
+    return Run({"tasks_per_s": n / elapsed, "elapsed_s": elapsed, "tasks": n})
+
+
 async def peer_once(peer: str, mode: str, n_single: int, batches: int) -> Run:
     async with (
         fresh_target("postgres", "submit") as target,
@@ -121,6 +178,12 @@ def report(points: Sequence[Point]) -> None:
                 a, b = ours.median("tasks_per_s"), theirs.median("tasks_per_s")
                 if a and b:
                     print(f"{backend}: {mode} submit ours/cairnq = {a / b:.2f}x")
+        batch, bare = by_key.get((backend, "ours", "batch")), by_key.get((backend, "raw", "batch"))
+        rate, limit = (
+            (batch.median("tasks_per_s"), bare.median("tasks_per_s")) if batch and bare else (0, 0)
+        )
+        if rate and limit:
+            print(f"{backend}: submit_many ours / the bare statement = {rate / limit:.2f}")
 
 
 async def main(argv: Sequence[str] | None = None) -> None:
@@ -140,6 +203,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
             ("ours", "concurrent"),
             ("cairnq", "concurrent"),
             ("ours", "batch"),
+            ("raw", "batch"),
         ]
         if backend == "postgres" and not args.no_peers:
             for peer in peers.PEERS:
@@ -153,6 +217,8 @@ async def main(argv: Sequence[str] | None = None) -> None:
             ) -> Run:
                 if impl in peers.PEERS:
                     return await peer_once(impl, mode, args.single, args.batches)
+                if impl == "raw":
+                    return await raw_once(b, args.batches)
                 return await sdk_once(impl, mode, b, args.single, args.batches, args.coroutines)
 
             cases.append(Case(labels, once))
