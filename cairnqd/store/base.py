@@ -159,8 +159,9 @@ class _Chunk:
     @classmethod
     async def prepare(cls, items: Sequence[Mapping[str, Any]], start: int, stop: int) -> _Chunk:
         """Check (and encode) the chunk, yielding to the loop every `_PREPARE_STEP`
-        items: an insert of hundreds of rows is more than a socket's send buffer takes
-        at once, and the driver sends the rest only when the loop runs."""
+        items, so a long list never holds the loop for long, and the driver can go on
+        sending the insert in flight (a few hundred rows are more than a socket's send
+        buffer takes at once)."""
         stop = min(stop, len(items))
         prepared: list[Params] = []
         for at in range(start, stop, _PREPARE_STEP):
@@ -416,13 +417,13 @@ class TaskStore(ABC):
         chunk = await _Chunk.prepare(items, 0, min(size, _FIRST_CHUNK))
         with self._operation():
             async with self._transaction() as session:
-                written: tuple[_Chunk, list[Row] | list[Task]] | None = None
+                written: Callable[[], list[Task]] | None = None
                 while chunk.prepared:
                     writing = asyncio.ensure_future(self._write_chunk(session, chunk))
                     try:
                         await asyncio.sleep(0)  # the insert goes out first
                         if written is not None:
-                            out.extend(self._chunk_tasks(*written))
+                            out.extend(written())
                         # Checking runs at about twice the server's pace, so each
                         # chunk may be twice the last and still be ready in time.
                         step = min(size, 2 * len(chunk.prepared))
@@ -434,22 +435,20 @@ class TaskStore(ABC):
                         if not writing.cancelled():
                             writing.exception()
                         raise
-                    written = (chunk, await writing)
+                    written = await writing
                     chunk = following
                 if written is not None:
-                    out.extend(self._chunk_tasks(*written))
+                    out.extend(written())
         return out
 
-    async def _write_chunk(self, session: Session, chunk: _Chunk) -> list[Row] | list[Task]:
-        """A keyless chunk's `insert_many` rows (its times), or a mixed chunk's tasks."""
-        if chunk.encoded is not None:
-            return await session.fetch("insert_many", chunk.encoded)
-        return await self._insert_prepared(session, chunk.prepared)
-
-    def _chunk_tasks(self, chunk: _Chunk, written: list[Row] | list[Task]) -> list[Task]:
+    async def _write_chunk(self, session: Session, chunk: _Chunk) -> Callable[[], list[Task]]:
+        """Insert `chunk`; returns what builds its tasks, to be called later (while the
+        next chunk is on the server)."""
         if chunk.encoded is None:
-            return written  # type: ignore[return-value]  # _insert_prepared's tasks
-        return inserted_tasks(chunk.prepared, written)  # type: ignore[arg-type]
+            tasks = await self._insert_prepared(session, chunk.prepared)
+            return lambda: tasks
+        rows = await session.fetch("insert_many", chunk.encoded)
+        return lambda: inserted_tasks(chunk.prepared, rows)
 
     async def _insert_prepared(self, session: Session, prepared: list[Params]) -> list[Task]:
         """Insert validated submits in list order inside `session`.
