@@ -67,7 +67,7 @@ class Database:
         else:
             self.name = f"bench_daemon_{uuid.uuid4().hex[:8]}"
             with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(f'create database "{self.name}"')  # type: ignore[arg-type]
+                conn.execute(f'create database "{self.name}"')
             self.dsn = psycopg.conninfo.make_conninfo(dsn, dbname=self.name)
             # One pool connection per process on both sides: the daemon's default
             # (`connections_per_child`), which the bare worker is given too, so the
@@ -84,7 +84,7 @@ class Database:
                 row = conn.execute(sql).fetchone()
                 return row[0] if row else None
         with psycopg.connect(self.dsn) as conn:
-            row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
+            row = conn.execute(sql).fetchone()
             return row[0] if row else None
 
     def server_cpu(self) -> dict[int, float]:
@@ -119,7 +119,7 @@ class Database:
                     os.unlink(self.path + suffix)
         if self.backend == "postgres":
             with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-                conn.execute(f'drop database if exists "{self.name}" with (force)')  # type: ignore[arg-type]
+                conn.execute(f'drop database if exists "{self.name}" with (force)')
 
 
 def helper(*args: str) -> list[str]:

@@ -148,7 +148,7 @@ def load_postgres(dsn: str, n: int) -> float:
         conn.execute("alter table cairnq_tasks disable trigger user")
         with conn.cursor() as cur:
             copy_sql = f"copy cairnq_tasks ({', '.join(COLUMNS)}) from stdin"
-            with cur.copy(copy_sql) as copy:  # type: ignore[arg-type]
+            with cur.copy(copy_sql) as copy:
                 for row in rows(n, int(time.time() * 1000)):
                     copy.write_row(row)
         conn.execute("alter table cairnq_tasks enable trigger user")
