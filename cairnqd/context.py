@@ -30,6 +30,7 @@ class TaskContext:
         "_task",
         "identity",
         "lease_deadline",
+        "observer_slot",
         "observer_state",
         "released",
         "started_at",
@@ -50,8 +51,11 @@ class TaskContext:
         #: Set once the worker let go of it and reported its end.
         self.released = False
         #: The worker's observer may keep its own bookkeeping for this attempt here
-        #: (set in `tasks_held`), instead of in a table keyed by the context.
+        #: (set in `tasks_held`), instead of in a table keyed by the context: an
+        #: object (often shared by many tasks) and an integer (its own per attempt).
+        #: Two fields rather than a tuple: nothing is allocated per task.
         self.observer_state: Any = None
+        self.observer_slot = 0
 
     # -- what the handler reads ----------------------------------------------------------
 

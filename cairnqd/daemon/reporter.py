@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
 from cairnqd.context import TaskContext
 from cairnqd.daemon.messages import LongestTask, Overrun, encode
 from cairnqd.daemon.outbox import Outbox
-from cairnqd.daemon.starts import NO_SLOT, StartTable
-from cairnqd.daemon.tally import Record, TaskTally
+from cairnqd.daemon.starts import FREE, NO_SLOT, RETURNED, STARTED, StartTable
+from cairnqd.daemon.tally import Counts, TaskTally
 
 #: How often a changed tally is sent.
 TALLY_EVERY_S = 0.25
@@ -41,7 +42,11 @@ class ChildReporter:
         held: Callable[[], list[TaskContext]],
     ) -> None:
         self._outbox = outbox
-        self._starts = starts
+        # Without a table from the parent (tests, or none passed) a private one keeps
+        # the hooks free of tests for it; nobody reads it.
+        self._starts = starts = StartTable.private() if starts is None else starts
+        self._marks = starts.marks
+        self._reuse = starts.reuse
         self._tally = TaskTally(*buckets)
         self._dirty = False
         self._on_finished = on_finished
@@ -54,46 +59,69 @@ class ChildReporter:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- the worker's observer -----------------------------------------------------------
-    # These run for every task (tens of thousands a second across a pool). What a task
-    # needs later (its start-table slot, its tally record) is found once, in
-    # `tasks_held`, while the claim's rows are fresh in memory, and kept on its context
-    # (`observer_state`): marking a start is then a byte written and a field
-    # incremented, with no lookup between the claim and the handler. The queue wait
-    # (run_at to claim) is counted there too: it is a property of the claim.
+    # These run for every task (tens of thousands a second across a pool), so each hook
+    # is one call that writes what it must in place: a start-table byte, a counter, a
+    # histogram bucket. What a task needs later (its slot, its name's counts, its
+    # queue's duration histogram) is found once per claim in `tasks_held`, while the
+    # claim's rows are fresh in memory, and kept on its context (`observer_state`).
+    # The queue wait (run_at to claim) is counted there too: it is a property of the
+    # claim. (At no-op rates a call more per task was measurable in the daemon's
+    # throughput: bench/RESULTS.md.)
 
     def tasks_held(self, contexts: Sequence[TaskContext]) -> None:
-        starts, tally = self._starts, self._tally
+        tally = self._tally
+        slots = self._starts.held_many([ctx.identity for ctx in contexts])
         queue = name = ""
-        record: Record | None = None
-        for ctx in contexts:
+        named: Counts | None = None
+        for ctx, slot in zip(contexts, slots, strict=True):
             task = ctx.task
-            if record is None or task.queue != queue or task.name != name:
+            if named is None or task.queue != queue or task.name != name:
                 queue, name = task.queue, task.name
-                record = tally.record(queue, name)
-            tally.waited_in(record, (task.updated_at_ms - task.run_at_ms) / 1000)
-            slot = NO_SLOT if starts is None else starts.held(task.id, task.attempt)
-            ctx.observer_state = (slot, record)
+                named = tally.counts(queue, name)
+            # `Histogram.observe`, inline (as in `task_ended`).
+            wait_s = (task.updated_at_ms - task.run_at_ms) / 1000
+            if wait_s < 0.0:
+                wait_s = 0.0
+            waits = named.waits
+            if wait_s <= waits.first:
+                waits.counts[0] += 1
+            else:
+                waits.counts[bisect_left(waits.bounds, wait_s)] += 1
+            waits.total += wait_s
+            ctx.observer_state = named
+            ctx.observer_slot = slot
         self._dirty = True
 
     def task_started(self, ctx: TaskContext) -> None:
-        slot, record = ctx.observer_state
-        if self._starts is not None:
-            self._starts.started(slot)
-        TaskTally.started_in(record)
+        self._marks[ctx.observer_slot] = STARTED
+        ctx.observer_state.started += 1
         self._dirty = True
 
     def task_returned(self, ctx: TaskContext) -> None:
-        if self._starts is not None:
-            self._starts.returned(ctx.observer_state[0])
+        self._marks[ctx.observer_slot] = RETURNED
 
     def task_ended(self, ctx: TaskContext, outcome: str, reason: str, duration_s: float) -> None:
-        slot, record = ctx.observer_state
-        if self._starts is not None:
-            self._starts.released(slot)
+        slot = ctx.observer_slot
+        self._marks[slot] = FREE
+        if slot != NO_SLOT:
+            self._reuse(slot)
         if ctx.started_at is None and outcome == "lease_lost":
             # Claimed ahead and dropped before it started: no attempt was made here.
             return
-        TaskTally.ended_in(record, outcome, reason, duration_s)
+        named = ctx.observer_state
+        if outcome == "succeeded":
+            named.succeeded += 1
+        else:
+            named.count_end(outcome, reason)
+        # `Histogram.observe`, inline: this is the hottest of the hooks.
+        if duration_s < 0.0:
+            duration_s = 0.0
+        durations = named.durations
+        if duration_s <= durations.first:
+            durations.counts[0] += 1  # where per-task costs matter: fast tasks
+        else:
+            durations.counts[bisect_left(durations.bounds, duration_s)] += 1
+        durations.total += duration_s
         self._dirty = True
         self.finished += 1
         if self._on_finished is not None:

@@ -35,6 +35,7 @@ import contextlib
 import mmap
 import os
 import struct
+from collections.abc import Sequence
 
 _MAGIC = b"CQST"
 _VERSION = 1
@@ -45,13 +46,18 @@ _ID_MAX = _SLOT - 8
 #: to be written, for any sane config; past it the extra tasks count as started.
 CAPACITY = 4096
 
-_FREE, _HELD, _STARTED, _RETURNED = 0, 1, 2, 3
-#: What `StartTable.held` returns for a task it could not record.
-NO_SLOT = -1
+#: A slot's state byte. The child writes STARTED and RETURNED straight into `marks`.
+FREE, HELD, STARTED, RETURNED = 0, 1, 2, 3
 _OVERFLOW_AT = 5
+#: What `StartTable.held` returns for a task it could not record: a spare header byte
+#: that no reader looks at, so a state written there needs no test on the hot path.
+NO_SLOT = 6
 _ATTEMPT = struct.Struct("<I")
-#: A slot after its state byte: id length, attempt, two spare bytes, the id (padded).
-_BODY = struct.Struct(f"<BI2x{_ID_MAX}s")
+#: A slot after its state byte: id length, attempt, two spare bytes, the id. One
+#: layout per id length (ids are mostly of one length), so packing writes only the
+#: id's bytes (the reader takes `length` of them): a padded form cleared 88 bytes per
+#: task for nothing.
+_BODIES = [struct.Struct(f"<BI2x{n}s") for n in range(_ID_MAX + 1)]
 
 
 class StartTable:
@@ -59,15 +65,20 @@ class StartTable:
     `unstarted()` reads it after the child is gone; the child `attach`es to the fd.
 
     The child's side works by slot: `held` returns the slot it wrote (or NO_SLOT), and
-    the holder keeps it with the task (the worker's context) and passes it back, so
-    marking a start is one byte written, with no lookup on the way to the handler."""
+    the holder keeps it with the task (the worker's context), so marking a start is one
+    byte written into `marks`, with no lookup or call on the way to the handler."""
 
     def __init__(self, fd: int, memory: mmap.mmap, capacity: int) -> None:
         self.fd = fd
         self._memory = memory
         self._capacity = capacity
+        #: Child side, for the hot path: a slot's state byte is `marks[slot]`; marking
+        #: a start is `marks[slot] = STARTED` (NO_SLOT included: its byte is spare).
+        self.marks = memory
         # Child side only: the slots free for reuse (offsets into the memory).
         self._free = [_HEADER + i * _SLOT for i in range(capacity - 1, -1, -1)]
+        #: Child side: give a released slot back for reuse (never NO_SLOT).
+        self.reuse = self._free.append
 
     @classmethod
     def create(cls, capacity: int = CAPACITY) -> StartTable:
@@ -83,6 +94,15 @@ class StartTable:
         return cls(fd, memory, capacity)
 
     @classmethod
+    def private(cls, capacity: int = CAPACITY) -> StartTable:
+        """A table in this process's memory only, for a child given none: the same
+        code path, read by nobody."""
+        memory = mmap.mmap(-1, _HEADER + capacity * _SLOT)
+        memory[0:4] = _MAGIC
+        memory[4] = _VERSION
+        return cls(-1, memory, capacity)
+
+    @classmethod
     def attach(cls, fd: int) -> StartTable:
         size = os.fstat(fd).st_size
         memory = mmap.mmap(fd, size)
@@ -94,39 +114,47 @@ class StartTable:
     def close(self) -> None:
         with contextlib.suppress(BufferError, ValueError):
             self._memory.close()
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
 
     # -- the child's side ------------------------------------------------------------
 
     def held(self, task_id: str, attempt: int) -> int:
         """Record a task claimed into this child (not started yet); its slot, for the
         calls below, or NO_SLOT when it is in none (it then counts as started)."""
-        raw = task_id.encode()
-        if len(raw) > _ID_MAX or not self._free:
-            self._memory[_OVERFLOW_AT] = 1  # said once; the task counts as started
-            return NO_SLOT
-        at = self._free.pop()
-        memory = self._memory
-        _BODY.pack_into(memory, at + 1, len(raw), attempt, raw)
-        memory[at] = _HELD  # last: the slot counts only once it is whole
-        return at
+        return self.held_many(((task_id, attempt),))[0]
+
+    def held_many(self, identities: Sequence[tuple[str, int]]) -> list[int]:
+        """`held` for a claim's tasks at once, (task id, attempt) each: their slots."""
+        memory, free, bodies = self._memory, self._free, _BODIES
+        slots = []
+        for task_id, attempt in identities:
+            raw = task_id.encode()
+            length = len(raw)
+            if length > _ID_MAX or not free:
+                memory[_OVERFLOW_AT] = 1  # said once; the task counts as started
+                slots.append(NO_SLOT)
+                continue
+            at = free.pop()
+            bodies[length].pack_into(memory, at + 1, length, attempt, raw)
+            memory[at] = HELD  # last: the slot counts only once it is whole
+            slots.append(at)
+        return slots
 
     def started(self, slot: int) -> None:
         """Mark a held task started; call right before its handler is called."""
-        if slot != NO_SLOT:
-            self._memory[slot] = _STARTED
+        self._memory[slot] = STARTED
 
     def returned(self, slot: int) -> None:
         """Mark a started task whose handler returned: its result is queued, not yet
         written. Call right after the handler returns."""
-        if slot != NO_SLOT:
-            self._memory[slot] = _RETURNED
+        self._memory[slot] = RETURNED
 
     def released(self, slot: int) -> None:
         """The child let go of the task (settled, or its lease lost). Once per slot."""
         if slot != NO_SLOT:
-            self._memory[slot] = _FREE
+            self._memory[slot] = FREE
             self._free.append(slot)
 
     # -- the parent's side -----------------------------------------------------------
@@ -137,12 +165,12 @@ class StartTable:
 
     def unstarted(self) -> list[tuple[str, int]]:
         """(task id, attempt) of every task the child held and never started."""
-        return self._in_state(_HELD)
+        return self._in_state(HELD)
 
     def returned_unwritten(self) -> list[tuple[str, int]]:
         """(task id, attempt) of every task whose handler returned and whose result the
         child had not written when it died."""
-        return self._in_state(_RETURNED)
+        return self._in_state(RETURNED)
 
     def _in_state(self, state: int) -> list[tuple[str, int]]:
         memory, found = self._memory, []

@@ -18,6 +18,7 @@ bounded set the metrics expose (error, max_run, worker_lost, lease_lost).
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -41,13 +42,19 @@ def failure_reason(outcome: str, code: str) -> str:
 CounterKey = tuple[str, str, str, str]  # queue, name, kind, reason ("" unless failed)
 
 
-class _Histogram:
-    __slots__ = ("bounds", "counts", "total")
+class Histogram:
+    """Cumulative bucket counts and the sum of what was observed. Hot callers (the
+    child's observer) update `counts` and `total` in place, as `observe` does."""
+
+    __slots__ = ("bounds", "counts", "first", "total")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = list(bounds)
         self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
         self.total = 0.0
+        #: The first bucket's bound (+Inf without buckets): a value at or below it is
+        #: counted without a bisect.
+        self.first = self.bounds[0] if self.bounds else math.inf
 
     def observe(self, value: float) -> None:
         """Count `value` (a negative one, from clock skew, as 0)."""
@@ -57,17 +64,34 @@ class _Histogram:
         self.total += value
 
 
-class _Name:
-    """The counts of one task name in one queue. The common outcomes are fields; the
-    failures, rarer, are counted by (kind, reason)."""
+class Counts:
+    """The counts of one task name in one queue, with its queue's two histograms (shared
+    by the queue's names), so a caller that keeps this one object per task counts
+    everything through it. The common outcomes are fields; the failures, rarer, are
+    counted by (kind, reason)."""
 
-    __slots__ = ("canceled", "others", "started", "succeeded")
+    __slots__ = ("canceled", "durations", "others", "started", "succeeded", "waits")
 
-    def __init__(self) -> None:
+    def __init__(self, durations: Histogram, waits: Histogram) -> None:
+        self.durations = durations
+        self.waits = waits
         self.started = 0
         self.succeeded = 0
         self.canceled = 0
         self.others: dict[tuple[str, str], int] = {}
+
+    def count_end(self, outcome: str, code: str) -> None:
+        """An attempt that ended `outcome` (any but lease_lost before a start)."""
+        if outcome == "succeeded":
+            self.succeeded += 1
+        elif outcome == "canceled":
+            self.canceled += 1
+        else:
+            others = self.others
+            key = ("failed", failure_reason(outcome, code))
+            others[key] = others.get(key, 0) + 1
+            if outcome == "retried":
+                others[_RETRIED] = others.get(_RETRIED, 0) + 1
 
 
 class _Queue:
@@ -76,71 +100,43 @@ class _Queue:
     __slots__ = ("durations", "names", "waits")
 
     def __init__(self, duration_buckets: Sequence[float], wait_buckets: Sequence[float]) -> None:
-        self.names: dict[str, _Name] = {}
-        self.durations = _Histogram(duration_buckets)
-        self.waits = _Histogram(wait_buckets)
-
-
-#: One (queue, name)'s counts: its queue's histograms and its own counters.
-Record = tuple[_Queue, _Name]
+        self.names: dict[str, Counts] = {}
+        self.durations = Histogram(duration_buckets)
+        self.waits = Histogram(wait_buckets)
 
 
 class TaskTally:
     """A child's cumulative task counts (event-loop thread only).
 
     Counting runs for every task, at up to ~10k a second per child, so it does little:
-    a field increment and a bisect, on a `record` the caller keeps per task (or looks
-    up by two strings: no tuple key is built). `counters` and `snapshot` do the
+    a field increment and a bisect, on the `Counts` the caller keeps per task (found
+    once by two strings: no tuple key is built). `counters` and `snapshot` do the
     reshaping, a few times a second."""
 
     def __init__(self, duration_buckets: Sequence[float], wait_buckets: Sequence[float]) -> None:
         self._buckets = (list(duration_buckets), list(wait_buckets))
         self._queues: dict[str, _Queue] = {}
 
-    def record(self, queue: str, name: str) -> Record:
-        """The counts of `name` in `queue`, made on first use. A caller that keeps
-        them with the task (the daemon's child, per attempt) counts through the `*_in`
-        methods below without looking them up again."""
+    def counts(self, queue: str, name: str) -> Counts:
+        """The counts of `name` in `queue`, made on first use."""
         counts = self._queues.get(queue)
         if counts is None:
             counts = self._queues[queue] = _Queue(*self._buckets)
         named = counts.names.get(name)
         if named is None:
-            named = counts.names[name] = _Name()
-        return counts, named
-
-    @staticmethod
-    def waited_in(record: Record, wait_s: float) -> None:
-        """A claim of this record's task, `wait_s` after it was due."""
-        record[0].waits.observe(wait_s)
-
-    @staticmethod
-    def started_in(record: Record) -> None:
-        record[1].started += 1
-
-    @staticmethod
-    def ended_in(record: Record, outcome: str, code: str, duration_s: float) -> None:
-        counts, named = record
-        if outcome == "succeeded":
-            named.succeeded += 1
-        elif outcome == "canceled":
-            named.canceled += 1
-        else:
-            others = named.others
-            key = ("failed", failure_reason(outcome, code))
-            others[key] = others.get(key, 0) + 1
-            if outcome == "retried":
-                others[_RETRIED] = others.get(_RETRIED, 0) + 1
-        counts.durations.observe(duration_s)
+            named = counts.names[name] = Counts(counts.durations, counts.waits)
+        return named
 
     def started(self, queue: str, name: str, wait_s: float) -> None:
         """A start of `name` in `queue`, claimed `wait_s` after it was due."""
-        record = self.record(queue, name)
-        self.waited_in(record, wait_s)
-        self.started_in(record)
+        named = self.counts(queue, name)
+        named.waits.observe(wait_s)
+        named.started += 1
 
     def ended(self, queue: str, name: str, outcome: str, code: str, duration_s: float) -> None:
-        self.ended_in(self.record(queue, name), outcome, code, duration_s)
+        named = self.counts(queue, name)
+        named.count_end(outcome, code)
+        named.durations.observe(duration_s)
 
     @property
     def counters(self) -> dict[CounterKey, int]:

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from cairnqd.daemon.starts import NO_SLOT, StartTable
+from cairnqd.daemon.starts import FREE, NO_SLOT, RETURNED, STARTED, StartTable
 from tests.waiting import wait_for
 
 CHILD = textwrap.dedent(
@@ -80,7 +80,7 @@ def test_attach_refuses_a_foreign_file() -> None:
         os.close(fd)
 
 
-def test_ids_up_to_the_slot_size_round_trip_and_a_reused_slot_keeps_no_old_bytes() -> None:
+def test_ids_up_to_the_slot_size_round_trip_and_a_reused_slot_reads_its_new_id() -> None:
     table = StartTable.create(capacity=1)
     try:
         longest = "x" * 88  # the most a 96-byte slot holds
@@ -93,6 +93,51 @@ def test_ids_up_to_the_slot_size_round_trip_and_a_reused_slot_keeps_no_old_bytes
         # Too long for a slot: counted as started, and said.
         assert table.held("y" * 89, 1) == NO_SLOT
         assert table.overflowed
+    finally:
+        table.close()
+
+
+def test_states_written_through_no_slot_change_nothing_the_parent_reads() -> None:
+    """The child's hooks write a task's state at its slot without testing for NO_SLOT
+    (a spare header byte): such writes must leave the table, its flag and its header
+    as they were."""
+    table = StartTable.create(capacity=2)
+    try:
+        slots = table.held_many([("a", 1), ("b", 2), ("c", 3)])
+        assert slots[2] == NO_SLOT
+        table.started(slots[1])
+        before = (sorted(table.unstarted()), table.returned_unwritten(), table.overflowed)
+        for state in (STARTED, RETURNED, FREE):
+            table.marks[NO_SLOT] = state
+        table.released(NO_SLOT)
+        assert (sorted(table.unstarted()), table.returned_unwritten(), table.overflowed) == before
+        assert before == ([("a", 1)], [], True)
+        StartTable.attach(table.fd).close()  # the header still reads as a start table
+        # NO_SLOT never enters the free list: the next task finds the table full.
+        assert table.held("d", 1) == NO_SLOT
+    finally:
+        table.close()
+
+
+def test_held_many_records_a_claim_as_held_would_task_by_task() -> None:
+    one, many = StartTable.create(capacity=8), StartTable.create(capacity=8)
+    try:
+        claim = [(f"task_{i}", i + 1) for i in range(5)]
+        assert [one.held(*item) for item in claim] == many.held_many(claim)
+        assert sorted(one.unstarted()) == sorted(many.unstarted()) == sorted(claim)
+    finally:
+        one.close()
+        many.close()
+
+
+def test_a_private_table_takes_the_same_calls() -> None:
+    table = StartTable.private(capacity=1)
+    try:
+        slot = table.held("a", 1)
+        table.marks[slot] = STARTED
+        table.released(slot)
+        assert table.held("b", 1) == slot
+        assert table.unstarted() == [("b", 1)]
     finally:
         table.close()
 

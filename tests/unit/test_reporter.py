@@ -1,0 +1,119 @@
+"""The child's observer hooks count in place (inlined histograms, a start-table byte per
+state): whatever a claim brings, they must count exactly what the plain `TaskTally`
+API counts, and leave in the start table what the parent must read after a crash."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cairnqd.context import TaskContext
+from cairnqd.daemon.outbox import Outbox
+from cairnqd.daemon.reporter import ChildReporter
+from cairnqd.daemon.starts import NO_SLOT, StartTable
+from cairnqd.daemon.tally import TaskTally
+from cairnqd.models import Task
+
+# Bounds that values land on exactly, below, between and above.
+BUCKETS = (0.005, 0.1, 1.0)
+VALUES = st.sampled_from([-0.5, 0.0, 0.004, 0.005, 0.0051, 0.1, 0.5, 1.0, 7.0])
+OUTCOMES = ("succeeded", "retried", "failed", "canceled", "lease_lost")
+
+
+class _Host:
+    worker_id = "w"
+
+
+@contextmanager
+def reporter(capacity: int) -> Iterator[tuple[ChildReporter, StartTable]]:
+    table = StartTable.create(capacity=capacity)
+    fd = os.open(os.devnull, os.O_WRONLY)
+    try:
+        yield ChildReporter(Outbox(fd), table, (BUCKETS, BUCKETS), None, list), table
+    finally:
+        os.close(fd)
+        table.close()
+
+
+def _context(i: int, queue: str, name: str, wait_s: float) -> TaskContext:
+    wait_ms = round(wait_s * 1000)
+    task = Task(
+        id=f"task_{i:026d}", name=name, queue=queue, status="running", attempt=1,
+        run_at_ms=10_000, updated_at_ms=10_000 + wait_ms,
+    )  # fmt: skip
+    return TaskContext(_Host(), task)  # type: ignore[arg-type]
+
+
+TASK = st.tuples(
+    st.sampled_from(["q1", "q2"]),
+    st.sampled_from(["a", "b"]),
+    VALUES,  # queue wait
+    st.booleans(),  # started
+    st.sampled_from(OUTCOMES),
+    VALUES,  # duration
+)
+
+
+@given(st.lists(st.lists(TASK, min_size=1, max_size=12), max_size=6), st.integers(2, 40))
+def test_hooks_count_what_the_tally_api_counts(claims: list[list[Any]], capacity: int) -> None:
+    expected = TaskTally(BUCKETS, BUCKETS)
+    with reporter(capacity) as (observer, table):
+        held: list[tuple[TaskContext, tuple[Any, ...]]] = []
+        for n, claim in enumerate(claims):
+            contexts = [
+                _context(n * 100 + i, queue, name, wait)
+                for i, (queue, name, wait, *_) in enumerate(claim)
+            ]
+            observer.tasks_held(contexts)
+            held += zip(contexts, claim, strict=True)
+            for ctx, (queue, name, wait, started, *_) in zip(contexts, claim, strict=True):
+                # The wait is counted at the claim, a start only when it happens.
+                expected.counts(queue, name).waits.observe(round(wait * 1000) / 1000)
+                if started:
+                    ctx.started_at = 1.0
+                    observer.task_started(ctx)
+                    expected.counts(queue, name).started += 1
+            # While they are held: the first `capacity` found a slot, the rest count as
+            # started; the parent reads exactly the unstarted ones that have a slot.
+            slotted = [c for c, _ in held if c.observer_slot != NO_SLOT]
+            assert len(slotted) == min(len(held), capacity)
+            unstarted = {c.identity for c in slotted if c.started_at is None}
+            assert set(table.unstarted()) == unstarted
+            assert table.returned_unwritten() == []  # started, none has returned yet
+            assert table.overflowed == (len(held) > capacity)
+        for ctx, (queue, name, _, started, outcome, duration) in held:
+            observer.task_ended(ctx, outcome, "", duration)
+            if started or outcome != "lease_lost":
+                expected.ended(queue, name, outcome, "", duration)
+        snapshot = observer._tally.snapshot()
+        # Every slot is free again, and reusable.
+        assert table.unstarted() == [] and table.returned_unwritten() == []
+        assert NO_SLOT not in table.held_many([(f"again_{i}", 1) for i in range(capacity)])
+    want = expected.snapshot()
+    assert set(snapshot.counts) == set(want.counts)
+    for which in ("durations", "waits"):
+        got, exp = getattr(snapshot, which), getattr(want, which)
+        assert got.keys() == exp.keys()
+        for queue in got:
+            *got_buckets, got_total = got[queue]
+            *exp_buckets, exp_total = exp[queue]
+            assert got_buckets == exp_buckets
+            assert abs(got_total - exp_total) < 1e-9
+
+
+def test_a_returned_task_reads_as_returned_until_it_ends() -> None:
+    with reporter(4) as (observer, table):
+        ctx = _context(1, "q", "a", 0.0)
+        observer.tasks_held([ctx])
+        ctx.started_at = 1.0
+        observer.task_started(ctx)
+        assert table.unstarted() == []
+        observer.task_returned(ctx)
+        assert table.returned_unwritten() == [ctx.identity]
+        observer.task_ended(ctx, "succeeded", "", 0.001)
+        assert table.returned_unwritten() == []
