@@ -7,6 +7,9 @@
    rounds (ABBA order), each run starts after a checkpoint and a sync, and the ratio
    is given both of the medians and as the median of the rounds' own ratios. CPU per
    task (children + parent against the bare workers, from /proc) is given beside it.
+   Side by side as well: P children and P bare workers drain one queue at the same
+   time, and the ratio is the tasks the children did over the bare workers' (drift
+   cancels out of it; rounds scatter by a few percent instead of 10-20%).
 2. Recovery: a child is SIGKILLed while running a task (lease 60 s); the time until the
    task is running again on another child (the parent's hand-back, not lease expiry).
 3. Memory: resident size of the parent and of one child, idle and after the drain.
@@ -152,6 +155,19 @@ def last_completion(db: Database) -> float:
     return int(db.scalar("select max(completed_at_ms) from cairnq_tasks")) / 1000
 
 
+def cycles_per_1k(db: Database) -> float:
+    """Claim transactions per 1,000 tasks: every row one transaction completes gets the
+    same `completed_at_ms` (as bench.drain's histogram uses), so the groups by worker
+    and completion time are the cycles. Fewer tasks per cycle cost more CPU per task
+    on both sides, so a ratio read without this can be the sizer's, not the daemon's."""
+    groups = db.scalar(
+        "select count(*) from (select 1 from cairnq_tasks "
+        "group by worker_id, completed_at_ms) as cycles"
+    )
+    total = db.scalar("select count(*) from cairnq_tasks")
+    return 1000 * int(groups) / max(1, int(total))
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -266,6 +282,7 @@ def drain_once(
             "parent_cpu_us": 0.0 if daemon is None else spent[daemon.proc.pid] / n * 1e6,
             "server_cpu_us": server / n * 1e6,
         }
+        cpu["cycles_per_1k"] = cycles_per_1k(db)
         rss = {f"rss_kib_{i}": float(rss_kib(pid)) for i, pid in enumerate(pids)}
         if daemon is not None:
             daemon.stop()
@@ -275,6 +292,52 @@ def drain_once(
             w.wait(60)
         return {"tasks_per_s": n / elapsed, **cpu, **rss}
     finally:
+        db.drop()
+
+
+def drain_together(
+    backend: str, dsn: str, tmp: Path, processes: int, n: int, connections: int = 1
+) -> dict[str, float]:
+    """P daemon children and P bare workers drain the same n tasks at the same time;
+    the share each side completed. Run side by side, both see the same machine, server
+    and moment, so the drift that makes back-to-back drains scatter by 10-20% cancels
+    out: a child that does more work per task simply takes fewer of them. The parent's
+    own CPU slows both sides alike here, so it is reported beside (the sequential
+    drains include it)."""
+    db = Database(backend, dsn, tmp, connections)
+    daemon: Daemon | None = None
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        preload(db, 0)
+        daemon = Daemon(db, tmp, processes)
+        wait_for("children ready", lambda: daemon.ready() == processes, timeout=60)
+        workers = bare_workers(db, processes)
+        time.sleep(3)  # a bare serve() has no readiness signal; imports take ~1 s
+        children = daemon.children()
+        pids = [daemon.proc.pid, *children, *(w.pid for w in workers)]
+        db.settle()
+        before = {pid: cpu_seconds(pid) for pid in pids}
+        preload(db, n)
+        wait_for("drain", lambda: pending(db) == 0, every=0.25)
+        spent = {pid: cpu_seconds(pid) - b for pid, b in before.items()}
+        by_daemon = int(
+            db.scalar("select count(*) from cairnq_tasks where worker_id like '%:bench.%'")
+        )
+        by_bare = n - by_daemon
+        return {
+            "share_ratio": by_daemon / max(1, by_bare),
+            "daemon_tasks": float(by_daemon),
+            "child_cpu_us": sum(spent[p] for p in children) / max(1, by_daemon) * 1e6,
+            "bare_cpu_us": sum(spent[w.pid] for w in workers) / max(1, by_bare) * 1e6,
+            "parent_cpu_us": spent[daemon.proc.pid] / n * 1e6,
+        }
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            w.wait(60)
         db.drop()
 
 
@@ -325,6 +388,19 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
+def report_recovery(args: argparse.Namespace, tmp: Path, results: dict[str, Any]) -> None:
+    runs = [recovery_once(args.backend, args.dsn, tmp) for _ in range(max(3, args.repeats))]
+    results["recovery"] = {"median": median_of(runs), "runs": runs}
+    med = results["recovery"]["median"]
+    worst = max(r["kill_to_running_s"] for r in runs)
+    print(
+        f"{args.backend} SIGKILL -> running again: median "
+        f"{med['kill_to_running_s'] * 1000:.0f} ms, max {worst * 1000:.0f} ms; idle RSS "
+        f"parent {med['idle_parent_kib'] / 1024:.1f} MiB, "
+        f"child {med['idle_child_kib'] / 1024:.1f} MiB"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
@@ -335,6 +411,10 @@ def main() -> None:
         "--connections", type=int, default=1,
         help="Postgres: connections per process on both sides (connections_per_child)",
     )  # fmt: skip
+    parser.add_argument(
+        "--procs", type=int, nargs="+", default=[1, 2], help="process counts to measure"
+    )
+    parser.add_argument("--no-recovery", action="store_true", help="measure the drains only")
     parser.add_argument("--out", default=str(REPO / "bench/out"))
     args = parser.parse_args()
     results: dict[str, Any] = {
@@ -345,7 +425,7 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        for processes in (1, 2):
+        for processes in args.procs:
             # Round-robin, the first side alternating, so drift of the machine or the
             # shared server over the minutes of a run hits both sides alike.
             by_kind: dict[str, list[dict[str, float]]] = {"bare": [], "daemon": []}
@@ -370,7 +450,8 @@ def main() -> None:
                     f"{args.backend} drain {kind:6} x{processes}: "
                     f"{med['tasks_per_s']:8.0f} tasks/s, CPU per task: "
                     f"task processes {med['worker_cpu_us']:.1f} µs, "
-                    f"parent {med['parent_cpu_us']:.2f} µs"
+                    f"parent {med['parent_cpu_us']:.2f} µs, "
+                    f"claim cycles per 1k tasks {med['cycles_per_1k']:.1f}"
                     + (
                         f", Postgres backends {med['server_cpu_us']:.1f} µs"
                         if args.backend == "postgres"
@@ -409,16 +490,22 @@ def main() -> None:
                 + " ".join(f"{r:.2f}" for r in per_round)
                 + ")"
             )
-        runs = [recovery_once(args.backend, args.dsn, tmp) for _ in range(max(3, args.repeats))]
-        results["recovery"] = {"median": median_of(runs), "runs": runs}
-        med = results["recovery"]["median"]
-        worst = max(r["kill_to_running_s"] for r in runs)
-        print(
-            f"{args.backend} SIGKILL -> running again: median "
-            f"{med['kill_to_running_s'] * 1000:.0f} ms, max {worst * 1000:.0f} ms; idle RSS "
-            f"parent {med['idle_parent_kib'] / 1024:.1f} MiB, "
-            f"child {med['idle_child_kib'] / 1024:.1f} MiB"
-        )
+            rounds = [
+                drain_together(args.backend, args.dsn, tmp, processes, args.tasks, args.connections)
+                for _ in range(args.repeats)
+            ]
+            results[f"together_{processes}"] = {"median": median_of(rounds), "runs": rounds}
+            med = median_of(rounds)
+            print(
+                f"{args.backend} side by side, {processes} child(ren) + {processes} bare: "
+                f"tasks done by children / by bare workers: median "
+                f"{med['share_ratio']:.3f}; each round: "
+                + " ".join(f"{r['share_ratio']:.3f}" for r in rounds)
+                + f"; CPU per task child {med['child_cpu_us']:.1f} µs, "
+                f"bare {med['bare_cpu_us']:.1f} µs, parent {med['parent_cpu_us']:.2f} µs"
+            )
+        if not args.no_recovery:
+            report_recovery(args, tmp, results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"daemon-{args.backend}.json").write_text(json.dumps(results, indent=2))
