@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import ctypes
 import faulthandler
+import gc
 import logging
 import os
 import signal
@@ -175,6 +176,11 @@ class Child:
             log.error("cannot boot: %s", reason)
             return CONFIG
         self.worker = worker
+        # What boot built (modules, config, handlers, the worker) lives as long as the
+        # process: move it out of the collector's way, or each full collection walks
+        # it all again (a few per second at high task rates; a handler module that
+        # makes cyclic garbage at import time keeps it, once).
+        gc.freeze()
         threading.Thread(target=self._heartbeat_thread, name="cairnqd-hb", daemon=True).start()
         return asyncio.run(self._serve(worker))
 
