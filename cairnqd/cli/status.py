@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from cairnqd.cli.admin import CliError, load, table, with_store
 from cairnqd.cli.queues import describe_pause
 from cairnqd.config import Config
+from cairnqd.config.units import elapsed_text
 from cairnqd.daemon import exitcodes
 from cairnqd.daemon.control import DaemonUnreachable, Snapshot, ask_daemon, control_path
 from cairnqd.daemon.statefile import state_path
@@ -59,14 +60,7 @@ def read_pauses(config: Config) -> tuple[list[QueuePause] | None, str | None]:
 
 def duration_text(seconds: float) -> str:
     """A short human duration: 42s, 5m03s, 2h05m, 3d04h."""
-    s = int(max(0, seconds))
-    if s < 60:
-        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    return elapsed_text(seconds)
 
 
 def _mib(n: int) -> str:

@@ -53,6 +53,21 @@ def format_duration(duration: timedelta) -> str:
     return "".join(parts) or "0s"
 
 
+def elapsed_text(seconds: float, sep: str = "") -> str:
+    """A short human reading of an elapsed time, as `cairnqd status`, `top` and the
+    dashboard show ages: 4.2s, 42s, 5m03s, 2h05m, 3d04h (`sep` goes between the two
+    parts: "5m 03s"). A negative time (clocks of two hosts) reads as 0.0s."""
+    seconds = max(0.0, seconds)
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{sep}{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{sep}{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{sep}{s % 86400 // 3600:02d}h"
+
+
 def parse_size(text: str) -> int:
     """`"512MiB"` -> bytes. ValueError if bad."""
     match = _SIZE.fullmatch(text)

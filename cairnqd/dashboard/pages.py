@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cairnqd.config import Config, ScheduleConfig
+from cairnqd.config.units import elapsed_text
 from cairnqd.dashboard.auth import Session
 from cairnqd.dashboard.data import HOUR_MINUTES, HostView, Overview, QueueRow
 from cairnqd.dashboard.markup import Markup, join, render
@@ -66,16 +67,7 @@ def _no_daemon_note(overview: Overview) -> Markup:
 
 
 def age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 60:
-        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+    return "-" if seconds is None else elapsed_text(seconds, " ")
 
 
 def size(n: int | None) -> str:

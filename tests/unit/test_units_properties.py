@@ -17,6 +17,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cairnqd.config.units import (
+    elapsed_text,
     format_duration,
     format_size,
     parse_duration,
@@ -140,3 +141,21 @@ def test_format_size_is_the_shortest_exact_spelling(size: int) -> None:
     # 16_384_000_000 once came out as 15625MiB (8 characters) instead of 16384MB (7).
     exact = [f"{size // unit}{name}" for name, unit in SIZE_UNITS.items() if size % unit == 0]
     assert len(format_size(size)) == min(len(spelling) for spelling in exact)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "sep", "text"),
+    [
+        (-3.0, "", "0.0s"),
+        (4.25, "", "4.2s"),
+        (42.9, "", "42s"),
+        (303, "", "5m03s"),
+        (303, " ", "5m 03s"),
+        (7500, "", "2h05m"),
+        (273_600, " ", "3d 04h"),
+    ],
+)
+def test_elapsed_text_reads_as_the_cli_and_dashboard_show_it(
+    seconds: float, sep: str, text: str
+) -> None:
+    assert elapsed_text(seconds, sep) == text
