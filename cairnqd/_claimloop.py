@@ -103,6 +103,15 @@ class ClaimLoop:
     async def _cycles(self, limit: int) -> None:
         state, backlog = self._state, self._inflight.backlog
         while not state.stop.is_set():
+            # Cleared first, before this pass reads anything or awaits: whatever it
+            # reads (free slots, the backlog, due results) is now seen, and whatever
+            # happens from here on (a call ends, a resource or slot frees, a result
+            # falls due, stop()) sets `freed` again and cuts the next wait short.
+            # Cleared any later, a wake-up that came during an await below (the pause
+            # read, the claim) was lost: a worker with free slots and tasks in hand
+            # waited a whole poll interval, and stop() waited too. Never cleared (a
+            # quiet worker, which never claims), every wait returned at once: it spun.
+            state.freed.clear()
             free = limit - len(self._calls)
             if backlog and free > 0:
                 self.start_backlog(free)
@@ -118,7 +127,6 @@ class ClaimLoop:
             # in large batches instead.
             settle_only = free <= 0 and not refill
             if settle_only and not self._settlement.due():
-                state.freed.clear()
                 await state.freed.wait()
                 continue
             if not self._handlers or not state.claiming:
@@ -136,9 +144,6 @@ class ClaimLoop:
                 # would otherwise carry a backlog it must still run.
                 free = min(free, self.claim_budget)
                 ahead = min(ahead, self.claim_budget - free + len(backlog))
-            # Cleared before the claim: a resource released (or stop()) while the claim
-            # runs must cut the idle wait that may follow it short.
-            state.freed.clear()
             try:
                 claimed = await self._claim(queues, free, len(backlog) if settle_only else ahead)
             except Exception as exc:

@@ -35,6 +35,11 @@ def _status(db: str, task_id: str) -> str:
     return client_call("sqlite", db, go)  # type: ignore[no-any-return]
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _quiet_states(daemon: Any) -> tuple[bool, set[str]]:
     done = daemon.cli("status", "--json")
     assert done.returncode == 0, done.stderr
@@ -55,8 +60,12 @@ def test_a_reload_after_sigtstp_resumes_claiming(
     )
     wait_for("status to say quiet", lambda: _quiet_states(daemon) == (True, {"quiet"}))
     task_id = _submit(sqlite_path)
+    cpu_before = {pid: _cpu_seconds(pid) for pid in children}
     time.sleep(1.5)  # a quiet daemon must leave it alone; give it the chance not to
     assert _status(sqlite_path, task_id) == "queued"
+    # Quiet is idle: a quiet child's claim loop once spun on a wake-up it never cleared.
+    for pid, before in cpu_before.items():
+        assert _cpu_seconds(pid) - before < 0.5, f"quiet child {pid} kept a core busy"
     if change:
         config["logging"] = {"level": "debug"}  # a hot change: no child is replaced
         daemon.write_config(config)

@@ -5,6 +5,7 @@ default) claims ahead only for handlers that have shown they are fast."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -174,3 +175,104 @@ async def test_before_claim_false_stops_claiming(
     statuses = [t.status for t in [await client.get(t.id) for t in tasks] if t]
     assert statuses.count("succeeded") == 3 and statuses.count("queued") == 7
     assert not errors.calls
+
+
+def _slow_pause_reads(worker: Worker, store: TaskStore) -> None:
+    """Read the pause table before every claim, and take 20 ms over it: the calls a
+    pass started always finish while its claim loop awaits the read."""
+    pauses = worker._loop.pauses
+    assert pauses is not None
+    pauses.refresh_s = 0.0
+    read = store.paused_queues
+
+    async def slow_read() -> Any:
+        await asyncio.sleep(0.02)
+        return await read()
+
+    store.paused_queues = slow_read  # type: ignore[method-assign]
+
+
+async def test_held_tasks_start_at_once_when_the_queue_runs_dry(
+    store: TaskStore, client: CairnQ, errors: ErrorLog
+) -> None:
+    """A claim loop that honours pauses (every daemon child's) awaits the pause read
+    between starting held tasks and claiming. Calls that ended during that await used
+    to have their wake-up wiped before the claim, so once the queue ran dry (the claim
+    came back empty) the worker waited out its poll interval with free slots and a
+    backlog in hand: a daemon child on Postgres lost ~0.5 s at the end of every drain.
+    Here the poll interval (30 s) is far longer than the whole run may take."""
+    worker = Worker(
+        store, ["default"], concurrency=8, poll_interval_ms=30_000, honour_pauses=True,
+        on_error=errors,
+    )  # fmt: skip
+    _slow_pause_reads(worker, store)
+
+    @worker.task("job")
+    async def job(ctx: Any, payload: Any) -> None:
+        return None
+
+    done = await client.submit_many([{"name": "job"} for _ in range(2000)])
+    async with running(worker):
+        finished = await wait_all(store, [t.id for t in done], "succeeded", within=15.0)
+    assert len(finished) == 2000
+    assert not errors.calls
+
+
+async def test_stop_during_a_pause_read_ends_the_run_at_once(
+    store: TaskStore, client: CairnQ, errors: ErrorLog
+) -> None:
+    """stop() sets the same wake-up: called while the loop awaited the pause read, it
+    was wiped too, and run() waited out the poll interval before it returned."""
+    worker = Worker(
+        store, ["default"], concurrency=2, poll_interval_ms=30_000, honour_pauses=True,
+        on_error=errors,
+    )  # fmt: skip
+    _slow_pause_reads(worker, store)
+    read = store.paused_queues
+    stop_now = asyncio.Event()
+
+    async def read_then_stop() -> Any:
+        if stop_now.is_set():
+            worker.stop()  # the loop is inside this read: the stop lands mid-await
+        return await read()
+
+    store.paused_queues = read_then_stop  # type: ignore[method-assign]
+
+    @worker.task("job")
+    async def job(ctx: Any, payload: Any) -> None:
+        return None
+
+    task = await client.submit("job")
+    runner = asyncio.create_task(worker.run())
+    try:
+        await wait_all(store, [task.id], "succeeded")
+        stop_now.set()
+        # Wakes the loop (a commit; on Postgres a notification for the queue) for a pass
+        # whose pause read the stop lands in, and whose claim finds nothing it handles.
+        await client.submit("not.handled.here")
+        await asyncio.wait_for(asyncio.shield(runner), 5.0)
+    finally:
+        worker.stop()
+        await runner
+    assert not errors.calls
+
+
+async def test_a_quiet_worker_waits_instead_of_spinning(store: TaskStore, client: CairnQ) -> None:
+    """A worker told to stop claiming (a daemon child quieted by SIGTSTP, or whose SQLite
+    file was replaced) never clears its wake-up, as only a claim did: every wait
+    returned at once and it spun at a full core."""
+    worker = Worker(store, ["default"], concurrency=2, poll_interval_ms=1000)
+
+    @worker.task("job")
+    async def job(ctx: Any, payload: Any) -> None:
+        return None
+
+    task = await client.submit("job")
+    async with running(worker):
+        await wait_all(store, [task.id], "succeeded")
+        worker.claiming = False
+        await asyncio.sleep(0.2)
+        began_cpu, began = time.process_time(), time.monotonic()
+        await asyncio.sleep(1.5)
+        share = (time.process_time() - began_cpu) / (time.monotonic() - began)
+    assert share < 0.3, f"a quiet worker used {share:.0%} of a core"
