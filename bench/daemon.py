@@ -241,6 +241,16 @@ def bare_workers(db: Database, processes: int) -> list[subprocess.Popen[bytes]]:
     ]
 
 
+def stop_all(daemon: Daemon | None, workers: list[subprocess.Popen[bytes]]) -> None:
+    """Stop a run's daemon and bare workers (TERM: they drain), and wait for them."""
+    if daemon is not None:
+        daemon.stop()
+    for w in workers:
+        w.send_signal(signal.SIGTERM)
+    for w in workers:
+        w.wait(60)
+
+
 def drain_once(
     kind: str, backend: str, dsn: str, tmp: Path, processes: int, n: int, connections: int = 1
 ) -> dict[str, float]:
@@ -284,12 +294,7 @@ def drain_once(
         }
         cpu["cycles_per_1k"] = cycles_per_1k(db)
         rss = {f"rss_kib_{i}": float(rss_kib(pid)) for i, pid in enumerate(pids)}
-        if daemon is not None:
-            daemon.stop()
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            w.wait(60)
+        stop_all(daemon, workers)
         return {"tasks_per_s": n / elapsed, **cpu, **rss}
     finally:
         db.drop()
@@ -332,12 +337,7 @@ def drain_together(
             "parent_cpu_us": spent[daemon.proc.pid] / n * 1e6,
         }
     finally:
-        if daemon is not None:
-            daemon.stop()
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            w.wait(60)
+        stop_all(daemon, workers)
         db.drop()
 
 
