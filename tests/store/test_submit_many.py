@@ -162,14 +162,11 @@ async def test_already_exists_midway_rolls_back_everything(
 
 async def test_large_batch(store: TaskStore, dialect: str, db_target: str) -> None:
     items = [{"name": "bulk", "payload": {"i": i}, "priority": i % 7} for i in range(5000)]
-    started = time.monotonic()
     tasks = await store.submit_many(items)
-    elapsed = time.monotonic() - started
     assert [t.payload["i"] for t in tasks] == list(range(5000))
     assert len({t.id for t in tasks}) == 5000
     assert count_rows(dialect, db_target) == (5000, 0)
     assert scalar(dialect, db_target, "select count(distinct id) from cairnq_tasks") == 5000
-    assert elapsed < 60, f"5,000 submits in one batch took {elapsed:.1f}s"
     depth = await store.queue_depth("default", 6000)
     assert depth == 1000
 
