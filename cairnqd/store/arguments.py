@@ -155,31 +155,32 @@ class SubmitRequest:
     def insert_params(self) -> Params:
         """The insert statements' parameters, under a new task id. JSON is encoded
         here, so a value JSON cannot carry fails before anything is written."""
-        return _insert_params({arg: getattr(self, arg) for arg in _ARGUMENT_ORDER})
+        values = {arg: getattr(self, arg) for arg in _ARGUMENT_ORDER}
+        return _insert_params(values, new_task_id())
 
 
-def insert_params_for(item: Mapping[str, Any]) -> Params:
+def insert_params_for(item: Mapping[str, Any], task_id: str) -> Params:
     """`SubmitRequest.from_mapping(item).insert_params()` without the request object,
-    for `submit_many`'s thousands of items: only the arguments the item sets are
-    checked (the defaults are valid), in the same order, with the same errors."""
+    for `submit_many`'s thousands of items (whose ids it makes in one go, hence
+    `task_id`): only the arguments the item sets are checked (the defaults are valid),
+    in the same order, with the same errors."""
     _check_keys(item)
     values = {**_DEFAULTS, **item, "name": task_name(item["name"])}
     for arg, check in _CHECKS.items():
         if arg in item:
             check(values[arg])
-    return _insert_params(values)
+    return _insert_params(values, task_id)
 
 
 def _check_keys(item: Mapping[str, Any]) -> None:
-    unknown = item.keys() - _ARGUMENTS
-    if unknown:
-        raise TypeError(f"unknown submit argument(s): {', '.join(sorted(unknown))}")
+    if not _ARGUMENTS.issuperset(item):  # no set built for the common, valid item
+        unknown = item.keys() - _ARGUMENTS
+        raise TypeError(f"unknown submit argument(s): {', '.join(sorted(map(str, unknown)))}")
     if "name" not in item:
         raise TypeError("missing 'name'")
 
 
-def _insert_params(values: Mapping[str, Any]) -> Params:
-    task_id = new_task_id()
+def _insert_params(values: Mapping[str, Any], task_id: str) -> Params:
     payload, metadata, root_id = values["payload"], values["metadata"], values["root_id"]
     return {
         "id": task_id,

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from cairnqd._ids import new_task_ids
 from cairnqd._jsoncodec import dump_json
 from cairnqd._protocol import Dialect
 from cairnqd.errors import (
@@ -128,12 +129,14 @@ def _prepare(items: Sequence[Mapping[str, Any]], start: int, stop: int) -> list[
     """The insert parameters of `items[start:stop]`; a bad item raises, naming its
     index in the whole list."""
     prepared: list[Params] = []
-    for index in range(start, min(stop, len(items))):
+    stop = min(stop, len(items))
+    ids = new_task_ids(max(0, stop - start))
+    for index in range(start, stop):
         item = items[index]
         if not isinstance(item, Mapping):
             raise ValueError(f"tasks[{index}] must be a mapping of submit arguments")
         try:
-            prepared.append(insert_params_for(item))
+            prepared.append(insert_params_for(item, ids[index - start]))
         except TypeError as exc:
             raise ValueError(f"tasks[{index}]: {exc}") from None
         except (ValueError, SerializationError) as exc:

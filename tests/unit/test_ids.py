@@ -8,7 +8,7 @@ import time
 
 from ulid import ULID
 
-from cairnqd._ids import _timestamp_chars, new_task_id, new_ulid, new_worker_id
+from cairnqd._ids import _timestamp_chars, new_task_id, new_task_ids, new_ulid, new_worker_id
 
 CROCKFORD_ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 
@@ -25,6 +25,29 @@ def test_task_ids_are_ulids_of_now() -> None:
         assert str(parsed) == text
         assert before <= parsed.milliseconds <= after
     assert len(set(ids)) == len(ids)
+
+
+def test_a_batch_of_ids_shares_the_millisecond_and_nothing_else() -> None:
+    before = time.time_ns() // 1_000_000
+    ids = new_task_ids(5000)
+    after = time.time_ns() // 1_000_000
+    assert len(ids) == 5000 and len(set(ids)) == 5000
+    stamps = {ULID.from_str(task_id.removeprefix("task_")).milliseconds for task_id in ids}
+    assert len(stamps) == 1 and before <= stamps.pop() <= after
+    for task_id in ids:
+        assert CROCKFORD_ULID.fullmatch(task_id.removeprefix("task_")), task_id
+    assert new_task_ids(0) == []
+
+
+def test_every_random_character_is_uniform() -> None:
+    # 80,000 characters over 32 values: each value's count is ~2,500 (sd ~49). A table
+    # that favoured some characters (a modulo other than 32, say) lands far outside.
+    counts: dict[str, int] = {}
+    for task_id in new_task_ids(5000):
+        for char in task_id[-16:]:
+            counts[char] = counts.get(char, 0) + 1
+    assert len(counts) == 32
+    assert all(2000 < n < 3000 for n in counts.values()), counts
 
 
 def test_random_bits_cover_the_alphabet_in_every_position() -> None:

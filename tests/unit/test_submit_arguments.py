@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cairnqd._ids import new_task_id
 from cairnqd.errors import SerializationError
 from cairnqd.store.arguments import SubmitRequest, insert_params_for
 
@@ -47,12 +48,12 @@ def outcome(prepare: Any, item: dict[str, Any]) -> tuple[str, object]:
 @given(items)
 def test_the_fast_path_prepares_what_the_request_object_does(item: dict[str, Any]) -> None:
     slow = outcome(lambda i: SubmitRequest.from_mapping(i).insert_params(), item)
-    fast = outcome(insert_params_for, item)
+    fast = outcome(lambda i: insert_params_for(i, new_task_id()), item)
     assert fast == slow
 
 
 def test_an_item_with_only_a_name_gets_every_default() -> None:
-    params = insert_params_for({"name": "n"})
+    params = insert_params_for({"name": "n"}, "task_1")
     assert params["queue"] == "default" and params["max_attempts"] == 3
     assert (params["payload"], params["metadata"]) == ("{}", "{}")
-    assert params["root_id"] == params["id"] and params["conflict"] == "reuse"
+    assert params["root_id"] == params["id"] == "task_1" and params["conflict"] == "reuse"

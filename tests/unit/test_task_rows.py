@@ -49,7 +49,7 @@ def test_from_row_takes_a_fresh_row_and_copies_any_other() -> None:
 
 
 def test_new_task_is_the_task_an_insert_makes() -> None:
-    params = insert_params_for({"name": "n", "payload": {"i": 1}, "priority": 2})
+    params = insert_params_for({"name": "n", "payload": {"i": 1}, "priority": 2}, "task_1")
     task = new_task(params, 10, 7)
     assert task == Task(
         id=params["id"], name="n", queue="default", status="queued", payload={"i": 1},
