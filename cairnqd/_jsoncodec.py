@@ -45,6 +45,10 @@ def _one_shot_encoder() -> Callable[[Any], str]:
 
 _encode = _one_shot_encoder()
 
+#: A str as a JSON string literal, ASCII-escaped as `dump_json` writes it (C, no checks:
+#: for text already checked, such as a submit's name and ids).
+json_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
+
 # One escape of ASCII-escaped JSON text: a backslash and what it escapes. Backslashes
 # occur nowhere else in JSON, so scanning these left to right pairs them correctly.
 _ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)")

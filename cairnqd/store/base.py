@@ -176,9 +176,10 @@ class _Chunk:
 
 def inserted_tasks(run: Sequence[Params], rows: Sequence[Row]) -> list[Task]:
     """The tasks a Postgres `insert_many` of `run` made: what was inserted, with the
-    times the database chose (its rows: id, run_at_ms, created_at_ms)."""
-    times = {r["id"]: (int(r["run_at_ms"]), int(r["created_at_ms"])) for r in rows}
-    return [new_task(p, *times[p["id"]]) for p in run]
+    times of the one clock reading the statement returns (created then, due then plus
+    each task's delay)."""
+    now = int(rows[0]["now_ms"])
+    return [new_task(p, now + p["delay_ms"], now) for p in run]
 
 
 class TaskStore(ABC):

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, fields
 from typing import Any
 
-from cairnqd._jsoncodec import check_storable, dump_json
+from cairnqd._jsoncodec import check_storable, dump_json, json_string
 from cairnqd.errors import ErrorEnvelope, SerializationError
 from cairnqd.models import Task, adopt_task
 from cairnqd.store.arguments import Params
@@ -72,26 +72,39 @@ INSERT_MANY_CHUNK = 5000
 
 
 def insert_many_params(run: Sequence[Params]) -> Params:
-    """Postgres's insert_many: one JSON array of the new tasks, objects for its
-    json_to_recordset."""
-    # Every field was checked when its SubmitRequest was made: no storage check here.
-    rows = [
-        {
-            "id": p["id"],
-            "name": p["name"],
-            "queue": p["queue"],
-            "p": p["payload"],
-            "m": p["metadata"],
-            "max_attempts": p["max_attempts"],
-            "priority": p["priority"],
-            "parent_id": p["parent_id"],
-            "root_id": p["root_id"],
-            "correlation_id": p["correlation_id"],
-            "delay_ms": p["delay_ms"],
-        }
-        for p in run
-    ]
-    return {"new_tasks": dump_json(rows, check=False)}
+    """Postgres's insert_many: one JSON array with an object per new task, in the
+    short keys its json_to_recordset reads (see insert_many.sql).
+
+    The text is written here rather than by the JSON encoder: every value was checked
+    when its parameters were made, payload and metadata are JSON text already (so they
+    go in as they are, not re-escaped as strings), and a row's optional ids are left
+    out when they are absent or, for the root, the task's own id. About 4x cheaper than
+    building and encoding a dict per task (`submit_many` writes thousands)."""
+    quote = json_string
+    rows: list[str] = []
+    add = rows.append
+    for p in run:
+        task_id, root_id = p["id"], p["root_id"]
+        parent_id, correlation_id = p["parent_id"], p["correlation_id"]
+        # %d writes an int subclass as its value, whatever its str() says.
+        row = '{"i":%s,"n":%s,"q":%s,"p":%s,"m":%s,"a":%d,"r":%d,"d":%d' % (  # noqa: UP031
+            quote(task_id),
+            quote(p["name"]),
+            quote(p["queue"]),
+            p["payload"],
+            p["metadata"],
+            p["max_attempts"],
+            p["priority"],
+            p["delay_ms"],
+        )
+        if root_id != task_id:
+            row += ',"ro":' + quote(root_id)
+        if parent_id is not None:
+            row += ',"pa":' + quote(parent_id)
+        if correlation_id is not None:
+            row += ',"co":' + quote(correlation_id)
+        add(row)
+    return {"new_tasks": "[" + "},".join(rows) + "}]" if rows else "[]"}
 
 
 def insert_rows(run: Sequence[Params], now_ms: int) -> list[Any]:

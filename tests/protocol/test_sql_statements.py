@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from cairnqd.store.arguments import insert_params_for
+from cairnqd.store.statement_params import insert_many_params
 from tests.protocol.sqldb import PgDatabases, pg_ours, sqlite_ours
 from tests.protocol.sqlfiles import (
     DIALECTS,
@@ -111,21 +113,9 @@ def _params(dialect: str) -> dict[str, Any]:
 
 
 def _insert_many_params() -> dict[str, Any]:
-    row = {
-        "id": "task_many",
-        "name": "n",
-        "queue": "default",
-        "p": '{"a": 1}',
-        "m": "{}",
-        "max_attempts": 3,
-        "priority": 0,
-        "parent_id": None,
-        "root_id": "task_many",
-        "correlation_id": None,
-        "delay_ms": 0,
-    }
     # Postgres's; SQLite's insert_many is a row statement (_sqlite_values).
-    return {"new_tasks": json.dumps([row])}
+    params = insert_params_for({"name": "n", "payload": {"a": 1}}, "task_many")
+    return insert_many_params([params])
 
 
 def _sqlite_values(text: str) -> list[Any] | None:

@@ -49,6 +49,43 @@ async def test_order_and_fields_are_preserved(
     assert count_rows(dialect, db_target) == (n, 0)
 
 
+async def test_text_that_needs_escaping_and_every_optional_id_round_trips(
+    store: TaskStore,
+) -> None:
+    # Postgres's insert_many writes its JSON by hand: quotes, backslashes, control and
+    # non-BMP characters in every text column, payloads of every JSON type, and ids
+    # present, absent, or (root) the task's own.
+    odd = 'q"uo\\te\n\u00e9\U0001f600\x01'
+    payloads = ["text", 7, 2.5, [1, "two", None], {"k": odd}, True, {}]
+    items = [
+        {
+            "name": f"job.{odd}.{i % 2}",
+            "queue": f"queue {odd}",
+            "payload": payloads[i % len(payloads)],
+            "metadata": {odd: odd} if i % 2 else None,
+            "parent_id": f"parent {odd} {i}" if i % 3 == 0 else None,
+            "root_id": f"root {odd} {i}" if i % 4 == 0 else None,
+            "correlation_id": f"corr {odd}" if i % 5 == 0 else None,
+            "priority": -(2**31) if i % 2 else 2**31 - 1,
+        }
+        for i in range(40)
+    ]
+    tasks = await store.submit_many(items)
+    for item, task in zip(items, tasks, strict=True):
+        stored = await store.get(task.id)
+        assert stored == task
+        assert (task.name, task.queue, task.payload) == (
+            item["name"],
+            item["queue"],
+            item["payload"],
+        )
+        assert task.metadata == (item["metadata"] or {})
+        assert task.parent_id == item["parent_id"]
+        assert task.root_id == (item["root_id"] or task.id)
+        assert task.correlation_id == item["correlation_id"]
+        assert task.priority == item["priority"]
+
+
 async def test_accepts_task_defs_and_defaults(store: TaskStore) -> None:
     before_ms = int(time.time() * 1000)
     tasks = await store.submit_many(
