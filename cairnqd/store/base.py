@@ -125,18 +125,19 @@ ClaimPlanFn = Callable[[ClaimDraw], Awaitable[Sequence[Row]]]
 CLAIM_RECOVERY_EVERY_S = 1.0
 
 
-def _prepare(items: Sequence[Mapping[str, Any]], start: int, stop: int) -> list[Params]:
-    """The insert parameters of `items[start:stop]`; a bad item raises, naming its
-    index in the whole list."""
+def prepare_items(
+    items: Sequence[Mapping[str, Any]], ids: Sequence[str], start: int, stop: int
+) -> list[Params]:
+    """The insert parameters of `items[start:stop]`, item i under `ids[i]` (the whole
+    list's ids, made at once by `new_task_ids`, so they ascend in list order); a bad
+    item raises, naming its index in the whole list."""
     prepared: list[Params] = []
-    stop = min(stop, len(items))
-    ids = new_task_ids(max(0, stop - start))
-    for index in range(start, stop):
+    for index in range(start, min(stop, len(items))):
         item = items[index]
         if not isinstance(item, Mapping):
             raise ValueError(f"tasks[{index}] must be a mapping of submit arguments")
         try:
-            prepared.append(insert_params_for(item, ids[index - start]))
+            prepared.append(insert_params_for(item, ids[index]))
         except TypeError as exc:
             raise ValueError(f"tasks[{index}]: {exc}") from None
         except (ValueError, SerializationError) as exc:
@@ -144,42 +145,10 @@ def _prepare(items: Sequence[Mapping[str, Any]], start: int, stop: int) -> list[
     return prepared
 
 
-#: `submit_many`'s first chunk on Postgres: small, so the server starts inserting soon.
-_FIRST_CHUNK = 100
-#: Items `_Chunk.prepare` checks between two turns of the loop (~0.3 ms of work).
-_PREPARE_STEP = 50
-
-
-@dataclasses.dataclass
-class _Chunk:
-    """Items `start:stop` of a `submit_many` list, checked, and for a chunk of keyless
-    items only (the common case), already encoded as one `insert_many`."""
-
-    stop: int
-    prepared: list[Params]
-    encoded: Params | None
-
-    @classmethod
-    async def prepare(cls, items: Sequence[Mapping[str, Any]], start: int, stop: int) -> _Chunk:
-        """Check (and encode) the chunk, yielding to the loop every `_PREPARE_STEP`
-        items, so a long list never holds the loop for long, and the driver can go on
-        sending the insert in flight (a few hundred rows are more than a socket's send
-        buffer takes at once)."""
-        stop = min(stop, len(items))
-        prepared: list[Params] = []
-        for at in range(start, stop, _PREPARE_STEP):
-            prepared += _prepare(items, at, min(stop, at + _PREPARE_STEP))
-            await asyncio.sleep(0)
-        keyless = bool(prepared) and all(p["key"] is None for p in prepared)
-        return cls(stop, prepared, insert_many_params(prepared) if keyless else None)
-
-
-def inserted_tasks(run: Sequence[Params], rows: Sequence[Row]) -> list[Task]:
-    """The tasks a Postgres `insert_many` of `run` made: what was inserted, with the
-    times of the one clock reading the statement returns (created then, due then plus
-    each task's delay)."""
-    now = int(rows[0]["now_ms"])
-    return [new_task(p, now + p["delay_ms"], now) for p in run]
+def inserted_tasks(run: Sequence[Params], now_ms: int) -> list[Task]:
+    """The tasks an insert of `run` made at `now_ms`: what was inserted, created then
+    and due then plus each task's delay."""
+    return [new_task(p, now_ms + p["delay_ms"], now_ms) for p in run]
 
 
 class TaskStore(ABC):
@@ -355,7 +324,8 @@ class TaskStore(ABC):
         """One `insert_many` of validated keyless submits, through `fetch` (the store's,
         or a transaction's). Only the times come back; the rest is what we inserted, so
         the rows are not parsed back out of their JSON."""
-        return inserted_tasks(run, await fetch("insert_many", insert_many_params(run)))
+        rows = await fetch("insert_many", insert_many_params(run))
+        return inserted_tasks(run, int(rows[0]["now_ms"]))
 
     async def _submit_keyed(self, session: Session, params: Params) -> Task:
         key, conflict = params["key"], params["conflict"]
@@ -384,10 +354,7 @@ class TaskStore(ABC):
         row. A bad item raises (naming its index) and nothing is written.
         """
         items = tasks if isinstance(tasks, list | tuple) else list(tasks)
-        chunk = self.overlap_chunk
-        if chunk is not None and self._gate is None and len(items) > chunk:
-            return await self._submit_many_overlapped(items, chunk)
-        prepared = _prepare(items, 0, len(items))
+        prepared = prepare_items(items, new_task_ids(len(items)), 0, len(items))
         if not prepared:
             await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return []
@@ -397,62 +364,6 @@ class TaskStore(ABC):
                     await self._gate.admit(params["queue"])
             async with self._transaction() as session:
                 return await self._insert_prepared(session, prepared)
-
-    #: Items `submit_many` checks while the server inserts the ones before them, or
-    #: None: check everything, then write. Postgres sets it: its statements wait on a
-    #: server, and checking and encoding an item costs about a third of inserting it,
-    #: so the two overlap. SQLite runs statements on the loop thread: nothing to overlap.
-    overlap_chunk: int | None = None
-
-    async def _submit_many_overlapped(
-        self, items: Sequence[Mapping[str, Any]], size: int
-    ) -> list[Task]:
-        """`submit_many` in chunks, so the server is inserting one chunk while the
-        client works on the others. Still all or nothing: a bad item found after
-        earlier chunks went in rolls the transaction back before it raises.
-
-        While chunk k is on the server, the client builds the tasks of chunk k-1 and
-        checks and encodes chunk k+1. The first chunk is small (`_FIRST_CHUNK`) so the
-        server starts early; each next one doubles, up to `size`. Done one after the
-        other, the client's share (~10 us an item) and the server's (~15 us a row: the
-        protocol's indexes and its notify trigger) added up to the wall time
-        (bench/RESULTS.md, session 9)."""
-        out: list[Task] = []
-        chunk = await _Chunk.prepare(items, 0, min(size, _FIRST_CHUNK))
-        with self._operation():
-            async with self._transaction() as session:
-                written: Callable[[], list[Task]] | None = None
-                while chunk.prepared:
-                    writing = asyncio.ensure_future(self._write_chunk(session, chunk))
-                    try:
-                        await asyncio.sleep(0)  # the insert goes out first
-                        if written is not None:
-                            out.extend(written())
-                        # Checking runs at about twice the server's pace, so each
-                        # chunk may be twice the last and still be ready in time.
-                        step = min(size, 2 * len(chunk.prepared))
-                        following = await _Chunk.prepare(items, chunk.stop, chunk.stop + step)
-                    except BaseException:
-                        # The insert holds the transaction's connection: let it end
-                        # (its outcome no longer matters), then roll back.
-                        await asyncio.wait({writing})
-                        if not writing.cancelled():
-                            writing.exception()
-                        raise
-                    written = await writing
-                    chunk = following
-                if written is not None:
-                    out.extend(written())
-        return out
-
-    async def _write_chunk(self, session: Session, chunk: _Chunk) -> Callable[[], list[Task]]:
-        """Insert `chunk`; returns what builds its tasks, to be called later (while the
-        next chunk is on the server)."""
-        if chunk.encoded is None:
-            tasks = await self._insert_prepared(session, chunk.prepared)
-            return lambda: tasks
-        rows = await session.fetch("insert_many", chunk.encoded)
-        return lambda: inserted_tasks(chunk.prepared, rows)
 
     async def _insert_prepared(self, session: Session, prepared: list[Params]) -> list[Task]:
         """Insert validated submits in list order inside `session`.

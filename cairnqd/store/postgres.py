@@ -35,6 +35,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
+from cairnqd._ids import new_task_ids
 from cairnqd._jsoncodec import dump_json, load_json
 from cairnqd._protocol import on_demand, statement
 from cairnqd.config import redact_dsn
@@ -47,10 +48,11 @@ from cairnqd.errors import (
     StoreClosed,
 )
 from cairnqd.models import Task
-from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
+from cairnqd.store.base import Clock, Params, Row, Session, TaskStore, inserted_tasks
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.migrate import apply_postgres, pending_postgres
+from cairnqd.store.pg_bulk import FIRST_CHUNK, OVERLAP_CHUNK, Chunk, copy_tasks
 from cairnqd.store.pg_connect import (
     AsyncConn,
     Reachability,
@@ -64,6 +66,7 @@ from cairnqd.store.pg_connect import (
 from cairnqd.store.pg_leadership import HeldSessionLock, session_lock
 from cairnqd.store.pg_lease import LeaseLock, lease_exclusive, new_holder, take_turn
 from cairnqd.store.pg_listen import PROBE_EVERY_S, Listener, RelayedWakes
+from cairnqd.store.statement_params import insert_many_params
 
 T = TypeVar("T")
 
@@ -81,11 +84,6 @@ _DOLLAR_PARAM = re.compile(r"\$(\d+)")
 
 class PostgresStore(TaskStore):
     dialect = "postgres"
-    # submit_many of more than 500 items goes in chunks of 100, 200, 400, then 500,
-    # each checked and encoded while the server inserts the one before it
-    # (TaskStore._submit_many_overlapped): 1,000-item batches ran 1.2x as fast as with
-    # even 500-item chunks, and are now bound by the server's ~15 us a row.
-    overlap_chunk = 500
     json_is_text = False
 
     def __init__(
@@ -338,6 +336,70 @@ class PostgresStore(TaskStore):
 
     async def _insert_keyless(self, params: Params) -> Task:
         return await self.submits.submit(params)
+
+    async def submit_many(self, tasks: Sequence[Mapping[str, Any]]) -> list[Task]:
+        items = tasks if isinstance(tasks, list | tuple) else list(tasks)
+        if self._gate is None and len(items) > OVERLAP_CHUNK:
+            return await self._submit_many_overlapped(items)
+        return await super().submit_many(items)
+
+    async def _submit_many_overlapped(self, items: Sequence[Mapping[str, Any]]) -> list[Task]:
+        """`submit_many` of a long list, in chunks, so the server inserts one chunk
+        while the client works on the others (store/pg_bulk.py). Still one transaction,
+        all or nothing: a bad item found after earlier chunks went in rolls it back
+        before it raises.
+
+        While chunk k is on the server, the client builds the tasks of chunk k-1 and
+        checks chunk k+1. The first chunk is small (`FIRST_CHUNK`) so the server starts
+        early; each next one doubles, up to `OVERLAP_CHUNK`. Done one after the other,
+        the client's share and the server's added up to the wall time
+        (bench/RESULTS.md, session 9); overlapped, the server's alone is left."""
+        out: list[Task] = []
+        now_ms: int | None = None  # the clock reading of the first keyless chunk
+
+        async def write(session: _PgSession, chunk: Chunk) -> Callable[[], list[Task]]:
+            """Insert `chunk`; returns what builds its tasks, to be called while the
+            next chunk is on the server."""
+            nonlocal now_ms
+            if not chunk.keyless:
+                tasks = await self._insert_prepared(session, chunk.prepared)
+                return lambda: tasks
+            if now_ms is None:
+                rows = await session.fetch("insert_many", insert_many_params(chunk.prepared))
+                now_ms = int(rows[0]["now_ms"])
+            else:
+                await copy_tasks(session.connection, chunk.prepared, now_ms)
+            at_ms = now_ms
+            return lambda: inserted_tasks(chunk.prepared, at_ms)
+
+        ids = new_task_ids(len(items))
+        chunk = await Chunk.prepare(items, ids, 0, FIRST_CHUNK)
+        with self._operation():
+            async with self._begun() as conn:
+                session = _PgSession(conn, self.clock)
+                written: Callable[[], list[Task]] | None = None
+                while chunk.prepared:
+                    writing = asyncio.ensure_future(write(session, chunk))
+                    try:
+                        await asyncio.sleep(0)  # the write goes out first
+                        if written is not None:
+                            out.extend(written())
+                        # Checking runs at about twice the server's pace, so each
+                        # chunk may be twice the last and still be ready in time.
+                        step = min(OVERLAP_CHUNK, 2 * len(chunk.prepared))
+                        following = await Chunk.prepare(items, ids, chunk.stop, chunk.stop + step)
+                    except BaseException:
+                        # The write holds the transaction's connection: let it end
+                        # (its outcome no longer matters), then roll back.
+                        await asyncio.wait({writing})
+                        if not writing.cancelled():
+                            writing.exception()
+                        raise
+                    written = await writing
+                    chunk = following
+                if written is not None:
+                    out.extend(written())
+        return out
 
     async def _fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
@@ -604,13 +666,13 @@ class PostgresStore(TaskStore):
 
 class _PgSession:
     def __init__(self, conn: AsyncConn, clock: Clock | None) -> None:
-        self._conn = conn
+        self.connection = conn
         self._clock = clock
 
     async def fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
-        return await run(self._conn, statement("postgres", op, supplied), params, self._clock)
+        return await run(self.connection, statement("postgres", op, supplied), params, self._clock)
 
 
 class UserSession:

@@ -79,3 +79,15 @@ def test_schema_is_refused_behind_a_transaction_pooler() -> None:
         PostgresStore("postgresql://x@127.0.0.1/db", pooler="transaction", schema="s1")
     with pytest.raises(ValueError, match="pooler must be one of"):
         PostgresStore("postgresql://x@127.0.0.1/db", pooler="pgbouncer")
+
+
+async def test_a_long_submit_many_streams_through_the_pooler(pooled: Pooled) -> None:
+    # More than one chunk: the first an insert_many, the rest COPY (store/pg_bulk.py),
+    # which a transaction pooler must carry inside the one transaction.
+    client = CairnQ.postgres(pooled.pooled, pooler=pooled.mode, max_size=2)
+    async with client:
+        tasks = await client.submit_many(
+            [{"name": "pool.bulk", "payload": {"i": i}} for i in range(1200)]
+        )
+        assert [(await client.get(t.id)) for t in tasks[::97]] == tasks[::97]
+        assert (await client.stats())["default"]["queued"] == 1200

@@ -118,6 +118,13 @@ def _insert_many_params() -> dict[str, Any]:
     return insert_many_params([params])
 
 
+def _copy_row() -> tuple[Any, ...]:
+    """One row for insert_copy, in its column order."""
+    now = now_ms()
+    return ("task_copied", "n", "default", "queued", '{"a": 1}', "{}", 3, 0, None,
+            "task_copied", None, now, now, now)  # fmt: skip
+
+
 def _sqlite_values(text: str) -> list[Any] | None:
     """A row statement's values for two rows (SQLite's insert_many: its `values` row
     repeated, as the store runs it), or None for a statement of named parameters."""
@@ -185,6 +192,8 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/return_unstarted": ({}, 1),
     "extensions/complete_many": ({}, 1),
     "extensions/insert_many": ({}, 1),
+    # A COPY: run with one streamed row (test_postgres_statements_execute).
+    "extensions/insert_copy": ({}, None),
     "extensions/purge_count": (dict.fromkeys(("status", "queue", "name")), 1),
     "extensions/connection_limits": ({}, 1),
     "sql/ledger_names": ({}, AT_LEAST_ONE),
@@ -232,6 +241,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
 }
 
 _PG_ONLY = {
+    "extensions/insert_copy",
     "extensions/connection_limits",
     "sql/installations",
     "sql/lock_key",
@@ -336,9 +346,17 @@ def test_postgres_statements_execute(pg: PgDatabases) -> None:
         for op, path in statement_files("postgres").items():
             overrides, expected = _STATEMENT_CASES[op]
             params = {**_params("postgres"), **overrides}
+            text = to_psycopg(path.read_text())
             try:
-                cur = conn.execute(to_psycopg(path.read_text()), params)
-                rows = cur.fetchall() if cur.description else None
+                if normalize(text).startswith("copy "):
+                    rows = None
+                    with conn.cursor().copy(strip_comments(text)) as copy:
+                        copy.write_row(_copy_row())
+                    stored = conn.execute("select * from cairnq_tasks where id = 'task_copied'")
+                    assert stored.fetchone() is not None
+                else:
+                    cur = conn.execute(text, params)
+                    rows = cur.fetchall() if cur.description else None
             except Exception as exc:
                 raise AssertionError(f"postgres {op}: {exc}") from exc
             finally:

@@ -49,13 +49,16 @@ async def test_order_and_fields_are_preserved(
     assert count_rows(dialect, db_target) == (n, 0)
 
 
+# 40 go in as one insert_many; 1,200 on Postgres as chunks of 100 (insert_many), then
+# 200, 400 and 500 streamed by COPY, with the first chunk's clock reading.
+@pytest.mark.parametrize("n", [40, 1200])
 async def test_text_that_needs_escaping_and_every_optional_id_round_trips(
-    store: TaskStore,
+    store: TaskStore, n: int
 ) -> None:
-    # Postgres's insert_many writes its JSON by hand: quotes, backslashes, control and
-    # non-BMP characters in every text column, payloads of every JSON type, and ids
-    # present, absent, or (root) the task's own.
-    odd = 'q"uo\\te\n\u00e9\U0001f600\x01'
+    # Postgres writes insert_many's JSON and COPY's rows by hand: quotes, backslashes,
+    # tabs, newlines, control and non-BMP characters in every text column, payloads of
+    # every JSON type, ids present, absent, or (root) the task's own, and delays.
+    odd = 'q"uo\\te\n\t\r\u00e9\U0001f600\x01\\N'
     payloads = ["text", 7, 2.5, [1, "two", None], {"k": odd}, True, {}]
     items = [
         {
@@ -67,10 +70,12 @@ async def test_text_that_needs_escaping_and_every_optional_id_round_trips(
             "root_id": f"root {odd} {i}" if i % 4 == 0 else None,
             "correlation_id": f"corr {odd}" if i % 5 == 0 else None,
             "priority": -(2**31) if i % 2 else 2**31 - 1,
+            "delay_ms": (0, 1, 86_400_000)[i % 3],
         }
-        for i in range(40)
+        for i in range(n)
     ]
     tasks = await store.submit_many(items)
+    assert len({t.created_at_ms for t in tasks}) == 1  # one clock reading for the list
     for item, task in zip(items, tasks, strict=True):
         stored = await store.get(task.id)
         assert stored == task
@@ -84,6 +89,21 @@ async def test_text_that_needs_escaping_and_every_optional_id_round_trips(
         assert task.root_id == (item["root_id"] or task.id)
         assert task.correlation_id == item["correlation_id"]
         assert task.priority == item["priority"]
+        assert task.run_at_ms == task.created_at_ms + item["delay_ms"]
+
+
+@pytest.mark.parametrize("n", [30, 1200])
+async def test_a_lists_ids_ascend_so_equal_tasks_are_claimed_in_list_order(
+    store: TaskStore, n: int
+) -> None:
+    tasks = await store.submit_many([{"name": "job", "payload": {"i": i}} for i in range(n)])
+    ids = [t.id for t in tasks]
+    assert ids == sorted(ids)
+    # A claim takes the first of equal tasks by id: the list's head, in order.
+    first = await store.claim(queues=["default"], worker_id="w1", limit=1)
+    assert [t.payload["i"] for t in first] == [0]
+    half = await store.claim(queues=["default"], worker_id="w1", limit=n // 2)
+    assert sorted(t.payload["i"] for t in half) == list(range(1, n // 2 + 1))
 
 
 async def test_accepts_task_defs_and_defaults(store: TaskStore) -> None:

@@ -32,6 +32,7 @@ def test_a_batch_of_ids_shares_the_millisecond_and_nothing_else() -> None:
     ids = new_task_ids(5000)
     after = time.time_ns() // 1_000_000
     assert len(ids) == 5000 and len(set(ids)) == 5000
+    assert ids == sorted(ids)  # handed out in order: a batch appends to the id indexes
     stamps = {ULID.from_str(task_id.removeprefix("task_")).milliseconds for task_id in ids}
     assert len(stamps) == 1 and before <= stamps.pop() <= after
     for task_id in ids:
