@@ -89,9 +89,8 @@ async def sdk_once(
 
 async def raw_once(backend: Backend, batches: int) -> Run:
     """The bare `insert_many` statement, `batches` transactions of BATCH rows."""
-    from cairnqd._ids import new_task_id
     from cairnqd._protocol import statement
-    from cairnqd.store.arguments import insert_params_for
+    from cairnqd.store.arguments import SubmitRequest
     from cairnqd.store.base import wall_clock_ms
     from cairnqd.store.pg_connect import bind
     from cairnqd.store.sqlite_statements import run_rows
@@ -100,9 +99,15 @@ async def raw_once(backend: Backend, batches: int) -> Run:
     async with fresh_target(backend, "submit") as target:
         async with sdk_client("ours", backend, target):
             pass  # migrated
-        item = {"name": UNCLAIMED, "payload": {"i": 0}}
-        runs = [[insert_params_for({**item, "payload": {"i": i}}, new_task_id())
-                 for i in range(BATCH)] for _ in range(batches)]  # fmt: skip
+
+        def one_run() -> list[dict[str, Any]]:
+            # Each row's parameters as submit makes them; in ascending id order, as a
+            # submit_many list's ids are handed out. (SubmitRequest's signature is the
+            # same in older trees, so bench.ab can run this against them.)
+            run = [SubmitRequest(UNCLAIMED, {"i": i}).insert_params() for i in range(BATCH)]
+            return sorted(run, key=lambda params: str(params["id"]))
+
+        runs = [one_run() for _ in range(batches)]
         stmt = statement(backend, "insert_many")
         insert: Callable[[], None]
         if backend == "sqlite":
