@@ -20,6 +20,7 @@ from cairnqd._protocol import statement
 from cairnqd.store.arguments import Params
 from cairnqd.store.base import prepare_items
 from cairnqd.store.pg_connect import AsyncConn
+from cairnqd.store.statement_params import task_rows
 
 #: A list longer than this is written in chunks; no chunk is longer.
 OVERLAP_CHUNK = 500
@@ -60,25 +61,8 @@ async def copy_tasks(conn: AsyncConn, run: Sequence[Params], now_ms: int) -> Non
     `insert_task` makes it: queued, created now, due after its delay."""
     async with conn.cursor().copy(statement("postgres", "insert_copy").text) as copy:
         write = copy.write_row
-        for p in run:
-            await write(
-                (
-                    p["id"],
-                    p["name"],
-                    p["queue"],
-                    "queued",
-                    p["payload"],
-                    p["metadata"],
-                    p["max_attempts"],
-                    p["priority"],
-                    p["parent_id"],
-                    p["root_id"],
-                    p["correlation_id"],
-                    now_ms + p["delay_ms"],
-                    now_ms,
-                    now_ms,
-                )
-            )
+        for row in task_rows(run, now_ms):
+            await write((*row, "queued"))
 
 
 __all__ = ["FIRST_CHUNK", "OVERLAP_CHUNK", "PREPARE_STEP", "Chunk", "copy_tasks"]

@@ -3,7 +3,8 @@ fixed values the protocol writes (the lease-expired envelope)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, fields
 from typing import Any
 
@@ -107,30 +108,33 @@ def insert_many_params(run: Sequence[Params]) -> Params:
     return {"new_tasks": "[" + "},".join(rows) + "}]" if rows else "[]"}
 
 
-def insert_rows(run: Sequence[Params], now_ms: int) -> list[Any]:
-    """SQLite's insert_many: every new task's values, flat, in the order of the row in
-    its insert_many.sql; the times are `now_ms` (run_at: plus the task's delay)."""
-    values: list[Any] = []
-    add = values.extend
+def task_rows(run: Sequence[Params], now_ms: int) -> Iterator[tuple[Any, ...]]:
+    """Each new task's values as the bulk inserts write them (SQLite's insert_many row,
+    Postgres's insert_copy): id, name, queue, payload, metadata, max_attempts,
+    priority, parent_id, root_id, correlation_id, run_at_ms, created_at_ms,
+    updated_at_ms; the times are `now_ms` (run_at: plus the task's delay)."""
     for p in run:
-        add(
-            (
-                p["id"],
-                p["name"],
-                p["queue"],
-                p["payload"],
-                p["metadata"],
-                p["max_attempts"],
-                p["priority"],
-                p["parent_id"],
-                p["root_id"],
-                p["correlation_id"],
-                now_ms + p["delay_ms"],
-                now_ms,
-                now_ms,
-            )
+        yield (
+            p["id"],
+            p["name"],
+            p["queue"],
+            p["payload"],
+            p["metadata"],
+            p["max_attempts"],
+            p["priority"],
+            p["parent_id"],
+            p["root_id"],
+            p["correlation_id"],
+            now_ms + p["delay_ms"],
+            now_ms,
+            now_ms,
         )
-    return values
+
+
+def insert_rows(run: Sequence[Params], now_ms: int) -> list[Any]:
+    """SQLite's insert_many: every new task's values (`task_rows`), flat, in the order
+    of the row in its insert_many.sql."""
+    return list(itertools.chain.from_iterable(task_rows(run, now_ms)))
 
 
 #: A result to write: (task id, result as JSON text or None), optionally with the
@@ -174,4 +178,5 @@ __all__ = [
     "insert_many_params",
     "insert_rows",
     "new_task",
+    "task_rows",
 ]

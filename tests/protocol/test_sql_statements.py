@@ -121,8 +121,8 @@ def _insert_many_params() -> dict[str, Any]:
 def _copy_row() -> tuple[Any, ...]:
     """One row for insert_copy, in its column order."""
     now = now_ms()
-    return ("task_copied", "n", "default", "queued", '{"a": 1}', "{}", 3, 0, None,
-            "task_copied", None, now, now, now)  # fmt: skip
+    return ("task_copied", "n", "default", '{"a": 1}', "{}", 3, 0, None, "task_copied",
+            None, now, now, now, "queued")  # fmt: skip
 
 
 def _sqlite_values(text: str) -> list[Any] | None:
