@@ -50,7 +50,7 @@ def new_task_ids(count: int) -> list[str]:
     ascending order: a `submit_many` list's rows then land one after another at the
     right edge of every index that holds the id (the primary key, the claim indexes,
     the root index), where Postgres appends without searching the tree; drawn in random
-    order they scattered across it, and the server took ~30% more time per row
+    order they scattered across it, and the server spent 10-24% more CPU per row
     (bench/RESULTS.md, session 11). The ids are as random as ever, only handed out
     sorted; nothing is monotonic from one call to the next."""
     prefix = "task_" + _timestamp_chars(time.time_ns() // 1_000_000)

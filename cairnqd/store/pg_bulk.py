@@ -4,9 +4,11 @@ A long list goes in as chunks inside one transaction, so the server inserts one 
 while the client checks the next (`PostgresStore._submit_many_overlapped`). The first
 keyless chunk is an `insert_many`, whose one row is the database clock reading it
 stamped its tasks with; every later keyless chunk is streamed by COPY, stamped with
-that same reading. COPY costs the server less per row than unpacking a JSON document
-(no JSON parse of the row, no function scan), and the server is what a long
-`submit_many` waits on: the protocol's indexes and notify trigger come with every row.
+that same reading: the server reads each column straight from the stream, with no
+JSON document to unpack. Whether that is cheaper for the server than `insert_many` is
+not settled (one measurement had it 22% cheaper per row, another 11% dearer:
+bench/RESULTS.md, session 11); the server is what a long `submit_many` waits on, the
+protocol's indexes and notify trigger coming with every row.
 """
 
 from __future__ import annotations
