@@ -35,7 +35,7 @@ from bench.common import UNCLAIMED, fresh_target, main_entry, print_table
 from cairnqd._ids import new_task_ids
 from cairnqd._protocol import statement
 from cairnqd.store.arguments import insert_params_for
-from cairnqd.store.pg_bulk import copy_tasks
+from cairnqd.store.pg_bulk import copy_rows
 from cairnqd.store.pg_connect import bind
 from cairnqd.store.statement_params import insert_many_params
 
@@ -64,7 +64,8 @@ async def write(conn: Conn, variant: str, run: Sequence[dict[str, Any]]) -> None
         cursor = await conn.execute(stmt.text, bind(stmt, insert_many_params(run)), prepare=True)
         await cursor.fetchall()
     else:
-        await copy_tasks(conn, run, NOW_MS)
+        async with conn.cursor().copy(statement("postgres", "insert_copy").text) as copy:
+            await copy.write(copy_rows(run, NOW_MS))
 
 
 async def strip_schema(conn: Conn, variant: str) -> None:

@@ -1,70 +1,146 @@
-"""`submit_many` on Postgres: the pieces of a long list's write.
+"""`submit_many` on Postgres for long lists: each run of keyless items is one COPY
+stream, written while the server reads it.
 
-A long list goes in as chunks inside one transaction, so the server inserts one chunk
-while the client checks the next (`PostgresStore._submit_many_overlapped`). The first
-keyless chunk is an `insert_many`, whose one row is the database clock reading it
-stamped its tasks with; every later keyless chunk is streamed by COPY, stamped with
-that same reading: the server reads each column straight from the stream, with no
-JSON document to unpack. Whether that is cheaper for the server than `insert_many` is
-not settled (one measurement had it 22% cheaper per row, another 11% dearer:
-bench/RESULTS.md, session 11); the server is what a long `submit_many` waits on, the
-protocol's indexes and notify trigger coming with every row.
+The client checks and encodes a few dozen items, sends their rows, and goes on to the
+next few dozen while the server inserts what arrived: the two work side by side, and
+the wall time is the slower one's, not their sum. Two things earlier versions did
+kept them apart (measured with a timeline of one 1,000-item call, bench/RESULTS.md,
+session 12): a statement per chunk, whose start waited on a round trip and on the
+client's turn of the event loop, and psycopg's COPY writer, which holds up to 1 MB
+before it sends anything, so a chunk's rows reached the server only when its COPY
+ended. Here every step is sent at once (`flush_threshold=0`) and a run has one COPY.
+
+Rows are written in COPY's text format by hand (`copy_rows`): every value was checked
+when its parameters were made, so only COPY's own escapes are left to apply, and
+payload and metadata are JSON text already.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from psycopg.copy import AsyncLibpqWriter
+
 from cairnqd._protocol import statement
+from cairnqd.models import Task
 from cairnqd.store.arguments import Params
-from cairnqd.store.base import prepare_items
+from cairnqd.store.base import inserted_tasks, prepare_items
 from cairnqd.store.pg_connect import AsyncConn
-from cairnqd.store.statement_params import task_rows
 
-#: A list longer than this is written in chunks; no chunk is longer.
-OVERLAP_CHUNK = 500
-#: The first chunk: small, so the server starts inserting soon.
-FIRST_CHUNK = 100
-#: Items `Chunk.prepare` checks between two turns of the loop (~0.2 ms of work).
-PREPARE_STEP = 50
+#: A list longer than this is streamed; a shorter one is a single `insert_many`, one
+#: round trip where a stream takes three (the clock, the COPY, its end).
+STREAM_FROM = 200
+#: Items checked, encoded and sent at a time; the event loop gets a turn between two
+#: steps, so a long list never holds it for long (~0.5 ms of work).
+STREAM_STEP = 50
+
+SubmitKeyed = Callable[[Params], Awaitable[Task]]
 
 
-@dataclasses.dataclass
-class Chunk:
-    """Items `:stop` of a `submit_many` list from where the last chunk stopped,
-    checked; `keyless` when none has a key (the common case), so the chunk can go in
-    as one statement."""
+async def stream_tasks(
+    conn: AsyncConn,
+    items: Sequence[Mapping[str, Any]],
+    ids: Sequence[str],
+    now_ms: int,
+    submit_keyed: SubmitKeyed,
+) -> list[Task]:
+    """Insert `items` (item i under `ids[i]`) inside the transaction open on `conn`,
+    stamped `now_ms`, and return their tasks in list order. Runs of keyless items are
+    streamed; a keyed item goes through `submit_keyed` once the rows before it are in,
+    so keys behave as in consecutive submits. A bad item raises, naming its index, and
+    leaves the transaction to be rolled back."""
+    out: list[Task] = []
+    runs = itertools.groupby(range(len(items)), key=lambda index: _keyed(items[index]))
+    for keyed, run in runs:
+        indexes = list(run)
+        start, stop = indexes[0], indexes[-1] + 1
+        if keyed:
+            for params in prepare_items(items, ids, start, stop):
+                out.append(await submit_keyed(params))
+        else:
+            out += await _copy_run(conn, items, ids, start, stop, now_ms)
+    return out
 
-    stop: int
-    prepared: list[Params]
-    keyless: bool
 
-    @classmethod
-    async def prepare(
-        cls, items: Sequence[Mapping[str, Any]], ids: Sequence[str], start: int, stop: int
-    ) -> Chunk:
-        """Check the chunk, yielding to the loop every `PREPARE_STEP` items, so a long
-        list never holds the loop for long and the driver can go on with the write in
-        flight."""
-        stop = min(stop, len(items))
-        prepared: list[Params] = []
-        for at in range(start, stop, PREPARE_STEP):
-            prepared += prepare_items(items, ids, at, min(stop, at + PREPARE_STEP))
+def _keyed(item: Any) -> bool:
+    try:
+        return item.get("key") is not None
+    except AttributeError:  # not a mapping: prepare_items says so, with its index
+        return False
+
+
+async def _copy_run(
+    conn: AsyncConn,
+    items: Sequence[Mapping[str, Any]],
+    ids: Sequence[str],
+    start: int,
+    stop: int,
+    now_ms: int,
+) -> list[Task]:
+    out: list[Task] = []
+    cursor = conn.cursor()
+    writer = AsyncLibpqWriter(cursor, flush_threshold=0)  # send every step at once
+    async with cursor.copy(statement("postgres", "insert_copy").text, writer=writer) as copy:
+        for at in range(start, stop, STREAM_STEP):
+            run = prepare_items(items, ids, at, min(stop, at + STREAM_STEP))
+            await copy.write(copy_rows(run, now_ms))
+            out += inserted_tasks(run, now_ms)
             await asyncio.sleep(0)
-        keyless = bool(prepared) and all(p["key"] is None for p in prepared)
-        return cls(stop, prepared, keyless)
+    # Leaving the block ended the COPY and waited for the server to take every row.
+    return out
 
 
-async def copy_tasks(conn: AsyncConn, run: Sequence[Params], now_ms: int) -> None:
-    """Stream checked keyless submits into cairnq_tasks (insert_copy.sql), each as
-    `insert_task` makes it: queued, created now, due after its delay."""
-    async with conn.cursor().copy(statement("postgres", "insert_copy").text) as copy:
-        write = copy.write_row
-        for row in task_rows(run, now_ms):
-            await write((*row, "queued"))
+# COPY's text format: a backslash starts an escape, a tab ends a field, a newline or a
+# carriage return ends a row, so those four are escaped; NULL is \N.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_ROW = "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%d\tqueued\n"
 
 
-__all__ = ["FIRST_CHUNK", "OVERLAP_CHUNK", "PREPARE_STEP", "Chunk", "copy_tasks"]
+def copy_field(text: str) -> str:
+    """A text value as one field of COPY's text format (NULL is written \\N)."""
+    # Printable text has no tab, newline or carriage return: only a backslash to find.
+    if text.isprintable() and "\\" not in text:
+        return text
+    return text.translate(_COPY_ESCAPES)
+
+
+def _json_field(text: str) -> str:
+    # ASCII-escaped JSON has no control characters; its own escapes start with a
+    # backslash, which COPY reads as one of its own unless doubled.
+    return text.replace("\\", "\\\\") if "\\" in text else text
+
+
+def copy_rows(run: Sequence[Params], now_ms: int) -> str:
+    """COPY text for insert_copy.sql's columns: each task as `insert_task` makes it,
+    queued, created `now_ms` and due after its delay."""
+    field = copy_field
+    lines: list[str] = []
+    add = lines.append
+    for p in run:
+        task_id, root_id = p["id"], p["root_id"]
+        parent_id, correlation_id = p["parent_id"], p["correlation_id"]
+        add(
+            _ROW
+            % (
+                task_id,  # an id this client made: Crockford characters only
+                field(p["name"]),
+                field(p["queue"]),
+                _json_field(p["payload"]),
+                _json_field(p["metadata"]),
+                p["max_attempts"],
+                p["priority"],
+                "\\N" if parent_id is None else field(parent_id),
+                task_id if root_id == task_id else field(root_id),
+                "\\N" if correlation_id is None else field(correlation_id),
+                now_ms + p["delay_ms"],
+                now_ms,
+                now_ms,
+            )
+        )
+    return "".join(lines)
+
+
+__all__ = ["STREAM_FROM", "STREAM_STEP", "copy_field", "copy_rows", "stream_tasks"]

@@ -48,11 +48,11 @@ from cairnqd.errors import (
     StoreClosed,
 )
 from cairnqd.models import Task
-from cairnqd.store.base import Clock, Params, Row, Session, TaskStore, inserted_tasks
+from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.migrate import apply_postgres, pending_postgres
-from cairnqd.store.pg_bulk import FIRST_CHUNK, OVERLAP_CHUNK, Chunk, copy_tasks
+from cairnqd.store.pg_bulk import STREAM_FROM, stream_tasks
 from cairnqd.store.pg_connect import (
     AsyncConn,
     Reachability,
@@ -66,7 +66,6 @@ from cairnqd.store.pg_connect import (
 from cairnqd.store.pg_leadership import HeldSessionLock, session_lock
 from cairnqd.store.pg_lease import LeaseLock, lease_exclusive, new_holder, take_turn
 from cairnqd.store.pg_listen import PROBE_EVERY_S, Listener, RelayedWakes
-from cairnqd.store.statement_params import insert_many_params
 
 T = TypeVar("T")
 
@@ -339,67 +338,25 @@ class PostgresStore(TaskStore):
 
     async def submit_many(self, tasks: Sequence[Mapping[str, Any]]) -> list[Task]:
         items = tasks if isinstance(tasks, list | tuple) else list(tasks)
-        if self._gate is None and len(items) > OVERLAP_CHUNK:
-            return await self._submit_many_overlapped(items)
+        if self._gate is None and len(items) > STREAM_FROM:
+            return await self._submit_many_streamed(items)
         return await super().submit_many(items)
 
-    async def _submit_many_overlapped(self, items: Sequence[Mapping[str, Any]]) -> list[Task]:
-        """`submit_many` of a long list, in chunks, so the server inserts one chunk
-        while the client works on the others (store/pg_bulk.py). Still one transaction,
-        all or nothing: a bad item found after earlier chunks went in rolls it back
-        before it raises.
-
-        While chunk k is on the server, the client builds the tasks of chunk k-1 and
-        checks chunk k+1. The first chunk is small (`FIRST_CHUNK`) so the server starts
-        early; each next one doubles, up to `OVERLAP_CHUNK`. Done one after the other,
-        the client's share and the server's added up to the wall time
-        (bench/RESULTS.md, session 9); overlapped, the server's alone is left."""
-        out: list[Task] = []
-        now_ms: int | None = None  # the clock reading of the first keyless chunk
-
-        async def write(session: _PgSession, chunk: Chunk) -> Callable[[], list[Task]]:
-            """Insert `chunk`; returns what builds its tasks, to be called while the
-            next chunk is on the server."""
-            nonlocal now_ms
-            if not chunk.keyless:
-                tasks = await self._insert_prepared(session, chunk.prepared)
-                return lambda: tasks
-            if now_ms is None:
-                rows = await session.fetch("insert_many", insert_many_params(chunk.prepared))
-                now_ms = int(rows[0]["now_ms"])
-            else:
-                await copy_tasks(session.connection, chunk.prepared, now_ms)
-            at_ms = now_ms
-            return lambda: inserted_tasks(chunk.prepared, at_ms)
-
+    async def _submit_many_streamed(self, items: Sequence[Mapping[str, Any]]) -> list[Task]:
+        """`submit_many` of a long list: its keyless runs streamed by COPY while the
+        client checks the items that follow (store/pg_bulk.py). Still one transaction,
+        all or nothing: a bad item found after earlier rows went in rolls them back
+        before it raises. Every task carries one clock reading, taken first."""
         ids = new_task_ids(len(items))
-        chunk = await Chunk.prepare(items, ids, 0, FIRST_CHUNK)
         with self._operation():
             async with self._begun() as conn:
                 session = _PgSession(conn, self.clock)
-                written: Callable[[], list[Task]] | None = None
-                while chunk.prepared:
-                    writing = asyncio.ensure_future(write(session, chunk))
-                    try:
-                        await asyncio.sleep(0)  # the write goes out first
-                        if written is not None:
-                            out.extend(written())
-                        # Checking runs at about twice the server's pace, so each
-                        # chunk may be twice the last and still be ready in time.
-                        step = min(OVERLAP_CHUNK, 2 * len(chunk.prepared))
-                        following = await Chunk.prepare(items, ids, chunk.stop, chunk.stop + step)
-                    except BaseException:
-                        # The write holds the transaction's connection: let it end
-                        # (its outcome no longer matters), then roll back.
-                        await asyncio.wait({writing})
-                        if not writing.cancelled():
-                            writing.exception()
-                        raise
-                    written = await writing
-                    chunk = following
-                if written is not None:
-                    out.extend(written())
-        return out
+                now_ms = int((await session.fetch("clock_ms", {}))[0]["now_ms"])
+
+                async def submit_keyed(params: Params) -> Task:
+                    return await self._submit_keyed(session, params)
+
+                return await stream_tasks(conn, items, ids, now_ms, submit_keyed)
 
     async def _fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()

@@ -82,8 +82,8 @@ def test_schema_is_refused_behind_a_transaction_pooler() -> None:
 
 
 async def test_a_long_submit_many_streams_through_the_pooler(pooled: Pooled) -> None:
-    # More than one chunk: the first an insert_many, the rest COPY (store/pg_bulk.py),
-    # which a transaction pooler must carry inside the one transaction.
+    # Long enough to be streamed: a clock reading, then a COPY (store/pg_bulk.py), which
+    # a transaction pooler must carry inside the one transaction.
     client = CairnQ.postgres(pooled.pooled, pooler=pooled.mode, max_size=2)
     async with client:
         tasks = await client.submit_many(

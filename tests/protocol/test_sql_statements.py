@@ -194,6 +194,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/insert_many": ({}, 1),
     # A COPY: run with one streamed row (test_postgres_statements_execute).
     "extensions/insert_copy": ({}, None),
+    "extensions/clock_ms": ({}, 1),
     "extensions/purge_count": (dict.fromkeys(("status", "queue", "name")), 1),
     "extensions/connection_limits": ({}, 1),
     "sql/ledger_names": ({}, AT_LEAST_ONE),
@@ -242,6 +243,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
 
 _PG_ONLY = {
     "extensions/insert_copy",
+    "extensions/clock_ms",
     "extensions/connection_limits",
     "sql/installations",
     "sql/lock_key",

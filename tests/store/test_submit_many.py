@@ -49,8 +49,8 @@ async def test_order_and_fields_are_preserved(
     assert count_rows(dialect, db_target) == (n, 0)
 
 
-# 40 go in as one insert_many; 1,200 on Postgres as chunks of 100 (insert_many), then
-# 200, 400 and 500 streamed by COPY, with the first chunk's clock reading.
+# 40 go in as one insert_many; 1,200 on Postgres as one COPY stream sent 50 rows at a
+# time, every row stamped with one clock reading.
 @pytest.mark.parametrize("n", [40, 1200])
 async def test_text_that_needs_escaping_and_every_optional_id_round_trips(
     store: TaskStore, n: int
@@ -274,7 +274,8 @@ async def test_keys_across_chunk_boundaries_behave_as_consecutive_submits(
     store: TaskStore, dialect: str, db_target: str
 ) -> None:
     items = _long_list(1200)
-    # Around chunk cuts (Postgres: after items 100, 300, 700 and 1,200).
+    # On and beside the cuts between Postgres's steps of 50 (each keyed item also ends
+    # a COPY run and starts another after it).
     cuts = (99, 100, 101, 299, 300, 699, 700, 999)
     for at in cuts:
         items[at] = {"name": "keyed", "key": "one", "payload": {"i": at}}
