@@ -535,12 +535,17 @@ def chosen_backends(args: Any, default: Sequence[Backend] = BACKENDS) -> list[Ba
     return list(args.backend or default)
 
 
-def main_entry(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """`asyncio.run(main())`, with SIGTERM handled like Ctrl-C so that `finally` blocks
-    still stop worker processes and drop the bench databases."""
+def interrupt_on_sigterm() -> None:
+    """Handle SIGTERM like Ctrl-C, so that `finally` blocks still stop the processes a
+    bench started and drop its databases (a killed bench left them running)."""
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def main_entry(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """`asyncio.run(main())`, with SIGTERM handled like Ctrl-C (`interrupt_on_sigterm`)."""
+    interrupt_on_sigterm()
     asyncio.run(main())

@@ -48,7 +48,7 @@ from typing import Any
 import psycopg
 import yaml
 
-from bench.common import NOOP, OUT_DIR, REPO, print_table
+from bench.common import NOOP, OUT_DIR, REPO, interrupt_on_sigterm, print_table
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 HANDLERS = "bench.daemon_handlers:registry"
@@ -390,6 +390,7 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(OUT_DIR))
     args = parser.parse_args()
+    interrupt_on_sigterm()  # a soak killed by SIGTERM still stops its daemon and cluster
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[Sample]] = {}
