@@ -20,8 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ulid import ULID
-
+from cairnqd._ids import new_ulid
 from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon.boot import boot_for
 from cairnqd.daemon.handler_probe import child_argv_prefix
@@ -179,7 +178,7 @@ class Slot:
 
 
 def worker_id_for(group: str, slot: int) -> str:
-    return f"{socket.gethostname()}:{group}.{slot}:{ULID()}"
+    return f"{socket.gethostname()}:{group}.{slot}:{new_ulid()}"
 
 
 def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) -> ChildProcess:
