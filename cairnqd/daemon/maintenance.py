@@ -61,7 +61,7 @@ from cairnqd.store.base import Row, TaskStore
 from cairnqd.store.errors import classify
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
-from cairnqd.store.pg_connect import DAEMON_CALL_TIMEOUT_S, Reachability, is_unreachable
+from cairnqd.store.reachability import DAEMON_CALL_TIMEOUT_S, Reachability, is_unreachable
 from cairnqd.store.sqlite_open import DatabaseFile, file_id, is_plain_file, known_file_uri
 
 if TYPE_CHECKING:

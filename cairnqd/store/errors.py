@@ -35,7 +35,10 @@ _SQLITE_IOERR = 10
 _SQLITE_CANTOPEN = 14
 
 
-def _loaded(name: str) -> ModuleType | None:
+def loaded_driver(name: str) -> ModuleType | None:
+    """The driver module `name` if this process has imported it, else None: an error
+    of a driver never imported cannot be in hand, and importing it to ask would load
+    psycopg into every SQLite process."""
     return sys.modules.get(name)
 
 
@@ -45,7 +48,7 @@ def classify(exc: BaseException) -> ErrorKind:
         return _classify_sqlite(exc)
     if isinstance(exc, TimeoutError):
         return "timeout"
-    psycopg, pool = _loaded("psycopg"), _loaded("psycopg_pool")
+    psycopg, pool = loaded_driver("psycopg"), loaded_driver("psycopg_pool")
     # QueryCanceled and PoolTimeout are OperationalErrors too: test them first.
     if pool is not None and isinstance(exc, pool.PoolTimeout):
         return "timeout"
@@ -105,5 +108,5 @@ def is_operational(exc: BaseException) -> bool:
     not be opened, reached, locked or written (what an operator must look at)."""
     if isinstance(exc, sqlite3.OperationalError):
         return True
-    psycopg = _loaded("psycopg")
+    psycopg = loaded_driver("psycopg")
     return psycopg is not None and isinstance(exc, psycopg.OperationalError)

@@ -20,20 +20,27 @@ query server-side, which costs up to another `CANCEL_GRACE_S`. Together:
     **a dead connection is detected within `DETECTION_BOUND_S` (30 s) by default**,
 
 by whichever of the two comes first. `Reachability` turns those failures into one
-outage with a start time, which the daemon logs once and reports on /healthz.
+outage with a start time, which the daemon logs once and reports on /healthz. (The
+bounds and `Reachability` live in store/reachability.py, which needs no driver.)
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
 
 from cairnqd._protocol import Statement
 from cairnqd.store.base import Clock, Row
-from cairnqd.store.errors import classify
+
+# Kept in a driver-free module, so a SQLite daemon uses them without loading psycopg;
+# named here too, beside the connection settings they bound.
+from cairnqd.store.reachability import CANCEL_GRACE_S as CANCEL_GRACE_S
+from cairnqd.store.reachability import DAEMON_CALL_TIMEOUT_S as DAEMON_CALL_TIMEOUT_S
+from cairnqd.store.reachability import DETECTION_BOUND_S as DETECTION_BOUND_S
+from cairnqd.store.reachability import Reachability as Reachability
+from cairnqd.store.reachability import is_unreachable as is_unreachable
 
 AsyncConn = psycopg.AsyncConnection[dict[str, Any]]
 
@@ -46,57 +53,6 @@ KEEPALIVES: dict[str, str] = {
     "keepalives_count": "3",
     "tcp_user_timeout": "25000",
 }
-
-#: How long the daemon's children and background threads let one store call take.
-DAEMON_CALL_TIMEOUT_S = 15.0
-#: What psycopg may add to a timed-out call: a server-side cancel (5 s to connect),
-#: then up to 5 s for the query to end, before it drops the connection itself.
-CANCEL_GRACE_S = 10.0
-#: The stated bound: a silent connection fails a call within this (see above).
-DETECTION_BOUND_S = 30.0
-assert DAEMON_CALL_TIMEOUT_S + CANCEL_GRACE_S <= DETECTION_BOUND_S
-
-
-class Reachability:
-    """Whether the database answers this process, from the outcome of its calls.
-
-    A call that failed for want of the database (a timeout, a refused or dropped
-    connection) starts an outage; the next call that succeeds ends it. Busy errors and
-    bad statements say nothing about the network and are ignored. Written from one
-    event loop, read from any thread (plain attribute swaps).
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        #: When the current outage began (monotonic), or None while the database answers.
-        self.down_since: float | None = None
-        #: The error that began the current outage, or the last one before recovery.
-        self.error = ""
-
-    def succeeded(self) -> None:
-        self.down_since = None
-
-    def failed(self, exc: BaseException, *, since: float | None = None) -> None:
-        """Count `exc` against the database if it is a connectivity failure; `since`:
-        when the failed call began (the outage is dated from it), else now."""
-        if not is_unreachable(exc):
-            return
-        if self.down_since is None:
-            self.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
-            self.down_since = self._clock() if since is None else since
-
-    def down_for(self) -> float:
-        """Seconds the database has failed to answer; 0 while it does."""
-        since = self.down_since
-        return 0.0 if since is None else max(0.0, self._clock() - since)
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """Whether `exc` means the database did not answer (rather than answered no)."""
-    if isinstance(exc, psycopg.errors.QueryCanceled):
-        return False  # the server answered: its own statement_timeout
-    return classify(exc) in ("timeout", "connect")
-
 
 #: What may sit between a store and Postgres (`database.pooler`).
 POOLERS = ("none", "session", "transaction")
