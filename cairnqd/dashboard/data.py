@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import socket
@@ -178,9 +179,14 @@ class DashboardData:
         self._overview: Overview | None = None
         self._taken_at = float("-inf")
         self._inflight: concurrent.futures.Future[Overview] | None = None
-        self._read_started = 0.0
         #: Set by an action: the next page waits for a fresh read instead of the old one.
         self._must_wait = False
+        #: Actions so far (`invalidate`). A read counts as fresh only if no action came
+        #: after it began: one that began before a pause cannot show the pause.
+        self._generation = 0
+        #: The generation of the read in flight, and of the snapshot held.
+        self._inflight_generation = 0
+        self._overview_generation = 0
         #: How long the last snapshot read took (seconds).
         self.last_read_s = 0.0
         #: Snapshots read from the database so far; tests and the bench read it.
@@ -295,16 +301,19 @@ class DashboardData:
             current = self._overview
             if current is not None and time.monotonic() - self._taken_at < self._interval():
                 return current
-            if self._inflight is None:
-                self._read_started = time.monotonic()
+            # A read in flight that began before the last action would not show it:
+            # start another beside it rather than wait for that one.
+            if self._inflight is None or self._inflight_generation != self._generation:
+                generation, began = self._generation, time.monotonic()
                 started = self._inflight = self._thread.submit(self._read_overview())
+                self._inflight_generation = generation
             inflight = self._inflight
             stale = None if self._must_wait else current
         if started is not None:
             # Outside the lock: on a read that has already finished (a quick one, this
             # thread descheduled meanwhile) `add_done_callback` runs `_landed` right
             # here, and `_landed` takes the lock. Under it, that deadlocked every page.
-            started.add_done_callback(self._landed)
+            started.add_done_callback(functools.partial(self._landed, generation, began))
         if stale is not None:
             return stale
         # The read's own result, not `self._overview`: the waiters wake before the done
@@ -322,7 +331,9 @@ class DashboardData:
         keeping a connection busy."""
         return max(self.refresh_s, 5 * self.last_read_s)
 
-    def _landed(self, future: concurrent.futures.Future[Overview]) -> None:
+    def _landed(
+        self, generation: int, began: float, future: concurrent.futures.Future[Overview]
+    ) -> None:
         try:
             overview = future.result()
         except Exception as exc:
@@ -334,9 +345,13 @@ class DashboardData:
         with self._lock:
             if self._inflight is future:
                 self._inflight = None
-            self.last_read_s = time.monotonic() - self._read_started
-            self._overview, self._taken_at = overview, time.monotonic()
-            self._must_wait = False
+            self.last_read_s = time.monotonic() - began
+            if generation < self._overview_generation:
+                return  # a read older than the snapshot held, which it would set back
+            self._overview, self._overview_generation = overview, generation
+            if generation == self._generation:  # no action since it began: fresh
+                self._taken_at = time.monotonic()
+                self._must_wait = False
 
     def _failed_overview(self, problem: str) -> Overview:
         daemon, note = self._daemon()
@@ -419,8 +434,10 @@ class DashboardData:
         return found
 
     def invalidate(self) -> None:
-        """Make the next page wait for a fresh snapshot (after an action; the bench)."""
+        """Make the next page wait for a fresh snapshot, read after this call (after an
+        action; the bench)."""
         with self._lock:
+            self._generation += 1
             self._taken_at = float("-inf")
             self._must_wait = True
 

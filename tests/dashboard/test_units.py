@@ -222,3 +222,52 @@ def test_an_overview_read_done_before_its_callback_is_added_does_not_deadlock(
         assert page_answers() and data.refreshes == 2
     finally:
         data.stop()
+
+
+def test_an_action_shows_on_the_next_page_even_when_a_read_began_before_it(
+    tmp_path: Path,
+) -> None:
+    """Seen in CI under load: a snapshot read that began before an action (a pause) and
+    landed after it was taken as fresh, so the overview went on without the pause for
+    up to five times a read's duration."""
+    import asyncio
+    import threading
+
+    from cairnqd.dashboard.data import DashboardData
+    from cairnqd.store.base import TaskStore
+    from tests.waiting import wait_for
+
+    data = DashboardData(load_config(str(_config(tmp_path, "{}"))))
+    data.start()
+    try:
+        assert data.overview().problem is None  # the first snapshot: nothing paused
+        read_done, gate = threading.Event(), threading.Event()
+        submit = data._thread.submit
+
+        def gated_once(coro: Any) -> Any:
+            """The next read: it reads the database, then waits for `gate`."""
+            data._thread.submit = submit  # type: ignore[method-assign]
+
+            async def held() -> Any:
+                result = await coro
+                read_done.set()
+                await asyncio.to_thread(gate.wait, 10)
+                return result
+
+            return submit(held())
+
+        data._thread.submit = gated_once  # type: ignore[method-assign]
+        data._taken_at = float("-inf")  # the refresh interval has passed
+        assert data.overview().queues[0].pause is None  # stale, served while R1 reads
+        assert read_done.wait(10)  # R1 has read: no pause yet
+
+        async def pause(store: TaskStore) -> object:
+            return await store.pause_queues(["a"], paused_by="test", reason="deploy")
+
+        data.write(pause, "pause a")  # the action, while R1 is still in flight
+        gate.set()
+        wait_for("the read begun before the pause to land", lambda: data._inflight is None, 10)
+        (queue,) = data.overview().queues
+        assert queue.pause is not None and queue.pause.reason == "deploy"
+    finally:
+        data.stop()
