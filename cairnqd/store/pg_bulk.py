@@ -29,6 +29,7 @@ from cairnqd.models import Task
 from cairnqd.store.arguments import Params
 from cairnqd.store.base import inserted_tasks, prepare_items
 from cairnqd.store.pg_connect import AsyncConn
+from cairnqd.store.statement_params import task_rows
 
 #: A list longer than this is streamed; a shorter one is a single `insert_many`, one
 #: round trip where a stream takes three (the clock, the COPY, its end).
@@ -114,30 +115,30 @@ def _json_field(text: str) -> str:
 
 
 def copy_rows(run: Sequence[Params], now_ms: int) -> str:
-    """COPY text for insert_copy.sql's columns: each task as `insert_task` makes it,
-    queued, created `now_ms` and due after its delay."""
+    """COPY text for insert_copy.sql's columns: each task's `task_rows` values (the
+    row SQLite's insert_many binds, in the same order), then its status, queued."""
     field = copy_field
     lines: list[str] = []
     add = lines.append
-    for p in run:
-        task_id, root_id = p["id"], p["root_id"]
-        parent_id, correlation_id = p["parent_id"], p["correlation_id"]
+    for row in task_rows(run, now_ms):
+        task_id, name, queue, payload, metadata, max_attempts, priority = row[:7]
+        parent_id, root_id, correlation_id, run_at_ms, created_at_ms, updated_at_ms = row[7:]
         add(
             _ROW
             % (
                 task_id,  # an id this client made: Crockford characters only
-                field(p["name"]),
-                field(p["queue"]),
-                _json_field(p["payload"]),
-                _json_field(p["metadata"]),
-                p["max_attempts"],
-                p["priority"],
+                field(name),
+                field(queue),
+                _json_field(payload),
+                _json_field(metadata),
+                max_attempts,
+                priority,
                 "\\N" if parent_id is None else field(parent_id),
                 task_id if root_id == task_id else field(root_id),
                 "\\N" if correlation_id is None else field(correlation_id),
-                now_ms + p["delay_ms"],
-                now_ms,
-                now_ms,
+                run_at_ms,
+                created_at_ms,
+                updated_at_ms,
             )
         )
     return "".join(lines)
