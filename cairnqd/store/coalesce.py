@@ -11,7 +11,10 @@ statement, so sequential callers pay nothing for the coalescing. (Handing every 
 to a writer task cost three extra event-loop turns per submit: sequential submits on
 Postgres ran at 0.79x the rate of the release before the coalescer, bench/RESULTS.md.)
 Submits that arrive during a lone write queue as usual, and the lone caller starts the
-writer for them when its own write ends.
+writer for them when its own write ends. After a batch the writer stays for two turns
+of the loop, so that callers submitting again in a loop (64 coroutines, each awaiting
+one submit after another) join the next batch rather than start a lone write each
+round: one statement and one commit a round, not two.
 
 Every caller keeps its own outcome:
 
@@ -126,6 +129,8 @@ class SubmitCoalescer:
                 batch = self._queue[: self._max_batch]
                 del self._queue[: self._max_batch]
                 await self._write(batch)
+                if len(batch) > 1:
+                    await _let_callers_return()
         except BaseException:
             # The writer itself was cancelled (its loop is closing): nobody will write
             # these, so their callers must not wait forever.
@@ -163,6 +168,16 @@ class SubmitCoalescer:
             _settle(waiting.future, error=exc)
         else:
             _settle(waiting.future, task=task)
+
+
+async def _let_callers_return() -> None:
+    """Two turns of the loop: callers whose futures a batch just settled resume (the
+    shield's callback, then their task), and those that submit again queue here. Were the
+    writer gone by then, the first of them would find nothing running and write alone,
+    and the rest would queue behind that one-row write: two commits a round instead of
+    one (bench/RESULTS.md, session 13)."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
 
 
 def _settle(

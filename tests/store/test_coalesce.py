@@ -71,6 +71,22 @@ async def test_concurrent_submits_share_statements_and_each_lands_once(
     assert (again.status, again.attempt, again.run_at_ms) == ("queued", 0, tasks[-1].run_at_ms)
 
 
+async def test_callers_submitting_in_a_loop_share_one_statement_a_round(
+    pg: PostgresStore, pg_dsn: str
+) -> None:
+    before = pg.submits.statements
+
+    async def caller(c: int) -> list[Task]:
+        return [await pg.submit(name="loop", payload=[c, i]) for i in range(10)]
+
+    per_caller = await asyncio.gather(*(caller(c) for c in range(64)))
+    statements = pg.submits.statements - before
+    assert statements <= 12, f"10 rounds of 64 submits took {statements} statements"
+    stored = dict(rows_named(pg_dsn, "loop"))
+    assert stored == {t.id: t.payload for tasks in per_caller for t in tasks}
+    assert len(stored) == 640
+
+
 async def test_sequential_submits_are_written_one_by_one(pg: PostgresStore) -> None:
     before = pg.submits.statements
     for i in range(5):
@@ -175,6 +191,26 @@ async def test_sqlite_concurrent_submits_share_statements_and_each_lands_once(
     assert again.created_at_ms == tasks[-1].created_at_ms
 
 
+async def test_sqlite_callers_submitting_in_a_loop_share_one_statement_a_round(
+    lite: SQLiteStore,
+) -> None:
+    """A web application's pattern: 64 coroutines, each awaiting one submit after
+    another. After the first round each round is one statement (and one commit), not a
+    one-row write by whichever caller came back first and then a batch of the rest."""
+    before = lite.submits.statements
+
+    async def caller(c: int) -> list[Task]:
+        return [await lite.submit(name="loop", payload=[c, i]) for i in range(10)]
+
+    per_caller = await asyncio.gather(*(caller(c) for c in range(64)))
+    statements = lite.submits.statements - before
+    assert statements <= 12, f"10 rounds of 64 submits took {statements} statements"
+    stored = dict(sqlite_rows_named(lite.path, "loop"))
+    assert stored == {
+        t.id: f"[{c},{i}]" for c, tasks in enumerate(per_caller) for i, t in enumerate(tasks)
+    }
+
+
 async def test_sqlite_a_refused_submit_fails_alone(lite: SQLiteStore) -> None:
     names = ["n"] * 31 + ["poison"] + ["n"] * 32
     outcomes = await asyncio.gather(
@@ -226,6 +262,32 @@ async def test_a_transient_batch_error_reaches_every_caller_at_once() -> None:
     assert all(isinstance(o, psycopg.OperationalError) for o in outcomes)
     # One single write, one batch write: no retry of each item against a dead server.
     assert calls == [1, 9]
+
+
+async def test_callers_that_submit_again_join_the_next_batch() -> None:
+    written: list[int] = []
+
+    async def one(params: dict[str, object]) -> Task:
+        written.append(1)
+        await asyncio.sleep(0)  # a write takes at least a turn of the loop
+        return object()  # type: ignore[return-value]
+
+    async def many(batch: Sequence[dict[str, object]]) -> list[Task]:
+        written.append(len(batch))
+        await asyncio.sleep(0)
+        return [object() for _ in batch]  # type: ignore[misc]
+
+    coalescer = SubmitCoalescer(one, many)
+
+    async def caller() -> None:
+        for i in range(10):
+            await coalescer.submit({"i": i})
+
+    await asyncio.gather(*(caller() for _ in range(64)))
+    assert sum(written) == 640
+    # The first round is a lone write and a batch of the other 63; each later round
+    # is one batch of 64.
+    assert len(written) <= 12, written
 
 
 async def test_a_lone_submit_is_written_by_its_caller_and_drain_waits_for_it() -> None:
