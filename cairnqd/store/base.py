@@ -39,7 +39,6 @@ from cairnqd.models import STATUSES, TERMINAL_STATUSES, Task, TaskRef
 from cairnqd.store.arguments import (
     INT8_MAX,
     Params,
-    SubmitRequest,
     check_status_filter,
     check_text,
     insert_params_for,
@@ -47,6 +46,7 @@ from cairnqd.store.arguments import (
     require_duration,
     require_int,
     require_str,
+    submit_params,
 )
 from cairnqd.store.browse import (
     REPORT_MAX_CHARS,
@@ -280,21 +280,22 @@ class TaskStore(ABC):
         """Queue one task. A bad argument raises ValueError (or SerializationError for
         a payload or metadata) naming it, before anything is written; the limits are
         Postgres's on both dialects (store/arguments.py lists them)."""
-        request = SubmitRequest(
-            name=name,
-            payload=payload,
-            queue=queue,
-            key=key,
-            conflict=conflict,
-            max_attempts=max_attempts,
-            priority=priority,
-            metadata=metadata,
-            parent_id=parent_id,
-            root_id=root_id,
-            correlation_id=correlation_id,
-            delay_ms=delay_ms,
+        params = submit_params(
+            {
+                "name": name,
+                "payload": payload,
+                "queue": queue,
+                "key": key,
+                "conflict": conflict,
+                "max_attempts": max_attempts,
+                "priority": priority,
+                "metadata": metadata,
+                "parent_id": parent_id,
+                "root_id": root_id,
+                "correlation_id": correlation_id,
+                "delay_ms": delay_ms,
+            }
         )
-        params = request.insert_params()
         with self._operation():
             if self._gate is not None:
                 await self._gate.admit(queue)

@@ -1,5 +1,6 @@
-"""`submit_many`'s fast preparation (`insert_params_for`) agrees with the request
-object `submit` uses: the same parameters for a good item, the same error for a bad one.
+"""The fast preparations, `submit_many`'s (`insert_params_for`) and `submit`'s
+(`submit_params`), agree with the request object: the same parameters for a good item,
+the same error for a bad one.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from cairnqd._ids import new_task_id
 from cairnqd.errors import SerializationError
-from cairnqd.store.arguments import SubmitRequest, insert_params_for
+from cairnqd.store.arguments import SubmitRequest, insert_params_for, submit_params
 
 # Good and bad values for each argument, the bad ones each hitting a different check.
 _TEXT = st.sampled_from(["q", "é", "", "a\x00b", "\ud800", "x" * 1001, 7, None])
@@ -49,6 +50,34 @@ def outcome(prepare: Any, item: dict[str, Any]) -> tuple[str, object]:
 def test_the_fast_path_prepares_what_the_request_object_does(item: dict[str, Any]) -> None:
     slow = outcome(lambda i: SubmitRequest.from_mapping(i).insert_params(), item)
     fast = outcome(lambda i: insert_params_for(i, new_task_id()), item)
+    assert fast == slow
+
+
+# What `submit` passes: every argument, most at their defaults, some set.
+_DEFAULT_ARGS: dict[str, Any] = {
+    "payload": None,
+    "queue": "default",
+    "key": None,
+    "conflict": "reuse",
+    "max_attempts": 3,
+    "priority": 0,
+    "metadata": None,
+    "parent_id": None,
+    "root_id": None,
+    "correlation_id": None,
+    "delay_ms": 0,
+}
+submit_arguments = st.fixed_dictionaries(
+    {"name": _VALUES["name"]},
+    optional={arg: _VALUES[arg] for arg in _DEFAULT_ARGS},
+).map(lambda given: {**_DEFAULT_ARGS, **given})
+
+
+@settings(max_examples=400, deadline=None)
+@given(submit_arguments)
+def test_submit_prepares_what_the_request_object_does(arguments: dict[str, Any]) -> None:
+    slow = outcome(lambda a: SubmitRequest(**a).insert_params(), arguments)
+    fast = outcome(submit_params, arguments)
     assert fast == slow
 
 
