@@ -18,8 +18,7 @@ payload and metadata are JSON text already.
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg.copy import AsyncLibpqWriter
@@ -28,6 +27,7 @@ from cairnqd._protocol import statement
 from cairnqd.models import Task
 from cairnqd.store.arguments import Params
 from cairnqd.store.base import inserted_tasks, prepare_items
+from cairnqd.store.bulk import SubmitKeyed, insert_in_runs
 from cairnqd.store.pg_connect import AsyncConn
 from cairnqd.store.statement_params import task_rows
 
@@ -38,8 +38,6 @@ STREAM_FROM = 200
 #: steps, so a long list never holds it for long (~0.5 ms of work).
 STREAM_STEP = 50
 
-SubmitKeyed = Callable[[Params], Awaitable[Task]]
-
 
 async def stream_tasks(
     conn: AsyncConn,
@@ -49,28 +47,13 @@ async def stream_tasks(
     submit_keyed: SubmitKeyed,
 ) -> list[Task]:
     """Insert `items` (item i under `ids[i]`) inside the transaction open on `conn`,
-    stamped `now_ms`, and return their tasks in list order. Runs of keyless items are
-    streamed; a keyed item goes through `submit_keyed` once the rows before it are in,
-    so keys behave as in consecutive submits. A bad item raises, naming its index, and
-    leaves the transaction to be rolled back."""
-    out: list[Task] = []
-    runs = itertools.groupby(range(len(items)), key=lambda index: _keyed(items[index]))
-    for keyed, run in runs:
-        indexes = list(run)
-        start, stop = indexes[0], indexes[-1] + 1
-        if keyed:
-            for params in prepare_items(items, ids, start, stop):
-                out.append(await submit_keyed(params))
-        else:
-            out += await _copy_run(conn, items, ids, start, stop, now_ms)
-    return out
+    stamped `now_ms`, and return their tasks in list order: runs of keyless items
+    streamed, keyed items through `submit_keyed` (store/bulk.py)."""
 
+    async def copy_run(start: int, stop: int) -> list[Task]:
+        return await _copy_run(conn, items, ids, start, stop, now_ms)
 
-def _keyed(item: Any) -> bool:
-    try:
-        return item.get("key") is not None
-    except AttributeError:  # not a mapping: prepare_items says so, with its index
-        return False
+    return await insert_in_runs(items, ids, copy_run, submit_keyed)
 
 
 async def _copy_run(
