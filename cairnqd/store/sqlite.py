@@ -14,7 +14,9 @@ Design notes.
   A read whose cost grows with the table (`list`, `stats`, the metrics' aggregates:
   `_scan`) steps its statement on the store's own thread, where SQLite releases the
   GIL (sorting 50,000 rows for `list` took ~150 ms), and turns the rows into values
-  on the loop a chunk at a time, yielding between chunks.
+  on the loop a chunk at a time, yielding between chunks. A long `submit_many` inserts
+  on that thread too, a step at a time, while the loop checks the next step
+  (store/sqlite_bulk.py).
 - Group commit. Single-statement writes are queued; one flusher runs everything queued
   in one `BEGIN IMMEDIATE … COMMIT` (a lone write runs in autocommit), and resolves
   each caller only after COMMIT. A statement error fails only its caller. The flusher
@@ -45,12 +47,21 @@ from contextvars import ContextVar, Token
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cairnqd._ids import new_task_ids
 from cairnqd._protocol import Statement, on_demand, statement
 from cairnqd.errors import StoreClosed
 from cairnqd.models import Task
-from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
+from cairnqd.store.base import (
+    Clock,
+    Params,
+    Row,
+    Session,
+    TaskStore,
+)
+from cairnqd.store.bulk import insert_in_runs
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.errors import is_sqlite_busy
+from cairnqd.store.sqlite_bulk import PIPELINE_FROM, insert_steps
 from cairnqd.store.sqlite_open import is_memory, open_database, refresh_statistics
 from cairnqd.store.sqlite_statements import (
     Backoff,
@@ -59,6 +70,7 @@ from cairnqd.store.sqlite_statements import (
     is_read,
     rollback,
     run,
+    stop_step,
 )
 from cairnqd.store.statement_params import insert_rows, new_task
 
@@ -251,6 +263,26 @@ class SQLiteStore(TaskStore):
         await fetch("insert_many", {"values": insert_rows(run, now)})
         return [new_task(p, now + p["delay_ms"], now) for p in run]
 
+    async def submit_many(self, tasks: Sequence[Mapping[str, Any]]) -> list[Task]:
+        """A long list is checked a step at a time inside its write transaction while
+        the helper thread inserts the step before (store/sqlite_bulk.py): still all or
+        nothing, a bad item late in the list rolls back the rows before it."""
+        items = tasks if isinstance(tasks, list | tuple) else list(tasks)
+        if self._gate is not None or len(items) < PIPELINE_FROM:
+            return await super().submit_many(items)
+        ids = new_task_ids(len(items))
+        async with self._write_locked() as conn:
+            session = SQLiteSession(conn, self.now_ms)
+            now_ms = self.now_ms()
+
+            async def insert_run(start: int, stop: int) -> list[Task]:
+                return await insert_steps(conn, self._off_loop, items, ids, (start, stop), now_ms)
+
+            async def submit_keyed(params: Params) -> Task:
+                return await self._submit_keyed(session, params)
+
+            return await insert_in_runs(items, ids, insert_run, submit_keyed)
+
     async def _fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
@@ -317,22 +349,20 @@ class SQLiteStore(TaskStore):
             cursor.close()
 
     async def _stepped(self, conn: sqlite3.Connection, step: Callable[..., T], *args: Any) -> T:
-        """`step(*args)` on the scan thread, the in-process lock held by the caller."""
-        if self._scan_thread is None:
-            self._scan_thread = ThreadPoolExecutor(1, thread_name_prefix="cairnqd-sqlite-scan")
-        done = asyncio.get_running_loop().run_in_executor(self._scan_thread, step, *args)
+        """`step(*args)` on the helper thread, the in-process lock held by the caller."""
+        done = self._off_loop(step, *args)
         try:
             return await asyncio.shield(done)
         except asyncio.CancelledError:
-            # The statement still runs on our connection: stop it, and keep the lock
-            # (held by our caller) until it has stopped.
-            conn.interrupt()
-            while not done.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait({done})
-            if not done.cancelled():
-                done.exception()  # "interrupted": what we asked for, nothing to report
+            await stop_step(conn, done)
             raise
+
+    def _off_loop(self, step: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Start `step(*args)` on the store's helper thread. The caller holds the
+        in-process lock until the step has ended (`stop_step` ends it early)."""
+        if self._scan_thread is None:
+            self._scan_thread = ThreadPoolExecutor(1, thread_name_prefix="cairnqd-sqlite-scan")
+        return asyncio.get_running_loop().run_in_executor(self._scan_thread, step, *args)
 
     async def _flush_pending(self) -> None:
         try:

@@ -105,6 +105,18 @@ def is_read(stmt: Statement) -> bool:
     return head == "select" or (head.startswith("with") and "returning" not in stmt.text.lower())
 
 
+async def stop_step(conn: sqlite3.Connection, step: asyncio.Future[Any]) -> None:
+    """End early a statement that runs on the store's helper thread, and wait until it
+    has ended: the connection is the thread's until then."""
+    if not step.done():
+        conn.interrupt()
+    while not step.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({step})
+    if not step.cancelled():
+        step.exception()  # "interrupted", or the error the caller raises: reported there
+
+
 def rollback(conn: sqlite3.Connection) -> None:
     # Never let a failed rollback replace the error that caused it.
     try:
