@@ -6,8 +6,8 @@ fsync on the server), so 64 concurrent submits cost 64 commits, and the pool's s
 caps how many overlap. Here a submit that arrives while another is being written
 waits for that write to finish; then everything that queued meanwhile goes in as one
 `insert_many`: one round trip and one commit for the lot. A lone submit (nothing being
-written, nothing queued) is written at once by its own caller with the single-row
-statement, so sequential callers pay nothing for the coalescing. (Handing every write
+written, nothing queued) is written at once by its own caller as a one-row
+`insert_many`, so sequential callers pay nothing for the coalescing. (Handing every write
 to a writer task cost three extra event-loop turns per submit: sequential submits on
 Postgres ran at 0.79x the rate of the release before the coalescer, bench/RESULTS.md.)
 Submits that arrive during a lone write queue as usual, and the lone caller starts the
