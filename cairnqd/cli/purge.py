@@ -83,7 +83,7 @@ async def _sweep(
             return None
         deleted = [await _drain(store, rule, batch) for rule in rules]
         if sum(deleted):
-            await store.after_purge()
+            await store.after_purge(wait=True)
         return deleted
 
 

@@ -536,8 +536,10 @@ class TaskStore(ABC):
         rows = await self._scan("purge_count", params, supplied, _rows)
         return int(rows[0]["n"])
 
-    async def after_purge(self) -> None:
-        """Tidy up after a purge that deleted rows (SQLite checkpoints its WAL)."""
+    async def after_purge(self, *, wait: bool = False) -> None:
+        """Tidy up after a purge that deleted rows: SQLite checkpoints its WAL, Postgres
+        vacuums when autovacuum is off. `wait`: return only when the tidy-up is done
+        (a command that exits next); else a long one may go on in the background."""
 
     # -- leadership among hosts (the daemon's; see store/leadership.py) ----------------
 

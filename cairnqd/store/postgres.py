@@ -175,6 +175,8 @@ class PostgresStore(TaskStore):
         self._holder = new_holder()
         #: Whether the server answers this store's calls (see `_borrow`).
         self.reachability = Reachability()
+        # The VACUUM `after_purge` started in the background, while it runs.
+        self._vacuum: asyncio.Task[None] | None = None
 
     # -- connect / close ---------------------------------------------------------------
 
@@ -280,6 +282,11 @@ class PostgresStore(TaskStore):
 
     async def close(self) -> None:
         await self.submits.drain()  # submits already queued land before the pool goes
+        vacuum, self._vacuum = self._vacuum, None
+        if vacuum is not None and not vacuum.done():
+            vacuum.cancel()  # psycopg cancels the statement on the server too
+            with contextlib.suppress(asyncio.CancelledError):
+                await vacuum
         if self._retention is not None:
             await self._retention.stop()
         listeners, self._listeners = list(self._listeners.values()), {}
@@ -584,6 +591,42 @@ class PostgresStore(TaskStore):
                 if index is not None:
                     await self._drop_invalid_index(conn, index.group(1))
                 await conn.execute(text)
+
+    async def after_purge(self, *, wait: bool = False) -> None:
+        """VACUUM (and ANALYZE) the task tables when autovacuum is off and their dead
+        rows passed its threshold (protocol/extensions/sql/postgres/vacuum_due.sql says
+        why it matters). Plain VACUUM takes no lock that stops claims or submits.
+
+        It runs in the background unless `wait`: on a bloated table it takes minutes,
+        and the daemon's maintenance loop must go on handing back tasks and reaping
+        leases meanwhile. At most one runs at a time; `close()` cancels it."""
+        if self._vacuum is not None and not self._vacuum.done():
+            return
+        rows = await self._fetch("vacuum_due", {})
+        if not rows or not rows[0]["due"]:
+            return
+        self._vacuum = asyncio.create_task(self._vacuum_tables(int(rows[0]["dead_rows"])))
+        if wait:
+            await self._vacuum
+
+    async def _vacuum_tables(self, dead_rows: int) -> None:
+        # VACUUM cannot run inside a transaction: a connection of its own, in autocommit,
+        # on direct_dsn when there is one, without the role's statement timeout.
+        began = time.monotonic()
+        try:
+            conn = await self.dedicated_connection(direct=True)
+            async with conn:
+                if self.pooler == "none" or self.direct_dsn is not None:
+                    await conn.execute("set statement_timeout = 0")
+                await conn.execute("vacuum (analyze) cairnq_tasks, cairnq_task_keys")
+        except (psycopg.Error, DatabaseUnavailable) as exc:
+            log.warning("autovacuum is off, and the VACUUM after the purge failed: %s", exc)
+            return
+        log.info(
+            "autovacuum is off: vacuumed cairnq_tasks after the purge (%d dead rows, %.1f s)",
+            dead_rows,
+            time.monotonic() - began,
+        )
 
     @staticmethod
     async def _drop_invalid_index(conn: AsyncConn, index: str) -> None:

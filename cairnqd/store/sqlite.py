@@ -528,9 +528,9 @@ class SQLiteStore(TaskStore):
             for text in on_demand("sqlite", name):
                 await self._stepped(conn, conn.execute, text)
 
-    async def after_purge(self) -> None:
+    async def after_purge(self, *, wait: bool = False) -> None:
         """A passive WAL checkpoint: keeps the WAL small after a purge without waiting
-        on (or stalling) any reader or writer."""
+        on (or stalling) any reader or writer. Quick, so always done before returning."""
         await self._fetch("wal_checkpoint", {})
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from contextlib import closing
 
 import psycopg
@@ -88,3 +89,94 @@ async def test_sqlite_after_purge_checkpoints_the_wal(sqlite_path: str) -> None:
         assert _in_main_file(sqlite_path) == 1  # the delete is still only in the WAL
         await store.after_purge()
         assert _in_main_file(sqlite_path) == 0
+
+
+def _vacuums(pg_dsn: str) -> int:
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "select vacuum_count from pg_stat_user_tables where relname = 'cairnq_tasks'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def _without_autovacuum(pg_dsn: str) -> None:
+    """Install the schema, then turn autovacuum off for cairnq_tasks whatever the server
+    says (this machine's shared server has it off everywhere; a stock one has it on)."""
+    async with PostgresStore(pg_dsn):
+        pass
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("alter table cairnq_tasks set (autovacuum_enabled = false)")
+
+
+async def _dead_rows(pg_dsn: str, count: int) -> None:
+    """`count` tasks submitted, canceled and purged: three dead versions each. The store
+    is closed after, so its backends exit and report their counts to the statistics."""
+    async with PostgresStore(pg_dsn) as store:
+        tasks = await store.submit_many([{"name": "purge.me"} for _ in range(count)])
+        for task in tasks:
+            await store.cancel(task.id)
+        await asyncio.sleep(0.005)  # purge() takes tasks finished strictly before now
+        assert len(await store.purge(limit=count)) == count
+
+
+async def test_postgres_after_purge_vacuums_when_autovacuum_is_off(pg_dsn: str) -> None:
+    await _without_autovacuum(pg_dsn)
+    await _dead_rows(pg_dsn, 300)
+    assert _vacuums(pg_dsn) == 0
+    async with PostgresStore(pg_dsn) as store:
+        await store.after_purge(wait=True)
+        assert _vacuums(pg_dsn) == 1
+        await store.after_purge(wait=True)  # nothing dead is left: no second vacuum
+        assert _vacuums(pg_dsn) == 1
+
+
+async def test_postgres_after_purge_vacuums_in_the_background(pg_dsn: str) -> None:
+    # The daemon's call: it returns at once and the VACUUM runs on its own connection.
+    await _without_autovacuum(pg_dsn)
+    await _dead_rows(pg_dsn, 300)
+    async with PostgresStore(pg_dsn) as store:
+        await store.after_purge()
+        await store.after_purge()  # one at a time: this one finds it running, or done
+        deadline = time.monotonic() + 30
+        while _vacuums(pg_dsn) == 0:
+            assert time.monotonic() < deadline, "no VACUUM within 30 s"
+            await asyncio.sleep(0.05)
+    assert _vacuums(pg_dsn) == 1
+
+
+async def test_postgres_close_stops_a_vacuum_in_progress(pg_dsn: str) -> None:
+    await _without_autovacuum(pg_dsn)
+    await _dead_rows(pg_dsn, 300)
+    store = PostgresStore(pg_dsn)
+    await store.connect()
+    # Hold a lock VACUUM must wait for, so it is still running when the store closes.
+    with psycopg.connect(pg_dsn) as blocker:
+        blocker.execute("lock table cairnq_task_keys in access exclusive mode")
+        await store.after_purge()
+        deadline = time.monotonic() + 30
+        while not _vacuum_waiting(pg_dsn):
+            assert time.monotonic() < deadline, "the VACUUM never started"
+            await asyncio.sleep(0.05)
+        began = time.monotonic()
+        await store.close()
+        assert time.monotonic() - began < 20
+        assert not _vacuum_waiting(pg_dsn)
+        blocker.rollback()
+
+
+def _vacuum_waiting(pg_dsn: str) -> bool:
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity where datname = current_database() "
+            "and query like 'vacuum (analyze)%' and state = 'active'"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+async def test_postgres_after_purge_leaves_a_few_dead_rows_alone(pg_dsn: str) -> None:
+    await _without_autovacuum(pg_dsn)
+    await _dead_rows(pg_dsn, 5)  # 15 dead versions: below autovacuum's threshold of 50
+    async with PostgresStore(pg_dsn) as store:
+        await store.after_purge(wait=True)
+    assert _vacuums(pg_dsn) == 0
