@@ -124,6 +124,10 @@ class RetentionSweeper:
                 if len(ids) < self.retention.limit:
                     break
                 await asyncio.sleep(0)
+        if deleted:
+            # As after the daemon's sweeps: SQLite checkpoints its WAL, Postgres starts a
+            # VACUUM in the background when autovacuum is off.
+            await self.store.after_purge()
         return deleted
 
     def _report(self, exc: BaseException) -> None:

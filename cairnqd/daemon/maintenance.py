@@ -14,7 +14,9 @@ store opened inside that thread (a connection never crosses threads or a fork).
   daemon restarting in a loop must not hammer the database). Per rule, bounded
   batches until one comes back short or `max_batches` is reached; the rest waits for
   the next interval. SQLite pauses between batches so workers get the write lock, and
-  checkpoints the WAL after a sweep that deleted rows. On Postgres one host sweeps per
+  checkpoints the WAL after a sweep that deleted rows; Postgres, when autovacuum is off,
+  starts a VACUUM in the background then (store/postgres.py `after_purge`), which the
+  loop does not wait for. On Postgres one host sweeps per
   interval: each host's due sweep first asks for the purge's turn, a row in
   `cairnqd_leases` that one host takes and no host can take again before an interval
   has passed (so two hosts never sweep back to back), then for the purge lock

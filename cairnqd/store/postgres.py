@@ -282,13 +282,13 @@ class PostgresStore(TaskStore):
 
     async def close(self) -> None:
         await self.submits.drain()  # submits already queued land before the pool goes
+        if self._retention is not None:
+            await self._retention.stop()  # a sweep in flight may still start a VACUUM
         vacuum, self._vacuum = self._vacuum, None
         if vacuum is not None and not vacuum.done():
             vacuum.cancel()  # psycopg cancels the statement on the server too
             with contextlib.suppress(asyncio.CancelledError):
                 await vacuum
-        if self._retention is not None:
-            await self._retention.stop()
         listeners, self._listeners = list(self._listeners.values()), {}
         for listener in listeners:
             await listener.stop()

@@ -10,6 +10,7 @@ from contextlib import closing
 
 import psycopg
 
+from cairnqd.retention import Retention, RetentionSweeper
 from cairnqd.store.base import TaskStore
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
@@ -143,6 +144,23 @@ async def test_postgres_after_purge_vacuums_in_the_background(pg_dsn: str) -> No
             assert time.monotonic() < deadline, "no VACUUM within 30 s"
             await asyncio.sleep(0.05)
     assert _vacuums(pg_dsn) == 1
+
+
+async def test_sdk_retention_vacuums_when_autovacuum_is_off(pg_dsn: str) -> None:
+    # The SDK's own sweeper (CairnQ(retention=...)) tidies up as the daemon's does.
+    await _without_autovacuum(pg_dsn)
+    async with PostgresStore(pg_dsn) as store:
+        tasks = await store.submit_many([{"name": "purge.me"} for _ in range(300)])
+        for task in tasks:
+            await store.cancel(task.id)
+    async with PostgresStore(pg_dsn) as store:  # a new store: the counts are reported
+        await asyncio.sleep(0.005)  # purge takes tasks finished strictly before now
+        sweeper = RetentionSweeper(store, Retention(0, limit=100))
+        assert await sweeper.sweep() == 300
+        deadline = time.monotonic() + 30
+        while _vacuums(pg_dsn) == 0:
+            assert time.monotonic() < deadline, "no VACUUM within 30 s"
+            await asyncio.sleep(0.05)
 
 
 async def test_postgres_close_stops_a_vacuum_in_progress(pg_dsn: str) -> None:
