@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections.abc import Callable
 from contextlib import closing
 
 import psycopg
@@ -110,15 +111,28 @@ async def _without_autovacuum(pg_dsn: str) -> None:
         conn.execute("alter table cairnq_tasks set (autovacuum_enabled = false)")
 
 
-async def _dead_rows(pg_dsn: str, count: int) -> None:
-    """`count` tasks submitted, canceled and purged: three dead versions each. The store
-    is closed after, so its backends exit and report their counts to the statistics."""
+async def _canceled_tasks(pg_dsn: str, count: int, *, purge: bool) -> None:
+    """`count` tasks submitted and canceled (a dead row version each), then purged when
+    `purge` (a second each). The store is closed after, so its backends exit and report
+    their counts to the statistics."""
     async with PostgresStore(pg_dsn) as store:
         tasks = await store.submit_many([{"name": "purge.me"} for _ in range(count)])
         for task in tasks:
             await store.cancel(task.id)
-        await asyncio.sleep(0.005)  # purge() takes tasks finished strictly before now
-        assert len(await store.purge(limit=count)) == count
+        if purge:
+            await asyncio.sleep(0.005)  # purge() takes tasks finished strictly before now
+            assert len(await store.purge(limit=count)) == count
+
+
+async def _dead_rows(pg_dsn: str, count: int) -> None:
+    await _canceled_tasks(pg_dsn, count, purge=True)
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within 30 s"
+        await asyncio.sleep(0.05)
 
 
 async def test_postgres_after_purge_vacuums_when_autovacuum_is_off(pg_dsn: str) -> None:
@@ -139,28 +153,19 @@ async def test_postgres_after_purge_vacuums_in_the_background(pg_dsn: str) -> No
     async with PostgresStore(pg_dsn) as store:
         await store.after_purge()
         await store.after_purge()  # one at a time: this one finds it running, or done
-        deadline = time.monotonic() + 30
-        while _vacuums(pg_dsn) == 0:
-            assert time.monotonic() < deadline, "no VACUUM within 30 s"
-            await asyncio.sleep(0.05)
+        await _until(lambda: _vacuums(pg_dsn) > 0, "no VACUUM")
     assert _vacuums(pg_dsn) == 1
 
 
 async def test_sdk_retention_vacuums_when_autovacuum_is_off(pg_dsn: str) -> None:
     # The SDK's own sweeper (CairnQ(retention=...)) tidies up as the daemon's does.
     await _without_autovacuum(pg_dsn)
+    await _canceled_tasks(pg_dsn, 300, purge=False)
     async with PostgresStore(pg_dsn) as store:
-        tasks = await store.submit_many([{"name": "purge.me"} for _ in range(300)])
-        for task in tasks:
-            await store.cancel(task.id)
-    async with PostgresStore(pg_dsn) as store:  # a new store: the counts are reported
         await asyncio.sleep(0.005)  # purge takes tasks finished strictly before now
         sweeper = RetentionSweeper(store, Retention(0, limit=100))
         assert await sweeper.sweep() == 300
-        deadline = time.monotonic() + 30
-        while _vacuums(pg_dsn) == 0:
-            assert time.monotonic() < deadline, "no VACUUM within 30 s"
-            await asyncio.sleep(0.05)
+        await _until(lambda: _vacuums(pg_dsn) > 0, "no VACUUM")
 
 
 async def test_postgres_close_stops_a_vacuum_in_progress(pg_dsn: str) -> None:
@@ -172,10 +177,7 @@ async def test_postgres_close_stops_a_vacuum_in_progress(pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn) as blocker:
         blocker.execute("lock table cairnq_task_keys in access exclusive mode")
         await store.after_purge()
-        deadline = time.monotonic() + 30
-        while not _vacuum_waiting(pg_dsn):
-            assert time.monotonic() < deadline, "the VACUUM never started"
-            await asyncio.sleep(0.05)
+        await _until(lambda: _vacuum_waiting(pg_dsn), "the VACUUM did not start")
         began = time.monotonic()
         await store.close()
         assert time.monotonic() - began < 20
@@ -194,7 +196,7 @@ def _vacuum_waiting(pg_dsn: str) -> bool:
 
 async def test_postgres_after_purge_leaves_a_few_dead_rows_alone(pg_dsn: str) -> None:
     await _without_autovacuum(pg_dsn)
-    await _dead_rows(pg_dsn, 5)  # 15 dead versions: below autovacuum's threshold of 50
+    await _dead_rows(pg_dsn, 5)  # 10 dead versions: below autovacuum's threshold of 50
     async with PostgresStore(pg_dsn) as store:
         await store.after_purge(wait=True)
     assert _vacuums(pg_dsn) == 0
