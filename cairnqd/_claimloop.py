@@ -198,11 +198,16 @@ class ClaimLoop:
         plan = ClaimPlan(ordered, free, ahead, self._resources, self._inflight.in_use)
         settlement = self._settlement
         settle = settlement.take()
-        if settle and ahead > 0:
+        if settle and ahead > 0 and not self._store.brief_transactions:
             # Claiming ahead takes a bigger batch, so the claim transaction stays open
-            # longer; a result riding in it is lost if the process dies meanwhile, and
-            # its task runs again. Commit the results first in a short transaction of
-            # their own (one more commit per cycle, spread over a large batch).
+            # longer (on Postgres, a round trip per statement and the server's work on
+            # hundreds of rows); a result riding in it is lost if the process dies
+            # meanwhile, and its task runs again. Commit the results first in a short
+            # transaction of their own (one more commit per cycle, spread over a large
+            # batch). Where a transaction runs straight through to its commit (SQLite),
+            # the claim adds a few milliseconds to results that already waited up to a
+            # settle interval in memory, while the second commit, with its lock hand-off
+            # and fsync, cost a sixth of the drain (bench/RESULTS.md, session 15).
             await self._settle_alone(settle)
             settle = []
         # The lease deadline of what this claim takes counts from before it is sent.

@@ -22,9 +22,10 @@ next claim rewrites anyway. At 10 ms, two SQLite workers draining no-op tasks ra
 many of those transactions (8-15 results each) as claims; at 50 ms (`HORIZON_S`, as
 long as a claimed task may wait to start) there are almost none and the drain is ~19%
 faster, while SIGKILL chaos re-runs about twice as many tasks per kill (bench/RESULTS.md,
-session 9). 2 ms halved the drain rate (cycles of ~48 tasks instead of 256). A
-prefetching claim commits its results before it claims (see `_claimloop`), so a kill
-during a large claim loses none of them.
+session 9). 2 ms halved the drain rate (cycles of ~48 tasks instead of 256). On
+Postgres a prefetching claim commits its results before it claims (see `_claimloop`),
+so a kill during a large claim's round trips loses none of them; on SQLite they ride in
+the claim, whose transaction runs to its commit in a few milliseconds.
 
 A result is written only while its lease is ours by the worker's own clock (see
 `_inflight`): one whose lease may have passed is dropped and logged, never written

@@ -160,6 +160,11 @@ class TaskStore(ABC):
     #: Seconds a long purge waits between two batches, so the workers' writes get in
     #: (SQLite has one writer); 0 where writers do not queue behind each other.
     purge_batch_pause_s: float = 0.0
+    #: Whether a write transaction, once begun, runs to its commit without waiting on
+    #: anything: no round trip, no other process. Then results lose next to nothing by
+    #: riding in a claim that reaches ahead, and committing them first would cost a
+    #: second commit per cycle (`ClaimLoop._claim` decides by it).
+    brief_transactions: bool = False
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         # Injected: what this store's statements read as now (see Clock). Kept apart

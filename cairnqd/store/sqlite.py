@@ -101,6 +101,9 @@ class SQLiteStore(TaskStore):
     dialect = "sqlite"
     json_is_text = True
     purge_batch_pause_s = 0.05
+    # With the write lock held, a transaction's statements run on the event loop's
+    # thread, one after another, and commit: nothing inside it awaits.
+    brief_transactions = True
 
     def __init__(
         self,

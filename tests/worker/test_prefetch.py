@@ -276,3 +276,47 @@ async def test_a_quiet_worker_waits_instead_of_spinning(store: TaskStore, client
         await asyncio.sleep(1.5)
         share = (time.process_time() - began_cpu) / (time.monotonic() - began)
     assert share < 0.3, f"a quiet worker used {share:.0%} of a core"
+
+
+async def test_results_of_a_prefetching_worker_commit_as_the_store_allows(
+    store: TaskStore, client: CairnQ, errors: ErrorLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a transaction has round trips in it (Postgres), the results a claim that
+    reaches ahead would carry are committed first, on their own; where it runs straight
+    to its commit (SQLite), they ride in the claim: one commit per cycle."""
+    carried: list[int] = []  # results in each claim that reached ahead
+    alone: list[int] = []  # results committed on their own
+
+    claim_session, complete_many = store.claim_session, store.complete_many
+
+    async def recorded_claim(**kwargs: Any) -> Any:
+        if kwargs["plan"].ahead > 0:
+            carried.append(len(kwargs.get("settle", ())))
+        return await claim_session(**kwargs)
+
+    async def recorded_complete(**kwargs: Any) -> Any:
+        alone.append(len(kwargs["items"]))
+        return await complete_many(**kwargs)
+
+    monkeypatch.setattr(store, "claim_session", recorded_claim)
+    monkeypatch.setattr(store, "complete_many", recorded_complete)
+    worker = Worker(
+        store, ["default"], concurrency=2, prefetch=20, poll_interval_ms=50, on_error=errors
+    )
+
+    @worker.task("job")
+    async def job(ctx: Any, payload: Any) -> int:
+        await asyncio.sleep(0.002)
+        return int(payload["i"])
+
+    tasks = await client.submit_many([{"name": "job", "payload": {"i": i}} for i in range(120)])
+    async with running(worker):
+        done = await wait_all(store, [t.id for t in tasks], "succeeded")
+    assert [t.result for t in done] == list(range(120))
+    assert not errors.calls
+    assert len(carried) > 2, "the worker never claimed ahead"
+    if store.brief_transactions:
+        assert any(carried), "no claim that reached ahead carried the results before it"
+    else:
+        assert not any(carried), f"claims that reached ahead carried results: {carried}"
+        assert alone, "no results were committed on their own"
