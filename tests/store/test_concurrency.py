@@ -205,6 +205,49 @@ async def test_concurrent_claims_in_one_process(
         assert sum(1 for ids in results if ids) >= 2
 
 
+async def test_claims_racing_cancels_of_queued_tasks(dialect: str, db_target: str) -> None:
+    """Cancels of queued tasks commit while claims draw (on Postgres, between a claim's
+    snapshot and its row locks too): each task ends either canceled before any claim,
+    never handed out, or claimed by exactly one worker and still running."""
+    stores: list[TaskStore] = (
+        [SQLiteStore(db_target) for _ in range(5)]
+        if dialect == "sqlite"
+        else [PostgresStore(db_target, max_size=1) for _ in range(5)]
+    )
+    await _open(stores)
+    try:
+        tasks = await stores[0].submit_many([{"name": "job"} for _ in range(400)])
+        # Every other task, in reverse order, so cancels meet the claims' front.
+        doomed = [t.id for t in tasks[::-2]]
+
+        async def cancel_all(store: TaskStore) -> list[str]:
+            canceled: list[str] = []
+            for task_id in doomed:
+                task = await store.cancel(task_id)
+                if task is not None and task.status == "canceled":
+                    canceled.append(task_id)
+            return canceled
+
+        *claimed, canceled = await asyncio.gather(
+            *(_drain(s, f"worker-{i}") for i, s in enumerate(stores[:4])),
+            cancel_all(stores[4]),
+        )
+    finally:
+        await _close(stores)
+    handed_out = [task_id for ids in claimed for task_id in ids]
+    assert len(handed_out) == len(set(handed_out)), "a task was handed to two workers"
+    assert not set(handed_out) & set(canceled), "a canceled task was handed out"
+    assert sorted(handed_out + canceled) == sorted(t.id for t in tasks)
+    owner = {task_id: f"worker-{i}" for i, ids in enumerate(claimed) for task_id in ids}
+    for task_id, status, attempt, worker_id in query(
+        dialect, db_target, "select id, status, attempt, worker_id from cairnq_tasks"
+    ):
+        if task_id in owner:
+            assert (status, attempt, worker_id) == ("running", 1, owner[task_id]), task_id
+        else:
+            assert (status, attempt) == ("canceled", 0), task_id
+
+
 CLAIM_CHILD = """
 import asyncio, itertools
 from cairnqd.store.postgres import PostgresStore

@@ -349,8 +349,30 @@ def test_postgres_single_queue_claim_reads_in_claim_order(seeded_pg: str) -> Non
         )
     )
     assert "cairnq_tasks_claim_idx" in plan, plan
-    # The only sort allowed is the semi-join's de-duplication of ids, not a claim-order one.
+    # The draw walks the index in claim order: no sort of the claimable rows.
     assert not re.search(r"Sort Key: .*priority", plan), plan
+
+
+PG_CLAIMS = [
+    ("claim", {**CLAIM, "queues": ["default", "gpu"], "names": None}),
+    ("claim_one_name", {**CLAIM, "queues": ["default", "gpu"], "name": "n1"}),
+    ("claim_one_queue", {**CLAIM, "queue": "default", "names": ["n1"]}),
+    ("claim_one_queue_one_name", {**CLAIM, "queue": "default", "name": "n1"}),
+]
+
+
+@pytest.mark.parametrize(("op", "params"), PG_CLAIMS, ids=[op for op, _ in PG_CLAIMS])
+@pytest.mark.parametrize("mode", ["custom", "generic"])
+def test_postgres_claims_update_the_rows_they_locked_by_address(
+    seeded_pg: str, op: str, params: dict[str, Any], mode: str
+) -> None:
+    """The update reads the locked rows by their ctid (a TID scan), never by looking
+    their ids up in the primary key again (protocol/sql/postgres/claim.sql)."""
+    explain = _pg_explain_custom if mode == "custom" else _pg_explain_generic
+    plan = "\n".join(explain(seeded_pg, op, params))
+    assert re.search(r"Tid Scan on cairnq_tasks\b", plan), plan
+    assert "cairnq_tasks_pkey" not in plan, plan
+    assert "LockRows" in plan, plan
 
 
 def test_postgres_key_cascade_uses_cairnqd_index(seeded_pg: str) -> None:
