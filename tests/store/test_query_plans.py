@@ -136,6 +136,19 @@ def test_sqlite_claims_search_a_claim_index(
         )
 
 
+@pytest.mark.parametrize(("op", "params"), SINGLE_QUEUE_CLAIMS + MULTI_QUEUE_CLAIMS)
+def test_sqlite_claims_update_the_rows_they_drew_by_rowid(
+    seeded_sqlite: sqlite3.Connection, op: str, params: dict[str, Any]
+) -> None:
+    """The update goes to each drawn row by its rowid, never through the primary key's
+    index on id first (protocol/sql/sqlite/claim.sql)."""
+    plan = sqlite_plan(seeded_sqlite, op, {**CLAIM, **params})
+    assert any(
+        line.startswith("SEARCH cairnq_tasks USING INTEGER PRIMARY KEY (rowid=?)") for line in plan
+    ), _show(plan)
+    assert not any("sqlite_autoindex_cairnq_tasks" in line for line in plan), _show(plan)
+
+
 @pytest.mark.parametrize(("op", "params"), SINGLE_QUEUE_CLAIMS)
 def test_sqlite_single_queue_claims_read_in_claim_order(
     seeded_sqlite: sqlite3.Connection, op: str, params: dict[str, Any]

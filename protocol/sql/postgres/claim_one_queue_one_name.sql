@@ -9,6 +9,9 @@
 -- update reads each one straight from its heap page (a TID scan) instead of looking its
 -- id up in the primary key again: a sixth less server CPU per claimed row. A locked
 -- row cannot move or change under us until we commit, so its address stays its own.
+-- A row that another transaction changed and committed after this statement's
+-- snapshot is locked in its newest version, which the update does not see: it stays
+-- queued for the next claim (a batch a row short, never a row claimed twice).
 with clock as (
     select (extract(epoch from clock_timestamp()) * 1000)::bigint as now_ms
 )
