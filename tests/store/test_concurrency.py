@@ -146,6 +146,13 @@ async def _create(store: TaskStore) -> None:
 # -- concurrent claims -------------------------------------------------------------------
 
 
+def _stores(dialect: str, target: str, n: int) -> list[TaskStore]:
+    """`n` stores on one database, each with a single connection of its own."""
+    if dialect == "sqlite":
+        return [SQLiteStore(target) for _ in range(n)]
+    return [PostgresStore(target, max_size=1) for _ in range(n)]
+
+
 async def _drain(store: TaskStore, worker: str) -> list[str]:
     """Claim until the queue has nothing queued left; limits vary so draws overlap."""
     got: list[str] = []
@@ -185,10 +192,7 @@ def _assert_each_claimed_once(
 async def test_concurrent_claims_in_one_process(
     dialect: str, db_target: str, n_workers: int
 ) -> None:
-    if dialect == "sqlite":
-        stores: list[TaskStore] = [SQLiteStore(db_target) for _ in range(n_workers)]
-    else:
-        stores = [PostgresStore(db_target, max_size=1) for _ in range(n_workers)]
+    stores = _stores(dialect, db_target, n_workers)
     await _open(stores)
     try:
         submitted = await stores[0].submit_many(
@@ -209,11 +213,7 @@ async def test_claims_racing_cancels_of_queued_tasks(dialect: str, db_target: st
     """Cancels of queued tasks commit while claims draw (on Postgres, between a claim's
     snapshot and its row locks too): each task ends either canceled before any claim,
     never handed out, or claimed by exactly one worker and still running."""
-    stores: list[TaskStore] = (
-        [SQLiteStore(db_target) for _ in range(5)]
-        if dialect == "sqlite"
-        else [PostgresStore(db_target, max_size=1) for _ in range(5)]
-    )
+    stores = _stores(dialect, db_target, 5)
     await _open(stores)
     try:
         tasks = await stores[0].submit_many([{"name": "job"} for _ in range(400)])
