@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from cairnqd._lograte import Burst
 from cairnqd.models import Task
 
 if TYPE_CHECKING:
@@ -41,24 +42,14 @@ class FailureLog:
     def __init__(
         self, burst: int = 10, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._burst = burst
-        self._window_s = window_s
-        self._clock = clock
-        self._window_start = clock()
-        self._logged = 0
-        self._held_back = 0
+        self._burst = Burst(burst, window_s, clock)
 
     def failed(self, ctx: TaskContext, exc: BaseException, task: Task | None) -> None:
         """A handler raised `exc`; `task` is the row after the failure was written
         (None when it could not be written)."""
-        now = self._clock()
-        if now - self._window_start >= self._window_s:
-            self._window_start, self._logged = now, 0
-        if self._logged >= self._burst:
-            self._held_back += 1
+        held_back = self._burst.admit()
+        if held_back is None:
             return
-        self._logged += 1
-        held_back, self._held_back = self._held_back, 0
         suffix = f" ({held_back} more failure(s) not logged)" if held_back else ""
         retrying = task is not None and task.status == "queued"
         level = logging.WARNING if retrying else logging.ERROR

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from cairnqd._lograte import Burst
 from cairnqd.models import Task
 
 if TYPE_CHECKING:
@@ -109,6 +110,9 @@ class InFlight:
         self.lease_ms = lease_ms
         self.lease_s = lease_ms / 1000
         self.report = report
+        # A worker can lose hundreds of leases at once (a full disk refuses every
+        # write): a few lines name their tasks, then one says how many more there were.
+        self._lost_lines = Burst()
         self.worker_id = worker_id
         self.observer: WorkerObserver | None = None
         self._held: dict[Identity, TaskContext] = {}
@@ -174,7 +178,9 @@ class InFlight:
         if ctx.started_at is not None:
             self.executing -= 1
         if outcome == "lease_lost":
-            _log_lost(ctx, reason)
+            held_back = self._lost_lines.admit()
+            if held_back is not None:
+                _log_lost(ctx, reason, held_back)
         observer = self.observer
         if observer is not None:
             began = ctx.started_at
@@ -240,9 +246,10 @@ class InFlight:
         self.release(ctx, "lease_lost", "lease lost while it waited to start")
 
 
-def _log_lost(ctx: TaskContext, reason: str) -> None:
+def _log_lost(ctx: TaskContext, reason: str, held_back: int) -> None:
     state = "after its handler started" if ctx.started_at is not None else "before it started"
+    more = f" ({held_back} more lost lease(s) not logged)" if held_back else ""
     log.warning(
-        "task %s (%s) attempt %d: lease lost %s: %s",
-        ctx.task_id, ctx.name, ctx.attempt, state, reason,
+        "task %s (%s) attempt %d: lease lost %s: %s%s",
+        ctx.task_id, ctx.name, ctx.attempt, state, reason, more,
     )  # fmt: skip

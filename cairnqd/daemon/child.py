@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from setproctitle import setproctitle
 
+from cairnqd._lograte import Repeats
 from cairnqd.daemon.boot import Boot, BootVersionMismatch, decode_boot
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.handler_probe import describe_import_error, use_python_path
@@ -136,6 +137,7 @@ class Child:
         self._control: MessageReader | None = None
         self._aborting = False
         self._file: DatabaseFile | None = None
+        self._repeats = Repeats()
 
     # -- boot --------------------------------------------------------------------------
 
@@ -478,12 +480,21 @@ class Child:
 
     def _on_error(self, exc: BaseException, info: dict[str, Any]) -> None:
         self._send(DatabaseTrouble(classify(exc), str(info.get("phase", ""))))
+        phase = info.get("phase", "worker")
         if is_unreachable(exc):
             # An outage: every retry fails the same way until the network returns,
             # and the parent says so once for the whole daemon (log, /healthz).
-            log.debug("%s error: %s", info.get("phase", "worker"), exc)
+            log.debug("%s error: %s", phase, exc)
             return
-        log.warning("%s error: %s", info.get("phase", "worker"), exc)
+        # A full disk or a stuck lock fails every call the same way: say it once, then
+        # once per `Repeats.every_s` with the count (the metric counts every one).
+        held = self._repeats.admit((phase, str(exc)))
+        if held is None:
+            return
+        more = (
+            f" (and {held} more like it in the last {self._repeats.every_s:.0f}s)" if held else ""
+        )
+        log.warning("%s error: %s%s", phase, exc, more)
 
     def _postgres_store(self) -> PostgresStore | None:
         """The worker's store if it is a Postgres one. Asked of the loaded modules: a

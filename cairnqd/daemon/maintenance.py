@@ -98,7 +98,7 @@ _HAND_BACK_CAUSES = {
 
 
 def db_error_kind(exc: BaseException) -> str:
-    """Classify a database error into the `kind` label: busy, timeout, connect, other."""
+    """Classify a database error into the `kind` label: busy, timeout, connect, full, other."""
     return classify(exc)
 
 

@@ -130,7 +130,7 @@ class DatabaseTrouble:
     """A database error the child survived."""
 
     kind: ClassVar[Literal["dberr"]] = "dberr"
-    #: busy, timeout, connect or other (a metric label; others count as other).
+    #: busy, timeout, connect, full or other (a metric label; others count as other).
     error_kind: str
     phase: str = ""
 

@@ -10,6 +10,9 @@ matching on sqlite3 or psycopg types itself, so a new driver error is taught her
 - **timeout**: a deadline ran out, ours (`asyncio.timeout`, the pool's wait) or the
   server's (`statement_timeout`, `lock_timeout`). The work may still be possible.
 - **connect**: the database could not be reached or the connection died.
+- **full**: the database has no room to write (SQLite's SQLITE_FULL: its disk is full;
+  Postgres's disk_full). The request is fine and succeeds once space is freed, so it is
+  retried like the kinds above, but the database answered: not an outage.
 - **other**: anything else: a bug, a constraint, bad input. Retrying repeats it.
 
 psycopg is never imported here: a psycopg error can only exist once psycopg has been
@@ -26,12 +29,13 @@ from typing import Literal
 
 from cairnqd.errors import DatabaseUnavailable
 
-ErrorKind = Literal["busy", "timeout", "connect", "other"]
+ErrorKind = Literal["busy", "timeout", "connect", "full", "other"]
 
 # Primary SQLite result codes (the low byte of an extended code).
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
 _SQLITE_IOERR = 10
+_SQLITE_FULL = 13
 _SQLITE_CANTOPEN = 14
 
 
@@ -58,6 +62,8 @@ def classify(exc: BaseException) -> ErrorKind:
             return "timeout"
         if isinstance(exc, errors.SerializationFailure | errors.DeadlockDetected):
             return "busy"
+        if isinstance(exc, errors.DiskFull):  # an OperationalError too: test it first
+            return "full"
         if isinstance(exc, psycopg.OperationalError):
             return "connect"
     if pool is not None and isinstance(exc, pool.PoolClosed):
@@ -89,6 +95,8 @@ def _classify_sqlite(exc: sqlite3.Error) -> ErrorKind:
         return "busy"
     if primary in (_SQLITE_IOERR, _SQLITE_CANTOPEN):
         return "connect"
+    if primary == _SQLITE_FULL:
+        return "full"
     return "other"
 
 

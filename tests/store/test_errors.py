@@ -35,6 +35,22 @@ def test_a_real_sqlite_busy_error_is_busy(tmp_path: Path) -> None:
         other.close()
 
 
+def test_a_real_full_sqlite_database_is_full_and_worth_retrying(tmp_path: Path) -> None:
+    # SQLite's page limit raises the SQLITE_FULL a full disk does (tests/faults fills a
+    # real disk); the write succeeds once there is room, so it is retried.
+    conn = sqlite3.connect(tmp_path / "capped.db")
+    try:
+        conn.execute("create table t (x)")
+        conn.execute("pragma max_page_count = 2")
+        with pytest.raises(sqlite3.OperationalError) as info:
+            conn.execute("insert into t values (zeroblob(100000))")
+    finally:
+        conn.close()
+    assert "full" in str(info.value)
+    assert classify(info.value) == "full"
+    assert is_transient(info.value)
+
+
 def test_sqlite_errors_by_kind(tmp_path: Path) -> None:
     # Raised without a result code (a test double): SQLite's wording decides.
     assert classify(sqlite3.OperationalError("database is locked")) == "busy"
@@ -67,6 +83,7 @@ def test_sqlite_errors_by_kind(tmp_path: Path) -> None:
         (psycopg.errors.DeadlockDetected("deadlock detected"), "busy"),
         (psycopg.OperationalError("server closed the connection unexpectedly"), "connect"),
         (psycopg.errors.AdminShutdown("terminating connection"), "connect"),
+        (psycopg.errors.DiskFull("could not extend file"), "full"),
         (psycopg_pool.PoolClosed("the pool is closed"), "connect"),
         (DatabaseUnavailable("down"), "connect"),
         (ConnectionResetError(), "connect"),

@@ -28,7 +28,7 @@ class Families:
         r = self.registry
         self.db_errors = Counter(
             "cairnq_db_errors_total",
-            "DB errors survived (child, maintenance, listener x busy, timeout, connect, other).",
+            "DB errors survived, by component and kind (busy, timeout, connect, full, other).",
             ["component", "kind"],
             registry=r,
         )

@@ -33,7 +33,7 @@ RESTART_REASONS = (
     "reload",
 )
 DB_ERROR_COMPONENTS = ("child", "maintenance", "listener", "scheduler")
-DB_ERROR_KINDS = ("busy", "timeout", "connect", "other")
+DB_ERROR_KINDS = ("busy", "timeout", "connect", "full", "other")
 
 #: Every family the daemon exports, as a scrape exposes it (counters with `_total`).
 #: monitoring/ and its tests are held to this list.

@@ -1,0 +1,96 @@
+"""A real filesystem that fills up: a small tmpfs mounted for one test.
+
+`small_disk` mounts a tmpfs of a few MiB under the test's temporary directory. The test
+puts its SQLite file there, fills what is left with a filler file until the kernel says
+ENOSPC, and deletes the filler to give the room back. Every write SQLite then attempts
+fails as it would on a full production disk (SQLITE_FULL, "database or disk is full").
+
+Mounting needs CAP_SYS_ADMIN: without it the test is skipped, except in CI, which
+runs as root and must not pass by skipping.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REQUIRE_PG
+
+_CAP_SYS_ADMIN = 21
+_CHUNK = b"\0" * (64 * 1024)
+
+
+class SmallDisk:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._filler = path / "filler"
+
+    def fill(self, database: Path) -> None:
+        """Leave no free block. The database's WAL is checkpointed and truncated first:
+        a WAL keeps its length after a checkpoint and SQLite reuses it from the start,
+        so writes that fit in it would not need the disk at all."""
+        conn = sqlite3.connect(database, timeout=10)
+        try:
+            conn.execute("pragma wal_checkpoint(truncate)")
+        finally:
+            conn.close()
+        with open(self._filler, "ab") as out:
+            try:
+                while True:
+                    out.write(_CHUNK)
+                    out.flush()
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+        # Smaller writes may still fit in the last partial chunk: take those bytes too.
+        fd = os.open(self._filler, os.O_WRONLY | os.O_APPEND)
+        try:
+            while True:
+                os.write(fd, b"\0")
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+        finally:
+            os.close(fd)
+
+    def free(self) -> None:
+        self._filler.unlink(missing_ok=True)
+
+
+def _can_mount() -> bool:
+    status = Path("/proc/self/status").read_text().splitlines()
+    effective = int(next(line.split()[1] for line in status if line.startswith("CapEff")), 16)
+    return bool(effective >> _CAP_SYS_ADMIN & 1)
+
+
+def _skip_or_fail(message: str) -> None:
+    if REQUIRE_PG:  # CI: root, and every fault test must run
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A fresh 8 MiB tmpfs at `tmp_path / "disk"`, unmounted after the test."""
+    if not _can_mount():
+        _skip_or_fail("mounting a tmpfs needs CAP_SYS_ADMIN (run as root)")
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        _skip_or_fail(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield SmallDisk(mount_point)
+    finally:
+        # Lazy: a connection a failed test left open must not keep the mount alive.
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)

@@ -1,0 +1,150 @@
+"""The SQLite file's disk fills up under a worker, then gets room again.
+
+A full disk refuses every write ("database or disk is full", SQLITE_FULL) while the
+request itself is fine: the same write succeeds once an operator frees space. So a
+worker must treat it like a busy or unreachable database, never like a row the database
+refuses. Before this was so, a result that could not be written was retried alone,
+then recorded as the task's *permanent* failure (`unserializable_result`), and where
+even that write failed the task was dropped with a warning per task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cairnqd import CairnQ, SQLiteStore, Worker
+from cairnqd.context import TaskContext
+from tests.daemon.conftest import daemon_factory
+from tests.daemon.daemon import Daemon, base_config
+from tests.faults.small_disk import SmallDisk, small_disk
+from tests.waiting import wait_for, wait_for_async
+
+__all__ = ["daemon_factory", "small_disk"]
+
+pytestmark = pytest.mark.slow
+
+TASKS = 8
+SQLITE_FULL = 13
+
+
+def _is_sqlite_full(exc: BaseException) -> bool:
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == SQLITE_FULL
+
+
+async def test_results_finished_while_the_disk_is_full_are_written_once_it_has_room(
+    small_disk: SmallDisk,
+) -> None:
+    path = small_disk.path / "tasks.db"
+    async with CairnQ.sqlite(str(path)) as client:
+        submitted = await client.submit_many(
+            [{"name": "f.held", "payload": {"i": i}} for i in range(TASKS)]
+        )
+    errors: list[tuple[BaseException, dict[str, Any]]] = []
+    worker = Worker(
+        SQLiteStore(str(path)),
+        concurrency=TASKS,
+        on_error=lambda exc, info: errors.append((exc, info)),
+    )
+    release = asyncio.Event()
+    started: list[int] = []
+
+    @worker.task("f.held")
+    async def held(ctx: TaskContext, payload: dict[str, int]) -> dict[str, int]:
+        started.append(payload["i"])
+        await release.wait()
+        return {"done": payload["i"]}
+
+    runner = asyncio.create_task(worker.run())
+    try:
+        await wait_for_async("every task to start", lambda: len(started) == TASKS)
+        small_disk.fill(path)
+        release.set()
+        await wait_for_async(
+            "the results' write to fail for want of space",
+            lambda: any(_is_sqlite_full(exc) for exc, _ in errors),
+        )
+        small_disk.free()
+        async with CairnQ.sqlite(str(path)) as client:
+
+            async def statuses() -> list[str]:
+                found = [await client.get(t.id) for t in submitted]
+                return [t.status if t is not None else "missing" for t in found]
+
+            await wait_for_async(
+                "every task to succeed", statuses, accept=lambda s: s == ["succeeded"] * TASKS
+            )
+            done = [await client.get(t.id) for t in submitted]
+        assert [t.result if t else None for t in done] == [{"done": i} for i in range(TASKS)]
+        assert all(t is not None and t.attempt == 1 for t in done), "no task ran twice"
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.wait_for(runner, 30)
+
+
+def _full_lines(daemon: Daemon) -> list[str]:
+    return [line for line in daemon.output().splitlines() if "database or disk is full" in line]
+
+
+def _full_errors_counted(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    found = re.findall(
+        r'^cairnq_db_errors_total\{component="child",kind="full"\} (\S+)$', text, re.M
+    )
+    return float(found[0]) if found else 0.0
+
+
+def test_the_daemon_rides_out_a_full_disk_and_says_so_without_a_flood(
+    small_disk: SmallDisk, daemon_factory: Callable[[dict[str, Any]], Daemon], tmp_path: Path
+) -> None:
+    path = small_disk.path / "tasks.db"
+    config = base_config(
+        tmp_path,
+        {"path": str(path)},
+        {"default": {"queues": ["default"], "processes": 2, "concurrency": 4, "lease": "3s"}},
+    )
+    daemon = daemon_factory(config).start()
+    wait_for("both children ready", lambda: len(daemon.children()) == 2, timeout=60)
+    port = daemon.metrics_port()
+
+    async def submit() -> list[str]:
+        async with CairnQ.sqlite(str(path)) as client:
+            items = [{"name": "t.sleep", "payload": {"seconds": 0.02}} for _ in range(600)]
+            return [t.id for t in await client.submit_many(items)]
+
+    async def statuses(ids: list[str]) -> dict[str, int]:
+        async with CairnQ.sqlite(str(path)) as client:
+            return (await client.stats())["default"]
+
+    ids = asyncio.run(submit())
+    wait_for("work under way", lambda: asyncio.run(statuses(ids))["succeeded"] >= 20)
+    small_disk.fill(path)
+    wait_for("the children to count full-disk errors", lambda: _full_errors_counted(port) > 0)
+    # A few seconds of every claim, heartbeat and result write failing.
+    counted = wait_for(
+        "a stream of full-disk errors",
+        lambda: _full_errors_counted(port),
+        accept=lambda n: n >= 100,
+    )
+    lines = _full_lines(daemon)
+    # Each child says each failing call once (the same words at most once per 30 s),
+    # and lost leases ten at a time: far fewer lines than errors.
+    assert 0 < len(lines) <= 40, "\n".join(lines[:60])
+    assert len(lines) < counted, (len(lines), counted)
+
+    small_disk.free()
+    done = wait_for(
+        "every task to succeed once the disk has room",
+        lambda: asyncio.run(statuses(ids)),
+        timeout=90,
+        accept=lambda s: s["succeeded"] == len(ids),
+    )
+    assert done["failed"] == 0, done
