@@ -39,6 +39,7 @@ DESIGNED_ALERT_EXPRS = (
     "time() - max(cairnq_purge_last_success_timestamp_seconds) > 3 * 600",
     "cairnq_config_last_reload_successful == 0",
     "cairnq_db_up == 0",
+    'sum by (instance) (increase(cairnq_db_errors_total{kind="full"}[5m])) > 0',
     "time() - max by (schedule) (cairnq_schedule_last_fire_timestamp_seconds) "
     "> 2 * max by (schedule) (cairnq_schedule_period_seconds)",
 )
@@ -322,6 +323,17 @@ ALERT_CASES = [
         [{"severity": "critical", "instance": "a"}],
     ),
     _case({'cairnq_db_up{instance="a"}': "0x10"}, "CairnqDatabaseDown", "1m", []),
+    # Host a's children count full-disk errors; b's count other kinds only.
+    _case(
+        {
+            'cairnq_db_errors_total{instance="a",component="child",kind="full"}': "0+7x10",
+            'cairnq_db_errors_total{instance="b",component="child",kind="busy"}': "0+7x10",
+            'cairnq_db_errors_total{instance="b",component="child",kind="full"}': "0x10",
+        },
+        "CairnqDatabaseFull",
+        "4m",
+        [{"severity": "critical", "instance": "a"}],
+    ),
     # A 10-minute schedule stuck since the epoch trips past 20 minutes (+5m for); a
     # per-minute one that fires every minute does not.
     _case(
