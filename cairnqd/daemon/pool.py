@@ -67,6 +67,8 @@ class ChildProcess:
     longest: LongestTask | None = None
     #: How long its database has not answered it (0: it does).
     db_down_s: float = 0.0
+    #: When its database last refused a write for want of space (None: never).
+    full_at: float | None = None
     #: Its queues it reported paused (`cairnqd pause`), skipped by its claims.
     paused: tuple[str, ...] = ()
     #: Overruns that got it killed; each is failed as max_run_exceeded once reaped.
@@ -132,9 +134,12 @@ class ChildProcess:
                 self.bye = message.reason
             case Fatal():
                 self.fatal = message.error
-            case DatabaseTrouble() if self.state == "starting":
-                self.state = "db_wait"
-            case Tally() | DatabaseTrouble():
+            case DatabaseTrouble():
+                if message.error_kind == "full":
+                    self.full_at = now
+                if self.state == "starting":
+                    self.state = "db_wait"
+            case Tally():
                 pass  # counting is the metrics' business
 
     def count_malformed(self, now: float, log_every_s: float) -> bool:

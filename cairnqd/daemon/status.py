@@ -15,6 +15,9 @@ from cairnqd.daemon.pool import ChildProcess, GroupPool
 
 #: `/healthz` fails once the loop has not ticked for this long.
 _STALE_LOOP_S = 5.0
+#: A write refused for want of space keeps /healthz unhealthy this long: a full disk
+#: fails writes only when there are some to make, so a quiet spell proves nothing.
+FULL_RECENT_S = 30.0
 #: Before READY, while children wait for the database, ask systemd for this much more
 #: start time every `_EXTEND_EVERY_S`: an outage at boot is waited out, not a failed start.
 _EXTEND_BY_S = 30.0
@@ -40,6 +43,8 @@ class StatusReport:
         self._groups: dict[str, GroupHealth] = {}
         # How long each child that cannot reach the database has been failing.
         self._children_db_down: tuple[float, ...] = ()
+        # How long ago each child last had a write refused for want of space (recent ones).
+        self._children_full_ago: tuple[float, ...] = ()
         self._stopping = False
         self._title = ""
         self.ready_sent = False
@@ -62,6 +67,11 @@ class StatusReport:
         self._stopping = stopping
         children = list(children)
         self._children_db_down = tuple(c.db_down_s for c in children if c.db_down_s > 0)
+        self._children_full_ago = tuple(
+            now - c.full_at
+            for c in children
+            if c.full_at is not None and now - c.full_at < FULL_RECENT_S
+        )
         total = sum(len(g.slots) for g in groups)
         ready = sum(1 for c in children if c.state == "ready")
         title = f"cairnqd: master [{self._config_path}] gen={generation} children={ready}/{total}"
@@ -104,6 +114,11 @@ class StatusReport:
         if down := self._children_db_down:
             problems.append(
                 f"{len(down)} child(ren) cannot reach the database (for up to {max(down):.0f}s)"
+            )
+        if full := self._children_full_ago:
+            problems.append(
+                f"{len(full)} child(ren) could not write for want of space (database or disk "
+                f"is full), last {min(full):.0f}s ago: free space where the database lives"
             )
         return not problems, {
             "status": "unhealthy" if problems else "ok",
