@@ -13,6 +13,8 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,15 @@ def base_config(tmp: Path, database: dict[str, Any], groups: dict[str, Any]) -> 
         },
         "groups": groups,
     }
+
+
+def healthz(port: int) -> tuple[int, dict[str, Any]]:
+    """A daemon's /healthz, scraped over HTTP: (status code, its JSON body)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
 
 
 class Daemon:

@@ -8,17 +8,14 @@ SQLite only: these exercise the supervisor, not the store.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.daemon.daemon import base_config, wait_for
+from tests.daemon.daemon import base_config, healthz, wait_for
 from tests.daemon.harness import client_call, database_section, gauge, scrape
 
 pytestmark = pytest.mark.slow
@@ -39,14 +36,6 @@ def break_group(tmp_path: Path, daemon: Any, group: str) -> None:
     (tmp_path / "handlers-broken").touch()
     for pid in doomed:
         os.kill(pid, signal.SIGKILL)
-
-
-def healthz(port: int) -> tuple[int, dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def test_kills_during_boot_are_crashes_not_fatal(

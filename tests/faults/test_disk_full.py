@@ -11,7 +11,6 @@ even that write failed the task was dropped with a warning per task.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import urllib.error
 import urllib.request
@@ -25,7 +24,7 @@ from cairnqd import CairnQ, SQLiteStore, Worker
 from cairnqd.context import TaskContext
 from cairnqd.daemon.status import FULL_RECENT_S
 from tests.daemon.conftest import daemon_factory
-from tests.daemon.daemon import Daemon, base_config
+from tests.daemon.daemon import Daemon, base_config, healthz
 from tests.faults.small_disk import SmallDisk, small_disk
 from tests.waiting import wait_for, wait_for_async
 
@@ -96,14 +95,6 @@ def _full_lines(daemon: Daemon) -> list[str]:
     return [line for line in daemon.output().splitlines() if "database or disk is full" in line]
 
 
-def _healthz(port: int) -> tuple[int, dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 def _full_errors_counted(port: int) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
@@ -150,7 +141,7 @@ def test_the_daemon_rides_out_a_full_disk_and_says_so_without_a_flood(
     # and lost leases ten at a time: far fewer lines than errors.
     assert 0 < len(lines) <= 40, "\n".join(lines[:60])
     assert len(lines) < counted, (len(lines), counted)
-    status, body = _healthz(port)
+    status, body = healthz(port)
     assert status == 503, body
     assert any("want of space" in problem for problem in body["problems"]), body
 
@@ -164,6 +155,6 @@ def test_the_daemon_rides_out_a_full_disk_and_says_so_without_a_flood(
     assert done["failed"] == 0, done
     # Healthy again once no write has been refused for FULL_RECENT_S.
     wait_for(
-        "/healthz to recover", lambda: _healthz(port), timeout=FULL_RECENT_S + 30,
+        "/healthz to recover", lambda: healthz(port), timeout=FULL_RECENT_S + 30,
         accept=lambda r: r[0] == 200,
     )  # fmt: skip

@@ -10,11 +10,8 @@ that wedged the daemon with a green /healthz before.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +19,7 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import Daemon, base_config
+from tests.daemon.daemon import Daemon, base_config, healthz
 from tests.daemon.harness import client_call, gauge, scrape
 from tests.faults.proxy import FaultProxy
 from tests.waiting import wait_for
@@ -71,14 +68,6 @@ def counts(dsn: str) -> dict[str, int]:
         for status, n in by_status.items():
             total[status] = total.get(status, 0) + n
     return total
-
-
-def healthz(port: int) -> tuple[int, dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def db_up(port: int) -> float | None:

@@ -13,11 +13,8 @@ daemon's children can see them.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ import pytest
 
 from cairnqd import CairnQ
 from cairnqd.store.sqlite import SQLiteStore
-from tests.daemon.daemon import Daemon, base_config
+from tests.daemon.daemon import Daemon, base_config, healthz
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -85,14 +82,6 @@ def held(tmp_path: Path, daemon: Daemon) -> Iterator[HeldClient]:
         yield client
     finally:
         client.close()
-
-
-def healthz(port: int) -> tuple[int, dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def critical_lines(daemon: Daemon) -> list[str]:
