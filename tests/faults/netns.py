@@ -62,7 +62,7 @@ _FALLBACK = f"metric 4000 proto {_ROUTE_PROTO}"
 _LOCK_PATH = Path(tempfile.gettempdir()) / "cairnqd-netns.lock"
 # A namespace whose creator is gone and that is older than this was left behind.
 _STALE_AFTER_S = 15 * 60
-_CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
+_CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 
 
 class NetnsError(RuntimeError):
@@ -293,16 +293,17 @@ def _stale(name: str, pid: int, min_age_s: float) -> bool:
     return age_s >= min_age_s
 
 
-def _has_netns_capabilities() -> bool:
+def has_capabilities(*bits: int) -> bool:
+    """Whether this process holds every capability numbered in `bits` (CapEff)."""
     status = Path("/proc/self/status").read_text().splitlines()
     effective = int(next(line.split()[1] for line in status if line.startswith("CapEff")), 16)
-    return all(effective >> bit & 1 for bit in (_CAP_NET_ADMIN, _CAP_SYS_ADMIN))
+    return all(effective >> bit & 1 for bit in bits)
 
 
 def require_netns() -> None:
     """Skip the test when hosts cannot be built here; in CI a missing `ip` fails it."""
     require_postgres()
-    if not _has_netns_capabilities():
+    if not has_capabilities(_CAP_NET_ADMIN, CAP_SYS_ADMIN):
         pytest.skip("network namespaces need CAP_NET_ADMIN and CAP_SYS_ADMIN (run as root)")
     if shutil.which("ip") is None:
         message = "iproute2's `ip` is not installed, so no network namespaces"

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REQUIRE_PG
+from tests.faults.netns import CAP_SYS_ADMIN, has_capabilities
 
-_CAP_SYS_ADMIN = 21
 _CHUNK = b"\0" * (64 * 1024)
 
 
@@ -63,12 +63,6 @@ class SmallDisk:
         self._filler.unlink(missing_ok=True)
 
 
-def _can_mount() -> bool:
-    status = Path("/proc/self/status").read_text().splitlines()
-    effective = int(next(line.split()[1] for line in status if line.startswith("CapEff")), 16)
-    return bool(effective >> _CAP_SYS_ADMIN & 1)
-
-
 def _skip_or_fail(message: str) -> None:
     if REQUIRE_PG:  # CI: root, and every fault test must run
         pytest.fail(message)
@@ -78,7 +72,7 @@ def _skip_or_fail(message: str) -> None:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
     """A fresh 8 MiB tmpfs at `tmp_path / "disk"`, unmounted after the test."""
-    if not _can_mount():
+    if not has_capabilities(CAP_SYS_ADMIN):
         _skip_or_fail("mounting a tmpfs needs CAP_SYS_ADMIN (run as root)")
     mount_point = tmp_path / "disk"
     mount_point.mkdir()

@@ -11,9 +11,6 @@ even that write failed the task was dropped with a warning per task.
 from __future__ import annotations
 
 import asyncio
-import re
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +22,7 @@ from cairnqd.context import TaskContext
 from cairnqd.daemon.status import FULL_RECENT_S
 from tests.daemon.conftest import daemon_factory
 from tests.daemon.daemon import Daemon, base_config, healthz
+from tests.daemon.harness import gauge, scrape, stats
 from tests.faults.small_disk import SmallDisk, small_disk
 from tests.waiting import wait_for, wait_for_async
 
@@ -96,12 +94,7 @@ def _full_lines(daemon: Daemon) -> list[str]:
 
 
 def _full_errors_counted(port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    found = re.findall(
-        r'^cairnq_db_errors_total\{component="child",kind="full"\} (\S+)$', text, re.M
-    )
-    return float(found[0]) if found else 0.0
+    return gauge(scrape(port), "cairnq_db_errors_total", component="child", kind="full") or 0.0
 
 
 def test_the_daemon_rides_out_a_full_disk_and_says_so_without_a_flood(
@@ -122,12 +115,8 @@ def test_the_daemon_rides_out_a_full_disk_and_says_so_without_a_flood(
             items = [{"name": "t.sleep", "payload": {"seconds": 0.02}} for _ in range(600)]
             return [t.id for t in await client.submit_many(items)]
 
-    async def statuses(ids: list[str]) -> dict[str, int]:
-        async with CairnQ.sqlite(str(path)) as client:
-            return (await client.stats())["default"]
-
     ids = asyncio.run(submit())
-    wait_for("work under way", lambda: asyncio.run(statuses(ids))["succeeded"] >= 20)
+    wait_for("work under way", lambda: stats("sqlite", str(path))["default"]["succeeded"] >= 20)
     small_disk.fill(path)
     wait_for("the children to count full-disk errors", lambda: _full_errors_counted(port) > 0)
     # A few seconds of every claim, heartbeat and result write failing.
@@ -148,7 +137,7 @@ def test_the_daemon_rides_out_a_full_disk_and_says_so_without_a_flood(
     small_disk.free()
     done = wait_for(
         "every task to succeed once the disk has room",
-        lambda: asyncio.run(statuses(ids)),
+        lambda: stats("sqlite", str(path))["default"],
         timeout=90,
         accept=lambda s: s["succeeded"] == len(ids),
     )
