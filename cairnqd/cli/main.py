@@ -51,7 +51,14 @@ from cairnqd.config.yamlload import (
     load_yaml,
 )
 from cairnqd.daemon import exitcodes
-from cairnqd.daemon.statefile import DaemonState, StateFile, StateFileError, state_path
+from cairnqd.daemon.statefile import (
+    DaemonState,
+    StateFile,
+    StateFileError,
+    master_title,
+    running_masters,
+    state_path,
+)
 
 if TYPE_CHECKING:
     from cairnqd.cli.admin import Subparsers
@@ -162,8 +169,42 @@ def _runtime_dir(config_path: str) -> tuple[str, str]:
         return _default_runtime_dir(os.environ), note
     node = YamlDocument(root).node(("runtime_dir",))
     if isinstance(node, YamlScalar) and isinstance(node.value, str) and node.value:
-        return node.value, ""
+        # Relative to the config file's directory, as the daemon's load takes it.
+        base = os.path.dirname(os.path.abspath(config_path))
+        return os.path.normpath(os.path.join(base, os.path.expanduser(node.value))), ""
     return _default_runtime_dir(os.environ), ""
+
+
+def _locate(args: argparse.Namespace) -> tuple[StateFile, str]:
+    """The state file of the daemon running `args.config`, and a note for "not found"
+    messages. Where the file's runtime_dir says, when a daemon lives there; otherwise
+    where the running master for this config keeps it, found from the process itself
+    (`running_masters`): the file may no longer parse, or name another directory than
+    the one the daemon started with, and the daemon must still get the reload, so that
+    it says what is wrong with the file."""
+    runtime_dir, note = _runtime_dir(args.config)
+    named = StateFile(state_path(args.config, runtime_dir))
+    if named.locked_by_other():
+        return named, note
+    masters = running_masters(args.config)
+    if args.pid is not None:
+        masters = [m for m in masters if m[0] == args.pid] or masters
+    if len(masters) > 1:
+        pids = ", ".join(str(pid) for pid, _ in masters)
+        raise _no_daemon(
+            f"several cairnqd masters run {args.config} (pids {pids}), each with its own "
+            "runtime_dir: give --pid"
+        )
+    if not masters:
+        return named, f"{note}; no process is titled {master_title(args.config)!r}"
+    pid, path = masters[0]
+    why = "does not parse" if note else f"names runtime_dir {runtime_dir}"
+    print(
+        f"cairnqd: {args.config} {why}; the daemon for it (pid {pid}) keeps its state "
+        f"in {os.path.dirname(path)}",
+        file=sys.stderr,
+    )
+    return StateFile(path), ""
 
 
 def _no_daemon(message: str) -> CliError:
@@ -196,7 +237,7 @@ def _find_daemon(
     # The lock, not the pid, says whether the daemon lives: after a crash its pid may
     # already belong to an unrelated process that must not get our signal.
     if not statefile.locked_by_other():
-        raise _no_daemon(f"no cairnqd running for {args.config}: {statefile.path} is stale")
+        raise _no_daemon(f"no cairnqd running for {args.config}: {statefile.path} is stale{note}")
     return state["pid"], state
 
 
@@ -212,7 +253,7 @@ def _check_master(pid: int, config_path: str, owner: int | None) -> None:
         raise _no_daemon(f"no process {pid}: is cairnqd running?") from None
     except OSError as exc:
         raise _no_daemon(f"cannot check that pid {pid} is cairnqd: {exc.strerror}") from None
-    expected = f"cairnqd: master [{os.path.abspath(config_path)}]"
+    expected = master_title(config_path)
     if not title.startswith(expected):
         raise _no_daemon(
             f"pid {pid} is not the cairnqd master for {config_path} "
@@ -264,8 +305,7 @@ def _await_reload(statefile: StateFile, pid: int, seq: int, timeout_s: float) ->
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    runtime_dir, note = _runtime_dir(args.config)
-    statefile = StateFile(state_path(args.config, runtime_dir))
+    statefile, note = _locate(args)
     pid, state = _find_daemon(args, statefile, note)
     _check_master(pid, args.config, statefile.owner if state is not None else None)
     signum = signal.SIGUSR2 if args.all else signal.SIGHUP

@@ -19,7 +19,7 @@ from cairnqd.config import Config
 from cairnqd.config.units import elapsed_text
 from cairnqd.daemon import exitcodes
 from cairnqd.daemon.control import DaemonUnreachable, Snapshot, ask_daemon, control_path
-from cairnqd.daemon.statefile import state_path
+from cairnqd.daemon.statefile import state_path_of_running
 from cairnqd.store.base import TaskStore
 from cairnqd.store.operator import QueuePause
 
@@ -37,7 +37,7 @@ HELD_NOTE = (
 
 def ask(config_path: str, config: Config) -> Snapshot:
     """The daemon's snapshot, or CliError(69) saying why there is none."""
-    path = control_path(state_path(config_path, config.runtime_dir))
+    path = control_path(state_path_of_running(config_path, config.runtime_dir))
     try:
         return ask_daemon(path)
     except DaemonUnreachable as exc:

@@ -29,7 +29,7 @@ from cairnqd.cli.status import HELD_NOTE, duration_text
 from cairnqd.config import Config
 from cairnqd.daemon import exitcodes
 from cairnqd.daemon.control import DaemonUnreachable, Snapshot, ask_daemon, control_path
-from cairnqd.daemon.statefile import state_path
+from cairnqd.daemon.statefile import state_path_of_running
 from cairnqd.models import STATUSES, TERMINAL_STATUSES
 from cairnqd.store.base import TaskStore
 
@@ -156,7 +156,7 @@ class Top:
     """The refresh loop and the keys; curses only draws what `screen_lines` says."""
 
     def __init__(self, config_path: str, config: Config) -> None:
-        self.socket = control_path(state_path(config_path, config.runtime_dir))
+        self.socket = control_path(state_path_of_running(config_path, config.runtime_dir))
         self.config = config
         self.loop = asyncio.new_event_loop()
         self.store = open_store(config)

@@ -13,6 +13,11 @@ Design note. One daemon per config file: its state lives at
   drops an flock when its holder dies, so a crashed daemon never leaves a stale lock.
 - Both live in a runtime directory that `runtimedir` accepts (ours, writable by
   nobody else), are created 0600 and are never opened through a symlink.
+- A client finds the state file by the config's `runtime_dir`, and when there is no
+  live daemon there (the file no longer parses, or names another directory since the
+  daemon started), by the daemon itself: `running_masters` looks for the process
+  titled `cairnqd: master [<abspath(config)>]` and the lock file it holds open, whose
+  directory is the runtime directory chosen at its start.
 - `release()` deletes the JSON but keeps the lock file. Unlinking a lock file opens a
   race: a second daemon that opened the old inode just before the unlink would lock
   it while a third locks a fresh file at the same path, and both would run.
@@ -28,6 +33,7 @@ import os
 import secrets
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, NotRequired, TypedDict, cast
 
@@ -42,7 +48,10 @@ __all__ = [
     "StateFileError",
     "after_reload",
     "initial_state",
+    "master_title",
+    "running_masters",
     "state_path",
+    "state_path_of_running",
 ]
 
 
@@ -91,6 +100,73 @@ def state_path(config_path: str | os.PathLike[str], runtime_dir: str) -> str:
     absolute = os.path.abspath(os.fspath(config_path))
     digest = hashlib.sha256(absolute.encode()).hexdigest()[:16]
     return os.path.join(runtime_dir, f"cairnqd-{digest}.json")
+
+
+def master_title(config_path: str | os.PathLike[str]) -> str:
+    """How the master for `config_path` titles itself (`ps`, /proc/PID/cmdline), before
+    what it says about its generation and children."""
+    return f"cairnqd: master [{os.path.abspath(os.fspath(config_path))}]"
+
+
+def running_masters(
+    config_path: str | os.PathLike[str], proc: str = "/proc"
+) -> list[tuple[int, str]]:
+    """The live masters for `config_path`, found from the processes rather than from
+    the config file: (pid, state file path) for each process titled as that config's
+    master that holds the config's lock file open. The state file sits beside the
+    lock, in the runtime directory the daemon chose when it started. Only processes
+    whose descriptors we may read are seen (our own; every one for root)."""
+    title = master_title(config_path)
+    lock_name = os.path.basename(state_path(config_path, "")).removesuffix(".json") + ".lock"
+    found: list[tuple[int, str]] = []
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(proc, entry, "cmdline").read_bytes()
+        except OSError:
+            continue
+        text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        if text != title and not text.startswith(title + " "):
+            continue
+        lock = _held_file(os.path.join(proc, entry, "fd"), lock_name)
+        if lock is not None:
+            found.append((int(entry), lock.removesuffix(".lock") + ".json"))
+    return found
+
+
+def _held_file(fd_dir: str, name: str) -> str | None:
+    """The path of the file called `name` a process holds open, from its fd directory."""
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue
+        if os.path.isabs(target) and os.path.basename(target) == name:
+            return target
+    return None
+
+
+def state_path_of_running(config_path: str | os.PathLike[str], runtime_dir: str) -> str:
+    """The state file of the daemon running `config_path`: the one in `runtime_dir`
+    when a daemon holds its lock, else the one a single running master for the config
+    holds (its runtime directory, chosen at its start, may differ from what the file
+    names now), else the one in `runtime_dir`."""
+    named = StateFile(state_path(config_path, runtime_dir))
+    if named.locked_by_other():
+        return named.path
+    masters = running_masters(config_path)
+    if len(masters) == 1:
+        return masters[0][1]
+    return named.path
 
 
 def initial_state(config_path: str | os.PathLike[str], generation: int = 1) -> DaemonState:

@@ -518,20 +518,42 @@ def test_reload_wait_times_out(fake_daemon: Callable[[str], FakeDaemon], run: Ru
 
 
 def test_reload_reaches_the_daemon_even_with_a_broken_config(
-    fake_daemon: Callable[[str], FakeDaemon], sqlite_config: Path, run: Run
+    fake_daemon: Callable[[str], FakeDaemon], sqlite_config: Path, tmp_path: Path, run: Run
 ) -> None:
-    """The daemon, not the CLI, judges the new config: the CLI only needs runtime_dir."""
+    """The daemon, not the CLI, judges the new config: the CLI only needs to find it."""
     daemon = fake_daemon("refuse")
     text = sqlite_config.read_text()
     sqlite_config.write_text(text.replace("queues: [default, mail]", "queues: 3\n    nope: 1"))
     result = run("reload", "--wait", "10s")
     assert result.returncode == 78, result.stderr
     assert daemon.signals() == ["SIGHUP"]
-    # Past a syntax error nothing can be read, runtime_dir included: say so.
+    # Past a syntax error nothing can be read, runtime_dir included: the daemon is
+    # found by its process and the lock it holds, and still gets the reload.
     sqlite_config.write_text(text + "bogus: [1\n")
     result = run("reload", "--wait", "10s")
+    assert result.returncode == 78, result.stderr
+    assert "no cairnqd running" not in result.stderr
+    assert f"does not parse; the daemon for it (pid {daemon.pid}) keeps its state" in (
+        result.stderr
+    )
+    assert "cairnq.yaml:3:5: groups.x: boom" in result.stderr
+    assert daemon.signals() == ["SIGHUP", "SIGHUP"]
+    # A file that names another runtime_dir than the daemon started with: the same.
+    moved = text.replace(str(tmp_path / "run"), str(tmp_path / "elsewhere"))
+    assert moved != text
+    sqlite_config.write_text(moved)
+    result = run("reload", "--wait", "10s")
+    assert result.returncode == 78, result.stderr
+    assert f"names runtime_dir {tmp_path / 'elsewhere'}; the daemon for it" in result.stderr
+    assert daemon.signals() == ["SIGHUP", "SIGHUP", "SIGHUP"]
+
+
+def test_reload_with_a_broken_config_and_no_daemon_says_both(sqlite_config: Path, run: Run) -> None:
+    sqlite_config.write_text(sqlite_config.read_text() + "bogus: [1\n")
+    result = run("reload", "--wait", "5s")
     assert result.returncode == 69
     assert "cairnq.yaml does not parse, so its runtime_dir was not read" in result.stderr
+    assert f"no process is titled 'cairnqd: master [{sqlite_config}]'" in result.stderr
 
 
 def test_reload_refuses_a_stale_state_file(

@@ -248,3 +248,34 @@ def unblock(path: Path, text: str) -> None:
             fifo.write(text)
     path.unlink()
     path.write_text(text)
+
+
+def test_reload_of_a_config_that_no_longer_parses_reaches_the_daemon(
+    tmp_path: Path, sqlite_path: str, daemon_factory: Any
+) -> None:
+    """Whatever the file says now, `reload` finds the daemon that runs it, and the
+    daemon itself says what is wrong with the file, where, and keeps running."""
+    config = config_for(tmp_path, sqlite_path, {"g": {"queues": ["q"], "processes": 1}})
+    daemon = daemon_factory(config).start()
+    before = set(daemon.children("g"))
+    good = daemon.config_path.read_text()
+    daemon.config_path.write_text(good + "groups_extra: [1, 2\n")
+    done = daemon.cli("reload", "--wait", "30s")
+    assert done.returncode == 78, (done.stdout, done.stderr)
+    assert "no cairnqd running" not in done.stderr
+    assert re.search(r"cairnq\.yaml:\d+:\d+: ", done.stderr), done.stderr
+    assert f"reload refused; still running generation 1 (pid {daemon.pid})" in done.stderr
+    # A file that parses but names another runtime_dir: the daemon still gets it, and
+    # refuses what only a restart can change.
+    config["runtime_dir"] = str(tmp_path / "elsewhere")
+    daemon.write_config(config)
+    done = daemon.cli("reload", "--wait", "30s")
+    assert done.returncode == 78, (done.stdout, done.stderr)
+    assert "runtime_dir changed: needs a restart" in done.stderr
+    status = daemon.cli("status")  # asks the daemon over its socket, found the same way
+    assert status.returncode == 0, status.stderr
+    assert set(daemon.children("g")) == before
+    daemon.config_path.write_text(good)
+    done = daemon.cli("reload", "--wait", "30s")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert daemon.stop() == 0
