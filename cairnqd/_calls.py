@@ -11,11 +11,20 @@ Design notes.
   abandoned and failed as `handler_timeout`.
 - A call starts only the contexts whose lease is still ours (`InFlight.begin`); the
   others are released without running.
+- An exception the handler raises is the handler's, `asyncio.CancelledError` included
+  (a handler awaiting a future somebody else cancelled): it fails the attempt like any
+  error. Only a cancellation of the call itself is not: the lease guard's (see
+  `_leaseguard`; the call then settles nothing) or one from outside the worker (the
+  event loop shutting down), which goes on up.
+- `active` holds every call whose handler may still run, for the lease guard: a call
+  stays there after `execute` returns while a handler it gave up on (a cancelled sync
+  handler's thread, an abandoned `max_run_ms` task) has not finished.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import time
 from collections.abc import Callable, Mapping
@@ -40,6 +49,35 @@ class Call:
     handler: RegisteredHandler
     contexts: list[TaskContext]
     started: float = field(default_factory=time.monotonic)
+    #: The asyncio task that runs `CallRunner.execute` for this call.
+    task: asyncio.Task[Any] | None = None
+    #: Where the handler's code runs when that is not `task` itself: a sync handler's
+    #: thread, or the task a `max_run_ms` bound waits on.
+    body: concurrent.futures.Future[Any] | asyncio.Future[Any] | None = None
+    #: The handler returned or raised; what follows is settlement.
+    handler_done: bool = False
+    #: The lease guard cancelled the call (its leases could not be renewed), and
+    #: reports it at `abort_at` if the handler is still running then.
+    lease_stop: bool = False
+    abort_at: float = 0.0
+    overrun_reported: bool = False
+
+    def handler_running(self) -> bool:
+        """Whether the handler's code may still be executing."""
+        body = self.body
+        if body is not None and not body.done():
+            return True
+        if self.handler_done:
+            return False
+        return self.task is not None and not self.task.done()
+
+    def cancel(self) -> None:
+        """Cancel the handler: the call's task and, where the handler runs apart from
+        it, that too (a thread cannot be cancelled once it started)."""
+        if self.task is not None:
+            self.task.cancel()
+        if self.body is not None:
+            self.body.cancel()
 
 
 class CallRunner:
@@ -61,6 +99,8 @@ class CallRunner:
         self._executor = executor
         # Plain calls in flight, for auto prefetch's "is anything running slow?".
         self._plain_calls: set[Call] = set()
+        #: Every call whose handler may still run (see the design notes).
+        self.active: set[Call] = set()
         self._failures = FailureLog()
 
     def longest_plain_call(self) -> float:
@@ -82,16 +122,27 @@ class CallRunner:
         if plain:
             call.started = time.monotonic()  # the handler's own time, not the queueing
             self._plain_calls.add(call)
+        call.task = me = asyncio.current_task()
+        self.active.add(call)
         try:
             error: BaseException | None = None
             try:
-                value = await self._invoke(handler, contexts)
-            except (asyncio.CancelledError, KeyboardInterrupt):
+                value = await self._invoke(handler, contexts, call)
+            except KeyboardInterrupt:
                 # A second Ctrl-C lands in whatever frame runs, often a handler's: it
                 # stops the process, and the task is left to its lease, not failed.
                 raise
+            except asyncio.CancelledError as exc:
+                if call.lease_stop:
+                    # The lease guard's: its tasks are lease-lost, so nothing settles.
+                    if me is not None and me.cancelling():
+                        me.uncancel()
+                elif me is not None and me.cancelling():
+                    raise  # the call itself was cancelled from outside the worker
+                value, error = None, exc
             except BaseException as exc:
                 value, error = None, exc
+            call.handler_done = True
             self._call_ended(call, plain)
             if error is None:
                 await self._settle_value(handler, contexts, value)
@@ -100,6 +151,8 @@ class CallRunner:
             else:
                 await self._settle_error(contexts, error)
         finally:
+            call.handler_done = True
+            self._retire(call)
             inflight.handled += len(contexts)
             self._plain_calls.discard(call)
             if handler.resource is not None:
@@ -109,6 +162,17 @@ class CallRunner:
                 if ctx.lost_lease and not ctx.settled:
                     inflight.release(ctx, "lease_lost", "lease lost while the handler ran")
 
+    def _retire(self, call: Call) -> None:
+        """Drop `call` from `active` once nothing of its handler runs any more."""
+        body = call.body
+        if body is None or body.done():
+            self.active.discard(call)
+        elif isinstance(body, concurrent.futures.Future):
+            loop = asyncio.get_running_loop()
+            body.add_done_callback(lambda _: loop.call_soon_threadsafe(self.active.discard, call))
+        else:
+            body.add_done_callback(lambda _: self.active.discard(call))
+
     def _call_ended(self, call: Call, plain: bool) -> None:
         """The handler returned or raised: feed its run time to auto prefetch (the
         settlement that follows is the database's pace, not the handler's)."""
@@ -116,7 +180,9 @@ class CallRunner:
             self._plain_calls.discard(call)
             self._prefetch.observe(time.monotonic() - call.started)
 
-    async def _invoke(self, handler: RegisteredHandler, contexts: list[TaskContext]) -> Any:
+    async def _invoke(
+        self, handler: RegisteredHandler, contexts: list[TaskContext], call: Call
+    ) -> Any:
         if handler.batch is not None:
             args: tuple[Any, ...] = (contexts,)
         elif handler.wants_payload:
@@ -130,10 +196,17 @@ class CallRunner:
                 if value is not None and inspect.isawaitable(value):
                     value = await value
                 return value
-            return await self._call_handler(handler, args)
+            return await self._call_handler(handler, args, call)
         # max_run_ms bounds the whole call, an awaitable a sync handler returns included.
-        running = asyncio.ensure_future(self._call_handler(handler, args))
-        done, _ = await asyncio.wait({running}, timeout=max_run_ms / 1000)
+        running = asyncio.ensure_future(self._call_handler(handler, args, call))
+        if call.body is None:
+            call.body = running
+        try:
+            done, _ = await asyncio.wait({running}, timeout=max_run_ms / 1000)
+        except asyncio.CancelledError:
+            running.cancel()  # waiting was cancelled, not the handler: end it too
+            running.add_done_callback(_consume_outcome)
+            raise
         if not done:
             # Flag lease-lost first, so the abandoned handler cannot write any more.
             for ctx in contexts:
@@ -143,12 +216,21 @@ class CallRunner:
             raise _MaxRunExceeded
         return running.result()
 
-    async def _call_handler(self, handler: RegisteredHandler, args: tuple[Any, ...]) -> Any:
+    async def _call_handler(
+        self, handler: RegisteredHandler, args: tuple[Any, ...], call: Call
+    ) -> Any:
         if handler.is_async:
             value = await handler.fn(*args)
         else:
-            loop = asyncio.get_running_loop()
-            value = await loop.run_in_executor(self._executor(), lambda: handler.fn(*args))
+            executor = self._executor()
+            if executor is None:
+                loop = asyncio.get_running_loop()
+                value = await loop.run_in_executor(None, lambda: handler.fn(*args))
+            else:
+                # The thread's own future is kept: only it says when the handler's code
+                # has really stopped (cancelling the await does not stop the thread).
+                thread = call.body = executor.submit(handler.fn, *args)
+                value = await asyncio.wrap_future(thread)
         if value is not None and inspect.isawaitable(value):
             value = await value
         return value

@@ -7,7 +7,10 @@ handler may no longer write), and a cancel flag marks it cancel-seen, so
 `ctx.canceled()` answers without a round trip. A renewal moves the task's local lease
 deadline to the moment the beat was sent plus the lease; a task whose deadline passes
 without one is never renewed again (`InFlight.renewable`). A failed beat is reported
-and the next one tries again (a lease outlasts about three beats).
+and retried sooner than the next beat would come (`RETRY_SHARE` of the interval), so a
+passing error costs little of the lease; a beat that stalls is waited for. Either way, a
+handler whose lease cannot be renewed in time is stopped by the lease guard
+(`_leaseguard`), not here.
 """
 
 from __future__ import annotations
@@ -17,19 +20,23 @@ import asyncio
 from cairnqd._inflight import InFlight
 from cairnqd.store.base import TaskStore
 
+#: After a failed beat, the next try comes after this share of the interval.
+RETRY_SHARE = 0.25
+
 
 async def heartbeat_loop(store: TaskStore, inflight: InFlight) -> None:
     interval = max(50, inflight.lease_ms // 3) / 1000
+    delay = interval
     while True:
-        await asyncio.sleep(interval)
-        await beat(store, inflight)
+        await asyncio.sleep(delay)
+        delay = interval if await beat(store, inflight) else interval * RETRY_SHARE
 
 
-async def beat(store: TaskStore, inflight: InFlight) -> None:
-    """Renew every live lease the worker holds, in one statement."""
+async def beat(store: TaskStore, inflight: InFlight) -> bool:
+    """Renew every live lease the worker holds, in one statement; False if it failed."""
     live = inflight.renewable()
     if not live:
-        return
+        return True
     sent_at = inflight.clock()
     try:
         reply = await store.renew_leases(
@@ -39,5 +46,6 @@ async def beat(store: TaskStore, inflight: InFlight) -> None:
         )
     except Exception as exc:
         inflight.report(exc, {"phase": "heartbeat"})
-        return
+        return False
     inflight.renewed(live, sent_at, reply)
+    return True

@@ -13,6 +13,9 @@ have started. They share this one object instead of each other's fields.
   database's lease always ends later than ours, so a task whose local deadline has
   passed may already belong to someone else: it is never started, never heartbeated
   again, and its result is not written.
+- **A task is started only before its stop point**, `deadline - margin` (margin: a
+  fifth of the lease, `lease_margin_s`). Past it, the lease guard (`_leaseguard`) would
+  cancel the handler at once, since the lease may end before it could finish.
 - **Started means the handler was called.** A task claimed ahead of a free slot waits
   in `backlog` and is not started; `begin()` marks the start just before the handler
   is invoked, and an observer (the daemon's child) hears of it synchronously, so the
@@ -39,6 +42,15 @@ log = logging.getLogger("cairnqd.worker")
 
 Identity = tuple[str, int]
 ErrorReporter = Callable[[BaseException, dict[str, Any]], None]
+
+#: How far before a lease's local deadline its handler is stopped, as a share of the
+#: lease, and never less than `MIN_MARGIN_S` (see `_leaseguard`).
+MARGIN_SHARE = 0.2
+MIN_MARGIN_S = 0.05
+
+
+def lease_margin_s(lease_s: float) -> float:
+    return max(lease_s * MARGIN_SHARE, MIN_MARGIN_S)
 
 
 class WorkerObserver(Protocol):
@@ -109,6 +121,7 @@ class InFlight:
         self.clock = clock
         self.lease_ms = lease_ms
         self.lease_s = lease_ms / 1000
+        self.margin_s = lease_margin_s(self.lease_s)
         self.report = report
         # A worker can lose hundreds of leases at once (a full disk refuses every
         # write): a few lines name their tasks, then one says how many more there were.
@@ -145,8 +158,9 @@ class InFlight:
             self.observer.tasks_held(contexts)
 
     def stale(self, ctx: TaskContext) -> bool:
-        """True (and `ctx` released as lease_lost) when its lease is gone or may be."""
-        if ctx.lost_lease or ctx.lease_deadline <= self.clock():
+        """True (and `ctx` released as lease_lost) when its lease is gone, or too close
+        to its end for a handler to run."""
+        if ctx.lost_lease or ctx.lease_deadline - self.margin_s <= self.clock():
             ctx._mark_lost()
             self.release(ctx, "lease_lost", "lease expired before the task started")
             return True

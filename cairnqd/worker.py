@@ -9,6 +9,8 @@ Design notes. The worker is a few parts around one shared in-flight table
   ahead. `concurrency` counts handler calls, not tasks.
 - `_calls.CallRunner` runs one handler call and settles what it leaves.
 - `_heartbeat` renews every held lease with one `heartbeat_batch` per beat.
+- `_leaseguard.LeaseGuard` cancels a handler before its lease can end when renewals
+  fail or stall, so no two executions of one task overlap.
 - `_settlement.Settlement` writes outcomes: failures one by one, returned results in
   set-based batches carried by the next claim transaction.
 - Sync handlers run in a thread pool sized to `concurrency`, so a blocking handler can
@@ -46,6 +48,7 @@ from cairnqd._handlers import (
 from cairnqd._heartbeat import heartbeat_loop
 from cairnqd._ids import new_worker_id
 from cairnqd._inflight import InFlight, LoopState, WorkerObserver
+from cairnqd._leaseguard import LeaseGuard, OverrunHook
 from cairnqd._pauses import PausedQueues
 from cairnqd._prefetch import PrefetchSetting, PrefetchSizer
 from cairnqd._settlement import Settlement, backoff_delay_ms
@@ -143,6 +146,7 @@ class Worker:
             max_run_ms=max_run_ms,
             executor=lambda: self._executor,
         )
+        self._guard = LeaseGuard(self.in_flight, runner)
         self._loop = ClaimLoop(
             store,
             self.queues,
@@ -167,6 +171,23 @@ class Worker:
     @observer.setter
     def observer(self, value: WorkerObserver | None) -> None:
         self.in_flight.observer = value
+
+    @property
+    def on_lease_overrun(self) -> OverrunHook | None:
+        """Called with the tasks of a handler that is still running although its lease
+        is about to end (renewals failed or stalled, and the handler ignored its
+        cancellation, or is a sync handler whose thread cannot be stopped). The
+        daemon's child exits there; None (the default) logs an error."""
+        return self._guard.on_overrun
+
+    @on_lease_overrun.setter
+    def on_lease_overrun(self, hook: OverrunHook | None) -> None:
+        self._guard.on_overrun = hook
+
+    @property
+    def lease_guard(self) -> LeaseGuard:
+        """The guard that stops handlers whose leases cannot be renewed."""
+        return self._guard
 
     @property
     def claiming(self) -> bool:
@@ -384,16 +405,18 @@ class Worker:
             max_workers=limit + _ABANDONED_THREAD_HEADROOM, thread_name_prefix="cairnqd-sync"
         )
         heartbeat = asyncio.create_task(heartbeat_loop(self.store, self.in_flight))
+        guard = asyncio.create_task(self._guard.run())
         try:
             await self._loop.run(limit)
         finally:
             # Drain however the loop exited, prefetched tasks included; heartbeats
-            # keep running meanwhile.
+            # and the lease guard keep running meanwhile.
             await self._loop.drain(limit)
             await self._settlement.drain()
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            for helper in (heartbeat, guard):
+                helper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
             self._executor.shutdown(wait=False)
             state.stop.clear()
             state.freed.clear()

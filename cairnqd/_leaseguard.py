@@ -1,0 +1,148 @@
+"""The lease guard: a handler stops before its lease can end, whatever the database does.
+
+The invariant: **no two executions of one task overlap.** The database hands a task to
+another worker (or back to this one, as a new attempt) only after its lease has ended
+there, so an execution must be over before that moment, even when the database is
+locked or unreachable and no renewal gets through.
+
+Each worker keeps its own deadline per task (`InFlight`): the moment the last claim or
+renewal that succeeded was *sent*, plus the lease, on the monotonic clock. The database
+set its lease later than that send, from its own clock, so the local deadline comes
+first as long as the two clocks run at the same rate (to within `margin / lease`, 20%)
+and the database's clock is not stepped forward (see docs/architecture.md, "Leases and
+the lease guard").
+
+The guard checks every running handler call a few times per margin:
+
+- **Stop point**, `deadline - margin` (margin = lease / 5; the heartbeat renews every
+  lease / 3, so a stop means two renewals in a row failed or stalled): every task of
+  the call is marked lease-lost (its writes are refused from then on) and the call is
+  cancelled. An async handler gets `CancelledError` at its next await; the call then
+  settles nothing, and the task is recovered once its lease ends. A call with a task
+  whose lease is already known lost (a renewal found it recovered) stops at once.
+- **Abort point**, `deadline - margin / 3`: a handler still running then (a sync
+  handler, whose thread cannot be stopped; an async one that swallowed the cancel or
+  never awaits) is reported to `on_overrun`. The daemon's child exits there, before
+  the lease ends, and its parent starts a replacement and hands its other tasks back.
+  A bare worker logs an error: it cannot end its host process for the application.
+
+The guard runs on the event loop. A loop blocked by a handler runs no guard, no
+heartbeat and no claim: for that case `overrun_due` can be asked from another thread
+(the daemon's child does, from its heartbeat thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from cairnqd._inflight import InFlight
+
+if TYPE_CHECKING:
+    from cairnqd._calls import Call, CallRunner
+    from cairnqd.context import TaskContext
+
+log = logging.getLogger("cairnqd.worker")
+
+OverrunHook = Callable[[Sequence["TaskContext"]], None]
+
+
+class LeaseGuard:
+    """Stops the handler calls of a worker whose leases are about to end."""
+
+    def __init__(
+        self, inflight: InFlight, runner: CallRunner, on_overrun: OverrunHook | None = None
+    ) -> None:
+        self._inflight = inflight
+        self._runner = runner
+        self.on_overrun = on_overrun
+        self.margin_s = inflight.margin_s
+        #: How often the guard looks: a quarter of the margin, so a stop is at most
+        #: that late and an abort comes before the deadline.
+        self.tick_s = self.margin_s / 4
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            self.check()
+
+    def check(self) -> None:
+        """Stop the calls that reached their stop point; report those past their abort
+        point that are still running."""
+        now = self._inflight.clock()
+        for call in list(self._runner.active):
+            if call.lease_stop:
+                if not call.overrun_reported and now >= call.abort_at and call.handler_running():
+                    call.overrun_reported = True
+                    self._overrun(call)
+                continue
+            if call.handler_done:
+                continue  # what follows is settlement, which checks the lease itself
+            deadline, lost = _lease_of(call)
+            if deadline is None:
+                continue
+            if lost or now >= deadline - self.margin_s:
+                self._stop(call, deadline, now)
+
+    def overrun_due(self, now: float | None = None) -> list[TaskContext]:
+        """Tasks whose handler still runs past its abort point. Safe to call from
+        another thread while the event loop is blocked: it only reads."""
+        if now is None:
+            now = self._inflight.clock()
+        late: list[TaskContext] = []
+        for call in list(self._runner.active):
+            if not call.handler_running():
+                continue
+            deadline, _ = _lease_of(call)
+            if deadline is not None and now >= deadline - self.margin_s / 3:
+                late.extend(c for c in call.contexts if not c.settled)
+        return late
+
+    def _stop(self, call: Call, deadline: float, now: float) -> None:
+        call.lease_stop = True
+        # From here the handler's writes are refused, and its task is not renewed.
+        pending = [ctx for ctx in call.contexts if not ctx.settled]
+        for ctx in pending:
+            ctx._mark_lost()
+        abort_at = deadline - self.margin_s / 3
+        # A lease already lost (or a guard that woke late) still gets a moment for the
+        # cancellation to land before the handler counts as one that does not stop.
+        call.abort_at = max(abort_at, now + self.margin_s / 3)
+        log.warning(
+            "task %s (%s) attempt %d: lease not renewed for %.1fs; cancelling its handler "
+            "before the lease can end",
+            pending[0].task_id, pending[0].name, pending[0].attempt,
+            now - (deadline - self._inflight.lease_s),
+        )  # fmt: skip
+        call.cancel()
+
+    def _overrun(self, call: Call) -> None:
+        contexts = [ctx for ctx in call.contexts if not ctx.settled]
+        hook = self.on_overrun
+        if hook is not None:
+            hook(contexts)
+            return
+        ids = ", ".join(f"{c.task_id} attempt {c.attempt}" for c in contexts)
+        log.error(
+            "handler of %s did not stop when its lease could not be renewed; its task may "
+            "now run elsewhere beside it (a sync handler's thread cannot be cancelled: "
+            "under cairnqd the worker process is replaced instead)",
+            ids,
+        )
+
+
+def _lease_of(call: Call) -> tuple[float | None, bool]:
+    """The earliest lease deadline among the call's unsettled tasks, and whether any of
+    them is already known lost. (None, False) when every task is settled."""
+    deadline: float | None = None
+    lost = False
+    for ctx in call.contexts:
+        if ctx.settled:
+            continue
+        if ctx.lost_lease:
+            lost = True
+        if deadline is None or ctx.lease_deadline < deadline:
+            deadline = ctx.lease_deadline
+    return deadline, lost
