@@ -27,8 +27,8 @@ The guard checks every running handler call a few times per margin:
   A bare worker logs an error: it cannot end its host process for the application.
 
 The guard runs on the event loop. A loop blocked by a handler runs no guard, no
-heartbeat and no claim: for that case `overrun_due` can be asked from another thread
-(the daemon's child does, from its heartbeat thread).
+heartbeat and no claim; under the daemon the parent sees the child's loop stall through
+its heartbeat thread and aborts the child within the same bound (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -85,20 +85,6 @@ class LeaseGuard:
                 continue
             if lost or now >= deadline - self.margin_s:
                 self._stop(call, deadline, now)
-
-    def overrun_due(self, now: float | None = None) -> list[TaskContext]:
-        """Tasks whose handler still runs past its abort point. Safe to call from
-        another thread while the event loop is blocked: it only reads."""
-        if now is None:
-            now = self._inflight.clock()
-        late: list[TaskContext] = []
-        for call in list(self._runner.active):
-            if not call.handler_running():
-                continue
-            deadline, _ = _lease_of(call)
-            if deadline is not None and now >= deadline - self.margin_s / 3:
-                late.extend(c for c in call.contexts if not c.settled)
-        return late
 
     def _stop(self, call: Call, deadline: float, now: float) -> None:
         call.lease_stop = True

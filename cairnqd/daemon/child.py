@@ -13,7 +13,9 @@ loop shows even though the thread still talks) and the tasks running past `max_r
 exiting. Which held tasks it started goes to the start table (`daemon.starts`).
 
 Exit codes: 0 planned (drain, max_tasks, max_memory), 78 cannot boot (the group goes
-FATAL instead of crash-looping), 75 aborted (QUIT, or the parent vanished). QUIT
+FATAL instead of crash-looping), 75 aborted (QUIT, the parent vanished, or a handler
+that would not stop when its lease could not be renewed: the child exits before the
+lease ends, so the task cannot run elsewhere beside it; see `_leaseguard`). QUIT
 first writes the results already returned (for at most a second), so a hard stop does
 not throw finished work away.
 """
@@ -32,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from setproctitle import setproctitle
@@ -77,6 +80,7 @@ from cairnqd.store.sqlite_open import DatabaseFile, existing_file_uri, is_plain_
 from cairnqd.worker import Worker
 
 if TYPE_CHECKING:
+    from cairnqd.context import TaskContext
     from cairnqd.store.postgres import PostgresStore
 
 log = logging.getLogger("cairnqd.child")
@@ -259,6 +263,7 @@ class Child:
         for spec in handlers.values():
             worker.register(spec.name, spec.fn, batch=spec.batch, resource=spec.resource)
         worker.worker_id = self.boot.worker_id
+        worker.on_lease_overrun = self._lease_overrun
         starts = StartTable.attach(self._starts_fd) if self._starts_fd is not None else None
         buckets = (self.boot.duration_buckets, self.boot.wait_buckets)
         # Without a task or memory limit there is nothing to check after each task.
@@ -442,6 +447,20 @@ class Child:
             if unwritten:
                 log.warning("QUIT: %d result(s) could not be written in time", unwritten)
         self._final_tally()
+        os._exit(TEMPFAIL)
+
+    def _lease_overrun(self, contexts: Sequence[TaskContext]) -> None:
+        """A handler did not stop when its lease could not be renewed (a sync handler's
+        thread, or one that swallowed the cancel). Exit now, before the lease ends:
+        then the task runs again only once this execution is over. Nothing is flushed,
+        since the database is what stalled; the parent hands the other tasks back."""
+        held = ", ".join(f"{c.task_id} ({c.name}) attempt {c.attempt}" for c in contexts)
+        log.error(
+            "exiting: the handler of %s is still running although its lease could not be "
+            "renewed, and would run beside the next execution once the lease ends",
+            held,
+        )
+        logging.shutdown()
         os._exit(TEMPFAIL)
 
     def _on_control(self) -> None:

@@ -78,3 +78,30 @@ async def gate(ctx: Any, payload: Any) -> str:
         await asyncio.sleep(0.01)
     record(payload, "end", ctx)
     return "released"
+
+
+@registry.task("f.stubborn")
+def stubborn(ctx: Any, payload: Any) -> str:
+    """A sync handler, whose thread no cancel can stop, that runs `seconds` on the
+    attempts listed in `long_on`. Notes `overlap` first if an earlier attempt's process
+    still runs."""
+    if earlier_attempt_alive(payload, ctx):
+        record(payload, "overlap", ctx)
+    record(payload, "start", ctx)
+    if ctx.attempt in payload.get("long_on", [1]):
+        time.sleep(float(payload["seconds"]))
+    record(payload, "end", ctx)
+    return f"attempt {ctx.attempt}"
+
+
+@registry.task("f.patient")
+async def patient(ctx: Any, payload: Any) -> str:
+    """An async handler that sleeps `seconds` on the attempts in `long_on`; a cancel
+    ends it (the `end` line is written either way)."""
+    record(payload, "start", ctx)
+    try:
+        if ctx.attempt in payload.get("long_on", [1]):
+            await asyncio.sleep(float(payload["seconds"]))
+    finally:
+        record(payload, "end", ctx)
+    return f"attempt {ctx.attempt}"

@@ -15,8 +15,8 @@ a model of the database's lease rules on one simulated clock, and Hypothesis int
   handlers that return, and crashes.
 
 Time moves in steps no longer than the guard's tick, which is what the worker's event
-loop gives it (a loop blocked by a handler is the daemon child's heartbeat thread's
-case, `LeaseGuard.overrun_due`, checked below on its own). When the guard reports a
+loop gives it (a loop blocked by a handler is the daemon parent's to catch, tested in
+tests/daemon/test_fault_paths.py). When the guard reports a
 handler that did not stop, the model does what the daemon's child does: the process
 exits, and everything it ran ends.
 
@@ -356,19 +356,3 @@ def test_a_handler_that_does_not_stop_ends_its_process_before_the_lease() -> Non
         ended_at.append(model.now)
     assert ended_at[-1] < deadline
     assert model.incarnation["w1"] == 1  # the process was replaced
-
-
-def test_overrun_due_sees_a_blocked_loop_before_the_deadline() -> None:
-    """With the event loop blocked the guard never runs; the daemon's child asks
-    `overrun_due` from its heartbeat thread, which finds the handler before its lease
-    ends and not earlier than its abort point."""
-    model = LeaseGuardModel()
-    model.send_claim("w1", "t1")
-    model.deliver(0)
-    model.answer(0, False)
-    model.start_next("w1", stubborn=True)
-    guard = model.workers["w1"].guard
-    (ctx,) = model.workers["w1"].inflight.contexts()
-    deadline = ctx.lease_deadline
-    assert guard.overrun_due(deadline - guard.margin_s / 2) == []
-    assert guard.overrun_due(deadline - guard.margin_s / 3) == [ctx]
