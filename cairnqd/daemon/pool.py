@@ -5,7 +5,8 @@ A `ChildProcess` is one incarnation: its Popen, its two pipes, its start table
 memory). A `GroupPool` owns a group's slots and
 decides, per tick, what each needs: spawn now, wait out a backoff, or stay empty
 (crashloop, FATAL, stopping). Spawning is fork+exec of `python -m cairnqd.daemon.child`, so
-nothing of the parent (threads, connections, locks) reaches a child.
+nothing of the parent (threads, connections, locks) reaches a child; each child leads a
+process group of its own, which holds whatever its handlers start (`leftovers`).
 """
 
 from __future__ import annotations
@@ -91,9 +92,17 @@ class ChildProcess:
         return self.proc.pid
 
     def signal(self, signum: int) -> None:
-        # Already gone: the reaper will tell us how.
+        """Signal the child; SIGKILL goes to its whole process group, so what its
+        handlers started dies with it. Every other signal is the child's alone (a
+        drain lets a running task's processes finish); what is left once the child
+        is reaped is ended by `leftovers`."""
+        # Already gone: the reaper will tell us how. Not reaped yet, so the pid (and
+        # the group it leads) is still this child's.
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signum)
+            if signum == signal.SIGKILL:
+                os.killpg(self.pid, signum)
+            else:
+                os.kill(self.pid, signum)
 
     def retire(self, now: float, timeout_s: float) -> None:
         """Stop claiming and finish what it holds (SIGTERM), within `timeout_s`: past
@@ -206,7 +215,17 @@ def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) 
     if starts is not None:
         argv += ["--starts", str(starts.fd)]
     try:
-        proc = subprocess.Popen(argv, pass_fds=passed, close_fds=True, env=child_environment())
+        proc = subprocess.Popen(
+            argv,
+            pass_fds=passed,
+            close_fds=True,
+            env=child_environment(),
+            # A process group of its own: what its handlers start can be ended with
+            # it (daemon/leftovers.py). Out of the terminal's foreground group, a read
+            # of the terminal would stop a handler's process (SIGTTIN): no stdin.
+            process_group=0,
+            stdin=subprocess.DEVNULL,
+        )
     except BaseException:
         for fd in (events_r, events_w, control_r, control_w):
             os.close(fd)

@@ -45,6 +45,7 @@ from cairnqd.daemon.deadlines import PARENT_STALL_S, check_deadlines, forgive_si
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.exits import ChildExits
 from cairnqd.daemon.fleet import Fleet, Retiring
+from cairnqd.daemon.leftovers import Leftovers
 from cairnqd.daemon.logs import (
     LoggingSetupError,
     configure_logging,
@@ -109,6 +110,8 @@ class Supervisor:
         self.scheduler = Scheduler(config, self.metrics)
         self.metrics.database.set_outage_source(self._processes_without_database)
         self.channels = ChildChannels(self.selector, self.metrics)
+        #: Process groups of reaped children that still hold what their handlers started.
+        self.leftovers = Leftovers()
         #: The host's one LISTEN on direct_dsn, passed on to the children (or None).
         self.wakes: WakeRelay | None = None
         if child_push(config.database) == "pipe":
@@ -320,6 +323,7 @@ class Supervisor:
 
     def _finish(self) -> int:
         systemd.stopping("stopped")
+        self.leftovers.kill_all()  # only when every group went FATAL: a stop waits for them
         if self.dashboard is not None:
             self.dashboard.stop()
         if self.dashboard_data is not None:
@@ -441,7 +445,10 @@ class Supervisor:
 
     def _reap(self) -> None:
         for child, code in self.channels.reap():
+            owner = f"child {child.pid} of {child.group}"
+            self.leftovers.sweep(child.pid, owner, time.monotonic())
             self.exits.on_exit(child, code, stopping=self.stopping)
+        self.leftovers.check(time.monotonic(), {c.pid for c in self.channels.live()})
 
     # -- pools ---------------------------------------------------------------------------
 
@@ -521,8 +528,9 @@ class Supervisor:
             child.quit(now)
 
     def _stop_step(self) -> bool:
-        """True once every child is gone (the deadlines stop the slow ones)."""
-        return not self.all_children()
+        """True once every child is gone (the deadlines stop the slow ones), and what
+        their handlers started too (`leftovers`)."""
+        return not self.all_children() and self.leftovers.empty
 
     def _drain_timeout_s(self, pool: GroupPool) -> float:
         """How long a child of `pool` may drain: its group's `shutdown_timeout`."""

@@ -71,7 +71,10 @@ class Daemon:
         (self.tmp / "run").mkdir(exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
-    def start(self, *, wait_ready: bool = True) -> Daemon:
+    def start(self, *, wait_ready: bool = True, own_group: bool = False) -> Daemon:
+        """Start the daemon; with `own_group`, as a terminal starts a foreground job:
+        leader of a process group of its own, which `killpg` can signal as a whole
+        (Ctrl-C) without reaching the test runner."""
         env = {
             **os.environ,
             "NOTIFY_SOCKET": self.notify_path,
@@ -84,6 +87,7 @@ class Daemon:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             cwd=self.tmp,
+            process_group=0 if own_group else None,
         )
         if wait_ready:
             self.wait_notify("READY=1", timeout=60)
