@@ -5,7 +5,8 @@ source in rotating order so no name starves (`_claims`), plus, for plain handler
 the prefetch target beyond them. Plain tasks claimed beyond the free slots wait in the
 in-flight backlog and start, in claim order, as slots free up; a task whose lease
 passed while it waited is dropped there, never started. The claim transaction also
-carries the results queued since the last one (`_settlement`).
+carries the results queued since the last one (`_settlement`). While results cannot
+be written for want of space, claims hold (`Settlement.space_hold`).
 """
 
 from __future__ import annotations
@@ -132,6 +133,12 @@ class ClaimLoop:
             if not self._handlers or not state.claiming:
                 await self._idle()
                 continue
+            hold = self._settlement.space_hold()
+            if hold:
+                await self._hold_for_space(hold)
+                continue
+            if hold is not None:  # short of space: one task tries the disk
+                free, ahead, settle_only = min(free, 1), 0, free <= 0
             queues = self._queues if self.pauses is None else await self.pauses.active()
             if not queues:
                 await self._idle()  # every queue of ours is paused
@@ -181,6 +188,19 @@ class ClaimLoop:
             for fut in (wake, freed):
                 fut.cancel()
 
+    async def _hold_for_space(self, seconds: float) -> None:
+        """Claim nothing for up to `seconds`: results cannot be written for want of
+        space. A flusher writes them meanwhile, as when idle; the first that goes
+        through wakes us (`Settlement.written`)."""
+        state = self._state
+        state.idling = True
+        self._settlement.put_back([])
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.freed.wait(), seconds)
+        finally:
+            state.idling = False
+
     async def _sleep_unless_stopped(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._state.stop.wait(), seconds)
@@ -223,7 +243,9 @@ class ClaimLoop:
                     settle=[(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in settle],
                     on_settled=lambda statuses: settlement.finish(settle, statuses),
                 )
-        except BaseException:
+        except BaseException as exc:
+            if settle:
+                settlement.refused(exc)
             settlement.put_back(settle)
             raise
         return result or []
@@ -236,7 +258,8 @@ class ClaimLoop:
                 statuses = await self._store.complete_many(
                     worker_id=self._inflight.worker_id, items=items
                 )
-        except BaseException:
+        except BaseException as exc:
+            settlement.refused(exc)
             settlement.put_back(settle)
             raise
         settlement.finish(settle, statuses)

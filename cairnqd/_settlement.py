@@ -30,6 +30,14 @@ the claim, whose transaction runs to its commit in a few milliseconds.
 A result is written only while its lease is ours by the worker's own clock (see
 `_inflight`): one whose lease may have passed is dropped and logged, never written
 over a later attempt of the same task.
+
+A write refused for want of space (error kind `full`) holds the worker's claims: a
+disk can have room for a claim's few pages and none for a result, and a worker that
+went on claiming would run task after task it cannot settle, each to be run again.
+Results refused so are retried for as long as their leases are ours (not given up
+after `MAX_WRITE_ATTEMPTS`), and they are what finds the room again: the first write
+that succeeds ends the hold. With none left to retry, one claim of a single task
+every `SPACE_PROBE_S` tries the disk (`space_hold`).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from cairnqd._prefetch import PrefetchSizer
 from cairnqd.errors import LostLease, StoreClosed
 from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
-from cairnqd.store.errors import is_transient
+from cairnqd.store.errors import classify, is_transient
 
 if TYPE_CHECKING:
     from cairnqd.context import TaskContext
@@ -77,6 +85,11 @@ class Settlement:
     MAX_WRITE_ATTEMPTS = 20
     SETTLE_WAIT_S = 0.002
     PREFETCH_SETTLE_WAIT_S = PrefetchSizer.HORIZON_S
+    #: Short of space with no result left to retry: how often one claim tries the disk.
+    SPACE_PROBE_S = 5.0
+    #: Short of space with results being retried: how often the claim loop looks again
+    #: (the write that succeeds wakes it at once).
+    SPACE_RECHECK_S = 1.0
 
     def __init__(
         self,
@@ -101,6 +114,8 @@ class Settlement:
         self._carried = 0
         self._nothing_carried = asyncio.Event()
         self._nothing_carried.set()
+        #: When a result write was last refused for want of space; None once one succeeds.
+        self._full_at: float | None = None
 
     @property
     def worker_id(self) -> str:
@@ -114,8 +129,13 @@ class Settlement:
                 task_id=ctx.task_id, worker_id=self.worker_id, result=result
             )
         except LostLease:
+            self.written()
             ctx._mark_lost()
             raise
+        except Exception as exc:
+            self.refused(exc)
+            raise
+        self.written()
         ctx._mark_settled()
         self.inflight.release_settled(ctx, task)
         return task
@@ -134,8 +154,13 @@ class Settlement:
                 delay_ms=delay,
             )
         except LostLease:
+            self.written()
             ctx._mark_lost()
             raise
+        except Exception as exc:
+            self.refused(exc)
+            raise
+        self.written()
         ctx._mark_settled()
         self.inflight.release_settled(ctx, task, str(error.get("code", "")))
         return task
@@ -238,8 +263,37 @@ class Settlement:
         if self._pending and self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
 
+    # -- space ----------------------------------------------------------------------------
+
+    def refused(self, exc: BaseException) -> None:
+        """A write of results failed: if for want of space, claims hold (`space_hold`)."""
+        if classify(exc) == "full":
+            self._full_at = time.monotonic()
+
+    def written(self) -> None:
+        """A write of results went through: the disk has room, claims may go on."""
+        if self._full_at is not None:
+            self._full_at = None
+            self._loop.wake()
+
+    def space_hold(self) -> float | None:
+        """None: results can be written, claim as usual. Otherwise claims hold for the
+        seconds returned, or, at 0, one claim of a single task may try the disk (the
+        hold then starts again, unless a result write succeeds meanwhile)."""
+        if self._full_at is None:
+            return None
+        if self._pending or self._carried or self._flusher is not None:
+            return self.SPACE_RECHECK_S  # the retried results are the probe
+        now = time.monotonic()
+        left = self._full_at + self.SPACE_PROBE_S - now
+        if left > 0:
+            return left
+        self._full_at = now
+        return 0.0
+
     def finish(self, batch: list[Pending], statuses: Mapping[str, str]) -> None:
         """Apply a write's reply: {task id: new status}; a missing id lost its lease."""
+        self.written()
         for ctx, _ in batch:
             status = statuses.get(ctx.task_id)
             if status is None:
@@ -281,9 +335,14 @@ class Settlement:
                     # Not written: the leases stay ours and the heartbeat keeps them,
                     # so put the batch back and try again shortly. After a few seconds
                     # give up; the leases then expire and the tasks are redelivered.
+                    # Short of space, claims hold, and the results are kept while
+                    # their leases are ours (`_writable`), unless the worker is stopping.
                     self.inflight.report(exc, {"phase": "execute", "tasks": len(batch)})
+                    self.refused(exc)
                     failures += 1
-                    if failures < self.MAX_WRITE_ATTEMPTS and not isinstance(exc, StoreClosed):
+                    keep = classify(exc) == "full" and not self._loop.stop.is_set()
+                    retry = failures < self.MAX_WRITE_ATTEMPTS or keep
+                    if retry and not isinstance(exc, StoreClosed):
                         self._pending[:0] = batch
                         await asyncio.sleep(0.25)
                     else:
@@ -308,6 +367,7 @@ class Settlement:
                 self.finish([(ctx, encoded)], await self._write([(ctx, encoded)]))
             except Exception as exc:
                 self.inflight.report(exc, {"phase": "execute", "task_id": ctx.task_id})
+                self.refused(exc)
                 if is_transient(exc):
                     # Its lease expires and the task is redelivered.
                     self.inflight.release(ctx, "lease_lost", f"result not written: {exc}")

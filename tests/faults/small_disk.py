@@ -59,6 +59,12 @@ class SmallDisk:
         finally:
             os.close(fd)
 
+    def leave(self, nbytes: int) -> None:
+        """After `fill`: give `nbytes` back, room for a few small writes (a claim's
+        pages in the WAL) but not for a large one (a big result)."""
+        size = self._filler.stat().st_size
+        os.truncate(self._filler, max(0, size - nbytes))
+
     def free(self) -> None:
         self._filler.unlink(missing_ok=True)
 

@@ -119,11 +119,12 @@ def test_the_daemon_rides_out_a_full_disk_and_says_so_without_a_flood(
     wait_for("work under way", lambda: stats("sqlite", str(path))["default"]["succeeded"] >= 20)
     small_disk.fill(path)
     wait_for("the children to count full-disk errors", lambda: _full_errors_counted(port) > 0)
-    # A few seconds of every claim, heartbeat and result write failing.
+    # A few seconds of every heartbeat, result write and claim failing (claims hold
+    # while results cannot be written: one tries the disk every few seconds).
     counted = wait_for(
         "a stream of full-disk errors",
         lambda: _full_errors_counted(port),
-        accept=lambda n: n >= 100,
+        accept=lambda n: n >= 40,
     )
     lines = _full_lines(daemon)
     # Each child says each failing call once (the same words at most once per 30 s),
@@ -147,3 +148,70 @@ def test_the_daemon_rides_out_a_full_disk_and_says_so_without_a_flood(
         "/healthz to recover", lambda: healthz(port), timeout=FULL_RECENT_S + 30,
         accept=lambda r: r[0] == 200,
     )  # fmt: skip
+
+
+BIG = 256 * 1024  # a result far larger than the room left; a claim's pages fit
+
+
+async def test_a_worker_whose_results_cannot_be_written_stops_claiming(
+    small_disk: SmallDisk,
+) -> None:
+    """A disk with room for a claim's few pages but not for a big result: the worker
+    claimed task after task it could never settle. It holds its claims until a result
+    is written, then claims again, and no task runs twice."""
+    path = small_disk.path / "tasks.db"
+    async with CairnQ.sqlite(str(path)) as client:
+        submitted = await client.submit_many(
+            [{"name": "f.big", "payload": {"i": i}} for i in range(TASKS)]
+        )
+    errors: list[tuple[BaseException, dict[str, Any]]] = []
+    worker = Worker(
+        SQLiteStore(str(path)),
+        concurrency=1,
+        prefetch=0,
+        on_error=lambda exc, info: errors.append((exc, info)),
+    )
+    release = asyncio.Event()
+    started: list[int] = []
+
+    @worker.task("f.big")
+    async def big(ctx: TaskContext, payload: dict[str, int]) -> dict[str, Any]:
+        started.append(payload["i"])
+        await release.wait()
+        return {"done": payload["i"], "blob": "x" * BIG}
+
+    runner = asyncio.create_task(worker.run())
+    try:
+        await wait_for_async("the first task to start", lambda: len(started) == 1)
+        small_disk.fill(path)
+        small_disk.leave(64 * 1024)
+        release.set()
+        await wait_for_async(
+            "the result's write to fail for want of space",
+            lambda: any(_is_sqlite_full(exc) for exc, _ in errors),
+        )
+        # Long enough for several claims, had the worker gone on claiming: each
+        # takes a task it cannot settle and runs it for nothing.
+        refused = len(errors)
+        await wait_for_async(
+            "the result's write to be refused again and again",
+            lambda: len(errors),
+            accept=lambda n: n >= refused + 8,
+        )
+        assert started == [0], f"claimed and ran {started} while no result could be written"
+        small_disk.free()
+        async with CairnQ.sqlite(str(path)) as client:
+
+            async def statuses() -> list[str]:
+                found = [await client.get(t.id) for t in submitted]
+                return [t.status if t is not None else "missing" for t in found]
+
+            await wait_for_async(
+                "every task to succeed", statuses, 60, accept=lambda s: s == ["succeeded"] * TASKS
+            )
+            done = [await client.get(t.id) for t in submitted]
+        assert all(t is not None and t.attempt == 1 for t in done), "a task ran twice"
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.wait_for(runner, 30)
