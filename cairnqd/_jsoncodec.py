@@ -8,17 +8,33 @@ stdlib does. Text is compact and ASCII-escaped, the bytes the public Python SDK 
 
 Both dialects must also be able to store it, so the rules are Postgres jsonb's, checked
 here for SQLite too: no NUL character (`\u0000`) and no lone UTF-16 surrogate in any
-string, keys included, and no nesting deeper than Python can encode (~1,000 levels).
+string, keys included.
+
+Every runtime must be able to read back what it wrote, so values nest at most
+`MAX_JSON_DEPTH` levels (an array or object is one level; a scalar is none). Python's
+decoder and encoder recurse once per level and share the interpreter's recursion
+limit with their caller, so a deep value could fail in a caller that is itself deep in
+its stack; when one does, the work is redone on a fresh thread's stack, where a value
+within the limit always fits. A value another client stored that still cannot be read
+(nested deeper, invalid UTF-8, a number Python refuses) is not an error of the read:
+reads show it as an `Undecodable` marker, and a claim fails its task alone
+(docs/protocol.md, "JSON values").
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from cairnqd.errors import SerializationError
+
+T = TypeVar("T")
+
+#: How deep a JSON value may nest: what this runtime writes and always reads back.
+MAX_JSON_DEPTH = 512
 
 _encoder = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
 _decoder = json.JSONDecoder()
@@ -64,17 +80,79 @@ def dump_json(value: Any, *, what: str = "value", check: bool = True) -> str:
     except (TypeError, ValueError) as exc:
         raise SerializationError(f"{what} is not JSON-serializable: {exc}") from exc
     except RecursionError:
-        # A cycle or very deep nesting: the checking encoder tells which.
+        # A cycle, a value too deep for the caller's stack, or too deep at all: the
+        # checking encoder, on a fresh stack, tells which.
         try:
-            _encoder.encode(value)
+            text = on_fresh_stack(_encoder.encode, value)
         except ValueError as exc:
             raise SerializationError(f"{what} is not JSON-serializable: {exc}") from None
         except RecursionError:
-            pass
-        raise SerializationError(f"{what} nests too deeply to encode as JSON") from None
+            raise SerializationError(
+                f"{what} nests more than {MAX_JSON_DEPTH} levels deep; JSON values may nest "
+                f"at most {MAX_JSON_DEPTH} levels"
+            ) from None
     if check:
         check_storable(text, what=what)
+        # Cheap for every payload: nesting N levels deep takes N opening brackets.
+        if text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+            depth = json_depth(text)
+            if depth > MAX_JSON_DEPTH:
+                raise SerializationError(
+                    f"{what} nests {depth} levels deep; JSON values may nest at most "
+                    f"{MAX_JSON_DEPTH} levels"
+                )
     return text
+
+
+# A JSON string literal (escapes included), and what is not a bracket once they are gone.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")
+# Passes of `_INNERMOST` before counting the rest one character at a time.
+_PASSES = 8
+
+
+def json_depth(text: str) -> int:
+    """How many levels valid JSON text nests (0 for a scalar).
+
+    A value that is wide rather than deep (a long array of small objects) has many
+    brackets and few levels: each pass of a regular expression removes every innermost
+    pair, one level, so a few passes in C settle it. Only what is still left after
+    them is counted in Python, once, in time linear in its length."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    passes = 0
+    while brackets and passes < _PASSES:
+        brackets = _INNERMOST.sub("", brackets)
+        passes += 1
+    depth = deepest = 0
+    for char in brackets:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return passes + deepest
+
+
+def on_fresh_stack(work: Callable[[Any], T], arg: Any) -> T:
+    """`work(arg)` on a new thread, whose recursion depth starts near zero: for the
+    rare value that recursed out of the caller's stack. Blocks until it is done."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, work(arg)))
+        except BaseException as exc:  # handed to the caller below
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="cairnqd-json-deep", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    result: T = value
+    return result
 
 
 def check_storable(text: str, *, what: str) -> None:
@@ -123,10 +201,145 @@ def load_json(text: str | bytes | bytearray | memoryview) -> Any:
     """Decode JSON text or UTF-8 bytes (psycopg hands its loader bytes).
 
     `{}` (the stored form of an absent payload or metadata) skips the parser; a new
-    dict each time, since the caller may mutate it.
+    dict each time, since the caller may mutate it. Raises ValueError (or
+    RecursionError for a value too deep even for a fresh stack) when it cannot.
     """
     if not isinstance(text, str):
         text = bytes(text).decode()
+    elif type(text) is not str:
+        raise_undecodable_text(text)
     if text == "{}":
         return {}
-    return _decoder.decode(text)
+    try:
+        return _decoder.decode(text)
+    except RecursionError:
+        return on_fresh_stack(_decoder.decode, text)
+
+
+# -- values another client stored that this runtime cannot decode ----------------------
+
+#: How much of an undecodable value's text a marker shows.
+PREVIEW_CHARS = 200
+
+
+class Undecodable:
+    """Where a read found a stored JSON value it cannot decode: the value's text (each
+    byte that is not UTF-8 escaped as `\\xff`) and why. Reads show it in place of the
+    value; a claim fails the task that holds one (store/base.py, `_quarantine`)."""
+
+    __slots__ = ("raw", "reason")
+
+    def __init__(self, raw: str, reason: str) -> None:
+        self.raw = raw
+        self.reason = reason
+
+    @property
+    def preview(self) -> str:
+        """The text, cut to `PREVIEW_CHARS` with a note of how much was left out."""
+        return preview(self.raw)
+
+    def to_json(self) -> dict[str, str]:
+        """How JSON output (`cairnqd inspect --json`, the dashboard) shows it."""
+        return {"undecodable": self.reason, "raw": self.preview}
+
+    def __str__(self) -> str:
+        return f"<undecodable: {self.reason}> {self.preview}"
+
+    def __repr__(self) -> str:
+        return f"Undecodable({self.reason!r}, {self.preview!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Undecodable):
+            return NotImplemented
+        return (self.raw, self.reason) == (other.raw, other.reason)
+
+    def __hash__(self) -> int:
+        return hash((self.raw, self.reason))
+
+
+class UndecodableText(str):
+    """Text a column held that is not valid UTF-8, as a str with each bad byte escaped
+    (`\\xff`, readable and printable); `raw` keeps the bytes. Only reads that met such
+    text make these (see `tolerant_text`)."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> UndecodableText:
+        self = super().__new__(cls, raw.decode("utf-8", "backslashreplace"))
+        self.raw = raw
+        return self
+
+    def __reduce__(self) -> tuple[type[UndecodableText], tuple[bytes]]:
+        return (UndecodableText, (self.raw,))
+
+    @property
+    def reason(self) -> str:
+        try:
+            self.raw.decode()
+        except UnicodeDecodeError as exc:
+            return f"not valid UTF-8 (byte 0x{self.raw[exc.start]:02x} at offset {exc.start})"
+        return "not valid UTF-8"
+
+
+def shown(value: Any) -> Any:
+    """`json.dumps`'s `default` for output meant for people (`cairnqd inspect`, the
+    dashboard): an `Undecodable` marker shows as `{"undecodable": why, "raw": text}`."""
+    if isinstance(value, Undecodable):
+        return value.to_json()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def tolerant_text(data: bytes) -> str:
+    """A `sqlite3` text factory that never fails: UTF-8 text as a str, anything else as
+    `UndecodableText`. Slower than the default; only for reading again what failed."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return UndecodableText(data)
+
+
+def raise_undecodable_text(text: str) -> None:
+    raise ValueError(getattr(text, "reason", "not valid UTF-8"))
+
+
+def preview(text: str) -> str:
+    if len(text) <= PREVIEW_CHARS:
+        return text
+    return f"{text[:PREVIEW_CHARS]}\u2026 ({len(text) - PREVIEW_CHARS} more characters)"
+
+
+def undecodable_reason(exc: BaseException) -> str:
+    """Why a value could not be decoded, in a line."""
+    if isinstance(exc, RecursionError):
+        return f"nests deeper than this runtime reads (at most {MAX_JSON_DEPTH} levels)"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+_marked = 0
+
+
+def markers_made() -> int:
+    """How many `Undecodable` markers `load_json_or_marker` has made in this process:
+    a claim compares it before and after, and looks for markers only when it moved."""
+    return _marked
+
+
+def load_json_or_marker(data: str | bytes | bytearray | memoryview) -> Any:
+    """`load_json` for psycopg's JSON loaders: a value it cannot decode becomes an
+    `Undecodable` marker instead of an error, which would fail the whole fetch, every
+    row of it. (`load_json`'s body, not a call of it: this runs once per value.)"""
+    global _marked
+    try:
+        text = data if isinstance(data, str) else bytes(data).decode()
+        if text == "{}":
+            return {}
+        try:
+            return _decoder.decode(text)
+        except RecursionError:
+            return on_fresh_stack(_decoder.decode, text)
+    except (ValueError, RecursionError) as exc:
+        _marked += 1
+        raw = data if isinstance(data, str) else bytes(data).decode("utf-8", "backslashreplace")
+        return Undecodable(raw, undecodable_reason(exc))

@@ -19,7 +19,8 @@ written against the public cairnq SDK match on them, so they follow upstream exa
     ├── ListenUnavailable        Postgres refused LISTEN for good
     ├── NotACairnqDatabase       the file holds something else (cairnqd only)
     ├── MigrationsPending        migrations missing and auto-migrate is off (cairnqd)
-    └── DatabaseUnavailable      the server cannot be reached (cairnqd only)
+    ├── DatabaseUnavailable      the server cannot be reached (cairnqd only)
+    └── UndecodableRow           a stored row this runtime cannot decode (cairnqd only)
 
 `ErrorEnvelope` is the shape a failed task's `error` column holds (both SDKs read it):
 type, code, message, retryable and details.
@@ -215,6 +216,35 @@ class MigrationsPending(CairnQError):
 
 class DatabaseUnavailable(CairnQError):
     """The database server could not be reached or refused the connection."""
+
+
+class UndecodableRow(CairnQError):
+    """A stored row holds a value this runtime cannot decode (another client wrote it):
+    text that is not UTF-8, JSON nested deeper than it reads, a number it refuses.
+    A claim fails such a task at once, with `envelope()` as its error; reads show the
+    value as a marker instead (see `cairnqd._jsoncodec.Undecodable`)."""
+
+    #: The error envelope's `type` and `code`.
+    TYPE = "UndecodableRow"
+    CODE = "undecodable_row"
+
+    def __init__(self, column: str, reason: str, raw: str = "") -> None:
+        self.column = column
+        self.reason = reason
+        #: The value's text (bad bytes escaped), cut short to be readable.
+        self.raw = raw
+        super().__init__(f"column {column} cannot be decoded: {reason}")
+
+    def envelope(self) -> ErrorEnvelope:
+        """The error a claim fails the task with: never retried, since every attempt
+        would read the same row."""
+        return ErrorEnvelope(
+            type=self.TYPE,
+            code=self.CODE,
+            message=f"{self}; the task was failed without running",
+            retryable=False,
+            details={"column": self.column, "reason": self.reason, "raw": self.raw},
+        )
 
 
 class TaskError(CairnQError):

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, get_args
 
-from cairnqd._jsoncodec import load_json
+from cairnqd._jsoncodec import (
+    Undecodable,
+    UndecodableText,
+    load_json,
+    undecodable_reason,
+)
+from cairnqd.errors import UndecodableRow
 
 TaskStatus = Literal["queued", "running", "succeeded", "failed", "canceled"]
 STATUSES: tuple[TaskStatus, ...] = get_args(TaskStatus)
@@ -91,7 +98,12 @@ class Task:
 
     @classmethod
     def from_row(
-        cls, row: Mapping[str, Any], json_is_text: bool = True, *, take: bool = False
+        cls,
+        row: Mapping[str, Any],
+        json_is_text: bool = True,
+        *,
+        take: bool = False,
+        strict: bool = False,
     ) -> Task:
         """Build a Task from a driver row.
 
@@ -101,6 +113,10 @@ class Task:
         Unknown columns are dropped, so a newer schema with extra columns still reads.
         `take`: the row is a dict nobody else uses (a store's fresh driver row), so a
         full one becomes the task's own attributes instead of being copied.
+
+        A value that cannot be decoded (another client stored it) becomes an
+        `Undecodable` marker in its field, or, with `strict` (a claim), raises
+        UndecodableRow naming the column.
         """
         full = row.keys() == _FIELD_SET
         if full and take and type(row) is dict:
@@ -110,14 +126,21 @@ class Task:
         else:
             values = {name: row[name] for name in _FIELD_NAMES if name in row}
         if json_is_text:
-            for column in JSON_COLUMNS:
-                text = values.get(column)
-                if text is not None:
-                    values[column] = load_json(text)
-        for column in MS_COLUMNS:
-            value = values.get(column)
-            if value is not None and not isinstance(value, int):
-                values[column] = int(value)
+            # Costs nothing until a value fails; then `column` names it.
+            try:
+                for column in JSON_COLUMNS:
+                    text = values.get(column)
+                    if text is not None:
+                        values[column] = load_json(text)
+            except (ValueError, RecursionError, TypeError) as exc:
+                _decode_rest(values, column, exc, strict)
+        try:
+            for column in MS_COLUMNS:
+                value = values.get(column)
+                if value is not None and not isinstance(value, int):
+                    values[column] = int(value)
+        except (ValueError, TypeError, OverflowError) as exc:
+            _convert_rest(values, column, exc, strict)
         if full and cls is Task:
             # The common case (a full row of today's schema; a claim builds hundreds of
             # these per batch): the checked values become the attributes as they are,
@@ -152,6 +175,63 @@ class Task:
     @property
     def canceled(self) -> bool:
         return self.status == "canceled"
+
+
+def _decode_rest(values: dict[str, Any], failed: str, exc: BaseException, strict: bool) -> None:
+    """After JSON column `failed` could not be decoded (those before it were): raise,
+    or mark it and decode the columns after it, marking any other that fails."""
+    if strict:
+        raise _undecodable(failed, values[failed], exc)
+    for column in JSON_COLUMNS[JSON_COLUMNS.index(failed) :]:
+        text = values.get(column)
+        if text is None:
+            continue
+        if column != failed:
+            try:
+                values[column] = load_json(text)
+                continue
+            except (ValueError, RecursionError, TypeError) as later:
+                exc = later
+        values[column] = _marker(text, exc)
+
+
+def _convert_rest(values: dict[str, Any], failed: str, exc: BaseException, strict: bool) -> None:
+    """After time column `failed` held no integer: raise, or leave each such value as
+    it is (a read shows what is there)."""
+    if strict:
+        raise _undecodable(failed, values[failed], exc)
+    for column in MS_COLUMNS[MS_COLUMNS.index(failed) :]:
+        value = values.get(column)
+        if value is not None and not isinstance(value, int):
+            with contextlib.suppress(ValueError, TypeError, OverflowError):
+                values[column] = int(value)
+
+
+def _marker(value: Any, exc: BaseException) -> Undecodable:
+    if isinstance(value, UndecodableText):
+        return Undecodable(str(value), value.reason)
+    return Undecodable(_as_text(value), undecodable_reason(exc))
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    return str(value)
+
+
+def _undecodable(column: str, value: Any, exc: BaseException) -> UndecodableRow:
+    marker = value if isinstance(value, Undecodable) else _marker(value, exc)
+    return UndecodableRow(column, marker.reason, marker.preview)
+
+
+def undecodable_column(row: Mapping[str, Any]) -> UndecodableRow | None:
+    """What makes a row its driver already decoded unusable, or None: a value the
+    driver could not decode (`Undecodable`, `UndecodableText`), in the first column
+    that holds one. For the rare fetch that made markers: it looks at every value."""
+    for column, value in row.items():
+        if isinstance(value, Undecodable | UndecodableText):
+            return _undecodable(column, value, ValueError("not decodable"))
+    return None
 
 
 _FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Task))
