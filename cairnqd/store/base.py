@@ -18,6 +18,7 @@ import asyncio
 import builtins
 import contextlib
 import dataclasses
+import logging
 import math
 import time
 from abc import ABC, abstractmethod
@@ -26,16 +27,17 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, asyn
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from cairnqd._ids import new_task_ids
-from cairnqd._jsoncodec import dump_json
+from cairnqd._jsoncodec import dump_json, markers_made
 from cairnqd._protocol import Dialect
 from cairnqd.errors import (
     AlreadyExists,
     ErrorEnvelope,
     LostLease,
     SerializationError,
+    UndecodableRow,
     UnsupportedBackend,
 )
-from cairnqd.models import STATUSES, TERMINAL_STATUSES, Task, TaskRef
+from cairnqd.models import STATUSES, TERMINAL_STATUSES, Task, TaskRef, undecodable_column
 from cairnqd.store.arguments import (
     INT8_MAX,
     Params,
@@ -82,6 +84,8 @@ if TYPE_CHECKING:
 Row = Mapping[str, Any]
 T = TypeVar("T")
 
+log = logging.getLogger("cairnqd.store")
+
 _LIVE = frozenset({"queued", "running"})
 # Which existing task each conflict strategy hands back instead of inserting.
 _REUSABLE: dict[str, frozenset[str]] = {
@@ -115,6 +119,22 @@ ClaimDraw = Callable[[Sequence[str] | None, int], Awaitable[list[Row]]]
 """One draw of a claim session: (names or None for any, limit) -> the claimed rows.
 Rows, not tasks: decoding them waits until the transaction has committed."""
 ClaimPlanFn = Callable[[ClaimDraw], Awaitable[Sequence[Row]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class QuarantinedRow:
+    """A row a claim took and could not decode, failed without running: what
+    `TaskStore.on_undecodable` receives. `id`, `queue` and `name` are as stored, any
+    byte that is not UTF-8 escaped; `failed` is False when the row was no longer this
+    worker's to fail (its lease had gone: recovery returns it to a claim, which meets
+    it again)."""
+
+    id: str
+    queue: str
+    name: str
+    attempt: int | None
+    error: UndecodableRow
+    failed: bool
 
 
 #: A claim that finds all the work it asked for recovers expired leases at most this
@@ -174,6 +194,11 @@ class TaskStore(ABC):
         self._gate: QueueDepthGate | None = None
         self._retention: Any = None
         self._claim_recovered_at = -math.inf
+        #: Rows claims took and could not decode, each failed at once without running
+        #: (`QuarantinedRow`); a counter for the metrics.
+        self.undecodable_rows = 0
+        #: Called once per such row, after it was failed (or found gone).
+        self.on_undecodable: Callable[[QuarantinedRow], None] | None = None
 
     # -- dialect primitives ------------------------------------------------------------
 
@@ -643,10 +668,43 @@ class TaskStore(ABC):
             if not probe or not probe[0]["has_work"]:
                 return None
         base: Params = {"worker_id": worker_id, "lease_ms": lease_ms}
-        settled: dict[str, str] = {}
         # Encoded before the transaction opens (see claim_session on what waits for it).
         settle_params = complete_many_params(worker_id, settle) if settle else None
-        async with self._transaction() as session:
+        marks = markers_made()
+        try:
+            drawn, settled = await self._claim_transaction(
+                queues, base, plan, settle_params, self._transaction
+            )
+            replayed = False
+        except Exception as exc:
+            if not self._is_undecodable_text(exc):
+                raise
+            # A row held text the driver refuses to decode, which failed the fetch of
+            # every row with it (and rolled the transaction back): run it once more,
+            # reading such text as markers, to fail that row alone (`_quarantine`).
+            drawn, settled = await self._claim_transaction(
+                queues, base, plan, settle_params, self._replay_transaction
+            )
+            replayed = True
+        if on_settled is not None and settle:
+            on_settled(settled)
+        tasks, bad = self._claimed(drawn, scan=replayed or markers_made() != marks)
+        if bad:
+            await self._quarantine(worker_id, bad)
+        return tasks
+
+    async def _claim_transaction(
+        self,
+        queues: builtins.list[str],
+        base: Params,
+        plan: ClaimPlanFn,
+        settle_params: Params | None,
+        transaction: Callable[[], AbstractAsyncContextManager[Session]],
+    ) -> tuple[Sequence[Row], dict[str, str]]:
+        """The claim's transaction: settle, recover when due, draw. Its rows, not yet
+        decoded, and the settled statuses."""
+        settled: dict[str, str] = {}
+        async with transaction() as session:
             if settle_params is not None:
                 rows = await session.fetch("complete_many", settle_params)
                 settled = {r["id"]: r["status"] for r in rows}
@@ -672,9 +730,94 @@ class TaskStore(ABC):
                 return rows
 
             drawn = await plan(draw)
-        if on_settled is not None and settle:
-            on_settled(settled)
-        return self._tasks(drawn)
+        return drawn, settled
+
+    def _claimed(
+        self, rows: Sequence[Row], *, scan: bool
+    ) -> tuple[builtins.list[Task], builtins.list[tuple[Row, UndecodableRow]]]:
+        """The claimed rows as tasks, each decoded on its own, and the rows that could
+        not be, with why. `scan`: the driver made markers during the claim (a value it
+        could not decode), so every value of every row is looked at first."""
+        json_is_text = self.json_is_text
+        from_row = Task.from_row
+        tasks: builtins.list[Task] = []
+        append = tasks.append
+        bad: builtins.list[tuple[Row, UndecodableRow]] = []
+        if scan:
+            for row in rows:
+                problem = undecodable_column(row)
+                if problem is None:
+                    try:
+                        append(from_row(row, json_is_text, take=True, strict=True))
+                        continue
+                    except UndecodableRow as exc:
+                        problem = exc
+                bad.append((row, problem))
+            return tasks, bad
+        left = rows
+        while True:
+            # One try around the loop, not one per row: nothing to pay until a row fails.
+            try:
+                for row in left:
+                    append(from_row(row, json_is_text, take=True, strict=True))
+                return tasks, bad
+            except UndecodableRow as exc:
+                failed = len(tasks) + len(bad)
+                bad.append((rows[failed], exc))
+                left = rows[failed + 1 :]
+
+    async def _quarantine(self, worker_id: str, bad: Sequence[tuple[Row, UndecodableRow]]) -> None:
+        """Fail each claimed row that cannot be decoded, at once, without running it:
+        status `failed` (`canceled` when a cancel was pending), the UndecodableRow
+        envelope, never retried. Owned by this claim (worker and attempt), in one
+        transaction; logged and counted once per row."""
+        outcomes: builtins.list[tuple[Row, UndecodableRow, bool]] = []
+        async with self._replay_transaction() as session:
+            for row, problem in bad:
+                params = {
+                    "id": self._row_key(row.get("id")),
+                    "worker_id": worker_id,
+                    "attempt": _int_or_none(row.get("attempt")),
+                    "error": _envelope_json(problem),
+                }
+                rows = await session.fetch("extensions/fail_undecodable", params)
+                outcomes.append((row, problem, bool(rows)))
+        for row, problem, failed in outcomes:
+            self.undecodable_rows += 1
+            quarantined = QuarantinedRow(
+                id=str(row.get("id")),
+                queue=str(row.get("queue")),
+                name=str(row.get("name")),
+                attempt=_int_or_none(row.get("attempt")),
+                error=problem,
+                failed=failed,
+            )
+            log.warning(
+                "task %s (%s on queue %s) %s: %s",
+                quarantined.id,
+                quarantined.name,
+                quarantined.queue,
+                "failed without running" if failed else "could not be failed (lease gone)",
+                problem,
+            )
+            if self.on_undecodable is not None:
+                self.on_undecodable(quarantined)
+
+    def _row_key(self, task_id: Any) -> Any:
+        """How a statement binds the id a claimed row holds (SQLite: an id that is not
+        UTF-8 as its raw bytes)."""
+        return task_id
+
+    def _replay_transaction(self) -> AbstractAsyncContextManager[Session]:
+        """A write transaction whose fetches read text the driver cannot decode as
+        markers instead of failing (SQLite). Elsewhere the driver never fails that way:
+        the plain transaction."""
+        return self._transaction()
+
+    def _is_undecodable_text(self, exc: BaseException) -> bool:
+        """Whether `exc` is the driver refusing to decode a stored text value, which
+        `_replay_transaction` reads instead."""
+        return False
 
     async def _recover_in(self, session: Session) -> bool:
         """Recover expired leases inside a claim transaction; whether any task went back
@@ -685,8 +828,23 @@ class TaskStore(ABC):
 
     async def recover_leases(self) -> builtins.list[Row]:
         """Recover every expired lease now (the daemon's reaper; claims do it too)."""
-        async with self._transaction() as session:
+
+        async def recover(session: Session) -> builtins.list[Row]:
             return await session.fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
+
+        return await self._replayable(recover)
+
+    async def _replayable(self, work: Callable[[Session], Awaitable[T]]) -> T:
+        """`work` in a write transaction; run once more in `_replay_transaction` when a
+        row it reads back holds text the driver refuses (its rows then hold markers)."""
+        try:
+            async with self._transaction() as session:
+                return await work(session)
+        except Exception as exc:
+            if not self._is_undecodable_text(exc):
+                raise
+        async with self._replay_transaction() as session:
+            return await work(session)
 
     async def release_worker(
         self,
@@ -706,10 +864,11 @@ class TaskStore(ABC):
         Returns the rows changed: id, queue, name and new status."""
         require_str(worker_id, "worker_id")
         error = dump_json(dataclasses.replace(LEASE_EXPIRED, message=message).to_dict())
-        async with self._transaction() as session:
+        items = dump_json([{"id": task_id, "a": attempt} for task_id, attempt in unstarted])
+
+        async def release(session: Session) -> builtins.list[Row]:
             returned: builtins.list[Row] = []
             if unstarted:
-                items = dump_json([{"id": task_id, "a": attempt} for task_id, attempt in unstarted])
                 returned = await session.fetch(
                     "extensions/return_unstarted", {"worker_id": worker_id, "unstarted": items}
                 )
@@ -717,6 +876,8 @@ class TaskStore(ABC):
                 "release_worker", {"worker_id": worker_id, "error": error}
             )
             return returned + released
+
+        return await self._replayable(release)
 
     async def oldest_queued_age_ms(self) -> dict[str, int]:
         """Per queue: how long the oldest claimable queued task has been due."""
@@ -1049,6 +1210,20 @@ def _rows(rows: list[Row]) -> list[Row]:
     return rows
 
 
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _envelope_json(problem: UndecodableRow) -> str:
+    envelope = problem.envelope().to_dict()
+    try:
+        return dump_json(envelope, what="error")
+    except SerializationError:
+        # The text shown could not be stored (a NUL): the envelope without it.
+        envelope["details"] = {k: v for k, v in envelope["details"].items() if k != "raw"}
+        return dump_json(envelope, what="error")
+
+
 @asynccontextmanager
 async def _always_held() -> AsyncIterator[bool]:
     yield True
@@ -1064,6 +1239,7 @@ __all__ = [
     "ClaimPlanFn",
     "Clock",
     "Params",
+    "QuarantinedRow",
     "Row",
     "Session",
     "TaskStore",

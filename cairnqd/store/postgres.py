@@ -8,7 +8,10 @@
   keyed writes and theirs exclude each other.
 - JSON is decoded exactly once, by psycopg's jsonb loader; the store probes the wire
   form at connect rather than guessing from a value's type (a top-level JSON string
-  would otherwise be parsed twice).
+  would otherwise be parsed twice). A value the loader cannot decode (jsonb nested
+  deeper than Python reads, a number it refuses) becomes an `Undecodable` marker
+  rather than an error that fails the whole fetch: a read shows it, a claim fails that
+  task alone (store/base.py, `_quarantine`).
 - Connections come from a psycopg_pool pool in autocommit mode, so a lone statement is
   one round trip; psycopg prepares statements it sees repeatedly.
 - Behind a pooler (`pooler="session"` or `"transaction"`, e.g. PgBouncer) nothing is
@@ -36,7 +39,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from cairnqd._ids import new_task_ids
-from cairnqd._jsoncodec import dump_json, load_json
+from cairnqd._jsoncodec import dump_json, load_json_or_marker
 from cairnqd._protocol import on_demand, statement
 from cairnqd.config import redact_dsn
 from cairnqd.errors import (
@@ -182,8 +185,9 @@ class PostgresStore(TaskStore):
 
     async def _configure(self, conn: AsyncConn) -> None:
         # The stdlib's json.loads spends a good part of a small document's decode on
-        # sniffing the encoding of bytes; ours decodes UTF-8 straight away.
-        set_json_loads(load_json, conn)
+        # sniffing the encoding of bytes; ours decodes UTF-8 straight away, and marks
+        # a value it cannot decode instead of failing every row fetched with it.
+        set_json_loads(load_json_or_marker, conn)
         if self.schema is not None:
             # Quoted, so a mixed-case schema name keeps its case.
             await conn.execute(sql.SQL("set search_path to {}").format(sql.Identifier(self.schema)))

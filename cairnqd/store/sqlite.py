@@ -32,6 +32,12 @@ Design notes.
   next use; an in-memory one keeps refusing, as its data died with the connection.
 - Opening (WAL, migrations, statistics: store/sqlite_open.py) runs in a thread: a cold
   start may wait on another process's migration, and that wait must not stall the loop.
+- Text that is not UTF-8. SQLite stores whatever bytes a client binds as text, and
+  `sqlite3` refuses to fetch a row holding such text ("Could not decode to UTF-8"),
+  failing every row fetched with it. Decoding stays `sqlite3`'s own, in C; a statement
+  that fails that way runs once more with a text factory that turns such text into
+  `UndecodableText` (the bytes, escaped), so a read shows the row and a claim fails
+  that row alone (store/base.py, `_quarantine`).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from contextvars import ContextVar, Token
@@ -48,6 +54,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cairnqd._ids import new_task_ids
+from cairnqd._jsoncodec import UndecodableText, tolerant_text
 from cairnqd._protocol import Statement, on_demand, statement
 from cairnqd.errors import StoreClosed
 from cairnqd.models import Task
@@ -294,20 +301,28 @@ class SQLiteStore(TaskStore):
             if self._conn is None:
                 await self._open()
             if is_read(stmt):
-                return await self._read(stmt, params)
+                try:
+                    return await self._read(stmt, params)
+                except sqlite3.OperationalError as exc:
+                    if not is_undecodable_text(exc):
+                        raise
+                return await self._read(stmt, params, tolerant=True)
             future: asyncio.Future[list[Row]] = asyncio.get_running_loop().create_future()
             self._pending.append(_Write(stmt, params, future))
             if self._flusher is None:
                 self._flusher = asyncio.create_task(self._flush_pending())
             return await future
 
-    async def _read(self, stmt: Statement, params: Params) -> list[Row]:
+    async def _read(self, stmt: Statement, params: Params, *, tolerant: bool = False) -> list[Row]:
         # Yield even when the lock is free: see "a fair share of the loop".
         await asyncio.sleep(0)
         budget = Backoff(self.busy_timeout_ms)
         while True:
             async with self._lock:
                 try:
+                    if tolerant:
+                        with _tolerant(self._connection()) as conn:
+                            return run(conn, stmt, params, self.now_ms)
                     return run(self._connection(), stmt, params, self.now_ms)
                 except sqlite3.OperationalError as exc:
                     if not is_sqlite_busy(exc) or budget.spent():
@@ -325,11 +340,18 @@ class SQLiteStore(TaskStore):
             stmt = statement("sqlite", op, supplied)
             await self._open()
             budget = Backoff(self.busy_timeout_ms)
+            tolerant = False
             while True:
                 async with self._lock:
                     try:
+                        if tolerant:
+                            with _tolerant(self._connection()):
+                                return await self._scan_locked(stmt, params, convert)
                         return await self._scan_locked(stmt, params, convert)
                     except sqlite3.OperationalError as exc:
+                        if is_undecodable_text(exc) and not tolerant:
+                            tolerant = True  # read it all again, at once
+                            continue
                         if not is_sqlite_busy(exc) or budget.spent():
                             raise
                 await budget.sleep()
@@ -455,14 +477,28 @@ class SQLiteStore(TaskStore):
             yield SQLiteSession(conn, self.now_ms)
 
     @asynccontextmanager
-    async def _write_locked(self) -> AsyncIterator[sqlite3.Connection]:
+    async def _replay_transaction(self) -> AsyncIterator[Session]:
+        async with self._write_locked(tolerant=True) as conn:
+            yield SQLiteSession(conn, self.now_ms)
+
+    def _is_undecodable_text(self, exc: BaseException) -> bool:
+        return is_undecodable_text(exc)
+
+    def _row_key(self, task_id: Any) -> Any:
+        return task_id.raw if isinstance(task_id, UndecodableText) else task_id
+
+    @asynccontextmanager
+    async def _write_locked(self, *, tolerant: bool = False) -> AsyncIterator[sqlite3.Connection]:
         """`BEGIN IMMEDIATE` … `COMMIT` (rolled back on error), the in-process lock
-        held throughout: the connection, for the statements in between."""
+        held throughout: the connection, for the statements in between. `tolerant`:
+        text that is not UTF-8 reads as `UndecodableText` meanwhile."""
         with self._operation():
             if self._conn is None:
                 await self._open()
             await asyncio.sleep(0)  # see "a fair share of the loop"
             conn = await self._begin_immediate()
+            if tolerant:
+                conn.text_factory = tolerant_text
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -471,6 +507,8 @@ class SQLiteStore(TaskStore):
                 rollback(conn)
                 raise
             finally:
+                if tolerant:
+                    conn.text_factory = str
                 self._lock.release()
 
     # -- wake-ups ----------------------------------------------------------------------
@@ -570,6 +608,24 @@ class _Admission:
         store._operations.discard(self._token)
         if not store._operations and store._drained is not None:
             store._drained.set()
+
+
+def is_undecodable_text(exc: BaseException) -> bool:
+    """`sqlite3` refusing to fetch a row whose text is not UTF-8."""
+    return isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(
+        "Could not decode to UTF-8"
+    )
+
+
+@contextlib.contextmanager
+def _tolerant(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """`conn` reading text that is not UTF-8 as `UndecodableText`, for the block (the
+    in-process lock held: nothing else uses the connection meanwhile)."""
+    conn.text_factory = tolerant_text
+    try:
+        yield conn
+    finally:
+        conn.text_factory = str
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

@@ -47,7 +47,13 @@ def run(
         run_rows(conn, stmt, params["values"])
         return []
     cursor = conn.execute(stmt.text, bind(stmt, params, clock))
-    rows = cursor.fetchall()
+    try:
+        rows = cursor.fetchall()
+    except BaseException:
+        # A fetch that failed part way (text that is not UTF-8) leaves its statement
+        # active while the error lives, and an active statement blocks COMMIT.
+        cursor.close()
+        raise
     if not rows:
         return []
     columns = [d[0] for d in cursor.description]

@@ -68,6 +68,7 @@ def _params(dialect: str) -> dict[str, Any]:
         "names": None,
         "ids": lst(["task_run", "task_missing"]),
         "worker_id": "w1",
+        "attempt": 1,
         "progress": 0.5,
         "message": "half",
         "result": '{"ok": true}',
@@ -190,6 +191,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/ledger_record": ({"name": "cairnqd_9999_test.sql"}, None),
     "extensions/release_worker": ({}, 1),
     "extensions/return_unstarted": ({}, 1),
+    "extensions/fail_undecodable": ({}, 1),
     "extensions/complete_many": ({}, 1),
     "extensions/insert_many": ({}, 1),
     # A COPY: run with one streamed row (test_postgres_statements_execute).
