@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from cairnqd._jsoncodec import shown
 from cairnqd.cli import listing
 from cairnqd.client import wait_for_task
 from cairnqd.config import (
@@ -150,7 +151,8 @@ def _when(ms: int | None) -> str:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False)
+    # A value another client stored that cannot be decoded shows as its escaped text.
+    return json.dumps(value, indent=2, ensure_ascii=False, default=shown)
 
 
 # -- the store -----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from cairnqd._jsoncodec import shown
 from cairnqd.config import Config, ScheduleConfig
 from cairnqd.config.units import elapsed_text
 from cairnqd.dashboard.auth import Session
@@ -86,7 +87,8 @@ SHOWN_MAX = 100_000
 
 
 def pretty(value: Any) -> str:
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+    # A value another client stored that cannot be decoded shows as its escaped text.
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=shown)
     if len(text) > SHOWN_MAX:
         return f"{text[:SHOWN_MAX]}\n… ({len(text):,} characters; the rest is not shown)"
     return text
