@@ -215,3 +215,62 @@ async def test_a_worker_whose_results_cannot_be_written_stops_claiming(
         release.set()
         worker.stop()
         await asyncio.wait_for(runner, 30)
+
+
+async def test_with_no_result_left_to_retry_one_claim_tries_the_disk_now_and_then(
+    small_disk: SmallDisk,
+) -> None:
+    """The disk stays full past the leases: the refused results are dropped, and the
+    worker tries the disk with a claim every few seconds instead of four times a
+    second, then claims as usual once there is room."""
+    path = small_disk.path / "tasks.db"
+    async with CairnQ.sqlite(str(path)) as client:
+        submitted = await client.submit_many(
+            [{"name": "f.once", "payload": {"i": i}} for i in range(TASKS)]
+        )
+    errors: list[tuple[BaseException, dict[str, Any]]] = []
+
+    def note(exc: BaseException, info: dict[str, Any]) -> None:
+        errors.append((exc, {**info, "at": asyncio.get_running_loop().time()}))
+
+    worker = Worker(SQLiteStore(str(path)), concurrency=2, prefetch=0, lease_ms=2000, on_error=note)
+    release = asyncio.Event()
+
+    @worker.task("f.once")
+    async def once(ctx: TaskContext, payload: dict[str, int]) -> dict[str, int]:
+        await release.wait()
+        return {"done": payload["i"]}
+
+    def claims_refused() -> list[float]:
+        return [info["at"] for exc, info in errors if info.get("phase") == "claim"]
+
+    runner = asyncio.create_task(worker.run())
+    try:
+        await wait_for_async("two tasks to run", lambda: worker.in_flight.executing == 2)
+        small_disk.fill(path)
+        release.set()
+        await wait_for_async(
+            "the results' write to fail for want of space",
+            lambda: any(_is_sqlite_full(exc) for exc, _ in errors),
+        )
+        loop = asyncio.get_running_loop()
+        await wait_for_async("the leases to pass and a claim to try the disk", claims_refused, 30)
+        since = loop.time()
+        # Ten seconds of a full disk: a claim every 0.25 s would be 40.
+        await wait_for_async("ten seconds of a full disk", lambda: loop.time() - since >= 10, 30)
+        tries = [at for at in claims_refused() if at >= since]
+        assert 1 <= len(tries) <= 4, tries
+        small_disk.free()
+        async with CairnQ.sqlite(str(path)) as client:
+
+            async def statuses() -> list[str]:
+                found = [await client.get(t.id) for t in submitted]
+                return [t.status if t is not None else "missing" for t in found]
+
+            await wait_for_async(
+                "every task to succeed", statuses, 60, accept=lambda s: s == ["succeeded"] * TASKS
+            )
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.wait_for(runner, 30)
