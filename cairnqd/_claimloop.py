@@ -232,6 +232,8 @@ class ClaimLoop:
             settle = []
         # The lease deadline of what this claim takes counts from before it is sent.
         self._claim_sent_at = self._inflight.clock()
+        progress = self._inflight.progress
+        progress.begin()
         try:
             with settlement.carried(settle):
                 result = await self._store.claim_session(
@@ -244,24 +246,30 @@ class ClaimLoop:
                     on_settled=lambda statuses: settlement.finish(settle, statuses),
                 )
         except BaseException as exc:
+            progress.failed()
             if settle:
                 settlement.refused(exc)
             settlement.put_back(settle)
             raise
+        progress.succeeded()
         return result or []
 
     async def _settle_alone(self, settle: list[Pending]) -> None:
         settlement = self._settlement
         items = [(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in settle]
+        progress = self._inflight.progress
+        progress.begin()
         try:
             with settlement.carried(settle):
                 statuses = await self._store.complete_many(
                     worker_id=self._inflight.worker_id, items=items
                 )
         except BaseException as exc:
+            progress.failed()
             settlement.refused(exc)
             settlement.put_back(settle)
             raise
+        progress.succeeded()
         settlement.finish(settle, statuses)
 
     def _dispatch(self, claimed: list[Task], free: int) -> None:

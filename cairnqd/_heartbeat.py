@@ -38,14 +38,20 @@ async def beat(store: TaskStore, inflight: InFlight) -> bool:
     if not live:
         return True
     sent_at = inflight.clock()
+    progress = inflight.progress
+    progress.begin()
     try:
         reply = await store.renew_leases(
             task_ids=[c.task_id for c in live],
             worker_id=inflight.worker_id,
             lease_ms=inflight.lease_ms,
         )
-    except Exception as exc:
+    except BaseException as exc:
+        progress.failed()
+        if not isinstance(exc, Exception):
+            raise
         inflight.report(exc, {"phase": "heartbeat"})
         return False
+    progress.succeeded()
     inflight.renewed(live, sent_at, reply)
     return True

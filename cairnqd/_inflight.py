@@ -77,6 +77,39 @@ class WorkerObserver(Protocol):
     ) -> None: ...
 
 
+class Progress:
+    """How long the worker's database calls that it needs (claims, lease renewals,
+    result writes) have gone without one succeeding. A call that fails, or has not
+    answered yet, is no progress; any success is. An idle worker whose last calls
+    succeeded is not stalled, however long it waits for work.
+
+    Read from another thread (the daemon child's heartbeat), so `stalled_s` only reads.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._outstanding = 0
+        #: Since when no call has succeeded while one was needed; None: progressing.
+        self._since: float | None = None
+
+    def begin(self) -> None:
+        if self._since is None:
+            self._since = self._clock()
+        self._outstanding += 1
+
+    def succeeded(self) -> None:
+        self._outstanding -= 1
+        # Others still out count from now: this one got through, the database answers.
+        self._since = None if self._outstanding <= 0 else self._clock()
+
+    def failed(self) -> None:
+        self._outstanding -= 1  # `_since` stays: still no progress
+
+    def stalled_s(self) -> float:
+        since = self._since
+        return 0.0 if since is None else max(0.0, self._clock() - since)
+
+
 class LoopState:
     """The claim loop's flags that other parts read, and the events that wake it."""
 
@@ -135,6 +168,8 @@ class InFlight:
         #: Tasks whose handler call has ended (returned, raised or was abandoned).
         self.handled = 0
         self.in_use: dict[str, int] = {}
+        #: Whether the claims, renewals and result writes get through (health).
+        self.progress = Progress(clock)
 
     def __len__(self) -> int:
         return len(self._held)

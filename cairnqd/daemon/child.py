@@ -47,6 +47,7 @@ from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_log
 from cairnqd.daemon.loopwatch import LoopWatch
 from cairnqd.daemon.messages import (
     PROTOCOL_VERSION,
+    STALL_WARN_S,
     Claiming,
     DatabaseTrouble,
     Fatal,
@@ -73,6 +74,7 @@ from cairnqd.errors import (
 )
 from cairnqd.registry import HandlerError, resolve_handlers
 from cairnqd.store.base import TaskStore
+from cairnqd.store.blockers import postgres_blockers, sqlite_lock_holders
 from cairnqd.store.errors import classify
 from cairnqd.store.factory import build_store
 from cairnqd.store.reachability import DAEMON_CALL_TIMEOUT_S, is_unreachable
@@ -142,6 +144,7 @@ class Child:
         self._aborting = False
         self._file: DatabaseFile | None = None
         self._repeats = Repeats()
+        self._stall_warned = False
 
     # -- boot --------------------------------------------------------------------------
 
@@ -538,8 +541,39 @@ class Child:
             time.sleep(interval)
             if os.getppid() != self.parent_pid and self.loop is not None:
                 self.loop.call_soon_threadsafe(self._orphaned)
-            if not self._send(self._heartbeat(max_run_s)):
+            beat = self._heartbeat(max_run_s)
+            self._watch_stall(beat.stalled_s)
+            if not self._send(beat):
                 return
+
+    def _watch_stall(self, stalled_s: float) -> None:
+        """Warn once per stall (claims, renewals and result writes that have made no
+        progress for `STALL_WARN_S`), naming what blocks the database when that can be
+        learned; the look runs in a thread of its own so heartbeats go on meanwhile."""
+        if stalled_s < STALL_WARN_S:
+            if stalled_s == 0.0:
+                self._stall_warned = False
+            return
+        if self._stall_warned:
+            return
+        self._stall_warned = True
+        threading.Thread(
+            target=self._warn_stall, args=(stalled_s,), name="cairnqd-stall", daemon=True
+        ).start()
+
+    def _warn_stall(self, stalled_s: float) -> None:
+        database = self.boot.database
+        if database.path is not None:
+            blocking: str | None = sqlite_lock_holders(
+                database.path, ours=frozenset({os.getpid(), self.parent_pid})
+            )
+        else:
+            blocking = postgres_blockers(database.dsn) if database.dsn else None
+        log.warning(
+            "claims and lease renewals have made no progress for %.0fs%s; tasks whose "
+            "leases cannot be renewed are stopped before they end",
+            stalled_s, f": {blocking}" if blocking else "",
+        )  # fmt: skip
 
     def _heartbeat(self, max_run_s: float | None) -> Heartbeat:
         worker, reporter = self.worker, self.reporter
@@ -549,10 +583,12 @@ class Child:
         held = len(worker.in_flight.backlog) if worker is not None else 0
         paused = _within(sorted(worker.paused_queues), 1024) if worker is not None else ()
         lag = self.loop_watch.lag() if self.loop is not None else 0.0
+        stalled = worker.in_flight.progress.stalled_s() if worker is not None else 0.0
         return Heartbeat(
             rss=_rss_bytes(), state=self.state, executing=executing, held=held,
             lag_s=round(lag, 3), overdue=overdue, longest=longest, paused=paused,
             db_down_s=round(self._db_down_s(), 1), listen_deaf=self._listen_deaf(),
+            stalled_s=round(stalled, 1),
         )  # fmt: skip
 
     # -- the events pipe ---------------------------------------------------------------

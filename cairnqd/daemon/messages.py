@@ -35,6 +35,10 @@ PIPE_BUF = 4096
 
 M = TypeVar("M")
 
+#: A child whose claims and lease renewals have made no progress this long is stalled:
+#: it says once what blocks it, and /healthz names its group.
+STALL_WARN_S = 10.0
+
 
 class MessageError(ValueError):
     """A line that is not a valid message: not JSON, an unknown kind, a field missing
@@ -97,6 +101,9 @@ class Heartbeat:
     paused: tuple[str, ...] = ()
     #: Its LISTEN was accepted but is deaf (store/pg_listen.py): it polls instead.
     listen_deaf: bool = False
+    #: Seconds its claims, lease renewals and result writes have gone without one
+    #: succeeding while it needed them (a lock, a wedge, repeated errors); 0 if fine.
+    stalled_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,8 @@ class ChildProcess:
     db_down_s: float = 0.0
     #: When its database last refused a write for want of space (None: never).
     full_at: float | None = None
+    #: How long its claims and lease renewals have made no progress (0: they do).
+    stalled_s: float = 0.0
     #: Its queues it reported paused (`cairnqd pause`), skipped by its claims.
     paused: tuple[str, ...] = ()
     #: Overruns that got it killed; each is failed as max_run_exceeded once reaped.
@@ -138,6 +140,7 @@ class ChildProcess:
                 self.lag_s, self.overdue = message.lag_s, message.overdue
                 self.longest = message.longest
                 self.db_down_s = message.db_down_s
+                self.stalled_s = message.stalled_s
                 self.paused = message.paused
             case Goodbye():
                 self.bye = message.reason

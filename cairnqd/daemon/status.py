@@ -11,6 +11,7 @@ from typing import Any
 from setproctitle import setproctitle
 
 from cairnqd.daemon import systemd
+from cairnqd.daemon.messages import STALL_WARN_S
 from cairnqd.daemon.pool import ChildProcess, GroupPool
 
 #: `/healthz` fails once the loop has not ticked for this long.
@@ -45,6 +46,8 @@ class StatusReport:
         self._children_db_down: tuple[float, ...] = ()
         # How long ago each child last had a write refused for want of space (recent ones).
         self._children_full_ago: tuple[float, ...] = ()
+        # Per group: how long its stalled children's database calls made no progress.
+        self._stalled: dict[str, tuple[float, ...]] = {}
         self._stopping = False
         self._title = ""
         self.ready_sent = False
@@ -72,6 +75,11 @@ class StatusReport:
             for c in children
             if c.full_at is not None and now - c.full_at < FULL_RECENT_S
         )
+        stalled: dict[str, tuple[float, ...]] = {}
+        for child in children:
+            if child.stalled_s >= STALL_WARN_S:
+                stalled[child.group] = (*stalled.get(child.group, ()), child.stalled_s)
+        self._stalled = stalled
         total = sum(len(g.slots) for g in groups)
         ready = sum(1 for c in children if c.state == "ready")
         title = f"cairnqd: master [{self._config_path}] gen={generation} children={ready}/{total}"
@@ -114,6 +122,12 @@ class StatusReport:
         if down := self._children_db_down:
             problems.append(
                 f"{len(down)} child(ren) cannot reach the database (for up to {max(down):.0f}s)"
+            )
+        for name, stalls in sorted(self._stalled.items()):
+            problems.append(
+                f"group {name}: claims and lease renewals have made no progress for "
+                f"{max(stalls):.0f}s in {len(stalls)} child(ren) (the database is locked, "
+                "wedged or failing; the children's log names what blocks it)"
             )
         if full := self._children_full_ago:
             problems.append(

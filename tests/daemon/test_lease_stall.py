@@ -38,8 +38,10 @@ HELD_S = 3 * LEASE_S
 
 
 @contextlib.contextmanager
-def database_locked(dialect: str, target: str) -> Iterator[threading.Thread]:
-    """Hold the lock every write needs for `HELD_S`, from another client, in a thread."""
+def database_locked(
+    dialect: str, target: str, seconds: float = HELD_S
+) -> Iterator[threading.Thread]:
+    """Hold the lock every write needs for `seconds`, from another client, in a thread."""
     taken = threading.Event()
 
     def hold() -> None:
@@ -48,7 +50,7 @@ def database_locked(dialect: str, target: str) -> Iterator[threading.Thread]:
             try:
                 conn.execute("begin immediate")
                 taken.set()
-                time.sleep(HELD_S)
+                time.sleep(seconds)
                 conn.execute("rollback")
             finally:
                 conn.close()
@@ -56,7 +58,7 @@ def database_locked(dialect: str, target: str) -> Iterator[threading.Thread]:
         with psycopg.connect(target) as pg:
             pg.execute("lock table cairnq_tasks in access exclusive mode")
             taken.set()
-            time.sleep(HELD_S)
+            time.sleep(seconds)
             pg.rollback()
 
     holder = threading.Thread(target=hold, name="lock-holder", daemon=True)

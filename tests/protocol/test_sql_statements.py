@@ -200,6 +200,8 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/purge_count": (dict.fromkeys(("status", "queue", "name")), 1),
     "extensions/connection_limits": ({}, 1),
     "extensions/vacuum_due": ({}, 1),
+    # Nobody waits on a lock while the test runs: no blocker to name.
+    "extensions/lock_blockers": ({}, 0),
     "sql/ledger_names": ({}, AT_LEAST_ONE),
     "sql/ledger_list": ({}, AT_LEAST_ONE),
     "sql/ledger_exists": ({"table_name": "cairnq_migrations"}, 1),
@@ -249,6 +251,7 @@ _PG_ONLY = {
     "extensions/clock_ms",
     "extensions/connection_limits",
     "extensions/vacuum_due",
+    "extensions/lock_blockers",
     "sql/installations",
     "sql/lock_key",
     "sql/ledger_lock",
