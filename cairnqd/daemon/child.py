@@ -73,7 +73,7 @@ from cairnqd.errors import (
     SchemaMismatch,
 )
 from cairnqd.registry import HandlerError, resolve_handlers
-from cairnqd.store.base import TaskStore
+from cairnqd.store.base import QuarantinedRow, TaskStore
 from cairnqd.store.blockers import postgres_blockers, sqlite_lock_holders
 from cairnqd.store.errors import classify
 from cairnqd.store.factory import build_store
@@ -279,6 +279,7 @@ class Child:
             worker.in_flight.contexts,
         )
         worker.observer = self.reporter
+        worker.store.on_undecodable = self._undecodable
         # Retire on the limits before claiming, not only after a task ends: a claim
         # (prefetch included) made after the limit is work the retiring child must
         # still finish.
@@ -451,6 +452,12 @@ class Child:
                 log.warning("QUIT: %d result(s) could not be written in time", unwritten)
         self._final_tally()
         os._exit(TEMPFAIL)
+
+    def _undecodable(self, row: QuarantinedRow) -> None:
+        """The store failed a claimed row it could not decode (and logged it): count it
+        as a failed attempt, reason `undecodable`."""
+        if row.failed and self.reporter is not None:
+            self.reporter.undecodable(row.queue, row.name)
 
     def _lease_overrun(self, contexts: Sequence[TaskContext]) -> None:
         """A handler did not stop when its lease could not be renewed (a sync handler's

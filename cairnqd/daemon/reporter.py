@@ -26,7 +26,7 @@ from cairnqd.context import TaskContext
 from cairnqd.daemon.messages import LongestTask, Overrun, encode
 from cairnqd.daemon.outbox import Outbox
 from cairnqd.daemon.starts import FREE, NO_SLOT, RETURNED, STARTED, StartTable
-from cairnqd.daemon.tally import Counts, TaskTally
+from cairnqd.daemon.tally import UNDECODABLE_CODE, Counts, TaskTally
 
 #: How often a changed tally is sent.
 TALLY_EVERY_S = 0.25
@@ -126,6 +126,12 @@ class ChildReporter:
         self.finished += 1
         if self._on_finished is not None:
             self._on_finished(self.finished)
+
+    def undecodable(self, queue: str, name: str) -> None:
+        """A row the claim failed because it could not be decoded: a failed attempt
+        (reason `undecodable`) that never started here."""
+        self._tally.counts(queue, name).count_end("failed", UNDECODABLE_CODE)
+        self._dirty = True
 
     # -- sending the tally ---------------------------------------------------------------
 

@@ -12,7 +12,8 @@ or superseded in the outbox: the next one still carries everything, and the pare
 What a child counts, by outcome (`_inflight.WorkerObserver.task_ended`): succeeded,
 canceled, retried (a failed attempt queued again; also counted as failed), failed, and
 lease_lost (the attempt ended without this worker writing it). Failure reasons are the
-bounded set the metrics expose (error, max_run, worker_lost, lease_lost).
+bounded set the metrics expose (error, max_run, worker_lost, lease_lost, and undecodable
+for a row a claim took but could not decode, failed without running).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from cairnqd.daemon.messages import Tally, TallyCount
+from cairnqd.errors import UndecodableRow
+
+#: The error code of a row failed because it could not be decoded (`store.base`).
+UNDECODABLE_CODE = UndecodableRow.CODE
 
 #: Counter kinds; "failed" counts every failed attempt, "retried" the requeued subset.
 KINDS = ("started", "succeeded", "failed", "retried", "canceled")
@@ -36,6 +41,8 @@ def failure_reason(outcome: str, code: str) -> str:
         return "max_run"
     if code in ("lease_expired", "worker_lost"):
         return "worker_lost"
+    if code == UNDECODABLE_CODE:
+        return "undecodable"
     return "error"
 
 

@@ -62,6 +62,7 @@ def test_a_malformed_tally_is_refused() -> None:
         ("retried", "handler_timeout", "max_run"),
         ("failed", "lease_expired", "worker_lost"),
         ("failed", "bad_order", "error"),
+        ("failed", "undecodable_row", "undecodable"),
     ],
 )
 def test_failure_reasons_are_bounded(outcome: str, code: str, reason: str) -> None:

@@ -153,7 +153,8 @@ class Families:
         )
         self.tasks_failed = Counter(
             "cairnq_tasks_failed_total",
-            "Attempts that failed, retried or not (error, max_run, worker_lost, lease_lost).",
+            "Attempts that failed, retried or not (error, max_run, worker_lost, lease_lost, "
+            "undecodable).",
             self._failed_labels,
             registry=r,
         )

@@ -17,7 +17,7 @@ OTHER_QUEUE = "_other"
 #: Unconfigured queues that keep their own label value before `_other` takes over.
 MAX_UNKNOWN_QUEUES = 20
 
-FAILURE_REASONS = ("error", "max_run", "worker_lost", "lease_lost")
+FAILURE_REASONS = ("error", "max_run", "worker_lost", "lease_lost", "undecodable")
 RECOVERY_REASONS = ("expired", "worker_exit", "shutdown", "max_run")
 CHILD_STATES = ("starting", "ready", "draining", "backoff")
 GROUP_STATES = ("running", "crashloop", "fatal")
