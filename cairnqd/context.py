@@ -138,13 +138,19 @@ class TaskContext:
 
     async def progress(self, value: float | None, message: str | None = None) -> Task:
         self._check_writable()
+        host = self._host
         try:
-            return await self._host.store.progress(
+            task = await host.store.progress(
                 task_id=self.task_id, worker_id=self.worker_id, progress=value, message=message
             )
         except LostLease:
             self._mark_lost()
             raise
+        except Exception as exc:
+            host.refused(exc)  # a full disk holds the worker's claims, as for results
+            raise
+        host.written()
+        return task
 
     async def heartbeat(self) -> Task:
         self._check_writable()

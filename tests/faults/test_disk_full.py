@@ -274,3 +274,47 @@ async def test_with_no_result_left_to_retry_one_claim_tries_the_disk_now_and_the
         release.set()
         worker.stop()
         await asyncio.wait_for(runner, 30)
+
+
+async def test_a_progress_write_refused_for_want_of_space_holds_claims_too(
+    small_disk: SmallDisk,
+) -> None:
+    """A handler's `ctx.progress` is a write like a result: refused for want of space,
+    it holds the worker's claims, and the next write that goes through ends the hold."""
+    path = small_disk.path / "tasks.db"
+    async with CairnQ.sqlite(str(path)) as client:
+        await client.submit("f.report", {})
+    worker = Worker(SQLiteStore(str(path)), concurrency=2, prefetch=0)
+    refused: list[BaseException] = []
+    holds: list[float | None] = []
+    go = asyncio.Event()
+    done = asyncio.Event()
+
+    @worker.task("f.report")
+    async def report(ctx: TaskContext, payload: Any) -> str:
+        await go.wait()
+        try:
+            await ctx.progress(0.5, "m" * BIG)
+        except Exception as exc:
+            refused.append(exc)
+        holds.append(worker._settlement.space_hold())
+        small_disk.free()
+        await ctx.progress(0.9, "small")
+        holds.append(worker._settlement.space_hold())
+        done.set()
+        return "ok"
+
+    runner = asyncio.create_task(worker.run())
+    try:
+        await wait_for_async("the handler to start", lambda: worker.in_flight.executing == 1)
+        small_disk.fill(path)
+        small_disk.leave(64 * 1024)
+        go.set()
+        await asyncio.wait_for(done.wait(), 60)
+        assert refused and _is_sqlite_full(refused[0]), refused
+        assert holds[0] is not None, "a refused progress write did not hold claims"
+        assert holds[1] is None, "a progress write that went through did not end the hold"
+    finally:
+        go.set()
+        worker.stop()
+        await asyncio.wait_for(runner, 30)
