@@ -119,6 +119,17 @@ def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None =
     )
 
 
+def _reaper_store(config: Config) -> TaskStore:
+    """The maintenance thread's store. On SQLite it rides out a forward step of the wall
+    clock for as long as the longest lease of the config's groups (store/clockstep.py),
+    so the reaper takes no live lease for expired before its worker renewed it."""
+    store = parent_store(config.database)
+    if store.clock_watch is not None:
+        leases = [group.lease.total_seconds() for group in config.groups.values()]
+        store.clock_watch.at_least(max(leases, default=0.0))
+    return store
+
+
 # -- the maintenance thread ----------------------------------------------------------------
 
 
@@ -171,7 +182,7 @@ class Maintenance:
         self._metrics = metrics
         # Opened lazily on the loop that first needs it: the maintenance thread's, or
         # a test's when a duty is awaited directly. A failed connect is retried next use.
-        self._store = LazyStore(store_factory or (lambda: parent_store(config.database)))
+        self._store = LazyStore(store_factory or (lambda: _reaper_store(config)))
         self._clock = clock
         self._wall_clock = wall_clock
         self._jobs: collections.deque[_Job] = collections.deque()

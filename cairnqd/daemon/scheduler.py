@@ -102,7 +102,7 @@ class Scheduler:
         metrics: Metrics,
         *,
         store_factory: Callable[[], TaskStore] | None = None,
-        wall_clock: Callable[[], float] = time.time,
+        wall_clock: Callable[[], float] | None = None,
         host: str | None = None,
     ) -> None:
         self._config = config
@@ -205,7 +205,8 @@ class Scheduler:
         store = await self._store.get()
         table = ScheduleTable(store)
         leading = await self._lead(store)
-        now = self._wall_clock()
+        now = await self._now(store)
+        began = time.monotonic()
         rows = await table.rows()
         if leading:
             fired = False
@@ -219,7 +220,15 @@ class Scheduler:
         self._publish(rows, now)
         if not leading:
             return FOLLOW_INTERVAL_S
-        return min(LEAD_RECHECK_S, self._until_next(self._wall_clock()))
+        return min(LEAD_RECHECK_S, self._until_next(now + time.monotonic() - began))
+
+    async def _now(self, store: TaskStore) -> float:
+        """Now in seconds: the injected clock (tests), else the database's own, which
+        its leases and due times are read against (the server's on Postgres, so the
+        slots do not follow the leader host's clock)."""
+        if self._wall_clock is not None:
+            return self._wall_clock()
+        return await store.database_now_ms() / 1000
 
     async def _lead(self, store: TaskStore) -> bool:
         namespace = self._config.database.lock_namespace

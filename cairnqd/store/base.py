@@ -58,6 +58,7 @@ from cairnqd.store.browse import (
     TaskQuery,
     TaskSummary,
 )
+from cairnqd.store.clockstep import WallClockWatch
 from cairnqd.store.leadership import LeaderLock, SoleHost
 from cairnqd.store.operator import (
     BULK_BATCH,
@@ -199,6 +200,9 @@ class TaskStore(ABC):
         self.undecodable_rows = 0
         #: Called once per such row, after it was failed (or found gone).
         self.on_undecodable: Callable[[QuarantinedRow], None] | None = None
+        #: Where the database's clock is the host's wall clock (SQLite): the clock
+        #: statements read, riding out its steps (`store/clockstep.py`).
+        self.clock_watch: WallClockWatch | None = None
 
     # -- dialect primitives ------------------------------------------------------------
 
@@ -667,6 +671,8 @@ class TaskStore(ABC):
             probe = await self._fetch("claimable_probe", {"queues": queues, "names": names})
             if not probe or not probe[0]["has_work"]:
                 return None
+        if self.clock_watch is not None:
+            self.clock_watch.at_least(lease_ms / 1000)
         base: Params = {"worker_id": worker_id, "lease_ms": lease_ms}
         # Encoded before the transaction opens (see claim_session on what waits for it).
         settle_params = complete_many_params(worker_id, settle) if settle else None
@@ -818,6 +824,11 @@ class TaskStore(ABC):
         """Whether `exc` is the driver refusing to decode a stored text value, which
         `_replay_transaction` reads instead."""
         return False
+
+    async def database_now_ms(self) -> int:
+        """Now, by the clock the database's statements read (leases, `run_at_ms`): the
+        server's on Postgres, the host's wall clock on SQLite, or the injected one."""
+        return self.now_ms()
 
     async def _recover_in(self, session: Session) -> bool:
         """Recover expired leases inside a claim transaction; whether any task went back

@@ -596,6 +596,14 @@ class PostgresStore(TaskStore):
                     await self._drop_invalid_index(conn, index.group(1))
                 await conn.execute(text)
 
+    async def database_now_ms(self) -> int:
+        """The server's clock (`clock_ms`), which every lease and `run_at_ms` is read
+        against; an injected clock wins, as it does for the statements."""
+        if self.clock is not None:
+            return self.clock()
+        rows = await self._fetch("clock_ms", {})
+        return int(rows[0]["now_ms"])
+
     async def after_purge(self, *, wait: bool = False) -> None:
         """VACUUM (and ANALYZE) the task tables when autovacuum is off and their dead
         rows passed its threshold (protocol/extensions/sql/postgres/vacuum_due.sql says

@@ -66,6 +66,7 @@ from cairnqd.store.base import (
     TaskStore,
 )
 from cairnqd.store.bulk import insert_in_runs
+from cairnqd.store.clockstep import WallClockWatch
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.errors import is_sqlite_busy
 from cairnqd.store.sqlite_bulk import PIPELINE_FROM, insert_steps
@@ -130,6 +131,10 @@ class SQLiteStore(TaskStore):
         `clock` (epoch milliseconds) is what every statement reads as now; tests pass
         one to age rows without waiting."""
         super().__init__(clock=clock)
+        if clock is None:
+            # Leases and due times here are the host's wall clock: ride out its steps
+            # (an injected clock is a test's, moved on purpose).
+            self.use_clock_watch(WallClockWatch())
         if synchronous not in ("full", "normal"):
             raise ValueError(f"synchronous must be 'full' or 'normal', got {synchronous!r}")
         self.path = str(path)
@@ -165,6 +170,11 @@ class SQLiteStore(TaskStore):
         return self._refusing
 
     # -- connect / close ---------------------------------------------------------------
+
+    def use_clock_watch(self, watch: WallClockWatch) -> None:
+        """Read every statement's now from `watch`, which rides out wall-clock steps."""
+        self.clock_watch = watch
+        self.now_ms = watch
 
     async def connect(self) -> None:
         if self._refusing:

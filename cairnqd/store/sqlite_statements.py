@@ -23,7 +23,7 @@ def bind(stmt: Statement, params: Mapping[str, Any], clock: Clock) -> dict[str, 
         if name == "now_ms":
             bound[name] = now
         elif name == "lease_until_ms":
-            bound[name] = now + int(params["lease_ms"])
+            bound[name] = now + int(params["lease_ms"]) + _lease_lead_ms(clock)
         elif name == "run_at_ms":
             bound[name] = now + int(params.get("delay_ms", 0))
         elif name == "before_ms":
@@ -36,6 +36,13 @@ def bind(stmt: Statement, params: Mapping[str, Any], clock: Clock) -> dict[str, 
                 value = int(value)
             bound[name] = value
     return bound
+
+
+def _lease_lead_ms(clock: Clock) -> int:
+    """A clock riding out a wall-clock step (`store/clockstep.py`) reads behind the wall
+    clock for a while; a lease written then must still end by the wall clock."""
+    lead = getattr(clock, "lease_lead_ms", None)
+    return 0 if lead is None else int(lead())
 
 
 def run(
