@@ -25,22 +25,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from cairnqd._inflight import InFlight
-from cairnqd.context import TaskContext
-from cairnqd.models import Task
-
-LEASE_S = 3.0
-TASKS = ["t1", "t2"]
-WORKERS = ["w1", "w2"]
-
-
-@dataclass
-class Row:
-    """The lease columns of one task, as the database holds them."""
-
-    status: str = "queued"
-    worker: str | None = None
-    attempt: int = 0
-    lease_until: float = 0.0
+from tests.worker.lease_db_model import (
+    TASKS,
+    WORKERS,
+    LeaseDatabase,
+    Message,
+    model_inflight,
+)
 
 
 @dataclass
@@ -53,50 +44,16 @@ class SimWorker:
         self.reset()
 
     def reset(self) -> None:
-        self.inflight = InFlight(int(LEASE_S * 1000), lambda exc, info: None, self.name)
-        self.inflight.clock = self.clock
+        self.inflight = model_inflight(self.name, self.clock)
 
 
-class _Host:
-    """What a TaskContext needs of its worker, for contexts that never write."""
-
-    def __init__(self, inflight: InFlight) -> None:
-        self.inflight = inflight
-
-
-def _task(task_id: str, attempt: int) -> Task:
-    return Task(
-        id=task_id, name="n", queue="q", status="running", payload={}, attempt=attempt,
-        max_attempts=1000, run_at_ms=0, created_at_ms=0, updated_at_ms=0,
-    )  # fmt: skip
-
-
-@dataclass
-class Message:
-    """A request on its way: sent by a worker at `sent_at`, applied by the database
-    when `deliver` runs, answered when `answer` runs (if the worker still exists)."""
-
-    kind: str  # claim, heartbeat or complete
-    worker: str
-    incarnation: int
-    sent_at: float
-    task_id: str = ""
-    contexts: list[TaskContext] = field(default_factory=list)
-    reply: Any = None
-    delivered: bool = False
-
-
-class LeaseModel(RuleBasedStateMachine):
+class LeaseModel(RuleBasedStateMachine, LeaseDatabase):
     def __init__(self) -> None:
-        super().__init__()
-        self.now = 0.0
-        self.db = {t: Row() for t in TASKS}
+        RuleBasedStateMachine.__init__(self)
+        LeaseDatabase.__init__(self)
         self.workers = {w: SimWorker(w, lambda: self.now) for w in WORKERS}
         self.incarnation = dict.fromkeys(WORKERS, 0)
         self.wire: list[Message] = []
-
-    def _owned(self, row: Row, worker: str) -> bool:
-        return row.status == "running" and row.worker == worker and row.lease_until > self.now
 
     # -- time and the database's own duties --------------------------------------------
 
@@ -106,9 +63,7 @@ class LeaseModel(RuleBasedStateMachine):
 
     @rule()
     def recover_expired_leases(self) -> None:
-        for row in self.db.values():
-            if row.status == "running" and row.lease_until <= self.now:
-                row.status, row.worker = "queued", None
+        self.recover_expired()
 
     # -- a worker sends ------------------------------------------------------------------
 
@@ -162,34 +117,7 @@ class LeaseModel(RuleBasedStateMachine):
         waiting = [m for m in self.wire if not m.delivered]
         if not waiting:
             return
-        message = waiting[min(i, len(waiting) - 1)]
-        message.delivered = True
-        getattr(self, f"_apply_{message.kind}")(message)
-
-    def _apply_claim(self, m: Message) -> None:
-        row = self.db[m.task_id]
-        if row.status != "queued":
-            return
-        row.status, row.worker, row.attempt = "running", m.worker, row.attempt + 1
-        row.lease_until = self.now + LEASE_S
-        m.reply = row.attempt
-
-    def _apply_heartbeat(self, m: Message) -> None:
-        reply: dict[str, tuple[int, bool]] = {}
-        for ctx in m.contexts:
-            row = self.db[ctx.task_id]
-            if self._owned(row, m.worker):
-                row.lease_until = self.now + LEASE_S
-                reply[ctx.task_id] = (row.attempt, False)
-        m.reply = reply
-
-    def _apply_complete(self, m: Message) -> None:
-        ctx = m.contexts[0]
-        row = self.db[ctx.task_id]
-        done = self._owned(row, m.worker) and row.attempt == ctx.attempt
-        if done:
-            self.db[ctx.task_id] = Row(attempt=row.attempt)  # finished; submitted anew
-        m.reply = done
+        self.apply_request(waiting[min(i, len(waiting) - 1)])
 
     @rule(i=st.integers(min_value=0, max_value=2), lost=st.sampled_from([False, False, True]))
     def answer(self, i: int, lost: bool) -> None:
@@ -215,8 +143,7 @@ class LeaseModel(RuleBasedStateMachine):
 
     def _round_trip(self, m: Message, lag: float) -> None:
         self.now += lag / 2
-        m.delivered = True
-        getattr(self, f"_apply_{m.kind}")(m)
+        self.apply_request(m)
         self.now += lag / 2
         self._answer(m, False)
 
@@ -224,15 +151,7 @@ class LeaseModel(RuleBasedStateMachine):
         self.wire.remove(m)
         if lost or m.incarnation != self.incarnation[m.worker]:
             return  # the answer never arrives, or its worker is gone
-        inflight = self.workers[m.worker].inflight
-        if m.kind == "claim" and m.reply is not None:
-            ctx = TaskContext(_Host(inflight), _task(m.task_id, m.reply))  # type: ignore[arg-type]
-            inflight.hold((ctx,), m.sent_at)
-            inflight.backlog.append(ctx)
-        elif m.kind == "heartbeat":
-            inflight.renewed(m.contexts, m.sent_at, m.reply)
-        elif m.kind == "complete":
-            inflight.release(m.contexts[0], "succeeded" if m.reply else "lease_lost")
+        self.answer_to(m, self.workers[m.worker].inflight)
 
     # -- invariants -----------------------------------------------------------------------
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -41,25 +40,15 @@ from cairnqd._handlers import RegisteredHandler
 from cairnqd._inflight import InFlight
 from cairnqd._leaseguard import LeaseGuard
 from cairnqd.context import TaskContext
-from cairnqd.models import Task
+from tests.worker.lease_db_model import (
+    TASKS,
+    WORKERS,
+    LeaseDatabase,
+    Message,
+    model_inflight,
+)
 
-LEASE_S = 3.0
-TASKS = ["t1", "t2"]
-WORKERS = ["w1", "w2"]
 HANDLER = RegisteredHandler("n", lambda ctx: None, None, None, True, False)
-
-
-@dataclass
-class Row:
-    status: str = "queued"
-    worker: str | None = None
-    attempt: int = 0
-    lease_until: float = 0.0
-
-
-class _Host:
-    def __init__(self, inflight: InFlight) -> None:
-        self.inflight = inflight
 
 
 class _Runner:
@@ -101,8 +90,7 @@ class SimWorker:
         self.reset()
 
     def reset(self) -> None:
-        self.inflight = InFlight(int(LEASE_S * 1000), lambda exc, info: None, self.name)
-        self.inflight.clock = lambda: self.model.now
+        self.inflight = model_inflight(self.name, lambda: self.model.now)
         self.runner = _Runner()
         self.guard = LeaseGuard(self.inflight, self.runner)  # type: ignore[arg-type]
         self.guard.on_overrun = self._overrun
@@ -112,30 +100,10 @@ class SimWorker:
         self.model.crash(self.name)
 
 
-@dataclass
-class Message:
-    kind: str  # claim, heartbeat or complete
-    worker: str
-    incarnation: int
-    sent_at: float
-    task_id: str = ""
-    contexts: list[TaskContext] = field(default_factory=list)
-    reply: Any = None
-    delivered: bool = False
-
-
-def _task(task_id: str, attempt: int) -> Task:
-    return Task(
-        id=task_id, name="n", queue="q", status="running", payload={}, attempt=attempt,
-        max_attempts=1000, run_at_ms=0, created_at_ms=0, updated_at_ms=0,
-    )  # fmt: skip
-
-
-class LeaseGuardModel(RuleBasedStateMachine):
+class LeaseGuardModel(RuleBasedStateMachine, LeaseDatabase):
     def __init__(self) -> None:
-        super().__init__()
-        self.now = 0.0
-        self.db = {t: Row() for t in TASKS}
+        RuleBasedStateMachine.__init__(self)
+        LeaseDatabase.__init__(self)
         self.workers = {w: SimWorker(w, self) for w in WORKERS}
         self.incarnation = dict.fromkeys(WORKERS, 0)
         self.wire: list[Message] = []
@@ -155,14 +123,12 @@ class LeaseGuardModel(RuleBasedStateMachine):
 
     @rule()
     def recover_expired_leases(self) -> None:
-        for row in self.db.values():
-            if row.status == "running" and row.lease_until <= self.now:
-                row.status, row.worker = "queued", None
+        self.recover_expired()
 
     # -- what a worker does ----------------------------------------------------------------
 
-    def _send(self, kind: str, w: str, **fields: Any) -> Message:
-        message = Message(kind, w, self.incarnation[w], self.now, **fields)
+    def _send(self, kind: str, w: str, **fields: object) -> Message:
+        message = Message(kind, w, self.incarnation[w], self.now, **fields)  # type: ignore[arg-type]
         self.wire.append(message)
         return message
 
@@ -230,37 +196,7 @@ class LeaseGuardModel(RuleBasedStateMachine):
     def deliver(self, i: int) -> None:
         waiting = [m for m in self.wire if not m.delivered]
         if waiting:
-            message = waiting[min(i, len(waiting) - 1)]
-            message.delivered = True
-            getattr(self, f"_apply_{message.kind}")(message)
-
-    def _owned(self, row: Row, worker: str) -> bool:
-        return row.status == "running" and row.worker == worker and row.lease_until > self.now
-
-    def _apply_claim(self, m: Message) -> None:
-        row = self.db[m.task_id]
-        if row.status != "queued":
-            return
-        row.status, row.worker, row.attempt = "running", m.worker, row.attempt + 1
-        row.lease_until = self.now + LEASE_S
-        m.reply = row.attempt
-
-    def _apply_heartbeat(self, m: Message) -> None:
-        reply: dict[str, tuple[int, bool]] = {}
-        for ctx in m.contexts:
-            row = self.db[ctx.task_id]
-            if self._owned(row, m.worker):
-                row.lease_until = self.now + LEASE_S
-                reply[ctx.task_id] = (row.attempt, False)
-        m.reply = reply
-
-    def _apply_complete(self, m: Message) -> None:
-        ctx = m.contexts[0]
-        row = self.db[ctx.task_id]
-        done = self._owned(row, m.worker) and row.attempt == ctx.attempt
-        if done:
-            self.db[ctx.task_id] = Row(attempt=row.attempt)  # finished; submitted anew
-        m.reply = done
+            self.apply_request(waiting[min(i, len(waiting) - 1)])
 
     @rule(i=st.integers(min_value=0, max_value=3), lost=st.sampled_from([False, False, True]))
     def answer(self, i: int, lost: bool) -> None:
@@ -273,15 +209,7 @@ class LeaseGuardModel(RuleBasedStateMachine):
         self.wire.remove(m)
         if lost or m.incarnation != self.incarnation[m.worker]:
             return
-        inflight = self.workers[m.worker].inflight
-        if m.kind == "claim" and m.reply is not None:
-            ctx = TaskContext(_Host(inflight), _task(m.task_id, m.reply))  # type: ignore[arg-type]
-            inflight.hold((ctx,), m.sent_at)
-            inflight.backlog.append(ctx)
-        elif m.kind == "heartbeat":
-            inflight.renewed(m.contexts, m.sent_at, m.reply)
-        elif m.kind == "complete":
-            inflight.release(m.contexts[0], "succeeded" if m.reply else "lease_lost")
+        self.answer_to(m, self.workers[m.worker].inflight)
 
     # The common case, a request answered at once, as one step each, so the search
     # spends its steps on the interleavings around them rather than on assembling them.
@@ -299,8 +227,7 @@ class LeaseGuardModel(RuleBasedStateMachine):
             self._round_trip(self._send("heartbeat", w, contexts=live))
 
     def _round_trip(self, message: Message) -> None:
-        message.delivered = True
-        getattr(self, f"_apply_{message.kind}")(message)
+        self.apply_request(message)
         self._answer(message, False)
 
     # -- the invariant -------------------------------------------------------------------
