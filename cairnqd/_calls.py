@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import time
 from collections.abc import Callable, Mapping
@@ -169,7 +170,12 @@ class CallRunner:
             self.active.discard(call)
         elif isinstance(body, concurrent.futures.Future):
             loop = asyncio.get_running_loop()
-            body.add_done_callback(lambda _: loop.call_soon_threadsafe(self.active.discard, call))
+
+            def discard_on_the_loop(_: object) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop was closed first
+                    loop.call_soon_threadsafe(self.active.discard, call)
+
+            body.add_done_callback(discard_on_the_loop)
         else:
             body.add_done_callback(lambda _: self.active.discard(call))
 
