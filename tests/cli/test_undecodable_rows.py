@@ -9,22 +9,16 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import Run
-from tests.store.test_undecodable_rows import BadRow, insert_bad
+from tests.store.undecodable import bad_row_for_reads, insert_bad
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _bad_row(dialect: str) -> BadRow:
-    if dialect == "sqlite":
-        return BadRow("name", name=b"odd\xffname", payload=b'{"a":"\xff"}')
-    return BadRow("payload", payload="[" * 5000 + "]" * 5000)
 
 
 def test_reads_show_an_undecodable_row_and_exit_0(
     db_config: Path, dialect: str, db_target: str, run: Run
 ) -> None:
     assert run("submit", "demo.echo", "--payload", '{"x": 1}').returncode == 0
-    insert_bad(dialect, db_target, _bad_row(dialect))
+    insert_bad(dialect, db_target, bad_row_for_reads(dialect))
     shown_name = "odd\\xffname" if dialect == "sqlite" else "odd"
 
     listed = run("list")

@@ -3,6 +3,7 @@
 `Daemon` writes a config, starts `python -m cairnqd.cli -c FILE` with a NOTIFY_SOCKET
 the test owns, and offers condition waits (tests/waiting.py, never bare sleeps), child
 discovery from /proc titles, signals, and a store on the same database for assertions.
+`gone` says whether a process (a child, or one a handler started) has exited.
 """
 
 from __future__ import annotations
@@ -52,6 +53,15 @@ def healthz(port: int) -> tuple[int, dict[str, Any]]:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def gone(pid: int) -> bool:
+    """True once `pid` has exited (a zombie left to an unreaping subreaper counts)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 class Daemon:

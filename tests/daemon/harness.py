@@ -18,6 +18,7 @@ import yaml
 from cairnqd import CairnQ
 from cairnqd.config import Config, load_config
 from tests.conftest import make_store
+from tests.waiting import wait_for
 
 
 def daemon_config(tmp_path: Path, dialect: str, target: str, **sections: Any) -> Config:
@@ -62,6 +63,16 @@ def client_call(dialect: str, target: str, action: Callable[[CairnQ], Awaitable[
 
 def stats(dialect: str, target: str, queue: str | None = None) -> dict[str, dict[str, int]]:
     return client_call(dialect, target, lambda c: c.stats(queue))  # type: ignore[no-any-return]
+
+
+def wait_running(dialect: str, target: str, task_id: str) -> Any:
+    """Wait for the task to be running; return it as read then."""
+
+    def running() -> Any:
+        task = client_call(dialect, target, lambda c: c.get(task_id))
+        return task if task.status == "running" else None
+
+    return wait_for("the task to start", running, timeout=60)
 
 
 def scrape(port: int) -> str:

@@ -14,60 +14,21 @@ Executions come from the handlers' own log (`fault_handlers.record`).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import sqlite3
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from tests.daemon.executions import Execution, executions, overlaps
-from tests.daemon.test_fault_paths import all_terminal, fault_config, submit
+from tests.daemon.faults import all_terminal, database_locked, fault_config, submit
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
 LEASE_S = 3.0
 HELD_S = 3 * LEASE_S
-
-
-@contextlib.contextmanager
-def database_locked(
-    dialect: str, target: str, seconds: float = HELD_S
-) -> Iterator[threading.Thread]:
-    """Hold the lock every write needs for `seconds`, from another client, in a thread."""
-    taken = threading.Event()
-
-    def hold() -> None:
-        if dialect == "sqlite":
-            conn = sqlite3.connect(target, isolation_level=None, timeout=30)
-            try:
-                conn.execute("begin immediate")
-                taken.set()
-                time.sleep(seconds)
-                conn.execute("rollback")
-            finally:
-                conn.close()
-            return
-        with psycopg.connect(target) as pg:
-            pg.execute("lock table cairnq_tasks in access exclusive mode")
-            taken.set()
-            time.sleep(seconds)
-            pg.rollback()
-
-    holder = threading.Thread(target=hold, name="lock-holder", daemon=True)
-    holder.start()
-    assert taken.wait(30), "the lock holder never got the lock"
-    try:
-        yield holder
-    finally:
-        holder.join(60)
 
 
 def _alive(pid: int) -> bool:
@@ -109,7 +70,7 @@ def test_a_stall_longer_than_the_lease_never_runs_a_task_twice_at_once(
     payload = {"log": str(log), "seconds": 30, "long_on": [1]}
     ids = submit(dialect, db_target, handler, [payload, payload], queue="q", max_attempts=3)
     wait_for("both tasks to start", lambda: len(executions(log)) >= 2, 60)
-    with database_locked(dialect, db_target):
+    with database_locked(dialect, db_target, HELD_S):
         pass
     done = wait_for("both tasks to finish", lambda: all_terminal(dialect, db_target, ids), 90)
     assert [t.status for t in done] == ["succeeded"] * 2, done

@@ -13,8 +13,15 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config, wait_for
-from tests.daemon.harness import client_call, database_section, gauge, scrape, stats
+from tests.daemon.daemon import base_config, gone, wait_for
+from tests.daemon.harness import (
+    client_call,
+    database_section,
+    gauge,
+    scrape,
+    stats,
+    wait_running,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -34,23 +41,6 @@ def submit_block(db: str, release: Path, queue: str, **opts: Any) -> Any:
         return await c.submit("t.block", {"until": str(release)}, queue=queue, **opts)
 
     return client_call(SQLITE, db, submit)
-
-
-def wait_running(db: str, task_id: str) -> Any:
-    return wait_for(
-        "the task to start",
-        lambda: t if (t := get(db, task_id)).status == "running" else None,
-        timeout=60,
-    )
-
-
-def gone(pid: int) -> bool:
-    """True once `pid` has exited (a zombie left to an unreaping subreaper counts)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def recycle(
@@ -122,7 +112,7 @@ def test_orphaned_child_finishes_its_task_and_exits(
     daemon = daemon_factory(config).start()
     release = tmp_path / "release"
     task = submit_block(sqlite_path, release, "q")
-    wait_running(sqlite_path, task.id)
+    wait_running(SQLITE, sqlite_path, task.id)
     (child,) = daemon.children("g")
     assert daemon.proc is not None
     daemon.proc.kill()
@@ -192,7 +182,7 @@ def test_sigquit_stops_at_once_and_hands_back_the_running_task(
     config["shutdown_timeout"] = "60s"
     daemon = daemon_factory(config).start()
     task = submit_block(sqlite_path, tmp_path / "never", "q")
-    wait_running(sqlite_path, task.id)
+    wait_running(SQLITE, sqlite_path, task.id)
     started = time.monotonic()
     daemon.signal(signal.SIGQUIT)
     assert daemon.proc is not None
@@ -214,7 +204,7 @@ def test_second_sigint_stops_a_stuck_drain(
     config["shutdown_timeout"] = "60s"
     daemon = daemon_factory(config).start()
     task = submit_block(sqlite_path, tmp_path / "never", "q")
-    wait_running(sqlite_path, task.id)
+    wait_running(SQLITE, sqlite_path, task.id)
     (child,) = daemon.children("g")
     mark = len(daemon.messages)
     daemon.signal(signal.SIGINT)

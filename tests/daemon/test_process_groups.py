@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config
-from tests.daemon.harness import client_call, database_section
-from tests.daemon.test_lifecycle import gone, wait_running
+from tests.daemon.daemon import base_config, gone
+from tests.daemon.harness import client_call, database_section, wait_running
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -91,7 +90,7 @@ def test_ctrl_c_still_drains_and_in_flight_processes_run_to_the_end(
     daemon = daemon_factory(config_for(tmp_path, sqlite_path)).start(own_group=True)
     pids_file, release = tmp_path / "pids", tmp_path / "release"
     task = submit(sqlite_path, "p.start", {"pids": str(pids_file), "until": str(release)})
-    wait_running(sqlite_path, task.id)
+    wait_running("sqlite", sqlite_path, task.id)
     (sleeper,) = started(pids_file, 1)
     (child,) = daemon.children("g")
     assert os.getpgid(child) == child != os.getpgid(daemon.pid)

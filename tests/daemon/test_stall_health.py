@@ -17,8 +17,7 @@ import pytest
 
 from cairnqd.daemon.messages import STALL_WARN_S
 from tests.daemon.daemon import healthz
-from tests.daemon.test_fault_paths import fault_config, submit, succeeded_count
-from tests.daemon.test_lease_stall import database_locked
+from tests.daemon.faults import database_locked, fault_config, submit, succeeded_count
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from tests.daemon.faults import fault_config, submit, succeeded_count
 from tests.daemon.harness import gauge, scrape
-from tests.daemon.test_fault_paths import fault_config, submit, succeeded_count
-from tests.store.test_undecodable_rows import POSTGRES_BAD, SQLITE_BAD, insert_bad
+from tests.store.undecodable import POSTGRES_BAD, SQLITE_BAD, insert_bad
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow

@@ -12,16 +12,10 @@ import yaml
 
 from tests.conftest import make_store
 from tests.dashboard.conftest import Http
-from tests.dashboard.test_standalone import Standalone
-from tests.store.test_undecodable_rows import BadRow, insert_bad
+from tests.dashboard.standalone import Standalone
+from tests.store.undecodable import bad_row_for_reads, insert_bad
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _bad_row(dialect: str) -> BadRow:
-    if dialect == "sqlite":
-        return BadRow("name", name=b"odd\xffname", payload=b'{"a":"\xff"}')
-    return BadRow("payload", payload="[" * 5000 + "]" * 5000)
 
 
 async def _migrate(dialect: str, target: str) -> None:
@@ -37,7 +31,7 @@ def test_the_task_list_and_page_show_an_undecodable_row(
     tmp_path: Path, dialect: str, db_target: str
 ) -> None:
     asyncio.run(_migrate(dialect, db_target))
-    insert_bad(dialect, db_target, _bad_row(dialect))
+    insert_bad(dialect, db_target, bad_row_for_reads(dialect))
     database = {"path": db_target} if dialect == "sqlite" else {"dsn": db_target}
     config = {
         "version": 1,

@@ -17,11 +17,9 @@ import json
 import logging
 import sqlite3
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -34,74 +32,20 @@ from cairnqd.models import Task
 from cairnqd.store.base import QuarantinedRow, TaskStore
 from cairnqd.store.browse import TaskQuery
 from cairnqd.worker import Worker
+from tests.store.undecodable import (
+    BAD_PRIORITY,
+    POSTGRES_BAD,
+    SQLITE_BAD,
+    BadRow,
+    insert_bad,
+    nested,
+    now_ms,
+)
 from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.timeout(120)
 
 GOOD = 20
-BAD_PRIORITY = 10  # drawn before the good tasks (priority 0): first in the first batch
-
-
-def _nested(depth: int) -> str:
-    return "[" * depth + "]" * depth
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-@dataclass(frozen=True)
-class BadRow:
-    """A row written by another client: SQL text for each column that is odd."""
-
-    column: str  # the column the runtime cannot decode
-    id: str | bytes = "task_bad"
-    name: str | bytes = "odd"
-    payload: str | bytes = "{}"
-    metadata: str | bytes = "{}"
-
-
-# SQLite: bytes are bound as text cast from a blob, so they are stored as they are.
-SQLITE_BAD = {
-    "payload-not-utf8": BadRow("payload", payload=b'{"a":"\xff"}'),
-    "metadata-not-utf8": BadRow("metadata", metadata=b'{"m":"\xfe\xff"}'),
-    "name-not-utf8": BadRow("name", name=b"odd\xffname"),
-    "id-not-utf8": BadRow("id", id=b"task_\xffbad"),
-    "payload-huge-number": BadRow("payload", payload='{"n": 1' + "0" * 5000 + "}"),
-    "payload-1500-deep": BadRow("payload", payload=_nested(1500)),
-}
-# Postgres holds valid UTF-8 text only: what its jsonb takes and Python refuses.
-POSTGRES_BAD = {
-    "payload-5000-deep": BadRow("payload", payload=_nested(5000)),
-    "metadata-5000-deep": BadRow("metadata", metadata='{"m": ' + _nested(5000) + "}"),
-    "payload-huge-number": BadRow("payload", payload='{"n": 1' + "0" * 5000 + "}"),
-}
-
-
-def insert_bad(dialect: str, target: str, row: BadRow) -> None:
-    now = _now_ms()
-    values = [row.id, row.name, row.payload, row.metadata, BAD_PRIORITY, now - 1000, now, now]
-    if dialect == "sqlite":
-        with closing(sqlite3.connect(target)) as conn:
-            valid = conn.execute("select json_valid(cast(? as text))", (row.payload,)).fetchone()
-            if not valid[0]:
-                pytest.skip("this SQLite refuses that JSON itself")
-            conn.execute(
-                "insert into cairnq_tasks (id, name, queue, status, payload, metadata, attempt,"
-                " max_attempts, priority, run_at_ms, created_at_ms, updated_at_ms) values"
-                " (cast(? as text), cast(? as text), 'default', 'queued', cast(? as text),"
-                " cast(? as text), 0, 3, ?, ?, ?, ?)",
-                values,
-            )
-            conn.commit()
-        return
-    with psycopg.connect(target, autocommit=True) as pg:
-        pg.execute(
-            "insert into cairnq_tasks (id, name, queue, status, payload, metadata, attempt,"
-            " max_attempts, priority, run_at_ms, created_at_ms, updated_at_ms) values"
-            " (%s, %s, 'default', 'queued', %s::jsonb, %s::jsonb, 0, 3, %s, %s, %s, %s)",
-            values,
-        )
 
 
 def bad_row_state(dialect: str, target: str) -> dict[str, Any]:
@@ -304,7 +248,7 @@ async def test_990_levels_on_sqlite_read_back_from_any_stack_depth(
 ) -> None:
     """The decoder shares the interpreter's recursion limit with its caller: a deep
     value read from deep in a stack is decoded again on a fresh one."""
-    insert_bad(dialect, db_target, BadRow("none", payload=_nested(990)))
+    insert_bad(dialect, db_target, BadRow("none", payload=nested(990)))
 
     def depth_of(value: Any) -> int:
         depth = 0
@@ -320,7 +264,7 @@ async def test_990_levels_on_sqlite_read_back_from_any_stack_depth(
     def deep_call(levels: int) -> Any:
         if levels:
             return deep_call(levels - 1)
-        return Task.from_row(_row_of(claimed, _nested(MAX_JSON_DEPTH)))
+        return Task.from_row(_row_of(claimed, nested(MAX_JSON_DEPTH)))
 
     # Leave the decoder far fewer frames than the value has levels.
     used = sys.getrecursionlimit() - len(traceback.extract_stack()) - 100
@@ -396,7 +340,7 @@ async def test_recovering_an_expired_lease_on_a_row_not_utf8(
         conn.execute(
             "update cairnq_tasks set status = 'running', worker_id = 'w0', attempt = 1,"
             " lease_until_ms = ? where priority = ?",
-            (_now_ms() - 1000, BAD_PRIORITY),
+            (now_ms() - 1000, BAD_PRIORITY),
         )
         conn.commit()
     (recovered,) = await store.recover_leases()
