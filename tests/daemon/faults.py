@@ -4,15 +4,8 @@ every write needs (a database stall)."""
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import psycopg
 
 from cairnqd import CairnQ
 from tests.daemon.daemon import base_config
@@ -65,34 +58,3 @@ def terminal_count(dialect: str, target: str) -> int:
 def succeeded_count(dialect: str, target: str) -> int:
     counts = client_call(dialect, target, lambda c: c.stats())
     return sum(q.get("succeeded", 0) for q in counts.values())
-
-
-@contextlib.contextmanager
-def database_locked(dialect: str, target: str, seconds: float) -> Iterator[threading.Thread]:
-    """Hold the lock every write needs for `seconds`, from another client, in a thread."""
-    taken = threading.Event()
-
-    def hold() -> None:
-        if dialect == "sqlite":
-            conn = sqlite3.connect(target, isolation_level=None, timeout=30)
-            try:
-                conn.execute("begin immediate")
-                taken.set()
-                time.sleep(seconds)
-                conn.execute("rollback")
-            finally:
-                conn.close()
-            return
-        with psycopg.connect(target) as pg:
-            pg.execute("lock table cairnq_tasks in access exclusive mode")
-            taken.set()
-            time.sleep(seconds)
-            pg.rollback()
-
-    holder = threading.Thread(target=hold, name="lock-holder", daemon=True)
-    holder.start()
-    assert taken.wait(30), "the lock holder never got the lock"
-    try:
-        yield holder
-    finally:
-        holder.join(60)

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from tests.daemon.executions import Execution, executions, overlaps
-from tests.daemon.faults import all_terminal, database_locked, fault_config, submit
+from tests.daemon.faults import all_terminal, fault_config, submit
+from tests.faults.locks import database_locked
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,8 @@ import pytest
 
 from cairnqd.daemon.messages import STALL_WARN_S
 from tests.daemon.daemon import healthz
-from tests.daemon.faults import database_locked, fault_config, submit, succeeded_count
+from tests.daemon.faults import fault_config, submit, succeeded_count
+from tests.faults.locks import database_locked
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow

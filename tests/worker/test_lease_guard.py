@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-
-import psycopg
 
 from cairnqd.client import CairnQ
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
+from tests.faults.locks import database_locked_async
 from tests.worker.helpers import eventually, running, wait_status
 
 LEASE_MS = 2000
@@ -71,45 +69,6 @@ class Runs:
         return pairs
 
 
-@contextlib.asynccontextmanager
-async def database_locked(dialect: str, target: str, seconds: float) -> AsyncIterator[None]:
-    """Another client holds the lock every write needs, for `seconds`, from now."""
-    if dialect == "sqlite":
-        taken = threading.Event()
-
-        def hold() -> None:
-            conn = sqlite3.connect(target, isolation_level=None, timeout=30)
-            try:
-                conn.execute("begin immediate")
-                taken.set()
-                time.sleep(seconds)
-                conn.execute("rollback")
-            finally:
-                conn.close()
-
-        holder = threading.Thread(target=hold, name="sqlite-lock-holder")
-        holder.start()
-        await asyncio.get_running_loop().run_in_executor(None, taken.wait, 30)
-        try:
-            yield
-        finally:
-            await asyncio.get_running_loop().run_in_executor(None, holder.join)
-        return
-    conn = await psycopg.AsyncConnection.connect(target, autocommit=False)
-    try:
-        await conn.execute("lock table cairnq_tasks in access exclusive mode")
-        release = asyncio.get_running_loop().call_later(
-            seconds, lambda: asyncio.ensure_future(conn.rollback())
-        )
-        try:
-            yield
-        finally:
-            await eventually(lambda: conn.info.transaction_status.name == "IDLE", within=60)
-            release.cancel()
-    finally:
-        await conn.close()
-
-
 async def test_a_stall_longer_than_the_lease_never_runs_a_task_twice_at_once(
     store: TaskStore, client: CairnQ, dialect: str, db_target: str
 ) -> None:
@@ -127,7 +86,7 @@ async def test_a_stall_longer_than_the_lease_never_runs_a_task_twice_at_once(
     task = await client.submit("long", {}, max_attempts=3)
     async with running(worker, stop_timeout=HANDLER_S * 3):
         await asyncio.wait_for(started.wait(), 20)
-        async with database_locked(dialect, db_target, HELD_S):
+        async with database_locked_async(dialect, db_target, HELD_S):
             pass
         # The task runs again once the lock is gone and its lease has ended.
         await eventually(lambda: len(runs.runs) >= 2, within=60, what="a second execution")
@@ -159,7 +118,7 @@ async def test_a_handler_that_ignores_cancellation_is_reported_before_its_lease_
     task = await client.submit("stubborn", {}, max_attempts=3)
     async with running(worker, stop_timeout=60):
         await asyncio.get_running_loop().run_in_executor(None, started.wait, 20)
-        async with database_locked(dialect, db_target, HELD_S):
+        async with database_locked_async(dialect, db_target, HELD_S):
             await eventually(lambda: overrun, within=20, what="on_lease_overrun")
             (ctx,) = overrun[0][1]
             deadlines.append(ctx.lease_deadline)
