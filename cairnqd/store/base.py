@@ -1093,13 +1093,18 @@ class TaskStore(ABC):
         if not ids:
             await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return []
-        changed: builtins.list[Task] = []
+
+        async def each(session: Session) -> builtins.list[Row]:
+            found: builtins.list[Row] = []
+            for task_id in ids:
+                found += await session.fetch(op, {**params, "id": task_id})
+            return found
+
         with self._operation():
-            async with self._transaction() as session:
-                for task_id in ids:
-                    rows = await session.fetch(op, {**params, "id": task_id})
-                    changed += self._tasks(rows)
-        return changed
+            # A row whose text the driver refuses (another client's) is read back
+            # escaped on a second run, not left to fail the whole batch.
+            rows = await self._replayable(each)
+        return self._tasks(rows)
 
     # -- the dashboard's reads and its bulk discard (see store/browse.py) -----------------
 

@@ -428,7 +428,8 @@ class SQLiteStore(TaskStore):
                     rows = run(conn, write.stmt, write.params, self.now_ms)
                     outcomes.append((write, rows, None))
                 except Exception as exc:
-                    outcomes.append((write, None, exc))
+                    reread = self._reread_written(conn, write, exc)
+                    outcomes.append((write, reread, None if reread is not None else exc))
             conn.execute("COMMIT")
         except BaseException:
             rollback(conn)
@@ -451,6 +452,10 @@ class SQLiteStore(TaskStore):
                 try:
                     rows = run(self._connection(), write.stmt, write.params, self.now_ms)
                 except sqlite3.OperationalError as exc:
+                    reread = self._reread_written(self._connection(), write, exc)
+                    if reread is not None:
+                        write.future.set_result(reread)
+                        return
                     if not is_sqlite_busy(exc) or budget.spent():
                         write.future.set_exception(exc)
                         return
@@ -462,6 +467,20 @@ class SQLiteStore(TaskStore):
                     write.future.set_result(rows)
                     return
             await budget.sleep()
+
+    def _reread_written(
+        self, conn: sqlite3.Connection, write: _Write, exc: BaseException
+    ) -> list[Row] | None:
+        """A one-task write (cancel, retry, an owned write) whose returned row holds
+        text that is not UTF-8: the write is done (SQLite applies an UPDATE before
+        its first row comes back), only its row could not be fetched. Read that row
+        again, such text escaped, as the write's answer; None for any other failure."""
+        if not is_undecodable_text(exc) or write.stmt.name not in _ONE_ROW_WRITES:
+            return None
+        with _tolerant(conn) as tolerant:
+            return run(
+                tolerant, statement("sqlite", "get"), {"id": write.params["id"]}, self.now_ms
+            )
 
     async def _begin_immediate(self) -> sqlite3.Connection:
         """Take the in-process lock and SQLite's write lock; both held on return."""
@@ -618,6 +637,12 @@ class _Admission:
         store._operations.discard(self._token)
         if not store._operations and store._drained is not None:
             store._drained.set()
+
+
+#: Writes of one task by id that return the whole row (`returning *`), as `get` does.
+_ONE_ROW_WRITES = frozenset(
+    {"cancel", "retry", "fail", "complete", "succeed", "progress", "heartbeat"}
+)
 
 
 def is_undecodable_text(exc: BaseException) -> bool:

@@ -349,3 +349,24 @@ async def test_recovering_an_expired_lease_on_a_row_not_utf8(
     state = bad_row_state(dialect, db_target)
     assert (state["status"], state["attempt"], state["worker_id"]) == ("failed", 2, "w1")
     assert await store.release_worker("w1", message="gone") == []
+
+
+@pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
+async def test_cancel_and_retry_of_a_row_not_utf8_answer_with_it_escaped(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    """SQLite applies an UPDATE before its first row comes back, so a cancel or retry of
+    such a row was done while its caller got "Could not decode to UTF-8": half written,
+    as far as the caller could tell. Each now answers with the row, escaped; the bulk
+    forms (the CLI's and the dashboard's) too, all or nothing."""
+    insert_bad(dialect, db_target, SQLITE_BAD["name-not-utf8"])
+    (bad_id,) = [t.id for t in await store.list(limit=10) if t.name == "odd\\xffname"]
+    canceled = await store.cancel(bad_id)
+    assert canceled is not None and (canceled.status, canceled.name) == ("canceled", "odd\\xffname")
+    retried = await store.retry(bad_id)
+    assert retried is not None and retried.status == "queued"
+    (again,) = await store.cancel_many([bad_id])
+    assert again.status == "canceled"
+    (back,) = await store.retry_many([bad_id])
+    assert back.status == "queued"
+    assert bad_row_state(dialect, db_target)["status"] == "queued"
