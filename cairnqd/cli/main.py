@@ -66,7 +66,6 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 ENV_CONFIG = "CAIRNQD_CONFIG"
-STORAGE_PROTOCOL_VERSION = 1
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -142,6 +141,7 @@ def cmd_version(args: argparse.Namespace) -> int:
     import psycopg
 
     from cairnqd import __version__
+    from cairnqd.store.migrate import STORAGE_PROTOCOL_VERSION
 
     libpq = psycopg.pq.version()
     print(f"cairnqd {__version__}")

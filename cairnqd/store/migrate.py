@@ -20,9 +20,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cairnqd._protocol import Migration, migrations, protocol_root, strip_comments
+from cairnqd.errors import ProtocolVersionMismatch
 
 if TYPE_CHECKING:  # only the Postgres store, which has imported it, calls those functions
     import psycopg
+
+#: The storage protocol this code speaks: the `protocol_version` row its migrations
+#: leave in the database, the same for SQLite and Postgres.
+STORAGE_PROTOCOL_VERSION = 1
+
+
+def check_protocol_version(found: int, where: str) -> None:
+    """Refuse a database whose `protocol_version` row (`found`, 0 when absent) is not
+    the one this code speaks; `where` names the database for the error."""
+    if found != STORAGE_PROTOCOL_VERSION:
+        raise ProtocolVersionMismatch(
+            f"{where}: storage protocol_version={found}, "
+            f"cairnqd supports {STORAGE_PROTOCOL_VERSION}"
+        )
+
 
 _LEDGER_FOLDER = {"cairnq": "sql", "cairnqd": "extensions/sql"}
 

@@ -46,7 +46,6 @@ from cairnqd.errors import (
     DatabaseUnavailable,
     LostLease,
     MigrationsPending,
-    ProtocolVersionMismatch,
     SchemaMismatch,
     StoreClosed,
 )
@@ -54,7 +53,7 @@ from cairnqd.models import Task
 from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.leadership import LeaderLock
-from cairnqd.store.migrate import apply_postgres, pending_postgres
+from cairnqd.store.migrate import apply_postgres, check_protocol_version, pending_postgres
 from cairnqd.store.pg_bulk import STREAM_FROM, stream_tasks
 from cairnqd.store.pg_connect import (
     AsyncConn,
@@ -232,11 +231,7 @@ class PostgresStore(TaskStore):
             elif pending := await pending_postgres(conn):
                 raise MigrationsPending(redact_dsn(self.dsn), pending)
             version = await run(conn, statement("postgres", "protocol_version"), {})
-            found = int(version[0]["value"]) if version else 0
-            if found != 1:
-                raise ProtocolVersionMismatch(
-                    f"{redact_dsn(self.dsn)}: storage protocol_version={found}, cairnqd supports 1"
-                )
+            check_protocol_version(int(version[0]["value"]) if version else 0, redact_dsn(self.dsn))
             probe = await conn.execute("""select '"cairnq"'::jsonb as probe""")
             row = await probe.fetchone()
             self.json_is_text = row is not None and row["probe"] == '"cairnq"'

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cairnqd._protocol import statement
-from cairnqd.errors import MigrationsPending, NotACairnqDatabase, ProtocolVersionMismatch
+from cairnqd.errors import MigrationsPending, NotACairnqDatabase
 from cairnqd.store.errors import is_sqlite_busy
-from cairnqd.store.migrate import apply_sqlite, pending_sqlite
+from cairnqd.store.migrate import apply_sqlite, check_protocol_version, pending_sqlite
 
 _WAL_RETRY_S = 0.05
 
@@ -108,11 +108,7 @@ def refresh_statistics(conn: sqlite3.Connection) -> None:
 
 def _check_protocol(conn: sqlite3.Connection, path: str) -> None:
     row = conn.execute(statement("sqlite", "protocol_version").text).fetchone()
-    version = int(row[0]) if row else 0
-    if version != 1:
-        raise ProtocolVersionMismatch(
-            f"{path}: storage protocol_version={version}, cairnqd supports 1"
-        )
+    check_protocol_version(int(row[0]) if row else 0, path)
 
 
 def _looks_foreign(exc: sqlite3.DatabaseError) -> bool:
