@@ -47,7 +47,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
@@ -56,26 +55,19 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cairnqd.config import Config, DatabaseConfig, PurgeRule, to_ms
+from cairnqd.config import Config, PurgeRule, to_ms
 from cairnqd.daemon.dbthread import LoopThread
+from cairnqd.daemon.parent_store import db_error_kind, parent_store
 from cairnqd.errors import LostLease
 from cairnqd.store.base import Row, TaskStore
-from cairnqd.store.errors import classify
-from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
-from cairnqd.store.reachability import DAEMON_CALL_TIMEOUT_S, Reachability, is_unreachable
-from cairnqd.store.sqlite_open import DatabaseFile, file_id, is_plain_file, known_file_uri
+from cairnqd.store.reachability import Reachability, is_unreachable
+from cairnqd.store.sqlite_open import DatabaseFile, file_id, is_plain_file
 
 if TYPE_CHECKING:
     from cairnqd.daemon.metrics import Metrics
 
-__all__ = [
-    "HAND_BACK_REASONS",
-    "PURGE_LOCK_ID",
-    "Maintenance",
-    "db_error_kind",
-    "parent_store",
-]
+__all__ = ["HAND_BACK_REASONS", "PURGE_LOCK_ID", "Maintenance"]
 
 log = logging.getLogger("cairnqd.maintenance")
 
@@ -92,31 +84,6 @@ _HAND_BACK_CAUSES = {
     "shutdown": "the daemon shut down before it finished",
     "max_run": "its worker was stopped for exceeding max_run",
 }
-
-
-# -- shared helpers for the parent's database threads ------------------------------------
-
-
-def db_error_kind(exc: BaseException) -> str:
-    """Classify a database error into the `kind` label: busy, timeout, connect, full, other."""
-    return classify(exc)
-
-
-def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None = None) -> TaskStore:
-    """A store for one of the parent's threads: a single connection, never shared.
-
-    `statement_timeout_ms` bounds each statement server-side on Postgres and the busy
-    wait on SQLite (the metrics collector passes its 2 s scrape budget). A SQLite file
-    the supervisor created (or found) at start is opened only if it still exists.
-    """
-    if database.path is not None:
-        database = dataclasses.replace(database, path=known_file_uri(database.path))
-    return store_for(
-        database,
-        "background",
-        statement_timeout_ms=statement_timeout_ms,
-        call_timeout_s=DAEMON_CALL_TIMEOUT_S,
-    )
 
 
 def _reaper_store(config: Config) -> TaskStore:

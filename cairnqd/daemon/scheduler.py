@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from cairnqd.config import Config, ScheduleConfig, to_ms
 from cairnqd.daemon.dbthread import LoopThread
-from cairnqd.daemon.maintenance import db_error_kind, parent_store
+from cairnqd.daemon.parent_store import db_error_kind, parent_store
 from cairnqd.schedules import from_ms, plan_due
 from cairnqd.schedules import to_ms as slot_ms
 from cairnqd.store.arguments import SubmitRequest

@@ -18,8 +18,9 @@ import psycopg
 import pytest
 
 from cairnqd.config import Config
-from cairnqd.daemon.maintenance import PURGE_LOCK_ID, Maintenance, db_error_kind
+from cairnqd.daemon.maintenance import PURGE_LOCK_ID, Maintenance
 from cairnqd.daemon.metrics import Metrics
+from cairnqd.daemon.parent_store import db_error_kind
 from cairnqd.errors import DatabaseUnavailable
 from cairnqd.store.base import Clock, Row, TaskStore
 from cairnqd.store.factory import store_for

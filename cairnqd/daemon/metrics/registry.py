@@ -19,7 +19,6 @@ from prometheus_client import disable_created_metrics
 
 from cairnqd import __version__
 from cairnqd.config import Config
-from cairnqd.daemon.maintenance import parent_store
 from cairnqd.daemon.messages import (
     ChildMessage,
     DatabaseTrouble,
@@ -43,6 +42,7 @@ from cairnqd.daemon.metrics.labels import (
 )
 from cairnqd.daemon.metrics.series import Labelled, SeriesBook
 from cairnqd.daemon.metrics.server import Health, HttpServer
+from cairnqd.daemon.parent_store import parent_store
 from cairnqd.daemon.tally import TallyBook
 from cairnqd.store.base import TaskStore
 
