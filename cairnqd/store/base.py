@@ -106,6 +106,17 @@ class Session(Protocol):
 
 
 Clock = Callable[[], int]
+
+
+class Sweeper(Protocol):
+    """A helper that runs beside an open store, such as the SDK's `Retention` sweeper:
+    started once the store's connection is open, stopped before it closes."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 """Epoch milliseconds. SQLite binds a store's clock into every statement that reads the
 time; Postgres reads the server's clock instead, and an injected clock only moves the
 retention cut-offs (`purge`, `count_purgeable`): enough to age rows in a test without
@@ -193,7 +204,7 @@ class TaskStore(ABC):
         self.clock = clock
         self.now_ms: Clock = clock if clock is not None else wall_clock_ms
         self._gate: QueueDepthGate | None = None
-        self._retention: Any = None
+        self._retention: Sweeper | None = None
         self._claim_recovered_at = -math.inf
         #: Rows claims took and could not decode, each failed at once without running
         #: (`QuarantinedRow`); a counter for the metrics.
@@ -269,8 +280,20 @@ class TaskStore(ABC):
 
         self._gate = QueueDepthGate(self, max_queue_depth, max_queue_wait_ms=max_queue_wait_ms)
 
-    def use_retention(self, sweeper: Any) -> None:
+    def use_retention(self, sweeper: Sweeper) -> None:
+        """Run `sweeper` for as long as the store is open (see `_opened`, `_closing`)."""
         self._retention = sweeper
+
+    def _opened(self) -> None:
+        """Each dialect calls this once its connection (or pool) is open."""
+        if self._retention is not None:
+            self._retention.start()
+
+    async def _closing(self) -> None:
+        """Each dialect awaits this first when it closes, while statements still run
+        (a sweep in flight finishes, and may still start a VACUUM)."""
+        if self._retention is not None:
+            await self._retention.stop()
 
     async def applied_migrations(self) -> dict[str, builtins.list[tuple[str, int]]]:
         """Both ledgers, oldest first: {"cairnq_migrations": [(name, applied_at_ms)],

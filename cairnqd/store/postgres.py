@@ -257,8 +257,7 @@ class PostgresStore(TaskStore):
                 f"cannot open a connection pool to {redact_dsn(self.dsn)}: {exc}"
             ) from exc
         self._pool = pool
-        if self._retention is not None:
-            self._retention.start()
+        self._opened()
 
     async def _check_installation(self, conn: AsyncConn) -> None:
         """Refuse to build a second, invisible installation beside an existing one."""
@@ -281,8 +280,7 @@ class PostgresStore(TaskStore):
 
     async def close(self) -> None:
         await self.submits.drain()  # submits already queued land before the pool goes
-        if self._retention is not None:
-            await self._retention.stop()  # a sweep in flight may still start a VACUUM
+        await self._closing()
         vacuum, self._vacuum = self._vacuum, None
         if vacuum is not None and not vacuum.done():
             vacuum.cancel()  # psycopg cancels the statement on the server too

@@ -207,8 +207,7 @@ class SQLiteStore(TaskStore):
             self._last_optimize = time.monotonic()
         finally:
             self._opening = None
-        if self._retention is not None:
-            self._retention.start()
+        self._opened()
 
     async def close(self) -> None:
         """Let admitted operations finish, refuse new ones meanwhile, then close."""
@@ -231,8 +230,7 @@ class SQLiteStore(TaskStore):
                     await asyncio.shield(self._opening)  # a connect in flight lands first
             if self._conn is None:
                 return
-            if self._retention is not None:
-                await self._retention.stop()
+            await self._closing()
             while self._operations:
                 self._drained = asyncio.Event()
                 await self._drained.wait()
