@@ -105,6 +105,30 @@ class Session(Protocol):
     ) -> list[Row]: ...
 
 
+class Executor:
+    """What a table class over a store runs its statements with (the scheduler's
+    `ScheduleTable`): one statement, or one write transaction as a whole operation, in
+    the store's dialect, named as the files of `protocol/`."""
+
+    def __init__(self, store: TaskStore) -> None:
+        self._store = store
+
+    async def fetch(
+        self, op: str, params: Params, supplied: frozenset[str] = frozenset()
+    ) -> list[Row]:
+        """Run statement `op` outside any explicit transaction; its rows."""
+        return await self._store._fetch(op, params, supplied)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Session]:
+        """A write transaction: committed when the block ends, rolled back if it raises,
+        and let finish as a whole by a store that is closing."""
+        store = self._store
+        with store._operation():
+            async with store._transaction() as session:
+                yield session
+
+
 Clock = Callable[[], int]
 
 
@@ -387,6 +411,17 @@ class TaskStore(ABC):
         the rows are not parsed back out of their JSON."""
         rows = await fetch("insert_many", insert_many_params(run))
         return inserted_tasks(run, int(rows[0]["now_ms"]))
+
+    @property
+    def executor(self) -> Executor:
+        """Statements and transactions for table classes over this store."""
+        return Executor(self)
+
+    async def submit_keyed_in(self, session: Session, params: Params) -> Task:
+        """A keyed submit inside `session` (prepared `params`, a key among them), with
+        the key's conflict rules: for a table class whose own write must commit with the
+        task's (a schedule slot and the task it enqueues)."""
+        return await self._submit_keyed(session, params)
 
     async def _submit_keyed(self, session: Session, params: Params) -> Task:
         key, conflict = params["key"], params["conflict"]

@@ -67,14 +67,15 @@ class ScheduleTable:
 
     def __init__(self, store: TaskStore) -> None:
         self.store = store
+        self._db = store.executor
 
     async def ensure(self, name: str, rule: str, at_ms: int) -> bool:
         """Create the row of a schedule seen for the first time (starting after
         `at_ms`); True when an existing row's rule changed and was restarted there."""
-        await self.store._fetch(
+        await self._db.fetch(
             "extensions/schedule_ensure", {"name": name, "rule": rule, "at_ms": at_ms}
         )
-        rows = await self.store._fetch(
+        rows = await self._db.fetch(
             "extensions/schedule_rule", {"name": name, "rule": rule, "at_ms": at_ms}
         )
         return bool(rows)
@@ -82,7 +83,7 @@ class ScheduleTable:
     async def skip(self, name: str, through_ms: int, skipped: int, at_ms: int) -> bool:
         """Give up the missed slots through `through_ms`; False if that was done."""
         params = {"name": name, "slot_ms": through_ms, "skipped": skipped, "at_ms": at_ms}
-        return bool(await self.store._fetch("extensions/schedule_skip", params))
+        return bool(await self._db.fetch("extensions/schedule_skip", params))
 
     async def fire(
         self, name: str, slot_ms: int, request: SubmitRequest, *, host: str, at_ms: int
@@ -90,43 +91,41 @@ class ScheduleTable:
         """Enqueue the slot's task and move past the slot, in one transaction; None
         when the slot had been dealt with already (by this host or another)."""
         params = request.insert_params()
-        store = self.store
-        with store._operation():
-            async with store._transaction() as session:
-                claimed = await session.fetch(
-                    "extensions/schedule_advance",
-                    {"name": name, "slot_ms": slot_ms, "at_ms": at_ms},
-                )
-                if not claimed:
-                    return None
-                task = await store._submit_keyed(session, params)
-                await session.fetch(
-                    "extensions/schedule_fired",
-                    {
-                        "name": name,
-                        "slot_ms": slot_ms,
-                        "task_id": task.id,
-                        "host": host,
-                        "at_ms": at_ms,
-                    },
-                )
-                return task
+        async with self._db.transaction() as session:
+            claimed = await session.fetch(
+                "extensions/schedule_advance",
+                {"name": name, "slot_ms": slot_ms, "at_ms": at_ms},
+            )
+            if not claimed:
+                return None
+            task = await self.store.submit_keyed_in(session, params)
+            await session.fetch(
+                "extensions/schedule_fired",
+                {
+                    "name": name,
+                    "slot_ms": slot_ms,
+                    "task_id": task.id,
+                    "host": host,
+                    "at_ms": at_ms,
+                },
+            )
+            return task
 
     async def record_failure(self, name: str, message: str, at_ms: int) -> None:
         params = {"name": name, "message": message[:1000], "at_ms": at_ms}
-        await self.store._fetch("extensions/schedule_failed", params)
+        await self._db.fetch("extensions/schedule_failed", params)
 
     async def record_manual(
         self, name: str, rule: str, task_id: str, *, host: str, at_ms: int
     ) -> None:
         params = {"name": name, "rule": rule, "task_id": task_id, "host": host, "at_ms": at_ms}
-        await self.store._fetch("extensions/schedule_manual", params)
+        await self._db.fetch("extensions/schedule_manual", params)
 
     async def mark_leader(self, host: str, at_ms: int) -> None:
-        await self.store._fetch("extensions/schedule_leader", {"host": host, "at_ms": at_ms})
+        await self._db.fetch("extensions/schedule_leader", {"host": host, "at_ms": at_ms})
 
     async def rows(self) -> dict[str, ScheduleRow]:
-        rows = await self.store._fetch("extensions/schedule_list", {})
+        rows = await self._db.fetch("extensions/schedule_list", {})
         return {str(r["name"]): ScheduleRow.from_row(r) for r in rows}
 
 
