@@ -107,10 +107,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def _listen(value: str, config: Any) -> Any:
     """`--listen HOST:PORT`, held to the rules `check` holds dashboard.listen to."""
-    from cairnqd.config.kinds import _Listen
+    from cairnqd.config.kinds import ListenKind
 
     try:
-        listen = _Listen().convert(value)
+        listen = ListenKind().convert(value)
     except Exception as exc:
         raise CliError(exitcodes.USAGE, f"dashboard --listen: {exc}") from None
     if listen is None:
@@ -160,19 +160,19 @@ def _runtime_dir(config_path: str) -> tuple[str, str]:
     must still reach the daemon, whose refusal (`reload --wait` exit 78) is how the
     operator learns what is wrong with it. Also a note for "not found" messages when
     the file does not even parse, so the default directory was used."""
-    from cairnqd.config import _default_runtime_dir  # the config's own fallback, not a copy
+    from cairnqd.config import default_runtime_dir  # the config's own fallback, not a copy
 
     try:
         root, _ = interpolate(load_yaml(config_path).root, os.environ)
     except (OSError, YamlSyntaxError) as exc:
         note = f" ({config_path} does not parse, so its runtime_dir was not read: {exc})"
-        return _default_runtime_dir(os.environ), note
+        return default_runtime_dir(os.environ), note
     node = YamlDocument(root).node(("runtime_dir",))
     if isinstance(node, YamlScalar) and isinstance(node.value, str) and node.value:
         # Relative to the config file's directory, as the daemon's load takes it.
         base = os.path.dirname(os.path.abspath(config_path))
         return os.path.normpath(os.path.join(base, os.path.expanduser(node.value))), ""
-    return _default_runtime_dir(os.environ), ""
+    return default_runtime_dir(os.environ), ""
 
 
 def _locate(args: argparse.Namespace) -> tuple[StateFile, str]:

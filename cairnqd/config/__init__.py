@@ -7,7 +7,7 @@ and `config/cairnq.example.yaml` (`render_example()`), so none of them can drift
 the others (gunicorn's `Setting` registry does the same for its CLI and docs).
 
 Loading never stops at the first problem. Each setting is checked where it is
-written; a bad one becomes `_INVALID` and checks that depend on it are skipped, so
+written; a bad one becomes `INVALID` and checks that depend on it are skipped, so
 one typo yields one message. Every problem carries `file:line:col` and the YAML
 path, and `load_config` raises them together as `ConfigError` (exit 78 in the CLI).
 Only a YAML syntax error, which stops the parser, comes alone.
@@ -43,7 +43,7 @@ from cairnqd.config.dsn import redact_dsn
 from cairnqd.config.example import render_example
 
 # `x as x`: re-exported for cairnqd's own modules (mypy --strict) but not in __all__.
-from cairnqd.config.finish import _default_runtime_dir as _default_runtime_dir
+from cairnqd.config.finish import default_runtime_dir as default_runtime_dir
 from cairnqd.config.load import load_config, setting_position
 from cairnqd.config.problems import ConfigError, ConfigProblem
 from cairnqd.config.root import Config

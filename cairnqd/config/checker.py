@@ -10,10 +10,10 @@ from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
-from cairnqd.config.dsn import _dsn_problem
-from cairnqd.config.kinds import _INVALID, _Invalid, _Kind, _suggest
+from cairnqd.config.dsn import dsn_problem
+from cairnqd.config.kinds import INVALID, Invalid, Kind, suggest
 from cairnqd.config.problems import ConfigProblem
-from cairnqd.config.schema import Setting, _children
+from cairnqd.config.schema import Setting, child_settings
 from cairnqd.config.sections import GroupConfig
 from cairnqd.config.units import format_duration
 from cairnqd.config.yamlload import (
@@ -41,7 +41,7 @@ def _synthetic(value: Any, position: Position) -> YamlNode:
 
 def _unknown_key(key: str, known: Sequence[str]) -> str:
     return f"unknown key {key!r}" + (
-        _suggest(key, known) or f" (expected one of: {', '.join(known)})"
+        suggest(key, known) or f" (expected one of: {', '.join(known)})"
     )
 
 
@@ -49,7 +49,7 @@ def _unknown_key(key: str, known: Sequence[str]) -> str:
 _MAX_SECRET_CHARS = 64 * 1024
 
 
-class _Checker:
+class Checker:
     """Collects problems while the schema walks the document."""
 
     def __init__(self, root: YamlNode, env: Mapping[str, str], base_dir: str = ".") -> None:
@@ -85,16 +85,16 @@ class _Checker:
 
     def guard(self, check: Callable[..., Any], node: YamlNode, path: YamlPath, *args: Any) -> Any:
         """Run `check(checker, node, path, *args)`; a failure is reported and becomes
-        `_INVALID`."""
+        `INVALID`."""
         if path in self.lost:
-            return _INVALID
+            return INVALID
         try:
             return check(self, node, path, *args)
-        except _Invalid as exc:
+        except Invalid as exc:
             self.error((exc.node or node).position, (*path, *exc.suffix), exc.message)
-            return _INVALID
+            return INVALID
 
-    def value(self, kind: _Kind, node: YamlNode, path: YamlPath) -> Any:
+    def value(self, kind: Kind, node: YamlNode, path: YamlPath) -> Any:
         return self.guard(kind.check, node, path)
 
     def setting(self, setting: Setting, node: YamlNode, path: YamlPath) -> Any:
@@ -103,7 +103,7 @@ class _Checker:
         return self.value(setting.kind, node, path)
 
     def section(self, node: YamlMapping, pattern: str, path: YamlPath) -> dict[str, Any]:
-        settings = _children(pattern)
+        settings = child_settings(pattern)
         keys = [s.key for s in settings]
         for key, written in node.entries.items():
             if key not in keys:
@@ -113,7 +113,7 @@ class _Checker:
             entry = node.entries.get(setting.key)
             if entry is None and setting.required:
                 self.error(node.position, path, f"missing required key {setting.key!r}")
-                values[setting.key] = _INVALID
+                values[setting.key] = INVALID
                 continue
             child = _synthetic(setting.default, node.position) if entry is None else entry.node
             values[setting.key] = self.setting(setting, child, (*path, setting.key))
@@ -136,15 +136,15 @@ class _Checker:
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
             self.error_at(path, f"cannot read {filename}: {reason or exc}")
-            return _INVALID
+            return INVALID
         if len(text) > _MAX_SECRET_CHARS:
             self.error_at(path, f"{filename} is longer than {_MAX_SECRET_CHARS} characters")
-            return _INVALID
+            return INVALID
         text = text.rstrip("\r\n")
-        problem = "is empty" if not text.strip() else _dsn_problem(text)
+        problem = "is empty" if not text.strip() else dsn_problem(text)
         if problem:
             self.error_at(path, f"{filename} does not hold a DSN: {problem}")
-            return _INVALID
+            return INVALID
         return text
 
     def check_sqlite_dir(self, path: YamlPath, filename: str) -> None:
@@ -164,7 +164,7 @@ class _Checker:
             if not handlers:
                 message = "no handlers: list them at the top level or in this group"
                 self.error_at(("groups", name), message)
-                return _INVALID
+                return INVALID
             result[name] = replace(group, handlers=handlers)
         return MappingProxyType(result)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cairnqd.config.root import Config
-from cairnqd.config.schema import _BY_PATH, Reload, _dump
+from cairnqd.config.schema import BY_PATH, Reload, dump_section
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def _reload_of(path: str) -> Reload:
     if parts[0] in _NAMED and len(parts) > 2:
         parts[1] = "*"
     while parts:
-        setting = _BY_PATH.get(".".join(parts))
+        setting = BY_PATH.get(".".join(parts))
         if setting is not None and setting.reload is not None:
             return setting.reload
         parts.pop()
@@ -50,7 +50,7 @@ def _reload_of(path: str) -> Reload:
 def diff_configs(old: Config, new: Config) -> list[ConfigChange]:
     """Changed settings, in schema order; an added or removed group or schedule is one
     change."""
-    before, after = dict(_flatten(_dump(old, ""))), dict(_flatten(_dump(new, "")))
+    before, after = dict(_flatten(dump_section(old, ""))), dict(_flatten(dump_section(new, "")))
     moved: set[tuple[str, str]] = set()
     changes: list[ConfigChange] = []
     for section, reload in _NAMED.items():

@@ -18,7 +18,7 @@ def redact_dsn(dsn: str) -> str:
     return re.sub(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", r"\1***", dsn)
 
 
-def _dsn_problem(dsn: str) -> str | None:
+def dsn_problem(dsn: str) -> str | None:
     """Why a string cannot be a libpq DSN; never echoes it, as it may hold a password."""
     scheme, sep, _ = dsn.partition("://")
     if sep and scheme not in ("postgres", "postgresql"):

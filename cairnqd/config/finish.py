@@ -9,25 +9,25 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from cairnqd.config.kinds import _INVALID
-from cairnqd.config.schedule_kinds import _warn_unserved_queues
+from cairnqd.config.kinds import INVALID
+from cairnqd.config.schedule_kinds import warn_unserved_queues
 from cairnqd.config.sections import DatabaseConfig, RetentionConfig
-from cairnqd.config.shadowing import _check_rule_shadowing
+from cairnqd.config.shadowing import check_rule_shadowing
 from cairnqd.config.units import format_duration
 from cairnqd.config.yamlload import YamlPath
 
 if TYPE_CHECKING:
-    from cairnqd.config.checker import _Checker
+    from cairnqd.config.checker import Checker
 
 
-def _finish_database(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_database(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     sources = [k for k in ("path", "dsn", "dsn_file") if v[k] is not None]
     if not sources:
         ck.error_at(path, "set one of path (SQLite), dsn or dsn_file (Postgres)")
-        v["path"] = _INVALID
+        v["path"] = INVALID
     for extra in sources[1:]:
         ck.error_at((*path, extra), f"{sources[0]} and {extra} are both set; keep one")
-        v[extra] = _INVALID
+        v[extra] = INVALID
     if isinstance(v["dsn_file"], str):
         v["dsn"] = ck.read_secret((*path, "dsn_file"), v["dsn_file"])
     if isinstance(v["path"], str):
@@ -38,40 +38,40 @@ def _finish_database(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[st
     return v
 
 
-def _finish_pooler(ck: _Checker, v: dict[str, Any], path: YamlPath) -> None:
+def _finish_pooler(ck: Checker, v: dict[str, Any], path: YamlPath) -> None:
     """`direct_dsn`/`direct_dsn_file` and `pool_size` only mean something on Postgres,
     and `pool_size` only under a session pooler."""
     if v["direct_dsn"] is not None and v["direct_dsn_file"] is not None:
         message = "direct_dsn and direct_dsn_file are both set; keep one"
         ck.error_at((*path, "direct_dsn_file"), message)
-        v["direct_dsn_file"] = _INVALID
+        v["direct_dsn_file"] = INVALID
     elif isinstance(v["direct_dsn_file"], str):
         v["direct_dsn"] = ck.read_secret((*path, "direct_dsn_file"), v["direct_dsn_file"])
-    postgres = v["path"] is None or v["path"] is _INVALID  # unknown: no second error
+    postgres = v["path"] is None or v["path"] is INVALID  # unknown: no second error
     for key in ("direct_dsn", "direct_dsn_file", "pool_size"):
-        if v[key] not in (None, _INVALID) and not postgres:
+        if v[key] not in (None, INVALID) and not postgres:
             ck.error_at((*path, key), "applies to Postgres only (database.path is set)")
-            v[key] = _INVALID
-    if v["pooler"] not in ("none", _INVALID) and not postgres:
+            v[key] = INVALID
+    if v["pooler"] not in ("none", INVALID) and not postgres:
         ck.error_at((*path, "pooler"), "applies to Postgres only (database.path is set)")
-        v["pooler"] = _INVALID
-    if v["pool_size"] not in (None, _INVALID) and v["pooler"] != "session":
+        v["pooler"] = INVALID
+    if v["pool_size"] not in (None, INVALID) and v["pooler"] != "session":
         ck.warn_at((*path, "pool_size"), "is only used with pooler: session")
 
 
-def _finish_group(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_group(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     low, high = v["retry_backoff"], v["retry_backoff_max"]
-    if _INVALID not in (low, high) and high < low:
+    if INVALID not in (low, high) and high < low:
         message = f"must be at least retry_backoff ({format_duration(low)})"
         ck.error_at((*path, "retry_backoff_max"), message)
-        v["retry_backoff_max"] = _INVALID
+        v["retry_backoff_max"] = INVALID
     lease, stall = v["lease"], v["stall_timeout"]
-    if _INVALID not in (lease, stall) and stall is not None and stall * 2 > lease:
+    if INVALID not in (lease, stall) and stall is not None and stall * 2 > lease:
         # The stalled child must be gone and its tasks handed back before the lease
         # it renewed last (up to lease/3 earlier) runs out.
         message = f"must be at most half the lease ({format_duration(lease)})"
         ck.error_at((*path, "stall_timeout"), message)
-        v["stall_timeout"] = _INVALID
+        v["stall_timeout"] = INVALID
     return v
 
 
@@ -80,26 +80,26 @@ DASHBOARD_TOKEN_MIN = 16
 _DASHBOARD_TOKEN_MAX = 4096
 
 
-def _finish_dashboard(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_dashboard(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     v["token"] = None
     if isinstance(v["token_file"], str):
         v["token"] = _read_token(ck, (*path, "token_file"), v["token_file"])
     listen, token_file = v["listen"], v["token_file"]
-    beyond = listen is not _INVALID and listen is not None and not listen.is_loopback
+    beyond = listen is not INVALID and listen is not None and not listen.is_loopback
     if beyond and token_file is None:
         ck.error_at(
             (*path, "listen"),
             f"serves the dashboard beyond this host on {listen} without a login; "
             "set dashboard.token_file, or listen on 127.0.0.1",
         )
-        v["listen"] = _INVALID
+        v["listen"] = INVALID
     if v["actions"] is True and token_file is None:
         ck.error_at((*path, "actions"), "needs dashboard.token_file: actions require a login")
-        v["actions"] = _INVALID
+        v["actions"] = INVALID
     return v
 
 
-def _read_token(ck: _Checker, path: YamlPath, filename: str) -> Any:
+def _read_token(ck: Checker, path: YamlPath, filename: str) -> Any:
     try:
         with open(filename, encoding="utf-8") as f:
             text = f.read(_DASHBOARD_TOKEN_MAX + 1)
@@ -107,39 +107,39 @@ def _read_token(ck: _Checker, path: YamlPath, filename: str) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
         ck.error_at(path, f"cannot read {filename}: {reason or exc}")
-        return _INVALID
+        return INVALID
     token = text.strip()
     if len(text) > _DASHBOARD_TOKEN_MAX:
         ck.error_at(path, f"{filename} is longer than {_DASHBOARD_TOKEN_MAX} characters")
-        return _INVALID
+        return INVALID
     if len(token) < DASHBOARD_TOKEN_MIN or any(c.isspace() for c in token):
         ck.error_at(
             path,
             f"{filename} must hold one token of at least {DASHBOARD_TOKEN_MIN} characters "
             "without spaces",
         )
-        return _INVALID
+        return INVALID
     if mode & 0o077:
         ck.warn_at(path, f"{filename} is readable by other users (mode {mode & 0o777:o})")
     return token
 
 
-def _finish_retention(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_retention(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     rules = v["rules"]
-    if rules is not _INVALID:
+    if rules is not INVALID:
         if not rules:
             ck.warn_at((*path, "rules"), "is empty: finished tasks are never purged")
-        _check_rule_shadowing(ck, rules, (*path, "rules"))
+        check_rule_shadowing(ck, rules, (*path, "rules"))
     return v
 
 
-def _finish_root(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_root(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     database, groups = v["database"], v["groups"]
-    if groups is not _INVALID and v["handlers"] is not _INVALID:
+    if groups is not INVALID and v["handlers"] is not INVALID:
         groups = v["groups"] = ck.inherit_handlers(groups, v["handlers"])
-    if groups is not _INVALID and v["shutdown_timeout"] is not _INVALID:
+    if groups is not INVALID and v["shutdown_timeout"] is not INVALID:
         ck.warn_max_run(groups, v["shutdown_timeout"])
-    _warn_unserved_queues(ck, v["schedules"], groups)
+    warn_unserved_queues(ck, v["schedules"], groups)
     retention = v["retention"]
     # The default batch depends on the backend, known only now.
     no_batch = isinstance(retention, RetentionConfig) and retention.batch is None
@@ -147,23 +147,23 @@ def _finish_root(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, A
         batch = 500 if database.backend == "sqlite" else 1000
         v["retention"] = replace(retention, batch=batch)
     if v["runtime_dir"] is None:
-        v["runtime_dir"] = _default_runtime_dir(ck.env)
+        v["runtime_dir"] = default_runtime_dir(ck.env)
     _warn_python_path(ck, v["python_path"])
     metrics = v["metrics"]
-    if metrics is not _INVALID and metrics.listen is not None and not metrics.listen.is_loopback:
+    if metrics is not INVALID and metrics.listen is not None and not metrics.listen.is_loopback:
         ck.warn_at(("metrics", "listen"), f"serves metrics beyond this host on {metrics.listen}")
     return v
 
 
-def _warn_python_path(ck: _Checker, directories: Any) -> None:
-    if directories is _INVALID:
+def _warn_python_path(ck: Checker, directories: Any) -> None:
+    if directories is INVALID:
         return
     for i, directory in enumerate(directories):
         if not os.path.isdir(directory):
             ck.warn_at(("python_path", i), f"{directory} is not a directory")
 
 
-def _default_runtime_dir(env: Mapping[str, str]) -> str:
+def default_runtime_dir(env: Mapping[str, str]) -> str:
     if env.get("RUNTIME_DIRECTORY"):  # systemd's RuntimeDirectory=, maybe several
         return env["RUNTIME_DIRECTORY"].split(":")[0]
     if env.get("XDG_RUNTIME_DIR"):

@@ -1,7 +1,7 @@
 """Kinds: how one setting is read from a YAML node and written back.
 
-A kind raises `_Invalid` for a bad value; the checker reports it at the node and
-stores `_INVALID` instead, so checks that depend on the value can skip it."""
+A kind raises `Invalid` for a bad value; the checker reports it at the node and
+stores `INVALID` instead, so checks that depend on the value can skip it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from cairnqd.config.dsn import _dsn_problem
+from cairnqd.config.dsn import dsn_problem
 from cairnqd.config.handler_path import parse_handler_path
 from cairnqd.config.sections import ListenAddress
 from cairnqd.config.units import format_duration, format_size, parse_duration, parse_size
@@ -26,7 +26,7 @@ from cairnqd.config.yamlload import (
 )
 
 if TYPE_CHECKING:
-    from cairnqd.config.checker import _Checker
+    from cairnqd.config.checker import Checker
 
 
 class _InvalidType:
@@ -35,10 +35,10 @@ class _InvalidType:
 
 
 #: Stands in for a value that failed its check, so dependent checks can skip it.
-_INVALID: Any = _InvalidType()
+INVALID: Any = _InvalidType()
 
 
-class _Invalid(Exception):
+class Invalid(Exception):
     def __init__(self, message: str, node: YamlNode | None = None, suffix: YamlPath = ()):
         super().__init__(message)
         self.message = message
@@ -46,7 +46,7 @@ class _Invalid(Exception):
         self.suffix = suffix
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -56,43 +56,43 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _show_node(node: YamlNode) -> str:
+def show_node(node: YamlNode) -> str:
     if isinstance(node, YamlMapping):
         return "a mapping"
     if isinstance(node, YamlSequence):
         return "a list"
-    return _show(node.value)
+    return show_value(node.value)
 
 
-def _suggest(word: str, choices: Sequence[str]) -> str:
+def suggest(word: str, choices: Sequence[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-class _Kind:
+class Kind:
     expected = "a value"
 
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         raise NotImplementedError
 
     def dump(self, value: Any) -> Any:
         return value
 
-    def fail(self, got: str, hint: str = "") -> _Invalid:
-        return _Invalid(f"expected {self.expected}, got {got}{hint}")
+    def fail(self, got: str, hint: str = "") -> Invalid:
+        return Invalid(f"expected {self.expected}, got {got}{hint}")
 
 
-class _Scalar(_Kind):
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+class _Scalar(Kind):
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         if not isinstance(node, YamlScalar):
-            raise self.fail(_show_node(node))
+            raise self.fail(show_node(node))
         return self.convert(node.value)
 
     def convert(self, value: ScalarValue) -> Any:
         raise NotImplementedError
 
 
-class _Str(_Scalar):
+class StrKind(_Scalar):
     expected = "a string"
 
     def __init__(self, pattern: str | None = None, what: str = "") -> None:
@@ -101,26 +101,26 @@ class _Str(_Scalar):
 
     def convert(self, value: ScalarValue) -> Any:
         if not isinstance(value, str):
-            hint = f' (quote it: "{_show(value)}")' if value is not None else ""
-            raise self.fail(_show(value), hint)
+            hint = f' (quote it: "{show_value(value)}")' if value is not None else ""
+            raise self.fail(show_value(value), hint)
         if not value.strip():
-            raise _Invalid("must not be empty")
+            raise Invalid("must not be empty")
         if self.pattern is not None and not self.pattern.fullmatch(value):
-            raise _Invalid(f"expected {self.what}, got {value!r}")
+            raise Invalid(f"expected {self.what}, got {value!r}")
         return value
 
 
-class _HandlerPath(_Str):
+class HandlerPathKind(StrKind):
     def convert(self, value: ScalarValue) -> Any:
         text = super().convert(value)
         try:
             parse_handler_path(text)
         except ValueError as exc:
-            raise _Invalid(str(exc)) from None
+            raise Invalid(str(exc)) from None
         return text
 
 
-class _Path(_Str):
+class PathKind(StrKind):
     """A file or directory path. A relative one is taken from the config file's
     directory, so the file means the same thing whatever directory a command runs in
     (`cairnqd -c ../app/cairnq.yaml stats` reads the app's database, not a new one
@@ -128,11 +128,11 @@ class _Path(_Str):
 
     expected = "a file path"
 
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         return ck.resolve_path(super().check(ck, node, path))
 
 
-class _Int(_Scalar):
+class IntKind(_Scalar):
     def __init__(self, minimum: int | None = None, maximum: int | None = None) -> None:
         self.minimum, self.maximum = minimum, maximum
         if minimum is not None and maximum is not None:
@@ -147,7 +147,7 @@ class _Int(_Scalar):
             hint = ""
             if isinstance(value, str) and re.fullmatch(r"0[0-9]+", value):
                 hint = f" (a leading zero reads as octal in YAML 1.1; write {int(value)})"
-            raise self.fail(_show(value), hint)
+            raise self.fail(show_value(value), hint)
         if (self.minimum is not None and value < self.minimum) or (
             self.maximum is not None and value > self.maximum
         ):
@@ -155,31 +155,31 @@ class _Int(_Scalar):
         return value
 
 
-class _Version(_Scalar):
+class VersionKind(_Scalar):
     expected = "1"
 
     def convert(self, value: ScalarValue) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value != 1:
-            raise self.fail(_show(value), " (this cairnqd reads config version 1)")
+            raise self.fail(show_value(value), " (this cairnqd reads config version 1)")
         return value
 
 
-_YAML11_BOOLS = {"yes", "no", "on", "off", "y", "n"}
+YAML11_BOOLS = {"yes", "no", "on", "off", "y", "n"}
 
 
-class _Bool(_Scalar):
+class BoolKind(_Scalar):
     expected = "true or false"
 
     def convert(self, value: ScalarValue) -> Any:
         if not isinstance(value, bool):
             hint = ""
-            if isinstance(value, str) and value.lower() in _YAML11_BOOLS:
+            if isinstance(value, str) and value.lower() in YAML11_BOOLS:
                 hint = " (YAML 1.2 reads yes/no/on/off as strings)"
-            raise self.fail(_show(value), hint)
+            raise self.fail(show_value(value), hint)
         return value
 
 
-class _Enum(_Scalar):
+class EnumKind(_Scalar):
     def __init__(self, *choices: str, fold: bool = False) -> None:
         self.choices = choices
         self.fold = fold
@@ -190,13 +190,13 @@ class _Enum(_Scalar):
         if isinstance(key, str) and key in self.choices:
             return key
         word = str(value).lower() if self.fold else str(value)
-        raise self.fail(_show(value), _suggest(word, [c.lower() for c in self.choices]))
+        raise self.fail(show_value(value), suggest(word, [c.lower() for c in self.choices]))
 
     def dump(self, value: Any) -> Any:
         return value.lower() if self.fold else value
 
 
-class _Duration(_Scalar):
+class DurationKind(_Scalar):
     expected = "a duration like 30s, 5m, 1h"
 
     def __init__(self, minimum: str = "0s") -> None:
@@ -204,25 +204,25 @@ class _Duration(_Scalar):
 
     def convert(self, value: ScalarValue) -> Any:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            raise self.fail(_show(value), f": add a unit, e.g. {value}s")
+            raise self.fail(show_value(value), f": add a unit, e.g. {value}s")
         if not isinstance(value, str):
-            raise self.fail(_show(value))
+            raise self.fail(show_value(value))
         try:
             duration = parse_duration(value)
         except ValueError:
             hint = ""
             if re.fullmatch(r"\d+:\d+(:\d+)?", value):
                 hint = " (YAML 1.1 reads 1:30 as 90 seconds; write 1m30s)"
-            raise self.fail(_show(value), hint) from None
+            raise self.fail(show_value(value), hint) from None
         if duration < self.minimum:
-            raise _Invalid(f"must be at least {format_duration(self.minimum)}, got {value}")
+            raise Invalid(f"must be at least {format_duration(self.minimum)}, got {value}")
         return duration
 
     def dump(self, value: Any) -> Any:
         return format_duration(value)
 
 
-class _Size(_Scalar):
+class SizeKind(_Scalar):
     expected = "a size like 512MiB, 1GiB, 500MB"
 
     def __init__(self, minimum: str = "1MiB") -> None:
@@ -230,15 +230,15 @@ class _Size(_Scalar):
 
     def convert(self, value: ScalarValue) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
-            raise self.fail(_show(value), ": add a unit, e.g. 512MiB")
+            raise self.fail(show_value(value), ": add a unit, e.g. 512MiB")
         if not isinstance(value, str):
-            raise self.fail(_show(value))
+            raise self.fail(show_value(value))
         try:
             size = parse_size(value)
         except ValueError:
-            raise self.fail(_show(value)) from None
+            raise self.fail(show_value(value)) from None
         if size < self.minimum:
-            raise _Invalid(f"must be at least {format_size(self.minimum)}, got {value}")
+            raise Invalid(f"must be at least {format_size(self.minimum)}, got {value}")
         return size
 
     def dump(self, value: Any) -> Any:
@@ -250,24 +250,24 @@ _HOSTNAME = re.compile(
 )
 
 
-class _Listen(_Scalar):
+class ListenKind(_Scalar):
     expected = "host:port (e.g. 127.0.0.1:9464) or off"
 
     def convert(self, value: ScalarValue) -> Any:
         if value == "off":
             return None
         if not isinstance(value, str):
-            raise self.fail(_show(value))
+            raise self.fail(show_value(value))
         host, sep, port = value.rpartition(":")
         bracketed = host.startswith("[") and host.endswith("]")
         host = host[1:-1] if bracketed else host
         if not sep or not host or not port.isdigit() or int(port) > 65535:
-            raise self.fail(_show(value))
+            raise self.fail(show_value(value))
         if bracketed or ":" in host:
             if not bracketed or not _is_ipv6(host):
-                raise self.fail(_show(value), " (write an IPv6 address as [::1]:9464)")
+                raise self.fail(show_value(value), " (write an IPv6 address as [::1]:9464)")
         elif not _HOSTNAME.fullmatch(host):
-            raise self.fail(_show(value))
+            raise self.fail(show_value(value))
         return ListenAddress(host, int(port))
 
     def dump(self, value: Any) -> Any:
@@ -281,47 +281,47 @@ def _is_ipv6(host: str) -> bool:
         return False
 
 
-class _Dsn(_Str):
+class DsnKind(StrKind):
     def convert(self, value: ScalarValue) -> Any:
         if not isinstance(value, str):  # do not echo: it may be a secret
-            raise _Invalid("expected a string")
+            raise Invalid("expected a string")
         text = super().convert(value)
-        problem = _dsn_problem(text)
+        problem = dsn_problem(text)
         if problem:
-            raise _Invalid(problem)
+            raise Invalid(problem)
         return text
 
 
-class _List(_Kind):
+class ListKind(Kind):
     def __init__(self, item: _Scalar, *, non_empty: bool = False) -> None:
         self.item = item
         self.non_empty = non_empty
         self.expected = f"a list of {item.expected.removeprefix('a ').removeprefix('an ')}s"
 
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         if not isinstance(node, YamlSequence):
-            raise self.fail(_show_node(node))
+            raise self.fail(show_node(node))
         if self.non_empty and not node.items:
-            raise _Invalid("must list at least one entry")
+            raise Invalid("must list at least one entry")
         values = [ck.value(self.item, item, (*path, i)) for i, item in enumerate(node.items)]
         for i, value in enumerate(values):
-            if value is not _INVALID and value in values[:i]:
-                raise _Invalid(f"{_show(value)} is listed twice", node.items[i], (i,))
-        return _INVALID if _INVALID in values else tuple(values)
+            if value is not INVALID and value in values[:i]:
+                raise Invalid(f"{show_value(value)} is listed twice", node.items[i], (i,))
+        return INVALID if INVALID in values else tuple(values)
 
     def dump(self, value: Any) -> Any:
         return [self.item.dump(v) for v in value]
 
 
-class _Buckets(_List):
+class BucketsKind(ListKind):
     def __init__(self) -> None:
         super().__init__(_Number())
         self.expected = "an increasing list of numbers > 0"
 
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         values = super().check(ck, node, path)
-        if values is not _INVALID and list(values) != sorted(set(values)):
-            raise _Invalid("bucket bounds must increase")
+        if values is not INVALID and list(values) != sorted(set(values)):
+            raise Invalid("bucket bounds must increase")
         return values
 
 
@@ -330,39 +330,39 @@ class _Number(_Scalar):
 
     def convert(self, value: ScalarValue) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise self.fail(_show(value))
+            raise self.fail(show_value(value))
         return float(value)
 
 
-class _Prefetch(_Scalar):
+class PrefetchKind(_Scalar):
     expected = "auto or an integer ≥ 0"
 
     def convert(self, value: ScalarValue) -> Any:
         if value == "auto":
             return value
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise self.fail(_show(value))
+            raise self.fail(show_value(value))
         return value
 
 
-class _Map(_Kind):
-    def __init__(self, key: _Str, value: _Scalar) -> None:
+class MapKind(Kind):
+    def __init__(self, key: StrKind, value: _Scalar) -> None:
         self.key, self.value = key, value
         self.expected = "a mapping"
 
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         if not isinstance(node, YamlMapping):
-            raise self.fail(_show_node(node))
+            raise self.fail(show_node(node))
         result: dict[str, Any] = {}
         for name, entry in node.entries.items():
             try:
                 self.key.convert(name)
-            except _Invalid as exc:
+            except Invalid as exc:
                 ck.error(entry.key_position, (*path, name), exc.message)
-                result[name] = _INVALID
+                result[name] = INVALID
                 continue
             result[name] = ck.value(self.value, entry.node, (*path, name))
-        return _INVALID if _INVALID in result.values() else MappingProxyType(result)
+        return INVALID if INVALID in result.values() else MappingProxyType(result)
 
     def dump(self, value: Any) -> Any:
         return {k: self.value.dump(v) for k, v in value.items()}

@@ -6,12 +6,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 
-from cairnqd.config.checker import _Checker
-from cairnqd.config.finish import _finish_root
-from cairnqd.config.kinds import _INVALID
+from cairnqd.config.checker import Checker
+from cairnqd.config.finish import finish_root
+from cairnqd.config.kinds import INVALID
 from cairnqd.config.problems import ConfigError, ConfigProblem
 from cairnqd.config.root import Config
-from cairnqd.config.schema import _Section
+from cairnqd.config.schema import SectionKind
 from cairnqd.config.yamlload import (
     YamlDocument,
     YamlSyntaxError,
@@ -21,7 +21,7 @@ from cairnqd.config.yamlload import (
 )
 
 # The top level is a section too; built here, since `root` imports the schema.
-_ROOT = _Section(Config, _finish_root)
+_ROOT = SectionKind(Config, finish_root)
 
 
 def _by_position(problem: ConfigProblem) -> tuple[str, int, int]:
@@ -45,7 +45,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         at = exc.position
         raise ConfigError([ConfigProblem(at.file, at.line, at.col, "", exc.message)]) from None
     root, interpolation_problems = interpolate(document.root, environ)
-    ck = _Checker(root, environ, os.path.dirname(os.path.abspath(filename)))
+    ck = Checker(root, environ, os.path.dirname(os.path.abspath(filename)))
     for problem in (*document.problems, *interpolation_problems):
         ck.error(problem.position, problem.path, problem.message)
         if problem.value_lost:
@@ -53,7 +53,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     config = ck.guard(_ROOT.check, root, ())
     # Stable, so problems at one position keep schema order.
     warnings = sorted(ck.warnings, key=_by_position)
-    if ck.problems or config is _INVALID:
+    if ck.problems or config is INVALID:
         raise ConfigError(sorted(ck.problems, key=_by_position), warnings)
     assert isinstance(config, Config)
     return replace(config, source=filename, warnings=tuple(warnings))

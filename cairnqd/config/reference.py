@@ -3,8 +3,8 @@ rendered from the schema like the example file, so the reference cannot fall beh
 
 from __future__ import annotations
 
-from cairnqd.config.example import _TAGS, _flow
-from cairnqd.config.schema import _REQUIRED, SCHEMA, Setting, _Groups, _Rules, _Section
+from cairnqd.config.example import TAGS, flow_node
+from cairnqd.config.schema import REQUIRED, SCHEMA, GroupsKind, RulesKind, SectionKind, Setting
 
 _INTRO = """\
 # Configuration reference
@@ -37,11 +37,11 @@ file:line:column.
 
 
 def _default(setting: Setting) -> str:
-    if setting.default is _REQUIRED:
+    if setting.default is REQUIRED:
         return "required"
     if setting.default is None:
         return "null"
-    return f"`{_flow(setting.default)}`"
+    return f"`{flow_node(setting.default)}`"
 
 
 def _cell(text: str) -> str:
@@ -49,7 +49,7 @@ def _cell(text: str) -> str:
 
 
 def _row(setting: Setting) -> str:
-    reload = _TAGS[setting.reload] if setting.reload is not None else ""
+    reload = TAGS[setting.reload] if setting.reload is not None else ""
     kind = setting.kind.expected
     if setting.nullable:
         kind += ", or null"
@@ -58,7 +58,9 @@ def _row(setting: Setting) -> str:
 
 
 def _is_section(setting: Setting) -> bool:
-    return isinstance(setting.kind, _Section) and not isinstance(setting.kind, _Groups | _Rules)
+    return isinstance(setting.kind, SectionKind) and not isinstance(
+        setting.kind, GroupsKind | RulesKind
+    )
 
 
 def render_reference() -> str:
@@ -71,7 +73,7 @@ def render_reference() -> str:
         lines += ["", f"## {section.path}", "", section.doc, ""]
         members = [s for s in SCHEMA if s.path.startswith(section.path + ".")]
         lines += header + [_row(s) for s in members]
-    for nested in (s for s in SCHEMA if "." not in s.path and isinstance(s.kind, _Groups)):
+    for nested in (s for s in SCHEMA if "." not in s.path and isinstance(s.kind, GroupsKind)):
         lines += ["", f"## {nested.path}", "", nested.doc, ""]
         members = [s for s in SCHEMA if s.path.startswith(nested.path + ".")]
         lines += header + [_row(s) for s in members]

@@ -12,7 +12,7 @@ from typing import Any
 
 from cairnqd.config.dsn import redact_dsn
 from cairnqd.config.problems import ConfigProblem
-from cairnqd.config.schema import Reload, _children, _dump
+from cairnqd.config.schema import Reload, child_settings, dump_section
 from cairnqd.config.sections import (
     DashboardConfig,
     DatabaseConfig,
@@ -56,7 +56,7 @@ class Config:
     def to_dict(self, *, redact: bool = True) -> dict[str, Any]:
         """The effective config as YAML-ready values. Unredacted, it loads back equal;
         redacted (`config dump`), DSN passwords and dsn_file contents read `***`."""
-        data = _dump(self, "")
+        data = dump_section(self, "")
         database = data["database"]
         if self.database.dsn_file is not None:
             database["dsn"] = "***" if redact else None
@@ -74,11 +74,11 @@ class Config:
     def group_fingerprint(self, name: str) -> str:
         """SHA-256 of the canonical JSON of everything group `name`'s children start
         with, except `processes` (a size-only change). Equal fingerprints: no roll."""
-        group = _dump(self.groups[name])
+        group = dump_section(self.groups[name])
         del group["processes"]
-        database = _dump(self.database)
+        database = dump_section(self.database)
         child_db = {
-            s.key: database[s.key] for s in _children("database") if s.reload is Reload.ROLL
+            s.key: database[s.key] for s in child_settings("database") if s.reload is Reload.ROLL
         }
         canonical = json.dumps(
             # python_path decides which code the handler names import.

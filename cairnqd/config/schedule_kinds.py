@@ -1,5 +1,5 @@
 """How a schedule's settings are read: the cron rule, the time zone, the misfire
-policy, the payload, and the checks across them (`_finish_schedule`)."""
+policy, the payload, and the checks across them (`finish_schedule`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from cairnqd.config.kinds import _INVALID, _Invalid, _Kind, _show, _show_node, _Str
+from cairnqd.config.kinds import INVALID, Invalid, Kind, StrKind, show_node, show_value
 from cairnqd.config.yamlload import (
     ScalarValue,
     YamlMapping,
@@ -19,13 +19,13 @@ from cairnqd.config.yamlload import (
 from cairnqd.schedules import POLICIES, Misfire, parse_cron
 
 if TYPE_CHECKING:
-    from cairnqd.config.checker import _Checker
+    from cairnqd.config.checker import Checker
 
 #: A payload bigger than this as JSON is refused at load rather than at every slot.
 _MAX_PAYLOAD_BYTES = 64 * 1024
 
 
-class _Cron(_Str):
+class CronKind(StrKind):
     expected = "a cron expression like '0 3 * * *' or a macro like @daily"
 
     def convert(self, value: ScalarValue) -> Any:
@@ -33,11 +33,11 @@ class _Cron(_Str):
         try:
             parse_cron(text)
         except ValueError as exc:
-            raise _Invalid(str(exc)) from None
+            raise Invalid(str(exc)) from None
         return text
 
 
-class _Timezone(_Str):
+class TimezoneKind(StrKind):
     expected = "an IANA time zone like Europe/Berlin"
 
     def convert(self, value: ScalarValue) -> Any:
@@ -46,32 +46,32 @@ class _Timezone(_Str):
             ZoneInfo(text)
         except (ZoneInfoNotFoundError, ValueError):
             message = f"unknown time zone {text!r} (expected an IANA name like Europe/Berlin)"
-            raise _Invalid(message) from None
+            raise Invalid(message) from None
         return text
 
 
-class _MisfireKind(_Kind):
+class MisfireKind(Kind):
     expected = "skip, once, or {catch_up: N}"
 
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         if isinstance(node, YamlScalar):
             if node.value == "catch_up":
-                raise _Invalid("catch_up needs a limit: write misfire: {catch_up: 10}")
+                raise Invalid("catch_up needs a limit: write misfire: {catch_up: 10}")
             if node.value == "skip":
                 return Misfire("skip")
             if node.value == "once":
                 return Misfire("once")
-            raise self.fail(_show(node.value), f" (policies: {', '.join(POLICIES)})")
+            raise self.fail(show_value(node.value), f" (policies: {', '.join(POLICIES)})")
         if not isinstance(node, YamlMapping):
-            raise self.fail(_show_node(node))
+            raise self.fail(show_node(node))
         keys = list(node.entries)
         if keys != ["catch_up"]:
             raise self.fail("a mapping with " + (", ".join(map(repr, keys)) or "no keys"))
         entry = node.entries["catch_up"]
         limit = entry.node.value if isinstance(entry.node, YamlScalar) else None
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise _Invalid(
-                f"expected an integer ≥ 1, got {_show_node(entry.node)}", entry.node, ("catch_up",)
+            raise Invalid(
+                f"expected an integer ≥ 1, got {show_node(entry.node)}", entry.node, ("catch_up",)
             )
         return Misfire("catch_up", limit)
 
@@ -80,44 +80,44 @@ class _MisfireKind(_Kind):
         return {"catch_up": value.limit} if value.policy == "catch_up" else value.policy
 
 
-class _Payload(_Kind):
+class PayloadKind(Kind):
     """Any JSON value, written as YAML."""
 
     expected = "a JSON value"
 
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         value = to_plain(node)
         try:
             text = json.dumps(value, allow_nan=False, ensure_ascii=False)
         except ValueError:
-            raise _Invalid("not a JSON value: NaN and infinities cannot be stored") from None
+            raise Invalid("not a JSON value: NaN and infinities cannot be stored") from None
         if len(text.encode()) > _MAX_PAYLOAD_BYTES:
-            raise _Invalid(f"larger than {_MAX_PAYLOAD_BYTES // 1024} KiB as JSON")
+            raise Invalid(f"larger than {_MAX_PAYLOAD_BYTES // 1024} KiB as JSON")
         return value
 
 
-def _finish_schedule(ck: _Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_schedule(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     rules = [k for k in ("cron", "every") if v[k] is not None]
     if not rules:
         ck.error_at(path, "set one of cron or every")
-        v["cron"] = _INVALID
+        v["cron"] = INVALID
     elif len(rules) == 2:
         ck.error_at((*path, "every"), "cron and every are both set; keep one")
-        v["every"] = _INVALID
+        v["every"] = INVALID
     elif rules == ["every"] and v["timezone"] is not None:
         message = (
             "applies to cron only: every: counts from the Unix epoch; "
             "use cron for a time of day in a zone"
         )
         ck.error_at((*path, "timezone"), message)
-        v["timezone"] = _INVALID
+        v["timezone"] = INVALID
     return v
 
 
-def _warn_unserved_queues(ck: _Checker, schedules: Any, groups: Any) -> None:
+def warn_unserved_queues(ck: Checker, schedules: Any, groups: Any) -> None:
     """A schedule whose queue no group here claims: fine when another host serves it,
     a silent pile-up when nobody does."""
-    if schedules is _INVALID or groups is _INVALID:
+    if schedules is INVALID or groups is INVALID:
         return
     served = {queue for group in groups.values() for queue in group.queues}
     for name, schedule in schedules.items():

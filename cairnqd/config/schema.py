@@ -14,38 +14,38 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from cairnqd.config.finish import (
-    _finish_dashboard,
-    _finish_database,
-    _finish_group,
-    _finish_retention,
+    finish_dashboard,
+    finish_database,
+    finish_group,
+    finish_retention,
 )
 from cairnqd.config.kinds import (
-    _INVALID,
-    _Bool,
-    _Buckets,
-    _Dsn,
-    _Duration,
-    _Enum,
-    _HandlerPath,
-    _Int,
-    _Invalid,
-    _Kind,
-    _List,
-    _Listen,
-    _Map,
-    _Path,
-    _Prefetch,
-    _show_node,
-    _Size,
-    _Str,
-    _Version,
+    INVALID,
+    BoolKind,
+    BucketsKind,
+    DsnKind,
+    DurationKind,
+    EnumKind,
+    HandlerPathKind,
+    IntKind,
+    Invalid,
+    Kind,
+    ListenKind,
+    ListKind,
+    MapKind,
+    PathKind,
+    PrefetchKind,
+    SizeKind,
+    StrKind,
+    VersionKind,
+    show_node,
 )
 from cairnqd.config.schedule_kinds import (
-    _Cron,
-    _finish_schedule,
-    _MisfireKind,
-    _Payload,
-    _Timezone,
+    CronKind,
+    MisfireKind,
+    PayloadKind,
+    TimezoneKind,
+    finish_schedule,
 )
 from cairnqd.config.sections import (
     DashboardConfig,
@@ -63,7 +63,7 @@ from cairnqd.config.sections import (
 from cairnqd.config.yamlload import YamlMapping, YamlNode, YamlPath, YamlScalar, YamlSequence
 
 if TYPE_CHECKING:
-    from cairnqd.config.checker import _Checker
+    from cairnqd.config.checker import Checker
 
 
 class Reload(enum.Enum):
@@ -75,15 +75,15 @@ class Reload(enum.Enum):
     ROLL = "roll"
 
 
-_REQUIRED: Any = object()
-_SAME: Any = object()
+REQUIRED: Any = object()
+SAME: Any = object()
 
 
 @dataclass(frozen=True)
 class Setting:
     #: Dotted YAML path; `*` stands for any group name, `[]` for any list item.
     path: str
-    kind: _Kind
+    kind: Kind
     #: The default as written in YAML (`"30s"`), parsed like user input.
     default: Any
     reload: Reload | None
@@ -91,7 +91,7 @@ class Setting:
     doc: str = ""
     nullable: bool = False
     #: What the example file shows, when not the default.
-    example: Any = _SAME
+    example: Any = SAME
     #: Shown commented out in the example: an alternative to a sibling.
     alternative: bool = False
 
@@ -105,10 +105,10 @@ class Setting:
 
     @property
     def required(self) -> bool:
-        return self.default is _REQUIRED
+        return self.default is REQUIRED
 
 
-class _Section(_Kind):
+class SectionKind(Kind):
     """A mapping of settings, built into a dataclass."""
 
     expected = "a mapping"
@@ -118,87 +118,87 @@ class _Section(_Kind):
         self.finish = finish
         self.pattern = ""  # set when SCHEMA is indexed
 
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         return self.build(ck, node, path, {})
 
-    def build(self, ck: _Checker, node: YamlNode, path: YamlPath, extra: dict[str, Any]) -> Any:
+    def build(self, ck: Checker, node: YamlNode, path: YamlPath, extra: dict[str, Any]) -> Any:
         if isinstance(node, YamlScalar) and node.value is None:  # `metrics:` left empty
             node = YamlMapping({}, node.position)
         if not isinstance(node, YamlMapping):
-            raise self.fail(_show_node(node))
+            raise self.fail(show_node(node))
         values = {**extra, **ck.section(node, self.pattern, path)}
         if self.finish is not None:
             values = self.finish(ck, values, path)
-        if _INVALID in values.values():
-            return _INVALID
+        if INVALID in values.values():
+            return INVALID
         return self.cls(**values)
 
     def dump(self, value: Any) -> Any:
-        return _dump(value, self.pattern)
+        return dump_section(value, self.pattern)
 
 
-class _Groups(_Section):
+class GroupsKind(SectionKind):
     """Named sections: `groups: {name: {...}}`, in file order."""
 
     NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         if isinstance(node, YamlScalar) and node.value is None:
             node = YamlMapping({}, node.position)
         if not isinstance(node, YamlMapping):
-            raise self.fail(_show_node(node))
+            raise self.fail(show_node(node))
         if not node.entries:
-            raise _Invalid("define at least one group")
+            raise Invalid("define at least one group")
         groups: dict[str, Any] = {}
         for name, entry in node.entries.items():
             groups[name] = ck.guard(self.build, entry.node, (*path, name), {"name": name})
             if not self.NAME.fullmatch(name):
                 message = f"group name {name!r} must match ^[a-z][a-z0-9_-]*$"
                 ck.error(entry.key_position, (*path, name), message)
-                groups[name] = _INVALID
-        return _INVALID if _INVALID in groups.values() else MappingProxyType(groups)
+                groups[name] = INVALID
+        return INVALID if INVALID in groups.values() else MappingProxyType(groups)
 
     def dump(self, value: Any) -> Any:
-        return {name: _dump(group, self.pattern) for name, group in value.items()}
+        return {name: dump_section(group, self.pattern) for name, group in value.items()}
 
 
-class _Schedules(_Groups):
+class _Schedules(GroupsKind):
     """`schedules: {name: {...}}`: named like groups, but may be empty, and the entry's
     own `name` key is the task name, so the schedule's name goes in as `schedule`."""
 
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         if isinstance(node, YamlScalar) and node.value is None:
             node = YamlMapping({}, node.position)
         if not isinstance(node, YamlMapping):
-            raise self.fail(_show_node(node))
+            raise self.fail(show_node(node))
         built: dict[str, Any] = {}
         for name, entry in node.entries.items():
             built[name] = ck.guard(self.build, entry.node, (*path, name), {"schedule": name})
             if not self.NAME.fullmatch(name):
                 message = f"schedule name {name!r} must match ^[a-z][a-z0-9_-]*$"
                 ck.error(entry.key_position, (*path, name), message)
-                built[name] = _INVALID
-        return _INVALID if _INVALID in built.values() else MappingProxyType(built)
+                built[name] = INVALID
+        return INVALID if INVALID in built.values() else MappingProxyType(built)
 
 
-class _Rules(_Section):
+class RulesKind(SectionKind):
     """A list of sections: `rules: [{...}, ...]`."""
 
-    def check(self, ck: _Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         if not isinstance(node, YamlSequence):
-            raise _Invalid(f"expected a list, got {_show_node(node)}")
+            raise Invalid(f"expected a list, got {show_node(node)}")
         rules = [ck.guard(self.build, item, (*path, i), {}) for i, item in enumerate(node.items)]
-        return _INVALID if _INVALID in rules else tuple(rules)
+        return INVALID if INVALID in rules else tuple(rules)
 
     def dump(self, value: Any) -> Any:
-        return [_dump(rule, self.pattern) for rule in value]
+        return [dump_section(rule, self.pattern) for rule in value]
 
 
-_Finish = Callable[["_Checker", dict[str, Any], YamlPath], dict[str, Any]]
+_Finish = Callable[["Checker", dict[str, Any], YamlPath], dict[str, Any]]
 
-_QUEUE = _Str(r"[^\s\x00-\x1f]+", "a queue name without spaces")
-_RESOURCE = _Str(r"[A-Za-z_][A-Za-z0-9_.-]*", "a name like gpu or db_writer")
-_LOGGER = _Str(r"[A-Za-z0-9_.-]+", "a logger name")
+_QUEUE = StrKind(r"[^\s\x00-\x1f]+", "a queue name without spaces")
+_RESOURCE = StrKind(r"[A-Za-z_][A-Za-z0-9_.-]*", "a name like gpu or db_writer")
+_LOGGER = StrKind(r"[A-Za-z0-9_.-]+", "a logger name")
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _R, _H, _S, _L = Reload.RESTART, Reload.HOT, Reload.SIZE, Reload.ROLL
 _DEFAULT_RULES = [
@@ -225,216 +225,216 @@ _EXAMPLE_GROUPS = {
 # One line of facts, one of documentation (rendered into the example file).
 # fmt: off
 SCHEMA: tuple[Setting, ...] = (
-    Setting("version", _Version(), _REQUIRED, None, example=1, doc=
+    Setting("version", VersionKind(), REQUIRED, None, example=1, doc=
             "Config format version; required."),
-    Setting("database", _Section(DatabaseConfig, _finish_database), {}, None,
+    Setting("database", SectionKind(DatabaseConfig, finish_database), {}, None,
             "Where the tasks live."),
-    Setting("database.path", _Path(), None, _R, nullable=True, example="./cairnq.db", doc=
+    Setting("database.path", PathKind(), None, _R, nullable=True, example="./cairnq.db", doc=
             "SQLite database file, relative to this file's directory (the daemon and `cairnqd "
             "migrate` create it); set exactly one of path, dsn, dsn_file."),
-    Setting("database.dsn", _Dsn(), None, _R, nullable=True, alternative=True,
+    Setting("database.dsn", DsnKind(), None, _R, nullable=True, alternative=True,
             example="postgresql://cairnq@localhost/cairnq", doc=
             "Postgres connection string (postgresql://user:pass@host/db or key=value pairs); "
             "its password is never logged."),
-    Setting("database.dsn_file", _Path(), None, _R, nullable=True, alternative=True,
+    Setting("database.dsn_file", PathKind(), None, _R, nullable=True, alternative=True,
             example="${CREDENTIALS_DIRECTORY}/cairnq-dsn", doc=
             "File holding the Postgres DSN, read by the parent, trailing newline stripped; "
             "with systemd's LoadCredential= use ${CREDENTIALS_DIRECTORY}/<name>."),
-    Setting("database.connect_timeout", _Duration("1s"), "10s", _L,
+    Setting("database.connect_timeout", DurationKind("1s"), "10s", _L,
             "Give up on one connection attempt after this long."),
-    Setting("database.busy_timeout", _Duration("1ms"), "5s", _L,
+    Setting("database.busy_timeout", DurationKind("1ms"), "5s", _L,
             "SQLite: how long a writer waits for the database lock."),
-    Setting("database.connections_per_child", _Int(1), 1, _L,
+    Setting("database.connections_per_child", IntKind(1), 1, _L,
             "Database connections each child opens."),
-    Setting("database.expected_hosts", _Int(1), 1, _H,
+    Setting("database.expected_hosts", IntKind(1), 1, _H,
             "Hosts running cairnqd on this database, for the Postgres connection budget."),
-    Setting("database.connection_check", _Enum("refuse", "warn", "off"), "refuse", _H,
+    Setting("database.connection_check", EnumKind("refuse", "warn", "off"), "refuse", _H,
             "When the Postgres connection budget exceeds the server's limits (or pool_size "
             "under a session pooler): refuse to start, warn, or off."),
-    Setting("database.auto_migrate", _Bool(), None, _H, nullable=True, doc=
+    Setting("database.auto_migrate", BoolKind(), None, _H, nullable=True, doc=
             "Apply pending migrations at startup; null: true on SQLite, false on Postgres."),
-    Setting("database.pooler", _Enum("none", "session", "transaction"), "none", _R,
+    Setting("database.pooler", EnumKind("none", "session", "transaction"), "none", _R,
             "What sits between cairnqd and Postgres: none, or a pooler such as PgBouncer in "
             "session or transaction mode (no prepared statements, no session settings)."),
-    Setting("database.direct_dsn", _Dsn(), None, _R, nullable=True, alternative=True,
+    Setting("database.direct_dsn", DsnKind(), None, _R, nullable=True, alternative=True,
             example="postgresql://cairnq@db-primary:5432/cairnq", doc=
             "Behind a pooler: a DSN that reaches Postgres directly, for the parent's one LISTEN "
             "connection (wake-ups are passed to the children), leadership and migrations."),
-    Setting("database.direct_dsn_file", _Path(), None, _R, nullable=True, alternative=True,
+    Setting("database.direct_dsn_file", PathKind(), None, _R, nullable=True, alternative=True,
             example="${CREDENTIALS_DIRECTORY}/cairnq-direct-dsn", doc=
             "File holding direct_dsn, read like dsn_file."),
-    Setting("database.pool_size", _Int(1), None, _H, nullable=True, doc=
+    Setting("database.pool_size", IntKind(1), None, _H, nullable=True, doc=
             "Under pooler: session, the server connections the pooler keeps for this database "
             "(PgBouncer's pool_size), for the connection check; null: not checked."),
-    Setting("database.lock_namespace", _Int(-(2**31), 2**31 - 1), 0x63716E64, _R,
+    Setting("database.lock_namespace", IntKind(-(2**31), 2**31 - 1), 0x63716E64, _R,
             "First key of the Postgres advisory locks for purge and stats leadership "
             "(0x63716e64); the same on every host."),
-    Setting("handlers", _List(_HandlerPath()), [], _L, example=["cairnqd.demo:registry"], doc=
+    Setting("handlers", ListKind(HandlerPathKind()), [], _L, example=["cairnqd.demo:registry"], doc=
             "Handler registries for every group: module:attribute of a cairnqd TaskRegistry "
             "or of a cairnq Worker."),
     # -- python_path: where handler modules are imported from --------------------------
-    Setting("python_path", _List(_Path()), ["."], _L, doc=
+    Setting("python_path", ListKind(PathKind()), ["."], _L, doc=
             "Directories put first on sys.path to import the handlers from, relative to this "
             "file's directory ([.]: the directory of this file); used alike by every child "
             "and `cairnqd check --handlers`. The working directory is not on the path."),
     # ----------------------------------------------------------------------------------
-    Setting("groups", _Groups(GroupConfig, _finish_group), _REQUIRED, None,
+    Setting("groups", GroupsKind(GroupConfig, finish_group), REQUIRED, None,
             example=_EXAMPLE_GROUPS, doc=
             "Pools of identical worker processes, by name (^[a-z][a-z0-9_-]*$); at least one."),
-    Setting("groups.*.queues", _List(_QUEUE, non_empty=True), _REQUIRED, _L,
+    Setting("groups.*.queues", ListKind(_QUEUE, non_empty=True), REQUIRED, _L,
             "Queues this group claims from; groups may share a queue."),
-    Setting("groups.*.handlers", _List(_HandlerPath()), None, _L, nullable=True, doc=
+    Setting("groups.*.handlers", ListKind(HandlerPathKind()), None, _L, nullable=True, doc=
             "Handler registries for this group, replacing the top-level list; null inherits it."),
-    Setting("groups.*.processes", _Int(1), 1, _S,
+    Setting("groups.*.processes", IntKind(1), 1, _S,
             "Child processes in the pool."),
-    Setting("groups.*.concurrency", _Int(1), 4, _L,
+    Setting("groups.*.concurrency", IntKind(1), 4, _L,
             "Tasks in flight per child."),
-    Setting("groups.*.prefetch", _Prefetch(), "auto", _L,
+    Setting("groups.*.prefetch", PrefetchKind(), "auto", _L,
             "Tasks each child claims beyond its free slots: auto sizes it from the "
             "handlers' pace; 0 claims only free slots."),
-    Setting("groups.*.lease", _Duration("1s"), "30s", _L,
+    Setting("groups.*.lease", DurationKind("1s"), "30s", _L,
             "Task lease; children renew it every lease/3."),
-    Setting("groups.*.stall_timeout", _Duration("100ms"), None, _L, nullable=True, doc=
+    Setting("groups.*.stall_timeout", DurationKind("100ms"), None, _L, nullable=True, doc=
             "Abort a child whose event loop is blocked this long (a sync call in an async "
             "handler) and hand its tasks back before their leases expire; null: lease/3."),
-    Setting("groups.*.max_run", _Duration("1s"), None, _L, nullable=True, doc=
+    Setting("groups.*.max_run", DurationKind("1s"), None, _L, nullable=True, doc=
             "Abort an attempt that runs longer than this; null: no limit."),
-    Setting("groups.*.max_tasks_per_child", _Int(1), None, _L, nullable=True, doc=
+    Setting("groups.*.max_tasks_per_child", IntKind(1), None, _L, nullable=True, doc=
             "Replace a child after about this many tasks (up to 10% jitter); null: never."),
-    Setting("groups.*.max_memory", _Size(), None, _L, nullable=True, doc=
+    Setting("groups.*.max_memory", SizeKind(), None, _L, nullable=True, doc=
             "Replace a child whose RSS exceeds this, checked between tasks; null: no limit."),
-    Setting("groups.*.shutdown_timeout", _Duration(), None, _L, nullable=True, doc=
+    Setting("groups.*.shutdown_timeout", DurationKind(), None, _L, nullable=True, doc=
             "How long this group's children may drain; null: the top-level shutdown_timeout."),
-    Setting("groups.*.poll_interval", _Duration("10ms"), "1s", _L,
+    Setting("groups.*.poll_interval", DurationKind("10ms"), "1s", _L,
             "Idle children look for new tasks this often."),
-    Setting("groups.*.retry_backoff", _Duration(), "1s", _L,
+    Setting("groups.*.retry_backoff", DurationKind(), "1s", _L,
             "Retry delay after a first failed attempt; doubles per attempt, with jitter."),
-    Setting("groups.*.retry_backoff_max", _Duration(), "30s", _L,
+    Setting("groups.*.retry_backoff_max", DurationKind(), "30s", _L,
             "Ceiling of the retry delay."),
-    Setting("groups.*.resources", _Map(_RESOURCE, _Int(1)), {}, _L,
+    Setting("groups.*.resources", MapKind(_RESOURCE, IntKind(1)), {}, _L,
             "Shared ceilings that handlers registered with resource= draw from, e.g. {gpu: 1}."),
     # -- schedules: recurring tasks (docs/schedules.md) --
-    Setting("schedules", _Schedules(ScheduleConfig, _finish_schedule), {}, None,
+    Setting("schedules", _Schedules(ScheduleConfig, finish_schedule), {}, None,
             example=_EXAMPLE_SCHEDULES, doc=
             "Recurring tasks, by name (^[a-z][a-z0-9_-]*$): the daemon enqueues each slot "
             "once across every host sharing the database (docs/schedules.md)."),
-    Setting("schedules.*.name", _Str(), _REQUIRED, _H,
+    Setting("schedules.*.name", StrKind(), REQUIRED, _H,
             "Task name each slot submits (required)."),
     Setting("schedules.*.queue", _QUEUE, "default", _H,
             "Queue the task is submitted to."),
-    Setting("schedules.*.payload", _Payload(), None, _H, doc=
+    Setting("schedules.*.payload", PayloadKind(), None, _H, doc=
             "The task's payload, any JSON value written as YAML."),
-    Setting("schedules.*.priority", _Int(-(2**31), 2**31 - 1), 0, _H,
+    Setting("schedules.*.priority", IntKind(-(2**31), 2**31 - 1), 0, _H,
             "The task's priority (higher runs first)."),
-    Setting("schedules.*.max_attempts", _Int(1, 2**31 - 1), 3, _H,
+    Setting("schedules.*.max_attempts", IntKind(1, 2**31 - 1), 3, _H,
             "The task's attempts, retries included."),
-    Setting("schedules.*.cron", _Cron(), None, _H, nullable=True, doc=
+    Setting("schedules.*.cron", CronKind(), None, _H, nullable=True, doc=
             "Five cron fields (minute hour day-of-month month day-of-week) or @hourly, "
             "@daily, @weekly, @monthly, @yearly; set exactly one of cron and every."),
-    Setting("schedules.*.every", _Duration("1s"), None, _H, nullable=True, alternative=True,
+    Setting("schedules.*.every", DurationKind("1s"), None, _H, nullable=True, alternative=True,
             doc="Fire every this long, counted from the Unix epoch (1h: on the hour)."),
-    Setting("schedules.*.timezone", _Timezone(), None, _H, nullable=True, doc=
+    Setting("schedules.*.timezone", TimezoneKind(), None, _H, nullable=True, doc=
             "IANA zone the cron fields are read in (DST rule: docs/schedules.md); "
             "null: UTC."),
-    Setting("schedules.*.jitter", _Duration(), "0s", _H,
+    Setting("schedules.*.jitter", DurationKind(), "0s", _H,
             "Delay each slot's task by up to this long (the same on every host)."),
-    Setting("schedules.*.misfire", _MisfireKind(), "once", _H,
+    Setting("schedules.*.misfire", MisfireKind(), "once", _H,
             "Slots missed while no daemon ran: skip, once (the newest of them) or "
             "{catch_up: N} (the newest N)."),
-    Setting("schedules.*.enabled", _Bool(), True, _H,
+    Setting("schedules.*.enabled", BoolKind(), True, _H,
             "false keeps the schedule configured but never fires it."),
     # -- end of schedules --
-    Setting("shutdown_timeout", _Duration(), "30s", _H,
+    Setting("shutdown_timeout", DurationKind(), "30s", _H,
             "On TERM, how long children may finish in-flight tasks before they are stopped "
             "and their tasks handed back."),
-    Setting("metrics", _Section(MetricsConfig), {}, None,
+    Setting("metrics", SectionKind(MetricsConfig), {}, None,
             "Prometheus metrics, served by the parent."),
-    Setting("metrics.listen", _Listen(), "127.0.0.1:9464", _R,
+    Setting("metrics.listen", ListenKind(), "127.0.0.1:9464", _R,
             "host:port to serve /metrics on (port 0 picks a free one), or off."),
-    Setting("metrics.stats_ttl", _Duration(), "10s", _H,
+    Setting("metrics.stats_ttl", DurationKind(), "10s", _H,
             "Reuse the database statistics for this long across scrapes."),
-    Setting("metrics.queue_stats", _Enum("all", "leader"), "all", _H,
+    Setting("metrics.queue_stats", EnumKind("all", "leader"), "all", _H,
             "Hosts that export per-queue database gauges: all, or one leader (Postgres)."),
-    Setting("metrics.task_name_label", _Bool(), False, _H,
+    Setting("metrics.task_name_label", BoolKind(), False, _H,
             "Label task counters with the task name too."),
-    Setting("metrics.duration_buckets", _Buckets(), _DURATION_BUCKETS, _H,
+    Setting("metrics.duration_buckets", BucketsKind(), _DURATION_BUCKETS, _H,
             "Histogram bounds of task durations, in seconds."),
-    Setting("metrics.wait_buckets", _Buckets(), _WAIT_BUCKETS, _H,
+    Setting("metrics.wait_buckets", BucketsKind(), _WAIT_BUCKETS, _H,
             "Histogram bounds of queue waits, in seconds."),
-    Setting("dashboard", _Section(DashboardConfig, _finish_dashboard), {}, None,
+    Setting("dashboard", SectionKind(DashboardConfig, finish_dashboard), {}, None,
             "The web dashboard (docs/dashboard.md), served by the parent or by "
             "`cairnqd dashboard`."),
-    Setting("dashboard.listen", _Listen(), "off", _R,
+    Setting("dashboard.listen", ListenKind(), "off", _R,
             "host:port to serve the dashboard on (port 0 picks a free one), or off; "
             "beyond loopback it needs token_file."),
-    Setting("dashboard.token_file", _Path(), None, _R, nullable=True, doc=
+    Setting("dashboard.token_file", PathKind(), None, _R, nullable=True, doc=
             "A file holding the token operators log in with (16 characters or more); "
             "null: no login, read-only, loopback only."),
-    Setting("dashboard.actions", _Bool(), False, _R,
+    Setting("dashboard.actions", BoolKind(), False, _R,
             "Offer retry, cancel, discard, pause/resume and schedule triggers (needs "
             "token_file); false: read-only, with no action endpoint at all."),
-    Setting("dashboard.refresh", _Duration("250ms"), "2s", _R,
+    Setting("dashboard.refresh", DurationKind("250ms"), "2s", _R,
             "How often the shared snapshot is read from the database, however many "
             "browsers watch."),
-    Setting("dashboard.report", _Bool(), False, _R,
+    Setting("dashboard.report", BoolKind(), False, _R,
             "Write this daemon's groups and children to the database every few seconds "
             "even when it serves no dashboard, for the Workers page of dashboards on other "
             "hosts (a daemon serving one always does)."),
-    Setting("retention", _Section(RetentionConfig, _finish_retention), {}, None,
+    Setting("retention", SectionKind(RetentionConfig, finish_retention), {}, None,
             "Purging of finished tasks."),
-    Setting("retention.interval", _Duration("1s"), "10m", _H,
+    Setting("retention.interval", DurationKind("1s"), "10m", _H,
             "Time between purge sweeps; the first runs one interval after startup."),
-    Setting("retention.batch", _Int(1), None, _H, nullable=True, doc=
+    Setting("retention.batch", IntKind(1), None, _H, nullable=True, doc=
             "Tasks deleted per purge transaction; null: 500 on SQLite, 1000 on Postgres."),
-    Setting("retention.max_batches", _Int(1), 100, _H,
+    Setting("retention.max_batches", IntKind(1), 100, _H,
             "Batches per rule per sweep; the rest waits for the next sweep."),
-    Setting("retention.rules", _Rules(PurgeRule), _DEFAULT_RULES, _H,
+    Setting("retention.rules", RulesKind(PurgeRule), _DEFAULT_RULES, _H,
             "Purge rules. A task is kept for the shortest rule that matches it, so a rule "
             "inside a shorter one is an error; [] disables purging."),
-    Setting("retention.rules[].older_than", _Duration(), _REQUIRED, _H,
+    Setting("retention.rules[].older_than", DurationKind(), REQUIRED, _H,
             "delete tasks finished longer ago than this (required)"),
-    Setting("retention.rules[].status", _Enum("succeeded", "failed", "canceled"), None, _H,
+    Setting("retention.rules[].status", EnumKind("succeeded", "failed", "canceled"), None, _H,
             nullable=True, doc="only tasks that ended so"),
     Setting("retention.rules[].queue", _QUEUE, None, _H, nullable=True, doc=
             "only this queue"),
-    Setting("retention.rules[].name", _Str(), None, _H, nullable=True, doc=
+    Setting("retention.rules[].name", StrKind(), None, _H, nullable=True, doc=
             "only this task name"),
-    Setting("reaper", _Section(ReaperConfig), {}, None,
+    Setting("reaper", SectionKind(ReaperConfig), {}, None,
             "Recovery of expired leases."),
-    Setting("reaper.interval", _Duration("1s"), "15s", _H,
+    Setting("reaper.interval", DurationKind("1s"), "15s", _H,
             "Recover expired leases this often, also on queues no child polls."),
-    Setting("supervisor", _Section(SupervisorConfig), {}, None,
+    Setting("supervisor", SectionKind(SupervisorConfig), {}, None,
             "How the parent restarts children that die."),
-    Setting("supervisor.restart_budget", _Int(1), 10, _H,
+    Setting("supervisor.restart_budget", IntKind(1), 10, _H,
             "Crash restarts a group may spend per restart_window before crashloop."),
-    Setting("supervisor.restart_window", _Duration("1s"), "5m", _H,
+    Setting("supervisor.restart_window", DurationKind("1s"), "5m", _H,
             "The sliding window restart_budget is counted over."),
-    Setting("supervisor.backoff_max", _Duration("100ms"), "60s", _H,
+    Setting("supervisor.backoff_max", DurationKind("100ms"), "60s", _H,
             "Cap of a slot's restart delay (1s doubling per consecutive crash, jittered)."),
-    Setting("supervisor.boot_timeout", _Duration("1s"), "60s", _H,
+    Setting("supervisor.boot_timeout", DurationKind("1s"), "60s", _H,
             "A child not ready this long after spawning is killed (db_wait excluded)."),
-    Setting("supervisor.heartbeat_timeout", _Duration("1s"), "30s", _H,
+    Setting("supervisor.heartbeat_timeout", DurationKind("1s"), "30s", _H,
             "A ready child silent this long is aborted (SIGABRT, then SIGKILL)."),
-    Setting("supervisor.heartbeat_interval", _Duration("100ms"), "5s", _H,
+    Setting("supervisor.heartbeat_interval", DurationKind("100ms"), "5s", _H,
             "How often each child reports its state and memory."),
-    Setting("supervisor.fatal_cooldown", _Duration("1s"), "5m", _H,
+    Setting("supervisor.fatal_cooldown", DurationKind("1s"), "5m", _H,
             "A FATAL group (its children cannot boot) is started again after this long; "
             "a reload retries it at once."),
-    Setting("reload", _Section(ReloadConfig), {}, None,
+    Setting("reload", SectionKind(ReloadConfig), {}, None,
             "Rolling restarts on reload."),
-    Setting("reload.max_surge", _Int(1), 1, _H,
+    Setting("reload.max_surge", IntKind(1), 1, _H,
             "Extra children a group may run while it rolls."),
-    Setting("logging", _Section(LoggingConfig), {}, None,
+    Setting("logging", SectionKind(LoggingConfig), {}, None,
             "Logs go to stderr (the journal under systemd)."),
-    Setting("logging.level", _Enum(*_LEVELS, fold=True), "info", _H,
+    Setting("logging.level", EnumKind(*_LEVELS, fold=True), "info", _H,
             "debug, info, warning, error or critical."),
-    Setting("logging.format", _Enum("text", "json"), "text", _H,
+    Setting("logging.format", EnumKind("text", "json"), "text", _H,
             "text, or json: one object per line."),
-    Setting("logging.file", _Path(), None, _H, nullable=True, doc=
+    Setting("logging.file", PathKind(), None, _H, nullable=True, doc=
             "Append logs to this file instead of stderr (SIGUSR1 reopens it); null: stderr."),
-    Setting("logging.loggers", _Map(_LOGGER, _Enum(*_LEVELS, fold=True)), {}, _H,
+    Setting("logging.loggers", MapKind(_LOGGER, EnumKind(*_LEVELS, fold=True)), {}, _H,
             "Levels of single loggers, e.g. {psycopg: warning}."),
-    Setting("runtime_dir", _Path(), None, _R, nullable=True, doc=
+    Setting("runtime_dir", PathKind(), None, _R, nullable=True, doc=
             "Directory of the state file, ours alone (0700 when created); null: "
             "$RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/cairnqd, else $TMPDIR/cairnqd-<uid>."),
 )
@@ -442,9 +442,9 @@ SCHEMA: tuple[Setting, ...] = (
 
 
 def _section_pattern(setting: Setting) -> str:
-    if isinstance(setting.kind, _Groups):  # schedules too
+    if isinstance(setting.kind, GroupsKind):  # schedules too
         return setting.path + ".*"
-    if isinstance(setting.kind, _Rules):
+    if isinstance(setting.kind, RulesKind):
         return setting.path + "[]"
     return setting.path
 
@@ -455,27 +455,27 @@ def _index_schema() -> tuple[dict[str, list[Setting]], dict[str, Setting]]:
     for setting in SCHEMA:
         by_path[setting.path] = setting
         children.setdefault(setting.parent, []).append(setting)
-        if isinstance(setting.kind, _Section):
+        if isinstance(setting.kind, SectionKind):
             setting.kind.pattern = _section_pattern(setting)
             children.setdefault(setting.kind.pattern, [])
     return children, by_path
 
 
-_CHILDREN, _BY_PATH = _index_schema()
+_CHILDREN, BY_PATH = _index_schema()
 
 
-def _children(pattern: str) -> list[Setting]:
+def child_settings(pattern: str) -> list[Setting]:
     return _CHILDREN[pattern]
 
 
-def _dump(obj: Any, pattern: str | None = None) -> dict[str, Any]:
+def dump_section(obj: Any, pattern: str | None = None) -> dict[str, Any]:
     """A built section as YAML-level values, driven by the schema. Without a pattern,
     the section's own; `Config` passes the top level's, `""`, as it is defined in
     `root`, which imports this module."""
     if pattern is None:
         pattern = _PATTERN_OF[type(obj)]
     data: dict[str, Any] = {}
-    for setting in _children(pattern):
+    for setting in child_settings(pattern):
         value = getattr(obj, setting.key)
         # None is "not set" for a nullable setting, but may mean more (listen: off).
         null = value is None and setting.nullable
@@ -484,5 +484,5 @@ def _dump(obj: Any, pattern: str | None = None) -> dict[str, Any]:
 
 
 _PATTERN_OF: dict[type, str] = {
-    s.kind.cls: s.kind.pattern for s in SCHEMA if isinstance(s.kind, _Section)
+    s.kind.cls: s.kind.pattern for s in SCHEMA if isinstance(s.kind, SectionKind)
 }
