@@ -292,9 +292,11 @@ def shown(value: Any) -> Any:
 def tolerant_text(data: bytes) -> str:
     """A `sqlite3` text factory that never fails: UTF-8 text as a str, anything else as
     `UndecodableText`. Slower than the default; only for reading again what failed."""
+    global _marked
     try:
         return data.decode()
     except UnicodeDecodeError:
+        _marked += 1
         return UndecodableText(data)
 
 
@@ -321,8 +323,10 @@ _marked = 0
 
 
 def markers_made() -> int:
-    """How many `Undecodable` markers `load_json_or_marker` has made in this process:
-    a claim compares it before and after, and looks for markers only when it moved."""
+    """How many markers of values the drivers could not decode (`Undecodable` from
+    `load_json_or_marker`, `UndecodableText` from `tolerant_text`) this process has
+    made: a claim compares it before and after, and looks for markers only when it
+    moved."""
     return _marked
 
 

@@ -130,6 +130,10 @@ class Executor:
 
 
 Clock = Callable[[], int]
+"""Epoch milliseconds. SQLite binds a store's clock into every statement that reads the
+time; Postgres reads the server's clock instead, and an injected clock only moves the
+retention cut-offs (`purge`, `count_purgeable`): enough to age rows in a test without
+waiting, while leases and due times stay on the one clock all hosts share."""
 
 
 class Sweeper(Protocol):
@@ -139,12 +143,6 @@ class Sweeper(Protocol):
     def start(self) -> None: ...
 
     async def stop(self) -> None: ...
-
-
-"""Epoch milliseconds. SQLite binds a store's clock into every statement that reads the
-time; Postgres reads the server's clock instead, and an injected clock only moves the
-retention cut-offs (`purge`, `count_purgeable`): enough to age rows in a test without
-waiting, while leases and due times stay on the one clock all hosts share."""
 
 
 def wall_clock_ms() -> int:
@@ -735,66 +733,53 @@ class TaskStore(ABC):
         # Encoded before the transaction opens (see claim_session on what waits for it).
         settle_params = complete_many_params(worker_id, settle) if settle else None
         marks = markers_made()
-        try:
-            drawn, settled = await self._claim_transaction(
-                queues, base, plan, settle_params, self._transaction
-            )
-            replayed = False
-        except Exception as exc:
-            if not self._is_undecodable_text(exc):
-                raise
-            # A row held text the driver refuses to decode, which failed the fetch of
-            # every row with it (and rolled the transaction back): run it once more,
-            # reading such text as markers, to fail that row alone (`_quarantine`).
-            drawn, settled = await self._claim_transaction(
-                queues, base, plan, settle_params, self._replay_transaction
-            )
-            replayed = True
+        # A row holding text the driver refuses to decode fails the fetch of every row
+        # with it and rolls the transaction back; `_replayable` then runs it once more,
+        # reading such text as markers, so that row alone is failed (`_quarantine`).
+        drawn, settled = await self._replayable(
+            lambda session: self._claim_in(session, queues, base, plan, settle_params)
+        )
         if on_settled is not None and settle:
             on_settled(settled)
-        tasks, bad = self._claimed(drawn, scan=replayed or markers_made() != marks)
+        tasks, bad = self._claimed(drawn, scan=markers_made() != marks)
         if bad:
             await self._quarantine(worker_id, bad)
         return tasks
 
-    async def _claim_transaction(
+    async def _claim_in(
         self,
+        session: Session,
         queues: builtins.list[str],
         base: Params,
         plan: ClaimPlanFn,
         settle_params: Params | None,
-        transaction: Callable[[], AbstractAsyncContextManager[Session]],
     ) -> tuple[Sequence[Row], dict[str, str]]:
         """The claim's transaction: settle, recover when due, draw. Its rows, not yet
         decoded, and the settled statuses."""
         settled: dict[str, str] = {}
-        async with transaction() as session:
-            if settle_params is not None:
-                rows = await session.fetch("complete_many", settle_params)
-                settled = {r["id"]: r["status"] for r in rows}
-            recovered = False
-            if time.monotonic() - self._claim_recovered_at >= CLAIM_RECOVERY_EVERY_S:
-                await self._recover_in(session)
+        if settle_params is not None:
+            rows = await session.fetch("complete_many", settle_params)
+            settled = {r["id"]: r["status"] for r in rows}
+        recovered = False
+        if time.monotonic() - self._claim_recovered_at >= CLAIM_RECOVERY_EVERY_S:
+            await self._recover_in(session)
+            recovered = True
+
+        async def draw(draw_names: Sequence[str] | None, limit: int) -> list[Row]:
+            nonlocal recovered
+            if limit <= 0 or (draw_names is not None and len(draw_names) == 0):
+                return []
+            op, params = claim_variant(queues, draw_names)
+            rows = await session.fetch(op, {**base, **params, "limit": limit})
+            if len(rows) < limit and not recovered:
+                # Short of work: tasks with expired leases may be what is missing.
                 recovered = True
+                if await self._recover_in(session):
+                    more = await session.fetch(op, {**base, **params, "limit": limit - len(rows)})
+                    rows = [*rows, *more]
+            return rows
 
-            async def draw(draw_names: Sequence[str] | None, limit: int) -> list[Row]:
-                nonlocal recovered
-                if limit <= 0 or (draw_names is not None and len(draw_names) == 0):
-                    return []
-                op, params = claim_variant(queues, draw_names)
-                rows = await session.fetch(op, {**base, **params, "limit": limit})
-                if len(rows) < limit and not recovered:
-                    # Short of work: tasks with expired leases may be what is missing.
-                    recovered = True
-                    if await self._recover_in(session):
-                        more = await session.fetch(
-                            op, {**base, **params, "limit": limit - len(rows)}
-                        )
-                        rows = [*rows, *more]
-                return rows
-
-            drawn = await plan(draw)
-        return drawn, settled
+        return await plan(draw), settled
 
     def _claimed(
         self, rows: Sequence[Row], *, scan: bool
