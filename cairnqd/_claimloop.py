@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
 from cairnqd._calls import Call, CallRunner
 from cairnqd._claims import ClaimPlan, claim_sources
@@ -232,19 +232,36 @@ class ClaimLoop:
             settle = []
         # The lease deadline of what this claim takes counts from before it is sent.
         self._claim_sent_at = self._inflight.clock()
-        progress = self._inflight.progress
+        with self._writing(settle):
+            result = await self._store.claim_session(
+                queues=queues,
+                worker_id=self._inflight.worker_id,
+                lease_ms=self._inflight.lease_ms,
+                names=names,
+                plan=plan,
+                settle=[(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in settle],
+                on_settled=lambda statuses: settlement.finish(settle, statuses),
+            )
+        return result or []
+
+    async def _settle_alone(self, settle: list[Pending]) -> None:
+        items = [(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in settle]
+        with self._writing(settle):
+            statuses = await self._store.complete_many(
+                worker_id=self._inflight.worker_id, items=items
+            )
+        self._settlement.finish(settle, statuses)
+
+    @contextlib.contextmanager
+    def _writing(self, settle: list[Pending]) -> Iterator[None]:
+        """Around one claim or results write carrying `settle`: counts toward the
+        worker's progress (health), and on failure puts the results back for the next
+        write, holding claims if the database refused them for want of space."""
+        settlement, progress = self._settlement, self._inflight.progress
         progress.begin()
         try:
             with settlement.carried(settle):
-                result = await self._store.claim_session(
-                    queues=queues,
-                    worker_id=self._inflight.worker_id,
-                    lease_ms=self._inflight.lease_ms,
-                    names=names,
-                    plan=plan,
-                    settle=[(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in settle],
-                    on_settled=lambda statuses: settlement.finish(settle, statuses),
-                )
+                yield
         except BaseException as exc:
             progress.failed()
             if settle:
@@ -252,25 +269,6 @@ class ClaimLoop:
             settlement.put_back(settle)
             raise
         progress.succeeded()
-        return result or []
-
-    async def _settle_alone(self, settle: list[Pending]) -> None:
-        settlement = self._settlement
-        items = [(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in settle]
-        progress = self._inflight.progress
-        progress.begin()
-        try:
-            with settlement.carried(settle):
-                statuses = await self._store.complete_many(
-                    worker_id=self._inflight.worker_id, items=items
-                )
-        except BaseException as exc:
-            progress.failed()
-            settlement.refused(exc)
-            settlement.put_back(settle)
-            raise
-        progress.succeeded()
-        settlement.finish(settle, statuses)
 
     def _dispatch(self, claimed: list[Task], free: int) -> None:
         """Start calls for what was claimed; plain tasks beyond the `free` call slots
