@@ -25,6 +25,7 @@ from tests.daemon.daemon import Daemon, base_config, healthz
 from tests.daemon.harness import gauge, scrape, stats
 from tests.faults.small_disk import SmallDisk, small_disk
 from tests.waiting import wait_for, wait_for_async
+from tests.worker.helpers import ErrorLog
 
 __all__ = ["daemon_factory", "small_disk"]
 
@@ -46,11 +47,11 @@ async def test_results_finished_while_the_disk_is_full_are_written_once_it_has_r
         submitted = await client.submit_many(
             [{"name": "f.held", "payload": {"i": i}} for i in range(TASKS)]
         )
-    errors: list[tuple[BaseException, dict[str, Any]]] = []
+    errors = ErrorLog()
     worker = Worker(
         SQLiteStore(str(path)),
         concurrency=TASKS,
-        on_error=lambda exc, info: errors.append((exc, info)),
+        on_error=errors,
     )
     release = asyncio.Event()
     started: list[int] = []
@@ -68,7 +69,7 @@ async def test_results_finished_while_the_disk_is_full_are_written_once_it_has_r
         release.set()
         await wait_for_async(
             "the results' write to fail for want of space",
-            lambda: any(_is_sqlite_full(exc) for exc, _ in errors),
+            lambda: any(_is_sqlite_full(exc) for exc, _ in errors.calls),
         )
         small_disk.free()
         async with CairnQ.sqlite(str(path)) as client:
@@ -164,12 +165,12 @@ async def test_a_worker_whose_results_cannot_be_written_stops_claiming(
         submitted = await client.submit_many(
             [{"name": "f.big", "payload": {"i": i}} for i in range(TASKS)]
         )
-    errors: list[tuple[BaseException, dict[str, Any]]] = []
+    errors = ErrorLog()
     worker = Worker(
         SQLiteStore(str(path)),
         concurrency=1,
         prefetch=0,
-        on_error=lambda exc, info: errors.append((exc, info)),
+        on_error=errors,
     )
     release = asyncio.Event()
     started: list[int] = []
@@ -188,14 +189,14 @@ async def test_a_worker_whose_results_cannot_be_written_stops_claiming(
         release.set()
         await wait_for_async(
             "the result's write to fail for want of space",
-            lambda: any(_is_sqlite_full(exc) for exc, _ in errors),
+            lambda: any(_is_sqlite_full(exc) for exc, _ in errors.calls),
         )
         # Long enough for several claims, had the worker gone on claiming: each
         # takes a task it cannot settle and runs it for nothing.
-        refused = len(errors)
+        refused = len(errors.calls)
         await wait_for_async(
             "the result's write to be refused again and again",
-            lambda: len(errors),
+            lambda: len(errors.calls),
             accept=lambda n: n >= refused + 8,
         )
         assert started == [0], f"claimed and ran {started} while no result could be written"
