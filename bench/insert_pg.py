@@ -35,8 +35,8 @@ from bench.common import UNCLAIMED, fresh_target, main_entry, print_table
 from cairnqd._ids import new_task_ids
 from cairnqd._protocol import statement
 from cairnqd.store.arguments import insert_params_for
-from cairnqd.store.pg_bulk import copy_rows
-from cairnqd.store.pg_connect import bind
+from cairnqd.store.postgres.bulk import copy_rows
+from cairnqd.store.postgres.connect import bind
 from cairnqd.store.statement_params import insert_many_params
 
 VARIANTS = ("insert_many ascending", "insert_many shuffled", "copy ascending", "copy shuffled")

@@ -26,7 +26,7 @@ from typing import Any
 import cairnqd
 from cairnqd._ids import new_task_id
 from cairnqd._protocol import statement
-from cairnqd.store.sqlite_statements import run_rows
+from cairnqd.store.sqlite.statements import run_rows
 from cairnqd.store.statement_params import insert_rows
 
 # The statement the row statement replaced: one JSON array of positional arrays.

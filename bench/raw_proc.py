@@ -34,8 +34,8 @@ import psycopg
 
 from cairnqd._protocol import Statement, statement
 from cairnqd.store.base import wall_clock_ms
-from cairnqd.store.pg_connect import bind as pg_bind
-from cairnqd.store.sqlite_statements import bind as sqlite_bind
+from cairnqd.store.postgres.connect import bind as pg_bind
+from cairnqd.store.sqlite.statements import bind as sqlite_bind
 from cairnqd.store.statement_params import complete_many_params
 
 QUEUE = "default"

@@ -92,8 +92,8 @@ async def raw_once(backend: Backend, batches: int) -> Run:
     from cairnqd._protocol import statement
     from cairnqd.store.arguments import SubmitRequest
     from cairnqd.store.base import wall_clock_ms
-    from cairnqd.store.pg_connect import bind
-    from cairnqd.store.sqlite_statements import run_rows
+    from cairnqd.store.postgres.connect import bind
+    from cairnqd.store.sqlite.statements import run_rows
     from cairnqd.store.statement_params import insert_many_params, insert_rows
 
     async with fresh_target(backend, "submit") as target:

@@ -78,7 +78,7 @@ from cairnqd.store.blockers import postgres_blockers, sqlite_lock_holders
 from cairnqd.store.errors import classify
 from cairnqd.store.factory import build_store
 from cairnqd.store.reachability import DAEMON_CALL_TIMEOUT_S, is_unreachable
-from cairnqd.store.sqlite_open import DatabaseFile, existing_file_uri, is_plain_file
+from cairnqd.store.sqlite.files import DatabaseFile, existing_file_uri, is_plain_file
 from cairnqd.worker import Worker
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ store opened inside that thread (a connection never crosses threads or a fork).
   batches until one comes back short or `max_batches` is reached; the rest waits for
   the next interval. SQLite pauses between batches so workers get the write lock, and
   checkpoints the WAL after a sweep that deleted rows; Postgres, when autovacuum is off,
-  starts a VACUUM in the background then (store/postgres.py `after_purge`), which the
+  starts a VACUUM in the background then (store/postgres/store.py `after_purge`), which the
   loop does not wait for. On Postgres one host sweeps per
   interval: each host's due sweep first asks for the purge's turn, a row in
   `cairnqd_leases` that one host takes and no host can take again before an interval
@@ -25,7 +25,7 @@ store opened inside that thread (a connection never crosses threads or a fork).
 - **Probe**: every `PROBE_INTERVAL_S` a one-row round trip, so the parent knows
   whether the database answers even between duties. Every call here is bounded
   (`DAEMON_CALL_TIMEOUT_S`), so a silent partition fails a call within the detection
-  bound stated in store/pg_connect.py (30 s).
+  bound stated in store/postgres/connect.py (30 s).
 - **Errors** are caught per tick, counted as `cairnq_db_errors_total{component=
   "maintenance"}` and logged; the loop goes on. A failed hand-back is retried with
   backoff: giving up only means its tasks wait for their leases to expire.
@@ -62,7 +62,7 @@ from cairnqd.errors import LostLease
 from cairnqd.store.base import Row, TaskStore
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.reachability import Reachability, is_unreachable
-from cairnqd.store.sqlite_open import DatabaseFile, file_id, is_plain_file
+from cairnqd.store.sqlite.files import DatabaseFile, file_id, is_plain_file
 
 if TYPE_CHECKING:
     from cairnqd.daemon.metrics import Metrics

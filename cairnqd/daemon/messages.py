@@ -99,7 +99,7 @@ class Heartbeat:
     db_down_s: float = 0.0
     #: Its queues it finds paused (`cairnqd pause`) and so does not claim from.
     paused: tuple[str, ...] = ()
-    #: Its LISTEN was accepted but is deaf (store/pg_listen.py): it polls instead.
+    #: Its LISTEN was accepted but is deaf (store/postgres/listen.py): it polls instead.
     listen_deaf: bool = False
     #: Seconds its claims, lease renewals and result writes have gone without one
     #: succeeding while it needed them (a lock, a wedge, repeated errors); 0 if fine.

@@ -15,7 +15,7 @@ from cairnqd.store.base import TaskStore
 from cairnqd.store.errors import classify
 from cairnqd.store.factory import store_for
 from cairnqd.store.reachability import DAEMON_CALL_TIMEOUT_S
-from cairnqd.store.sqlite_open import known_file_uri
+from cairnqd.store.sqlite.files import known_file_uri
 
 __all__ = ["db_error_kind", "parent_store"]
 

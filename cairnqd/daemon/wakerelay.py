@@ -12,7 +12,7 @@ Postgres; the children LISTEN on nothing and get `wake` messages instead.
   to each child whose group claims from one of those queues (`Supervisor._send_wakes`).
   Only the main thread writes to the children's pipes: a child's pipe may be closed
   (and its descriptor reused) the moment it is reaped, which only that thread knows.
-- The listener proves it hears, as every listener does (store/pg_listen.py): a NOTIFY
+- The listener proves it hears, as every listener does (store/postgres/listen.py): a NOTIFY
   on a private channel sent through the pooled DSN, where real notifications come
   from. Deaf: one warning, `cairnq_listen_deaf` 1, and the children keep polling.
 - Wakes are hints: a child whose control pipe is already backed up is skipped (it is
@@ -52,7 +52,7 @@ class WakeRelay:
         self._pending: set[str] = set()
         self.fd, self._fd_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stopped = threading.Event()
-        #: The LISTEN (a store/pg_listen.py `Listener`), once the thread started it.
+        #: The LISTEN (a store/postgres/listen.py `Listener`), once the thread started it.
         self.listener: Any = None
 
     def start(self) -> None:
@@ -61,8 +61,8 @@ class WakeRelay:
 
     async def _serve(self) -> None:
         # Imported here: psycopg stays out of a SQLite daemon's parent.
-        from cairnqd.store.pg_listen import Listener
         from cairnqd.store.postgres import PostgresStore
+        from cairnqd.store.postgres.listen import Listener
 
         store = store_for(self._database, "background")
         assert isinstance(store, PostgresStore) and store.session_conninfo is not None

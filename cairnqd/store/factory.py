@@ -28,7 +28,7 @@ from typing import Literal
 from cairnqd.config import DatabaseConfig, to_ms
 from cairnqd.store.base import Clock, TaskStore
 from cairnqd.store.sqlite import SQLiteStore
-from cairnqd.store.sqlite_open import is_memory
+from cairnqd.store.sqlite.files import is_memory
 
 # How long one Postgres operation may take on our side before it fails instead of
 # hanging on a server that stopped answering. The same value as PostgresStore's own

@@ -4,7 +4,7 @@ Some duties must run on one host at a time (the purge sweep), or are answered by
 host for all (`metrics.queue_stats: leader`). A store says how: `exclusive()` for work
 done in one block, `leader_lock()` for leadership kept across many calls. A SQLite
 file has one host by construction, so there both always hold; Postgres uses advisory
-locks on sessions of their own (store/pg_leadership.py).
+locks on sessions of their own (store/postgres/leadership.py).
 """
 
 from __future__ import annotations

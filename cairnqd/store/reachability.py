@@ -1,5 +1,5 @@
 """Whether a process's database still answers, and how long a call may wait for it:
-what the daemon needs of store/pg_connect.py's partition detection (see its docstring
+what the daemon needs of store/postgres/connect.py's partition detection (see its docstring
 for why these bounds), without the driver, so a SQLite daemon never loads psycopg."""
 
 from __future__ import annotations

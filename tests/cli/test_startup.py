@@ -43,6 +43,7 @@ def test_sdk_import_leaves_postgres_for_first_use() -> None:
 
 
 def test_factory_default_call_timeout_matches_the_store() -> None:
-    from cairnqd.store import factory, postgres
+    from cairnqd.store import factory
+    from cairnqd.store.postgres import store as postgres
 
     assert factory.DEFAULT_CALL_TIMEOUT_S == postgres.DEFAULT_CALL_TIMEOUT_S

@@ -13,10 +13,10 @@ import pytest
 
 from cairnqd._protocol import statement
 from cairnqd.errors import ErrorEnvelope
-from cairnqd.store import sqlite_statements
 from cairnqd.store.base import TaskStore, wall_clock_ms
 from cairnqd.store.browse import TaskQuery, TaskSummary
 from cairnqd.store.sqlite import SQLiteStore
+from cairnqd.store.sqlite import statements as sqlite_statements
 
 
 async def _page_all(store: TaskStore, query: TaskQuery) -> list[TaskSummary]:

@@ -27,7 +27,7 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.slow
 
 HANDLERS = ["tests.daemon.fault_handlers:registry"]
-#: The stated bound (cairnqd/store/pg_connect.py): a dead connection is noticed within
+#: The stated bound (cairnqd/store/postgres/connect.py): a dead connection is noticed within
 #: 30 s. The waits below add room for a loaded two-core machine.
 DETECTION_BOUND_S = 30.0
 #: After the network returns, queued work resumes within this.

@@ -12,7 +12,8 @@ import pytest
 
 from cairnqd import CairnQ
 from cairnqd.errors import DatabaseUnavailable, LostLease
-from cairnqd.store.pg_connect import (
+from cairnqd.store.postgres import PostgresStore
+from cairnqd.store.postgres.connect import (
     CANCEL_GRACE_S,
     DAEMON_CALL_TIMEOUT_S,
     DETECTION_BOUND_S,
@@ -20,7 +21,6 @@ from cairnqd.store.pg_connect import (
     is_unreachable,
     session_conninfo,
 )
-from cairnqd.store.postgres import PostgresStore
 from tests.faults.proxy import FaultProxy
 from tests.waiting import wait_for_async
 

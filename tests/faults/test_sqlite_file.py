@@ -154,7 +154,7 @@ def test_replacing_the_file_is_detected(daemon: Daemon, held: HeldClient, tmp_pa
 def test_an_existing_file_uri_never_creates_the_file(tmp_path: Path) -> None:
     import sqlite3
 
-    from cairnqd.store.sqlite_open import ensure_file, existing_file_uri
+    from cairnqd.store.sqlite.files import ensure_file, existing_file_uri
 
     path = tmp_path / "odd ?#% name.db"
     with pytest.raises(sqlite3.OperationalError, match="unable to open"):
@@ -173,7 +173,7 @@ def _umask() -> int:
 
 
 def test_the_file_watch_tells_deleted_from_replaced(tmp_path: Path) -> None:
-    from cairnqd.store.sqlite_open import DatabaseFile
+    from cairnqd.store.sqlite.files import DatabaseFile
 
     path = tmp_path / "a.db"
     path.write_bytes(b"")
@@ -198,7 +198,7 @@ def test_the_file_watch_tells_deleted_from_replaced(tmp_path: Path) -> None:
 def test_maintenance_stops_its_duties_on_a_lost_file_without_spinning(tmp_path: Path) -> None:
     from cairnqd.daemon.maintenance import Maintenance
     from cairnqd.daemon.metrics import Metrics
-    from cairnqd.store.sqlite_open import ensure_file, remember_file
+    from cairnqd.store.sqlite.files import ensure_file, remember_file
     from tests.daemon.harness import daemon_config
 
     path = tmp_path / "tasks.db"
@@ -237,7 +237,7 @@ def test_a_duty_failing_on_a_deleted_file_reports_the_loss_not_an_outage(
 
     from cairnqd.daemon.maintenance import Maintenance
     from cairnqd.daemon.metrics import Metrics
-    from cairnqd.store.sqlite_open import ensure_file, remember_file
+    from cairnqd.store.sqlite.files import ensure_file, remember_file
     from tests.daemon.harness import daemon_config
 
     path = tmp_path / "tasks.db"

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import psycopg
 import pytest
 
-from cairnqd.store.pg_listen import PROBE_TIMEOUT_S, Listener
 from cairnqd.store.postgres import PostgresStore
+from cairnqd.store.postgres.listen import PROBE_TIMEOUT_S, Listener
 from tests.pooler.conftest import Pooled
 from tests.waiting import wait_for_async
 

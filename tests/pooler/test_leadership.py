@@ -2,7 +2,7 @@
 
 Through PgBouncer in transaction mode a session advisory lock is taken on whichever
 server connection ran that statement, so two hosts both "win" it. Without a
-`direct_dsn` the store leads with rows in `cairnqd_leases` (store/pg_lease.py); with
+`direct_dsn` the store leads with rows in `cairnqd_leases` (store/postgres/lease.py); with
 one, or under a session pooler, it keeps its session locks.
 """
 

@@ -82,7 +82,7 @@ def test_schema_is_refused_behind_a_transaction_pooler() -> None:
 
 
 async def test_a_long_submit_many_streams_through_the_pooler(pooled: Pooled) -> None:
-    # Long enough to be streamed: a clock reading, then a COPY (store/pg_bulk.py), which
+    # Long enough to be streamed: a clock reading, then a COPY (store/postgres/bulk.py), which
     # a transaction pooler must carry inside the one transaction.
     client = CairnQ.postgres(pooled.pooled, pooler=pooled.mode, max_size=2)
     async with client:

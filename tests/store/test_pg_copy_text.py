@@ -1,4 +1,4 @@
-"""COPY's text format as `store/pg_bulk.py` writes it by hand: any text a submit may
+"""COPY's text format as `store/postgres/bulk.py` writes it by hand: any text a submit may
 carry reaches the table unchanged, through a real COPY on a real server."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cairnqd.store.pg_bulk import copy_field
+from cairnqd.store.postgres.bulk import copy_field
 
 # What a checked submit's text may hold: any character but NUL and lone surrogates,
 # with COPY's own special characters (and look-alikes of its escapes) made common.

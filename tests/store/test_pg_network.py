@@ -21,8 +21,8 @@ import pytest
 
 from cairnqd.errors import DatabaseUnavailable
 from cairnqd.store.base import ClaimDraw
-from cairnqd.store.pg_connect import KEEPALIVES, session_conninfo
 from cairnqd.store.postgres import PostgresStore
+from cairnqd.store.postgres.connect import KEEPALIVES, session_conninfo
 
 # -- what connections are opened with --------------------------------------------------------
 

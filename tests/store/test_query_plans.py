@@ -21,10 +21,11 @@ import pytest
 from psycopg import sql as psql
 
 from cairnqd._protocol import _PARAM, raw_sql, specialize, statement
-from cairnqd.store import pg_connect, sqlite_statements
 from cairnqd.store.base import wall_clock_ms
 from cairnqd.store.postgres import PostgresStore
+from cairnqd.store.postgres import connect as pg_connect
 from cairnqd.store.sqlite import SQLiteStore
+from cairnqd.store.sqlite import statements as sqlite_statements
 
 TEMP_SORT = "USE TEMP B-TREE FOR ORDER BY"
 CLAIM_SEARCH = re.compile(

@@ -1,5 +1,5 @@
 """The SQLITE_BUSY backoff: quick retries while a rival's cycle holds the write lock,
-fewer once the wait is longer than a cycle (store/sqlite_statements.py `Backoff`)."""
+fewer once the wait is longer than a cycle (store/sqlite/statements.py `Backoff`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cairnqd.store.sqlite_statements import Backoff
+from cairnqd.store.sqlite.statements import Backoff
 
 
 async def test_the_cap_is_short_for_a_short_wait_and_longer_after(

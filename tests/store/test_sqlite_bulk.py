@@ -1,4 +1,4 @@
-"""SQLite's pipelined `submit_many` (store/sqlite_bulk.py): the helper thread inserts a
+"""SQLite's pipelined `submit_many` (store/sqlite/bulk.py): the helper thread inserts a
 step while the loop checks the next. What it must keep: all or nothing when the database
 refuses a row on the thread, or when the call is cancelled halfway, and a store that
 works afterwards. (Order, fields, keys and bad items: tests/store/test_submit_many.py,
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cairnqd.store.sqlite import SQLiteStore
-from cairnqd.store.sqlite_bulk import PIPELINE_FROM, STEP, steps
+from cairnqd.store.sqlite.bulk import PIPELINE_FROM, STEP, steps
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cairnqd._protocol import rows_text, statement
-from cairnqd.store.sqlite_statements import run_rows
+from cairnqd.store.sqlite.statements import run_rows
 from cairnqd.store.statement_params import insert_rows
 from tests.protocol.sqldb import sqlite_ours
 

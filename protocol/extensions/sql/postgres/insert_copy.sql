@@ -1,4 +1,4 @@
--- submit_many's runs of keyless tasks in a long list, streamed (store/pg_bulk.py). One
+-- submit_many's runs of keyless tasks in a long list, streamed (store/postgres/bulk.py). One
 -- row per task in COPY's text format, in this column order, each as insert_task makes
 -- it: run_at = created + delay, created = updated = the list's one clock reading
 -- (clock_ms.sql, read when its transaction began), status 'queued'. The server reads

@@ -1,6 +1,6 @@
 -- insert_task for a whole list of tasks (submit_many's keyless runs, and concurrent
 -- submits sharing a statement). A row statement: the store repeats the parenthesized
--- row after `values` once per task (cairnqd/store/sqlite_statements.py, `run_rows`)
+-- row after `values` once per task (cairnqd/store/sqlite/statements.py, `run_rows`)
 -- and binds every task's values in this order: id, name, queue, payload, metadata,
 -- max_attempts, priority, parent_id, root_id, correlation_id, run_at_ms,
 -- created_at_ms, updated_at_ms. Plain bound values, not one JSON document unpacked by

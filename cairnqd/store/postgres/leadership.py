@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 import psycopg
 
 from cairnqd._protocol import statement
-from cairnqd.store.pg_connect import AsyncConn, run
+from cairnqd.store.postgres.connect import AsyncConn, run
 
 OpenSession = Callable[[], Awaitable[AsyncConn]]
 

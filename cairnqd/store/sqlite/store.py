@@ -16,7 +16,7 @@ Design notes.
   GIL (sorting 50,000 rows for `list` took ~150 ms), and turns the rows into values
   on the loop a chunk at a time, yielding between chunks. A long `submit_many` inserts
   on that thread too, a step at a time, while the loop checks the next step
-  (store/sqlite_bulk.py).
+  (store/sqlite/bulk.py).
 - Group commit. Single-statement writes are queued; one flusher runs everything queued
   in one `BEGIN IMMEDIATE … COMMIT` (a lone write runs in autocommit), and resolves
   each caller only after COMMIT. A statement error fails only its caller. The flusher
@@ -30,7 +30,7 @@ Design notes.
   call, not yet run, included) finishes; one that arrives while closing is refused with
   StoreClosed, so the drain stays finite. Afterwards a file-backed store reopens on its
   next use; an in-memory one keeps refusing, as its data died with the connection.
-- Opening (WAL, migrations, statistics: store/sqlite_open.py) runs in a thread: a cold
+- Opening (WAL, migrations, statistics: store/sqlite/files.py) runs in a thread: a cold
   start may wait on another process's migration, and that wait must not stall the loop.
 - Text that is not UTF-8. SQLite stores whatever bytes a client binds as text, and
   `sqlite3` refuses to fetch a row holding such text ("Could not decode to UTF-8"),
@@ -69,9 +69,9 @@ from cairnqd.store.bulk import insert_in_runs
 from cairnqd.store.clockstep import WallClockWatch
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.errors import is_sqlite_busy
-from cairnqd.store.sqlite_bulk import PIPELINE_FROM, insert_steps
-from cairnqd.store.sqlite_open import is_memory, open_database, refresh_statistics
-from cairnqd.store.sqlite_statements import (
+from cairnqd.store.sqlite.bulk import PIPELINE_FROM, insert_steps
+from cairnqd.store.sqlite.files import is_memory, open_database, refresh_statistics
+from cairnqd.store.sqlite.statements import (
     Backoff,
     SQLiteSession,
     bind,
@@ -283,7 +283,7 @@ class SQLiteStore(TaskStore):
 
     async def submit_many(self, tasks: Sequence[Mapping[str, Any]]) -> list[Task]:
         """A long list is checked a step at a time inside its write transaction while
-        the helper thread inserts the step before (store/sqlite_bulk.py): still all or
+        the helper thread inserts the step before (store/sqlite/bulk.py): still all or
         nothing, a bad item late in the list rolls back the rows before it."""
         items = tasks if isinstance(tasks, list | tuple) else list(tasks)
         if self._gate is not None or len(items) < PIPELINE_FROM:

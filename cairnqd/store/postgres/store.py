@@ -18,7 +18,7 @@
   prepared server-side, no startup `options` are sent (a statement timeout becomes a
   `SET LOCAL` in each transaction), and under `transaction` nothing relies on session
   state: LISTEN and session advisory locks go to `direct_dsn` when one is given; without
-  it push is off (polling) and leadership uses lease rows (store/pg_lease.py).
+  it push is off (polling) and leadership uses lease rows (store/postgres/lease.py).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.migrate import apply_postgres, check_protocol_version, pending_postgres
-from cairnqd.store.pg_bulk import STREAM_FROM, stream_tasks
-from cairnqd.store.pg_connect import (
+from cairnqd.store.postgres.bulk import STREAM_FROM, stream_tasks
+from cairnqd.store.postgres.connect import (
     AsyncConn,
     Reachability,
     bind,
@@ -65,9 +65,9 @@ from cairnqd.store.pg_connect import (
     run,
     session_conninfo,
 )
-from cairnqd.store.pg_leadership import HeldSessionLock, session_lock
-from cairnqd.store.pg_lease import LeaseLock, lease_exclusive, new_holder, take_turn
-from cairnqd.store.pg_listen import PROBE_EVERY_S, Listener, RelayedWakes
+from cairnqd.store.postgres.leadership import HeldSessionLock, session_lock
+from cairnqd.store.postgres.lease import LeaseLock, lease_exclusive, new_holder, take_turn
+from cairnqd.store.postgres.listen import PROBE_EVERY_S, Listener, RelayedWakes
 
 T = TypeVar("T")
 
@@ -171,7 +171,7 @@ class PostgresStore(TaskStore):
         self._ever_connected = False
         self._push_off_logged = False
         self._relay = RelayedWakes() if relayed else None
-        #: How often each LISTEN proves again that it hears (store/pg_listen.py).
+        #: How often each LISTEN proves again that it hears (store/postgres/listen.py).
         self.listen_probe_every_s = PROBE_EVERY_S
         # Who this store is when it takes turns (`take_turn`): the same for its life.
         self._holder = new_holder()
@@ -348,7 +348,7 @@ class PostgresStore(TaskStore):
 
     async def _submit_many_streamed(self, items: Sequence[Mapping[str, Any]]) -> list[Task]:
         """`submit_many` of a long list: its keyless runs streamed by COPY while the
-        client checks the items that follow (store/pg_bulk.py). Still one transaction,
+        client checks the items that follow (store/postgres/bulk.py). Still one transaction,
         all or nothing: a bad item found after earlier rows went in rolls them back
         before it raises. Every task carries one clock reading, taken first."""
         ids = new_task_ids(len(items))
@@ -460,7 +460,7 @@ class PostgresStore(TaskStore):
     async def send_notify(self, channel: str, payload: str) -> None:
         """NOTIFY `channel` through `dsn` (the pooler, if any), the way a task's
         notification travels, so a listener's proving NOTIFY meets whatever a task's
-        would (store/pg_listen.py). On a short-lived connection of its own, never a
+        would (store/postgres/listen.py). On a short-lived connection of its own, never a
         pool one: a worker's pool may hold one connection, which its claims need."""
         async with asyncio.timeout(self.call_timeout_s):
             conn = await psycopg.AsyncConnection.connect(
@@ -651,7 +651,7 @@ class PostgresStore(TaskStore):
     def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
         """The advisory lock `(namespace, lock_id)` on a session of its own, for the
         block; yields False at once when another session holds it. Behind a
-        transaction pooler without `direct_dsn`: a lease row (store/pg_lease.py)."""
+        transaction pooler without `direct_dsn`: a lease row (store/postgres/lease.py)."""
         if self.leadership == "lease":
             return lease_exclusive(self._lease_fetch, namespace, lock_id)
         return session_lock(self._session, namespace, lock_id, timeout_s=self.call_timeout_s)

@@ -28,7 +28,7 @@ from cairnqd.models import Task
 from cairnqd.store.arguments import Params
 from cairnqd.store.base import inserted_tasks, prepare_items
 from cairnqd.store.bulk import SubmitKeyed, insert_in_runs
-from cairnqd.store.pg_connect import AsyncConn
+from cairnqd.store.postgres.connect import AsyncConn
 from cairnqd.store.statement_params import task_rows
 
 #: A list longer than this is streamed; a shorter one is a single `insert_many`, one

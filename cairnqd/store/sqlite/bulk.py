@@ -30,7 +30,7 @@ from typing import Any
 from cairnqd._protocol import Statement, statement
 from cairnqd.models import Task
 from cairnqd.store.base import inserted_tasks, prepare_items
-from cairnqd.store.sqlite_statements import run_rows, stop_step
+from cairnqd.store.sqlite.statements import run_rows, stop_step
 from cairnqd.store.statement_params import insert_rows
 
 #: A list this long is pipelined; a shorter one is checked first, then inserted (a hop
