@@ -51,7 +51,7 @@ class PausedQueues:
         if now >= self._next_read:
             self._next_read = now + self.refresh_s
             try:
-                pauses = await self._store.paused_queues()
+                pauses = await self._store.pauses.all()
             except Exception as exc:
                 self._report(exc, {"phase": "queue pauses"})
             else:

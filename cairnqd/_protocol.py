@@ -103,7 +103,7 @@ def specialize(sql: str, supplied: frozenset[str]) -> str:
     return _OPTIONAL_FILTER.sub(rewrite, sql)
 
 
-def _to_psycopg(sql: str) -> str:
+def to_psycopg(sql: str) -> str:
     # psycopg reads `%` as the start of a placeholder; a literal one must be doubled.
     escaped = sql.replace("%", "%%")
     return _PARAM.sub(lambda m: f"%({m.group(1)})s", escaped)
@@ -114,7 +114,7 @@ def statement(dialect: Dialect, name: str, supplied: frozenset[str] = frozenset(
     """The ready-to-run statement `name`, specialized for the `supplied` filters."""
     sql = specialize(raw_sql(dialect, name), supplied)
     params = tuple(dict.fromkeys(_PARAM.findall(sql)))
-    text = _to_psycopg(sql) if dialect == "postgres" else sql
+    text = to_psycopg(sql) if dialect == "postgres" else sql
     # Postgres reads `?` as a jsonb operator; only SQLite's statements mean a placeholder.
     row_width = sql.count("?") if dialect == "sqlite" and not params else 0
     return Statement(name=name, text=text, params=params, row_width=row_width)

@@ -235,7 +235,7 @@ RUNNING_NOTE = (
 
 
 async def _stats(store: TaskStore, queue: str | None) -> tuple[dict[str, dict[str, int]], set[str]]:
-    paused = {p.queue for p in await store.paused_queues()}
+    paused = {p.queue for p in await store.pauses.all()}
     return await store.stats(queue), paused if queue is None else paused & {queue}
 
 
@@ -286,7 +286,7 @@ async def _list(store: TaskStore, args: argparse.Namespace) -> tuple[list[Task],
     tasks = await store.list(**filters, limit=args.limit, offset=args.offset)
     if args.json or len(tasks) < args.limit:
         return tasks, args.offset + len(tasks)  # nothing beyond this page
-    return tasks, await store.count_tasks(listing.matching(**filters))
+    return tasks, await store.bulk.count(listing.matching(**filters))
 
 
 def _one_target(args: argparse.Namespace) -> tuple[str | None, str | None]:

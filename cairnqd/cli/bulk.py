@@ -94,14 +94,14 @@ async def _apply(
     matched = changed = requested = 0
     after = ""
     while True:
-        ids = await store.task_ids(where, after_id=after, limit=BULK_BATCH)
+        ids = await store.bulk.ids(where, after_id=after, limit=BULK_BATCH)
         if not ids:
             break
         if action.command == "cancel":
-            tasks = await store.cancel_many(ids)
+            tasks = await store.bulk.cancel(ids)
             requested += sum(1 for t in tasks if t.status == "running")
         else:
-            tasks = await store.retry_many(ids, reset_attempt=reset_attempt)
+            tasks = await store.bulk.retry(ids, reset_attempt=reset_attempt)
         matched, changed, after = matched + len(ids), changed + len(tasks), ids[-1]
         if len(ids) < BULK_BATCH:
             break
@@ -131,7 +131,7 @@ def run_bulk(args: argparse.Namespace, action: BulkAction) -> int:
     config: Config = load(args.config)
     where = task_filter(args, action, wall_clock_ms())
     described = describe(args, where)
-    count = with_store(config, lambda store: store.count_tasks(where))
+    count = with_store(config, lambda store: store.bulk.count(where))
     if args.dry_run or count == 0:
         print(f"would {action.command} {count} task(s): {described}")
         return exitcodes.OK

@@ -78,7 +78,7 @@ async def _sweep(
     host holds it."""
     from cairnqd.daemon.maintenance import PURGE_LOCK_ID  # the daemon's own lock
 
-    async with store.exclusive(lock_namespace, PURGE_LOCK_ID) as held:
+    async with store.leadership.exclusive(lock_namespace, PURGE_LOCK_ID) as held:
         if not held:
             return None
         deleted = [await _drain(store, rule, batch) for rule in rules]

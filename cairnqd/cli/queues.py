@@ -57,8 +57,8 @@ def _check_queues(command: str, queues: list[str] | None) -> list[str]:
 async def _pause(
     store: TaskStore, queues: list[str], reason: str | None
 ) -> tuple[list[QueuePause], list[QueuePause]]:
-    made = await store.pause_queues(queues, paused_by=operator_name(), reason=reason)
-    current = {p.queue: p for p in await store.paused_queues()}
+    made = await store.pauses.pause(queues, paused_by=operator_name(), reason=reason)
+    current = {p.queue: p for p in await store.pauses.all()}
     earlier = [current[q] for q in queues if q in current and q not in {m.queue for m in made}]
     return made, earlier
 
@@ -79,7 +79,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     queues = _check_queues("resume", args.queue)
 
     async def resume(store: TaskStore) -> list[QueuePause]:
-        return await store.resume_queues(queues)
+        return await store.pauses.resume(queues)
 
     ended = with_store(load(args.config), resume)
     for pause in ended:

@@ -19,7 +19,7 @@ from cairnqd.config import Config, ScheduleConfig
 from cairnqd.daemon import exitcodes
 from cairnqd.schedules import from_ms
 from cairnqd.store.base import TaskStore
-from cairnqd.store.schedules import ScheduleRow, ScheduleTable, run_now
+from cairnqd.store.tables.schedules import ScheduleRow, ScheduleTable, run_now
 
 if TYPE_CHECKING:
     from cairnqd.cli.admin import Subparsers

@@ -50,7 +50,7 @@ def read_pauses(config: Config) -> tuple[list[QueuePause] | None, str | None]:
     """The paused queues, or None and why they could not be read."""
 
     async def read(store: TaskStore) -> list[QueuePause]:
-        return await store.paused_queues()
+        return await store.pauses.all()
 
     try:
         return with_store(config, read), None

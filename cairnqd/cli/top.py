@@ -85,7 +85,7 @@ def with_rates(now: Reading, before: Reading | None) -> None:
 async def read_database(store: TaskStore) -> dict[str, QueueView]:
     counts = await store.stats()
     oldest = await store.oldest_queued_age_ms()
-    paused = {p.queue for p in await store.paused_queues()}
+    paused = {p.queue for p in await store.pauses.all()}
     views: dict[str, QueueView] = {}
     for queue in sorted(set(counts) | paused):
         by_status = counts.get(queue) or dict.fromkeys(STATUSES, 0)
@@ -192,13 +192,13 @@ class Top:
         try:
             if paused:
                 made = self.loop.run_until_complete(
-                    self.store.pause_queues(
+                    self.store.pauses.pause(
                         [queue], paused_by=operator_name(), reason="paused from cairnqd top"
                     )
                 )
                 self.message = f"paused {queue}" if made else f"{queue} was paused already"
             else:
-                ended = self.loop.run_until_complete(self.store.resume_queues([queue]))
+                ended = self.loop.run_until_complete(self.store.pauses.resume([queue]))
                 self.message = f"resumed {queue}" if ended else f"{queue} was not paused"
         except Exception as exc:  # a bad name or a database error: say it, go on
             self.message = f"cannot change {queue}: {' '.join(str(exc).split())}"

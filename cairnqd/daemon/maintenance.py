@@ -501,7 +501,9 @@ class Maintenance:
         # A little short of the interval, so the sweeping host's own next tick (timed
         # on its clock, checked on the database's) finds its turn due again.
         every_ms = interval_ms - min(1000, interval_ms // 10)
-        if not await store.take_turn(f"purge:{self._config.database.lock_namespace}", every_ms):
+        if not await store.leadership.take_turn(
+            f"purge:{self._config.database.lock_namespace}", every_ms
+        ):
             log.debug("another host purged within this interval; skipping this one")
             return None
         return await self.purge_once()
@@ -565,7 +567,7 @@ class Maintenance:
     async def _sweep_lock(self, store: TaskStore) -> AsyncIterator[bool]:
         # One host per interval on Postgres; SQLite has one host by construction.
         namespace = self._config.database.lock_namespace
-        async with store.exclusive(namespace, PURGE_LOCK_ID) as held:
+        async with store.leadership.exclusive(namespace, PURGE_LOCK_ID) as held:
             yield held
 
     # -- the store -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ holds the file. The others look every second whether the lock is free, so when t
 leader dies (its sessions close and Postgres frees the lock) another host leads within
 about a second of the server noticing. Leadership only keeps the work in one place:
 correctness does not depend on it. Every slot is enqueued in one transaction that
-moves the schedule's row past the slot (store/schedules.py), so two hosts that both
+moves the schedule's row past the slot (store/tables/schedules.py), so two hosts that both
 believe they lead, or a leader restarted in the middle of a slot, still enqueue it once.
 
 Each pass (`run_once`) reads every schedule's row, plans the due slots with the
@@ -42,7 +42,7 @@ from cairnqd.store.arguments import SubmitRequest
 from cairnqd.store.base import TaskStore
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.leadership import LeaderLock
-from cairnqd.store.schedules import ScheduleRow, ScheduleTable, host_label, rule_of, slot_key
+from cairnqd.store.tables.schedules import ScheduleRow, ScheduleTable, host_label, rule_of, slot_key
 
 if TYPE_CHECKING:
     from cairnqd.daemon.metrics import Metrics
@@ -235,7 +235,7 @@ class Scheduler:
         if self._lock is not None and self._lock.key != (namespace, SCHEDULER_LOCK_ID):
             await self._resign()
         if self._lock is None:
-            self._lock = store.leader_lock(namespace, SCHEDULER_LOCK_ID)
+            self._lock = store.leadership.leader_lock(namespace, SCHEDULER_LOCK_ID)
         try:
             leading = await self._lock.ensure()
         except BaseException:

@@ -77,8 +77,8 @@ from cairnqd.daemon.statefile import (
 from cairnqd.daemon.status import StatusReport, status_dump
 from cairnqd.daemon.wakerelay import WakeRelay, backed_up
 from cairnqd.dashboard import DashboardBindError, DashboardData, DashboardServer
-from cairnqd.store.schedules import host_label
 from cairnqd.store.sqlite.files import ensure_file, is_plain_file, remember_file
+from cairnqd.store.tables.schedules import host_label
 
 log = logging.getLogger("cairnqd.supervisor")
 

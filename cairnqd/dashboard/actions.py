@@ -20,7 +20,7 @@ from cairnqd.dashboard.data import DashboardData, bulk_failed
 from cairnqd.dashboard.params import BadRequest, task_id
 from cairnqd.store.base import TaskStore
 from cairnqd.store.operator import QUEUE_MAX, REASON_MAX
-from cairnqd.store.schedules import run_now
+from cairnqd.store.tables.schedules import run_now
 
 log = logging.getLogger("cairnqd.dashboard")
 
@@ -90,7 +90,7 @@ def queue_pause(config: Config, data: DashboardData, form: Mapping[str, str], wh
         raise BadRequest(f"reason: longer than {REASON_MAX} characters")
 
     async def work(store: TaskStore) -> bool:
-        made = await store.pause_queues([queue], paused_by=f"dashboard:{who}", reason=reason)
+        made = await store.pauses.pause([queue], paused_by=f"dashboard:{who}", reason=reason)
         return bool(made)
 
     done = data.write(work, f"pause {queue}")
@@ -101,7 +101,7 @@ def queue_resume(config: Config, data: DashboardData, form: Mapping[str, str], w
     queue = _queue(form)
 
     async def work(store: TaskStore) -> bool:
-        return bool(await store.resume_queues([queue]))
+        return bool(await store.pauses.resume([queue]))
 
     done = data.write(work, f"resume {queue}")
     return Outcome(f"queue {queue} resumed" if done else f"queue {queue} was not paused")

@@ -44,7 +44,7 @@ from cairnqd.store.browse import (
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.operator import QueuePause
-from cairnqd.store.schedules import ScheduleRow, ScheduleTable
+from cairnqd.store.tables.schedules import ScheduleRow, ScheduleTable
 
 log = logging.getLogger("cairnqd.dashboard")
 
@@ -248,9 +248,9 @@ class DashboardData:
             if view is not None:
                 try:
                     store = await self._store.get()
-                    await store.report_daemon(self.report_as, host, json.dumps(view))
+                    await store.reports.put(self.report_as, host, json.dumps(view))
                     if self.reports % 100 == 0:
-                        await store.prune_daemon_reports(_REPORT_KEEP_MS)
+                        await store.reports.prune(_REPORT_KEEP_MS)
                     self.reports += 1
                 except Exception as exc:
                     log.debug("dashboard: cannot report this daemon's status: %s", exc)
@@ -387,11 +387,11 @@ class DashboardData:
             now_ms = store.now_ms()
             stats = await store.stats()
             oldest = await store.oldest_queued_age_ms()
-            pauses = {p.queue: p for p in await store.paused_queues()}
-            finished = await store.finished_per_minute(now_ms - HOUR_MINUTES * 60_000)
-            failed = await store.failed_groups()
+            pauses = {p.queue: p for p in await store.pauses.all()}
+            finished = await store.dashboard.finished_per_minute(now_ms - HOUR_MINUTES * 60_000)
+            failed = await store.dashboard.failed_groups()
             schedules = await ScheduleTable(store).rows() if self.config.schedules else {}
-            reports = await store.daemon_reports()
+            reports = await store.reports.all()
         except Exception:
             await self._store.close()
             raise
@@ -445,14 +445,14 @@ class DashboardData:
 
     def tasks(self, query: TaskQuery) -> list[TaskSummary]:
         async def read(store: TaskStore) -> list[TaskSummary]:
-            return await store.browse_tasks(query)
+            return await store.dashboard.browse(query)
 
         return self._run(read, "the task list")
 
     def task(self, task_id: str) -> tuple[Task | None, str | None]:
         async def read(store: TaskStore) -> tuple[Task | None, str | None]:
             task = await store.get(task_id)
-            key = await store.task_key(task_id) if task is not None else None
+            key = await store.dashboard.task_key(task_id) if task is not None else None
             return task, key
 
         return self._run(read, f"task {task_id}")
@@ -475,13 +475,13 @@ async def bulk_failed(
     of ids per transaction; how many changed."""
     changed, after = 0, ""
     while True:
-        ids = await store.failed_group_ids(name, error_type, after_id=after, limit=batch)
+        ids = await store.dashboard.failed_group_ids(name, error_type, after_id=after, limit=batch)
         if not ids:
             return changed
         if discard:
-            changed += len(await store.discard_failed(ids))
+            changed += len(await store.dashboard.discard_failed(ids))
         else:
-            changed += len(await store.retry_many(ids))
+            changed += len(await store.bulk.retry(ids))
         after = ids[-1]
         await asyncio.sleep(0)
 

@@ -26,7 +26,7 @@ from cairnqd.dashboard.params import encode_cursor, with_params
 from cairnqd.models import STATUSES, Task
 from cairnqd.schedules import from_ms
 from cairnqd.store.browse import SORTS, TaskQuery, TaskSummary
-from cairnqd.store.schedules import ScheduleRow
+from cairnqd.store.tables.schedules import ScheduleRow
 
 NAV = (
     ("/", "Overview"),

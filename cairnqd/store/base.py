@@ -18,6 +18,7 @@ import asyncio
 import builtins
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -50,23 +51,9 @@ from cairnqd.store.arguments import (
     require_str,
     submit_params,
 )
-from cairnqd.store.browse import (
-    REPORT_MAX_CHARS,
-    DaemonReport,
-    FailedGroup,
-    FinishedCount,
-    TaskQuery,
-    TaskSummary,
-)
 from cairnqd.store.clockstep import WallClockWatch
-from cairnqd.store.leadership import LeaderLock, SoleHost
-from cairnqd.store.operator import (
-    BULK_BATCH,
-    QueuePause,
-    TaskFilter,
-    check_queue_name,
-    check_reason,
-)
+from cairnqd.store.executor import Row, Session
+from cairnqd.store.leadership import SOLE_HOST, Leadership
 from cairnqd.store.statement_params import (
     INSERT_MANY_CHUNK,
     LEASE_EXPIRED,
@@ -78,11 +65,14 @@ from cairnqd.store.statement_params import (
     insert_many_params,
     new_task,
 )
+from cairnqd.store.tables.bulk_actions import BulkActions
+from cairnqd.store.tables.dashboard import DashboardReads
+from cairnqd.store.tables.pauses import QueuePauses
+from cairnqd.store.tables.reports import DaemonReports
 
 if TYPE_CHECKING:
     from cairnqd.store.backpressure import QueueDepthGate
 
-Row = Mapping[str, Any]
 T = TypeVar("T")
 
 log = logging.getLogger("cairnqd.store")
@@ -97,36 +87,46 @@ _REUSABLE: dict[str, frozenset[str]] = {
 }
 
 
-class Session(Protocol):
-    """Statements inside one write transaction."""
-
-    async def fetch(
-        self, op: str, params: Params, supplied: frozenset[str] = frozenset()
-    ) -> list[Row]: ...
-
-
-class Executor:
-    """What a table class over a store runs its statements with (the scheduler's
-    `ScheduleTable`): one statement, or one write transaction as a whole operation, in
-    the store's dialect, named as the files of `protocol/`."""
+class StoreExecutor:
+    """The `Executor` (store/executor.py) of one store: its dialect's primitives, for
+    the table classes above it."""
 
     def __init__(self, store: TaskStore) -> None:
         self._store = store
 
+    @property
+    def dialect(self) -> Dialect:
+        return self._store.dialect
+
     async def fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
-        """Run statement `op` outside any explicit transaction; its rows."""
         return await self._store._fetch(op, params, supplied)
+
+    async def scan(
+        self,
+        op: str,
+        params: Params,
+        supplied: frozenset[str],
+        convert: Callable[[list[Row]], list[T]],
+    ) -> list[T]:
+        return await self._store._scan(op, params, supplied, convert)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Session]:
-        """A write transaction: committed when the block ends, rolled back if it raises,
-        and let finish as a whole by a store that is closing."""
         store = self._store
         with store._operation():
             async with store._transaction() as session:
                 yield session
+
+    async def replayable(self, work: Callable[[Session], Awaitable[T]]) -> T:
+        return await self._store._replayable(work)
+
+    def operation(self) -> AbstractContextManager[None]:
+        return self._store._operation()
+
+    def tasks(self, rows: Sequence[Row]) -> list[Task]:
+        return self._store._tasks(rows)
 
 
 Clock = Callable[[], int]
@@ -410,11 +410,6 @@ class TaskStore(ABC):
         rows = await fetch("insert_many", insert_many_params(run))
         return inserted_tasks(run, int(rows[0]["now_ms"]))
 
-    @property
-    def executor(self) -> Executor:
-        """Statements and transactions for table classes over this store."""
-        return Executor(self)
-
     async def submit_keyed_in(self, session: Session, params: Params) -> Task:
         """A keyed submit inside `session` (prepared `params`, a key among them), with
         the key's conflict rules: for a table class whose own write must commit with the
@@ -631,21 +626,38 @@ class TaskStore(ABC):
         vacuums when autovacuum is off. `wait`: return only when the tidy-up is done
         (a command that exits next); else a long one may go on in the background."""
 
-    # -- leadership among hosts (the daemon's; see store/leadership.py) ----------------
+    # -- tables above the protocol's (store/tables/) and leadership --------------------
 
-    def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
-        """Hold `(namespace, lock_id)` for the block if no other host does; yields
-        whether it is held, never waiting. One host only reaches this database here."""
-        return _always_held()
+    @functools.cached_property
+    def executor(self) -> StoreExecutor:
+        """This store's statements, for the table classes above it."""
+        return StoreExecutor(self)
 
-    def leader_lock(self, namespace: int, lock_id: int) -> LeaderLock:
-        """Leadership on `(namespace, lock_id)` kept across calls; always held here."""
-        return SoleHost(namespace, lock_id)
+    @functools.cached_property
+    def pauses(self) -> QueuePauses:
+        """The operator's queue pauses."""
+        return QueuePauses(self.executor)
 
-    async def take_turn(self, name: str, every_ms: int) -> bool:
-        """Whether this host takes the turn `name` now, when one host per `every_ms`
-        should (the purge sweep); always here, where one host reaches the database."""
-        return True
+    @functools.cached_property
+    def bulk(self) -> BulkActions:
+        """Cancel and retry by filter, a page at a time."""
+        return BulkActions(self.executor)
+
+    @functools.cached_property
+    def dashboard(self) -> DashboardReads:
+        """The dashboard's reads and its discard of failed tasks."""
+        return DashboardReads(self.executor)
+
+    @functools.cached_property
+    def reports(self) -> DaemonReports:
+        """Each daemon's last report of its groups and children."""
+        return DaemonReports(self.executor)
+
+    @functools.cached_property
+    def leadership(self) -> Leadership:
+        """Leadership among the hosts on this database (store/leadership.py): always
+        held where one host reaches the database; dialects with many override it."""
+        return SOLE_HOST
 
     # -- claiming ----------------------------------------------------------------------
 
@@ -1070,191 +1082,13 @@ class TaskStore(ABC):
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
         await _sleep_ms(timeout_ms)
 
-    # -- the operator's controls (cairnqd extension; see store/operator.py) -------------
-
-    async def paused_queues(self) -> builtins.list[QueuePause]:
-        """Every paused queue, by name."""
-        rows = await self._fetch("extensions/queue_pauses", {})
-        return [QueuePause.from_row(r) for r in rows]
-
-    async def pause_queues(
-        self, queues: Sequence[str], *, paused_by: str, reason: str | None = None
-    ) -> builtins.list[QueuePause]:
-        """Pause `queues` in one transaction; returns the pauses this call made (a
-        queue paused already keeps its earlier pause and is left out)."""
-        names = [check_queue_name(q, "queues[]") for q in queues]
-        require_str(paused_by, "paused_by")
-        params: Params = {"paused_by": paused_by, "reason": check_reason(reason)}
-        async with self._transaction() as session:
-            made = []
-            for queue in dict.fromkeys(names):
-                made += await session.fetch("extensions/queue_pause", {**params, "queue": queue})
-        return [QueuePause.from_row(r) for r in made]
-
-    async def resume_queues(self, queues: Sequence[str]) -> builtins.list[QueuePause]:
-        """Resume `queues` in one transaction; returns the pauses it ended."""
-        names = [check_queue_name(q, "queues[]") for q in queues]
-        async with self._transaction() as session:
-            ended = []
-            for queue in dict.fromkeys(names):
-                ended += await session.fetch("extensions/queue_resume", {"queue": queue})
-        return [QueuePause.from_row(r) for r in ended]
-
-    async def count_tasks(self, where: TaskFilter) -> int:
-        """How many tasks match `where`."""
-        params = where.params()
-        rows = await self._scan("extensions/task_count", params, where.supplied(params), _rows)
-        return int(rows[0]["n"])
-
-    async def task_ids(
-        self, where: TaskFilter, *, after_id: str = "", limit: int = BULK_BATCH
-    ) -> builtins.list[str]:
-        """One page of the ids matching `where`, in id order, after `after_id`."""
-        require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
-        params = {**where.params(), "after_id": after_id, "limit": limit}
-        rows = await self._scan("extensions/task_ids", params, where.supplied(params), _rows)
-        return [r["id"] for r in rows]
-
-    async def cancel_many(self, task_ids: Sequence[str]) -> builtins.list[Task]:
-        """`cancel` each id, all in one transaction; returns the tasks it changed
-        (a task no longer queued or running is skipped, as `cancel` skips it)."""
-        return await self._each_in_one_transaction("cancel", task_ids, {})
-
-    async def retry_many(
-        self, task_ids: Sequence[str], *, reset_attempt: bool = False
-    ) -> builtins.list[Task]:
-        """`retry` each id, all in one transaction; returns the tasks it requeued."""
-        params: Params = {"reset_attempt": bool(reset_attempt)}
-        return await self._each_in_one_transaction("retry", task_ids, params)
-
-    async def _each_in_one_transaction(
-        self, op: str, task_ids: Sequence[str], params: Params
-    ) -> builtins.list[Task]:
-        ids = list(task_ids)
-        for task_id in ids:
-            require_str(task_id, "task_ids[]")
-        if not ids:
-            await asyncio.sleep(0)  # every operation yields, even one with nothing to do
-            return []
-
-        async def each(session: Session) -> builtins.list[Row]:
-            found: builtins.list[Row] = []
-            for task_id in ids:
-                found += await session.fetch(op, {**params, "id": task_id})
-            return found
-
-        with self._operation():
-            # A row whose text the driver refuses (another client's) is read back
-            # escaped on a second run, not left to fail the whole batch.
-            rows = await self._replayable(each)
-        return self._tasks(rows)
-
-    # -- the dashboard's reads and its bulk discard (see store/browse.py) -----------------
-
-    async def browse_tasks(self, query: TaskQuery) -> builtins.list[TaskSummary]:
-        """One page of the task list, newest first by `query.sort`, after its cursor."""
-        params = query.params()
-        if query.key is not None:
-            require_str(query.key, "key")
-            keyed = await self._fetch("get_key", {"key": query.key})
-            if not keyed:
-                await asyncio.sleep(0)
-                return []
-            params = query.params(task_id=keyed[0]["task_id"])
-        op = f"extensions/dashboard_tasks_{query.sort}"
-        rows = await self._scan(op, params, TaskQuery.supplied(params), _rows)
-        return [TaskSummary.from_row(r) for r in rows]
-
-    async def task_key(self, task_id: str) -> str | None:
-        """The key `task_id` was submitted with, or None."""
-        require_str(task_id, "task_id")
-        rows = await self._fetch("extensions/dashboard_task_key", {"id": task_id})
-        return str(rows[0]["key"]) if rows else None
-
-    async def finished_per_minute(self, since_ms: int) -> builtins.list[FinishedCount]:
-        """Succeeded and failed tasks per queue and minute, finished since `since_ms`."""
-        require_int(since_ms, "since_ms", minimum=0, maximum=INT8_MAX)
-        rows = await self._scan(
-            "extensions/dashboard_throughput", {"since_ms": since_ms}, frozenset(), _rows
-        )
-        return [FinishedCount(r["queue"], r["status"], int(r["minute"]), int(r["n"])) for r in rows]
-
-    async def failed_groups(self, limit: int = 200) -> builtins.list[FailedGroup]:
-        """Failed tasks grouped by name and error type, the biggest groups first."""
-        require_int(limit, "limit", minimum=1, maximum=10_000)
-        rows = await self._scan(
-            "extensions/dashboard_failed_groups", {"limit": limit}, frozenset(), _rows
-        )
-        return [
-            FailedGroup(
-                name=r["name"],
-                error_type=r["error_type"],
-                n=int(r["n"]),
-                last_ms=None if r["last_ms"] is None else int(r["last_ms"]),
-                message=r["message"],
-            )
-            for r in rows
-        ]
-
-    async def failed_group_ids(
-        self, name: str, error_type: str, *, after_id: str = "", limit: int = BULK_BATCH
-    ) -> builtins.list[str]:
-        """One page of the ids of failed tasks named `name` that failed with
-        `error_type` ("" for none), in id order after `after_id`."""
-        require_str(name, "name")
-        if not isinstance(error_type, str):
-            raise ValueError(f"error_type must be a string, got {type(error_type).__name__}")
-        require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
-        params = {"name": name, "error_type": error_type, "after_id": after_id, "limit": limit}
-        rows = await self._scan("extensions/dashboard_failed_ids", params, frozenset(), _rows)
-        return [r["id"] for r in rows]
-
-    async def discard_failed(self, task_ids: Sequence[str]) -> builtins.list[str]:
-        """Delete each failed task of `task_ids` in one transaction; the ids deleted (a
-        task no longer failed stays)."""
-        ids = list(task_ids)
-        for task_id in ids:
-            require_str(task_id, "task_ids[]")
-        if not ids:
-            await asyncio.sleep(0)
-            return []
-        deleted: builtins.list[str] = []
-        with self._operation():
-            async with self._transaction() as session:
-                for task_id in ids:
-                    rows = await session.fetch("extensions/dashboard_discard", {"id": task_id})
-                    deleted += [r["id"] for r in rows]
-        return deleted
+    # -- our own tables' DDL ------------------------------------------------------------
 
     @abstractmethod
     async def ensure_schema(self, name: str) -> None:
         """Create what `extensions/on_demand/<dialect>/<name>.sql` describes, if it is
         missing (the dashboard's indexes: `dashboard_indexes`). It may take a while on a
         large table; the dialect builds without blocking the workers' writes for long."""
-
-    async def report_daemon(self, daemon: str, host: str, snapshot: str) -> None:
-        """Store `daemon`'s report (JSON text) of its groups and children, replacing
-        its last; stamped with the database's clock."""
-        require_str(daemon, "daemon")
-        require_str(host, "host")
-        require_str(snapshot, "snapshot")
-        if len(snapshot) > REPORT_MAX_CHARS:
-            raise ValueError(f"snapshot is longer than {REPORT_MAX_CHARS} characters")
-        params = {"daemon": daemon[:255], "host": host, "snapshot": snapshot}
-        await self._fetch("extensions/dashboard_report", params)
-
-    async def daemon_reports(self) -> builtins.list[DaemonReport]:
-        """Every daemon's last report, by host."""
-        rows = await self._fetch("extensions/dashboard_reports", {})
-        return [DaemonReport.from_row(r) for r in rows]
-
-    async def prune_daemon_reports(self, older_than_ms: int) -> int:
-        """Forget daemons silent for `older_than_ms`; how many were forgotten."""
-        require_duration(older_than_ms, "older_than_ms")
-        rows = await self._fetch(
-            "extensions/dashboard_reports_prune", {"older_than_ms": older_than_ms}
-        )
-        return len(rows)
 
 
 def _check_message(message: Any) -> None:

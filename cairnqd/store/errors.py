@@ -2,7 +2,8 @@
 
 Everything above `store/` asks `classify(exc)` (the `kind` label of
 `cairnq_db_errors_total`) or `is_transient(exc)` (worth retrying as it is) instead of
-matching on sqlite3 or psycopg types itself, so a new driver error is taught here once.
+matching on sqlite3 or psycopg types itself. Each dialect teaches its driver's errors
+once, in its package's errors.py, registered when the package is imported.
 
 - **busy**: another writer or transaction holds what we need (SQLITE_BUSY and
   SQLITE_LOCKED; a Postgres serialization failure or deadlock, which the server rolled
@@ -15,28 +16,41 @@ matching on sqlite3 or psycopg types itself, so a new driver error is taught her
   retried like the kinds above, but the database answered: not an outage.
 - **other**: anything else: a bug, a constraint, bad input. Retrying repeats it.
 
-psycopg is never imported here: a psycopg error can only exist once psycopg has been
-imported by the Postgres store, so its classes are looked up in `sys.modules` and a
-SQLite-only process never pays for loading the driver (see `store.factory`).
+No driver is imported here: a driver's error can only exist once its dialect has been
+imported (and registered its reader), so a SQLite-only process never loads psycopg.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 from types import ModuleType
-from typing import Literal
+from typing import Literal, Protocol
 
 from cairnqd.errors import DatabaseUnavailable
 
 ErrorKind = Literal["busy", "timeout", "connect", "full", "other"]
 
-# Primary SQLite result codes (the low byte of an extended code).
-_SQLITE_BUSY = 5
-_SQLITE_LOCKED = 6
-_SQLITE_IOERR = 10
-_SQLITE_FULL = 13
-_SQLITE_CANTOPEN = 14
+
+class DriverErrors(Protocol):
+    """How one dialect reads its driver's errors."""
+
+    def classify(self, exc: BaseException) -> ErrorKind | None:
+        """The kind of `exc`, or None when it is not this driver's error."""
+        ...
+
+    def is_operational(self, exc: BaseException) -> bool:
+        """Whether `exc` is this driver saying the database could not be opened,
+        reached, locked or written."""
+        ...
+
+
+_readers: list[DriverErrors] = []
+
+
+def register(reader: DriverErrors) -> None:
+    """Teach `classify` a driver's errors (each dialect package, once, at import)."""
+    if reader not in _readers:
+        _readers.append(reader)
 
 
 def loaded_driver(name: str) -> ModuleType | None:
@@ -48,26 +62,12 @@ def loaded_driver(name: str) -> ModuleType | None:
 
 def classify(exc: BaseException) -> ErrorKind:
     """The kind of a database error; see the module docstring."""
-    if isinstance(exc, sqlite3.Error):
-        return _classify_sqlite(exc)
+    for reader in _readers:
+        kind = reader.classify(exc)
+        if kind is not None:
+            return kind
     if isinstance(exc, TimeoutError):
         return "timeout"
-    psycopg, pool = loaded_driver("psycopg"), loaded_driver("psycopg_pool")
-    # QueryCanceled and PoolTimeout are OperationalErrors too: test them first.
-    if pool is not None and isinstance(exc, pool.PoolTimeout):
-        return "timeout"
-    if psycopg is not None:
-        errors = psycopg.errors
-        if isinstance(exc, errors.QueryCanceled | errors.LockNotAvailable):
-            return "timeout"
-        if isinstance(exc, errors.SerializationFailure | errors.DeadlockDetected):
-            return "busy"
-        if isinstance(exc, errors.DiskFull):  # an OperationalError too: test it first
-            return "full"
-        if isinstance(exc, psycopg.OperationalError):
-            return "connect"
-    if pool is not None and isinstance(exc, pool.PoolClosed):
-        return "connect"
     if isinstance(exc, DatabaseUnavailable | OSError):
         return "connect"
     return "other"
@@ -79,42 +79,10 @@ def is_transient(exc: BaseException) -> bool:
     return classify(exc) != "other"
 
 
-def _classify_sqlite(exc: sqlite3.Error) -> ErrorKind:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is None:
-        # Raised without a result code (by the module itself, or by a test double):
-        # fall back on SQLite's own wording.
-        text = str(exc).lower()
-        return (
-            "busy"
-            if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
-            else "other"
-        )
-    primary = code & 0xFF
-    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
-        return "busy"
-    if primary in (_SQLITE_IOERR, _SQLITE_CANTOPEN):
-        return "connect"
-    if primary == _SQLITE_FULL:
-        return "full"
-    return "other"
-
-
-def is_sqlite_busy(exc: BaseException) -> bool:
-    """SQLITE_BUSY and its extended codes (BUSY_SNAPSHOT, BUSY_RECOVERY) only: the one
-    contention the SQLite store retries itself. SQLITE_LOCKED is a conflict on our own
-    connection that waiting cannot resolve."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF == 5
-
-
-__all__ = ["ErrorKind", "classify", "is_sqlite_busy", "is_transient"]
-
-
 def is_operational(exc: BaseException) -> bool:
     """An error about the database's operation rather than the statement: it could
     not be opened, reached, locked or written (what an operator must look at)."""
-    if isinstance(exc, sqlite3.OperationalError):
-        return True
-    psycopg = loaded_driver("psycopg")
-    return psycopg is not None and isinstance(exc, psycopg.OperationalError)
+    return any(reader.is_operational(exc) for reader in _readers)
+
+
+__all__ = ["DriverErrors", "ErrorKind", "classify", "is_operational", "is_transient", "register"]

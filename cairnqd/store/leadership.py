@@ -1,14 +1,15 @@
-"""Leadership among the hosts that share one database, as the daemon needs it.
+"""Leadership among the hosts that share one database: `store.leadership`.
 
-Some duties must run on one host at a time (the purge sweep), or are answered by one
-host for all (`metrics.queue_stats: leader`). A store says how: `exclusive()` for work
-done in one block, `leader_lock()` for leadership kept across many calls. A SQLite
-file has one host by construction, so there both always hold; Postgres uses advisory
-locks on sessions of their own (store/postgres/leadership.py).
+`exclusive()` holds a duty for one block (the purge), `leader_lock()` keeps it across
+calls (`metrics.queue_stats: leader`, the scheduler), `take_turn()` hands one host per
+interval a turn. Where one host reaches the database (a SQLite file) all three always
+hold (`SOLE_HOST`); Postgres's are in store/postgres/leadership.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
 
 
@@ -37,4 +38,42 @@ class SoleHost:
         return None
 
 
-__all__ = ["LeaderLock", "SoleHost"]
+class Leadership(Protocol):
+    """How the hosts on one database share the duties only one of them may do."""
+
+    def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
+        """Hold `(namespace, lock_id)` for the block if no other host does; yields
+        whether it is held, never waiting."""
+        ...
+
+    def leader_lock(self, namespace: int, lock_id: int) -> LeaderLock:
+        """Leadership on `(namespace, lock_id)` kept across calls."""
+        ...
+
+    async def take_turn(self, name: str, every_ms: int) -> bool:
+        """Whether this host takes the turn `name` now, when one host per `every_ms`
+        should."""
+        ...
+
+
+class _SoleHostLeadership:
+    """The leadership of a database only one host can reach: always held."""
+
+    def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
+        return _always_held()
+
+    def leader_lock(self, namespace: int, lock_id: int) -> LeaderLock:
+        return SoleHost(namespace, lock_id)
+
+    async def take_turn(self, name: str, every_ms: int) -> bool:
+        return True
+
+
+@asynccontextmanager
+async def _always_held() -> AsyncIterator[bool]:
+    yield True
+
+
+SOLE_HOST: Leadership = _SoleHostLeadership()
+
+__all__ = ["SOLE_HOST", "LeaderLock", "Leadership", "SoleHost"]

@@ -24,23 +24,23 @@ pytestmark = pytest.mark.slow
 async def test_pauses_are_rows_of_our_own_table(dialect: str, db_target: str) -> None:
     store = make_store(dialect, db_target)
     async with store:
-        made = await store.pause_queues(["a", "b", "a"], paused_by="ops@h", reason="deploy")
+        made = await store.pauses.pause(["a", "b", "a"], paused_by="ops@h", reason="deploy")
         assert [p.queue for p in made] == ["a", "b"]
-        again = await store.pause_queues(["a"], paused_by="other@h")
+        again = await store.pauses.pause(["a"], paused_by="other@h")
         assert again == []  # the first pause stays, with its author
-        paused = await store.paused_queues()
+        paused = await store.pauses.all()
         assert [(p.queue, p.paused_by, p.reason) for p in paused] == [
             ("a", "ops@h", "deploy"),
             ("b", "ops@h", "deploy"),
         ]
         assert abs(paused[0].paused_at_ms - time.time() * 1000) < 60_000
-        ended = await store.resume_queues(["b", "c"])
+        ended = await store.pauses.resume(["b", "c"])
         assert [p.queue for p in ended] == ["b"]
-        assert [p.queue for p in await store.paused_queues()] == ["a"]
+        assert [p.queue for p in await store.pauses.all()] == ["a"]
         with pytest.raises(ValueError, match="queues"):
-            await store.pause_queues([""], paused_by="ops@h")
+            await store.pauses.pause([""], paused_by="ops@h")
         with pytest.raises(ValueError, match="reason"):
-            await store.pause_queues(["a"], paused_by="ops@h", reason="x" * 1001)
+            await store.pauses.pause(["a"], paused_by="ops@h", reason="x" * 1001)
 
 
 async def _run_worker(store: Any, honour: bool, seconds: float) -> list[str]:
@@ -63,7 +63,7 @@ async def _run_worker(store: Any, honour: bool, seconds: float) -> list[str]:
 async def test_only_a_worker_that_opts_in_honours_pauses(dialect: str, db_target: str) -> None:
     store = make_store(dialect, db_target)
     async with store:
-        await store.pause_queues(["a"], paused_by="ops@h")
+        await store.pauses.pause(["a"], paused_by="ops@h")
         # The public SDK's behaviour by default: a pause is cairnqd's own business.
         assert await _run_worker(store, False, 1.5) == ["a", "b"]
         assert await _run_worker(store, True, 1.5) == ["b"]
@@ -165,7 +165,7 @@ async def test_a_busy_worker_stops_claiming_a_paused_queue_within_a_second(
                 await client.submit("t", {"i": i}, queue="a")
                 if i == 20:
                     paused_at = time.monotonic()
-                    await store.pause_queues(["a"], paused_by="ops@h")
+                    await store.pauses.pause(["a"], paused_by="ops@h")
                 await asyncio.sleep(0.05)
         assert paused_at is not None
         before = [t for t in started if t < paused_at]

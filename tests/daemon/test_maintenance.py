@@ -469,9 +469,9 @@ async def test_postgres_one_host_sweeps_per_interval_not_back_to_back(
 async def test_postgres_session_lock_is_in_the_two_key_space(
     pg_dsn: str, pg_store: PostgresStore
 ) -> None:
-    async with pg_store.exclusive(1234, PURGE_LOCK_ID) as held:
+    async with pg_store.leadership.exclusive(1234, PURGE_LOCK_ID) as held:
         assert held
-        async with pg_store.exclusive(1234, PURGE_LOCK_ID) as again:
+        async with pg_store.leadership.exclusive(1234, PURGE_LOCK_ID) as again:
             assert not again  # another session: never waits, just says no
         with psycopg.connect(pg_dsn) as conn:
             rows = conn.execute(

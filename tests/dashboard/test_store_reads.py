@@ -25,7 +25,7 @@ async def _page_all(store: TaskStore, query: TaskQuery) -> list[TaskSummary]:
     while True:
         from dataclasses import replace
 
-        page = await store.browse_tasks(replace(query, cursor=cursor))
+        page = await store.dashboard.browse(replace(query, cursor=cursor))
         seen += page
         if len(page) < query.limit:
             return seen
@@ -58,37 +58,40 @@ async def test_keyset_pages_cover_every_row_once_in_order(store: TaskStore) -> N
     assert len(only_q) == 23 and {r.queue for r in only_q} == {"q"}
     by_name = await _page_all(store, TaskQuery(name="m", sort="run_at", limit=2))
     assert len(by_name) == 5
-    assert await store.browse_tasks(TaskQuery(sort="finished")) == []
-    later = await store.browse_tasks(TaskQuery(from_ms=store.now_ms() + 60_000))
+    assert await store.dashboard.browse(TaskQuery(sort="finished")) == []
+    later = await store.dashboard.browse(TaskQuery(from_ms=store.now_ms() + 60_000))
     assert later == []
 
 
 async def test_key_filter_and_task_key(store: TaskStore) -> None:
     keyed = await store.submit(name="n", key="the-key")
     await store.submit(name="n")
-    (row,) = await store.browse_tasks(TaskQuery(key="the-key"))
+    (row,) = await store.dashboard.browse(TaskQuery(key="the-key"))
     assert row.id == keyed.id
-    assert await store.browse_tasks(TaskQuery(key="no-such-key")) == []
-    assert await store.browse_tasks(TaskQuery(key="the-key", status="failed")) == []
-    assert await store.task_key(keyed.id) == "the-key"
+    assert await store.dashboard.browse(TaskQuery(key="no-such-key")) == []
+    assert await store.dashboard.browse(TaskQuery(key="the-key", status="failed")) == []
+    assert await store.dashboard.task_key(keyed.id) == "the-key"
 
 
 async def test_failed_groups_retry_and_discard(store: TaskStore) -> None:
     a = [await _fail(store, "q", "ValueError") for _ in range(3)]
     b = await _fail(store, "q", "KeyError")
-    groups = await store.failed_groups()
+    groups = await store.dashboard.failed_groups()
     assert [(g.name, g.error_type, g.n) for g in groups] == [
         ("boom", "ValueError", 3),
         ("boom", "KeyError", 1),
     ]
     assert groups[0].message == "<ValueError>"
-    ids = await store.failed_group_ids("boom", "ValueError", limit=2)
+    ids = await store.dashboard.failed_group_ids("boom", "ValueError", limit=2)
     assert ids == sorted(a)[:2]
-    assert await store.failed_group_ids("boom", "ValueError", after_id=ids[-1]) == sorted(a)[2:]
-    assert await store.discard_failed([b, a[0]]) == [b, a[0]]
+    assert (
+        await store.dashboard.failed_group_ids("boom", "ValueError", after_id=ids[-1])
+        == sorted(a)[2:]
+    )
+    assert await store.dashboard.discard_failed([b, a[0]]) == [b, a[0]]
     assert await store.get(b) is None
-    assert await store.discard_failed([b]) == []
-    finished = await store.finished_per_minute(store.now_ms() - 3_600_000)
+    assert await store.dashboard.discard_failed([b]) == []
+    finished = await store.dashboard.finished_per_minute(store.now_ms() - 3_600_000)
     assert sum(c.n for c in finished if c.status == "failed") == 2
     assert {c.minute for c in finished} <= {store.now_ms() // 60_000, store.now_ms() // 60_000 - 1}
     rows = await _page_all(store, TaskQuery(sort="finished", status="failed", limit=1))
@@ -97,11 +100,11 @@ async def test_failed_groups_retry_and_discard(store: TaskStore) -> None:
 
 async def test_bad_queries_are_value_errors(store: TaskStore) -> None:
     with pytest.raises(ValueError, match="sort must be one of"):
-        await store.browse_tasks(TaskQuery(sort="priority"))
+        await store.dashboard.browse(TaskQuery(sort="priority"))
     with pytest.raises(ValueError, match="status must be one of"):
-        await store.browse_tasks(TaskQuery(status="done"))
+        await store.dashboard.browse(TaskQuery(status="done"))
     with pytest.raises(ValueError, match="limit"):
-        await store.browse_tasks(TaskQuery(limit=0))
+        await store.dashboard.browse(TaskQuery(limit=0))
 
 
 # -- SQLite's plans ------------------------------------------------------------------------
@@ -217,18 +220,18 @@ def _steps(conn: sqlite3.Connection, query: TaskQuery) -> int:
 
 
 async def test_daemon_reports(store: TaskStore) -> None:
-    await store.report_daemon("h1/1", "h1", '{"pid": 1}')
-    await store.report_daemon("h1/1", "h1", '{"pid": 1, "generation": 2}')
-    await store.report_daemon("h2/7", "h2", '{"pid": 7}')
-    reports = await store.daemon_reports()
+    await store.reports.put("h1/1", "h1", '{"pid": 1}')
+    await store.reports.put("h1/1", "h1", '{"pid": 1, "generation": 2}')
+    await store.reports.put("h2/7", "h2", '{"pid": 7}')
+    reports = await store.reports.all()
     assert [(r.daemon, r.snapshot) for r in reports] == [
         ("h1/1", '{"pid": 1, "generation": 2}'),
         ("h2/7", '{"pid": 7}'),
     ]
     assert all(0 <= r.age_ms < 60_000 for r in reports)
-    assert await store.prune_daemon_reports(3_600_000) == 0
+    assert await store.reports.prune(3_600_000) == 0
     with pytest.raises(ValueError, match="snapshot is longer"):
-        await store.report_daemon("h3/1", "h3", "x" * 1_000_001)
+        await store.reports.put("h3/1", "h3", "x" * 1_000_001)
 
 
 def test_sqlite_finished_per_minute_reads_the_last_hour_only(seeded: sqlite3.Connection) -> None:

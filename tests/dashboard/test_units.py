@@ -262,7 +262,7 @@ def test_an_action_shows_on_the_next_page_even_when_a_read_began_before_it(
         assert read_done.wait(10)  # R1 has read: no pause yet
 
         async def pause(store: TaskStore) -> object:
-            return await store.pause_queues(["a"], paused_by="test", reason="deploy")
+            return await store.pauses.pause(["a"], paused_by="test", reason="deploy")
 
         data.write(pause, "pause a")  # the action, while R1 is still in flight
         gate.set()

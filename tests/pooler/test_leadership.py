@@ -35,12 +35,12 @@ async def two_hosts(pooled_tx: Pooled) -> AsyncIterator[tuple[PostgresStore, Pos
 
 def test_how_each_set_up_leads(pooled_tx: Pooled) -> None:
     dsn = pooled_tx.pooled
-    assert PostgresStore(dsn, pooler="transaction").leadership == "lease"
+    assert PostgresStore(dsn, pooler="transaction").leadership.mode == "lease"
     direct = PostgresStore(dsn, pooler="transaction", direct_dsn=pooled_tx.direct)
-    assert direct.leadership == "session"
+    assert direct.leadership.mode == "session"
     assert direct.session_conninfo is not None and "statement_timeout" not in direct.conninfo
-    assert PostgresStore(dsn, pooler="session").leadership == "session"
-    assert PostgresStore(dsn).leadership == "session"
+    assert PostgresStore(dsn, pooler="session").leadership.mode == "session"
+    assert PostgresStore(dsn).leadership.mode == "session"
 
 
 async def test_session_locks_would_be_won_twice_through_the_pooler(pooled_tx: Pooled) -> None:
@@ -59,7 +59,7 @@ async def test_one_leader_of_two_hosts_and_takeover_on_close(
     two_hosts: tuple[PostgresStore, PostgresStore],
 ) -> None:
     a, b = two_hosts
-    lock_a, lock_b = a.leader_lock(NAMESPACE, 2), b.leader_lock(NAMESPACE, 2)
+    lock_a, lock_b = a.leadership.leader_lock(NAMESPACE, 2), b.leadership.leader_lock(NAMESPACE, 2)
     assert await lock_a.ensure() is True
     assert await lock_b.ensure() is False
     for _ in range(5):  # renewing keeps it; the other keeps being refused
@@ -75,11 +75,11 @@ async def test_exclusive_blocks_are_exclusive_across_hosts(
     two_hosts: tuple[PostgresStore, PostgresStore],
 ) -> None:
     a, b = two_hosts
-    async with a.exclusive(NAMESPACE, 1) as held:
+    async with a.leadership.exclusive(NAMESPACE, 1) as held:
         assert held
-        async with b.exclusive(NAMESPACE, 1) as other:
+        async with b.leadership.exclusive(NAMESPACE, 1) as other:
             assert not other
-    async with b.exclusive(NAMESPACE, 1) as after:
+    async with b.leadership.exclusive(NAMESPACE, 1) as after:
         assert after  # released at the end of a's block, not when it expires
 
 
@@ -88,12 +88,12 @@ async def test_the_purge_turn_is_one_host_per_interval_and_sticks(
 ) -> None:
     a, b = two_hosts
     every_ms = 600
-    assert await a.take_turn("purge:t", every_ms) is True
-    assert await b.take_turn("purge:t", every_ms) is False
-    assert await a.take_turn("purge:t", every_ms) is False  # not due yet, even for a
+    assert await a.leadership.take_turn("purge:t", every_ms) is True
+    assert await b.leadership.take_turn("purge:t", every_ms) is False
+    assert await a.leadership.take_turn("purge:t", every_ms) is False  # not due yet, even for a
     # Due again: a, which took the last turn, gets it while b is still refused.
-    await wait_for_async("a's next turn", lambda: a.take_turn("purge:t", every_ms), 10)
-    assert await b.take_turn("purge:t", every_ms) is False
+    await wait_for_async("a's next turn", lambda: a.leadership.take_turn("purge:t", every_ms), 10)
+    assert await b.leadership.take_turn("purge:t", every_ms) is False
     # a stops asking: once the turn is overdue by half an interval, b takes over.
-    await wait_for_async("b's takeover", lambda: b.take_turn("purge:t", every_ms), 10)
-    assert await a.take_turn("purge:t", every_ms) is False
+    await wait_for_async("b's takeover", lambda: b.leadership.take_turn("purge:t", every_ms), 10)
+    assert await a.leadership.take_turn("purge:t", every_ms) is False

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cairnqd.store.schedules import ScheduleRow, ScheduleTable
+from cairnqd.store.tables.schedules import ScheduleRow, ScheduleTable
 from tests.conftest import make_store
 from tests.daemon.daemon import Daemon, base_config
 from tests.daemon.harness import database_section

@@ -15,7 +15,7 @@ from cairnqd.config import Config
 from cairnqd.daemon.metrics import Metrics
 from cairnqd.daemon.scheduler import Scheduler, slot_request
 from cairnqd.store.base import TaskStore
-from cairnqd.store.schedules import ScheduleTable, slot_key
+from cairnqd.store.tables.schedules import ScheduleTable, slot_key
 from tests.conftest import make_store
 from tests.daemon.harness import daemon_config
 

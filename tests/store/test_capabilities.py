@@ -19,9 +19,9 @@ from cairnqd.store.sqlite import SQLiteStore
 
 async def test_one_sqlite_host_always_leads(sqlite_path: str) -> None:
     first, second = SQLiteStore(sqlite_path), SQLiteStore(sqlite_path)
-    async with first.exclusive(7, 1) as held, second.exclusive(7, 1) as again:
+    async with first.leadership.exclusive(7, 1) as held, second.leadership.exclusive(7, 1) as again:
         assert held and again  # one file, one host: nothing to exclude
-    lock = first.leader_lock(7, 2)
+    lock = first.leadership.leader_lock(7, 2)
     assert lock.key == (7, 2)
     assert await lock.ensure()
     await lock.close()
@@ -30,19 +30,19 @@ async def test_one_sqlite_host_always_leads(sqlite_path: str) -> None:
 
 async def test_postgres_exclusive_admits_one_session(pg_dsn: str) -> None:
     first, second = PostgresStore(pg_dsn, max_size=1), PostgresStore(pg_dsn, max_size=1)
-    async with first.exclusive(7, 1) as held:
+    async with first.leadership.exclusive(7, 1) as held:
         assert held
-        async with second.exclusive(7, 1) as again:
+        async with second.leadership.exclusive(7, 1) as again:
             assert not again  # never waits: just says no
-        async with second.exclusive(7, 3) as other_key:
+        async with second.leadership.exclusive(7, 3) as other_key:
             assert other_key
-    async with second.exclusive(7, 1) as after:
+    async with second.leadership.exclusive(7, 1) as after:
         assert after  # released when the block ended
 
 
 async def test_postgres_leader_lock_is_kept_until_closed(pg_dsn: str) -> None:
     first, second = PostgresStore(pg_dsn, max_size=1), PostgresStore(pg_dsn, max_size=1)
-    leader, follower = first.leader_lock(7, 2), second.leader_lock(7, 2)
+    leader, follower = first.leadership.leader_lock(7, 2), second.leadership.leader_lock(7, 2)
     try:
         assert await leader.ensure()
         assert not await follower.ensure()

@@ -14,7 +14,8 @@ import psycopg_pool
 import pytest
 
 from cairnqd.errors import DatabaseUnavailable, LostLease, StoreClosed
-from cairnqd.store.errors import classify, is_sqlite_busy, is_transient
+from cairnqd.store.errors import classify, is_transient
+from cairnqd.store.sqlite.errors import is_sqlite_busy
 from tests.conftest import require_postgres
 
 

@@ -73,9 +73,9 @@ async def test_every_connection_the_store_opens_gets_them(
         await store.submit(name="n")
         await store.claim_wake(["default"], 50)  # the cairnq_queued listener
         await store.task_done_wake("task_x", 50)  # the cairnq_done listener
-        async with store.exclusive(7, 1) as held:  # a leadership session
+        async with store.leadership.exclusive(7, 1) as held:  # a leadership session
             assert held
-        lock = store.leader_lock(7, 2)
+        lock = store.leadership.leader_lock(7, 2)
         assert await lock.ensure()
         await lock.close()
         await store.server_connection_limits()
@@ -238,7 +238,7 @@ async def test_leadership_on_a_silent_server_times_out(proxy: tuple[SilentProxy,
     silent, dsn = proxy
     store = PostgresStore(dsn, max_size=1, call_timeout_s=CALL_TIMEOUT_S)
     async with store:
-        lock = store.leader_lock(7, 2)
+        lock = store.leadership.leader_lock(7, 2)
         assert await lock.ensure()
         silent.silence()
         with pytest.raises(TimeoutError):

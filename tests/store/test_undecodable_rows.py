@@ -157,7 +157,7 @@ async def test_reads_show_the_undecodable_row_escaped(
 
     stats = await store.stats()
     assert stats["default"]["queued"] == GOOD + 1
-    page = await store.browse_tasks(TaskQuery(limit=100))
+    page = await store.dashboard.browse(TaskQuery(limit=100))
     assert len(page) == GOOD + 1
     assert _escaped(bad.name) in {s.name for s in page}
 
@@ -365,8 +365,8 @@ async def test_cancel_and_retry_of_a_row_not_utf8_answer_with_it_escaped(
     assert canceled is not None and (canceled.status, canceled.name) == ("canceled", "odd\\xffname")
     retried = await store.retry(bad_id)
     assert retried is not None and retried.status == "queued"
-    (again,) = await store.cancel_many([bad_id])
+    (again,) = await store.bulk.cancel([bad_id])
     assert again.status == "canceled"
-    (back,) = await store.retry_many([bad_id])
+    (back,) = await store.bulk.retry([bad_id])
     assert back.status == "queued"
     assert bad_row_state(dialect, db_target)["status"] == "queued"

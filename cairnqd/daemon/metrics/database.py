@@ -93,7 +93,7 @@ async def _query_snapshot(store: TaskStore) -> DatabaseSnapshot:
         tasks=await store.stats(),
         oldest_queued_age_ms=await store.oldest_queued_age_ms(),
         leases_expired=await store.expired_leases(),
-        paused=frozenset(p.queue for p in await store.paused_queues()),
+        paused=frozenset(p.queue for p in await store.pauses.all()),
     )
 
 
@@ -270,7 +270,7 @@ class DatabaseCollector:
             return True
         if self._leader_lock is None:
             # On SQLite, where this host is the only one, the lock is always held.
-            self._leader_lock = store.leader_lock(*key)
+            self._leader_lock = store.leadership.leader_lock(*key)
         try:
             leading = await self._leader_lock.ensure()
         except BaseException:

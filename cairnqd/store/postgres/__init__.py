@@ -6,6 +6,10 @@ among hosts (session advisory locks, or lease rows behind a transaction pooler),
 bulk.py streams a long `submit_many` over COPY.
 """
 
+from cairnqd.store.errors import register
+from cairnqd.store.postgres.errors import PostgresErrors
 from cairnqd.store.postgres.store import PostgresStore
+
+register(PostgresErrors())
 
 __all__ = ["PostgresStore"]

@@ -10,8 +10,8 @@ Every statement on a leadership session is bounded by the store's call timeout: 
 session whose server stopped answering is closed (which frees the lock server-side
 once the server notices) rather than waited on.
 
-These live in store/ because only store/ speaks to psycopg; `PostgresStore.exclusive()`
-and `PostgresStore.leader_lock()` hand them out.
+Behind a transaction pooler without `direct_dsn` there is no session to hold a lock:
+`PostgresLeadership` uses the lease rows of store/postgres/lease.py instead.
 """
 
 from __future__ import annotations
@@ -19,12 +19,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import psycopg
 
 from cairnqd._protocol import statement
+from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.postgres.connect import AsyncConn, run
+from cairnqd.store.postgres.lease import Fetch as LeaseFetch
+from cairnqd.store.postgres.lease import LeaseLock, lease_exclusive, take_turn
 
 OpenSession = Callable[[], Awaitable[AsyncConn]]
 
@@ -124,3 +127,40 @@ class HeldSessionLock:
 
 
 __all__ = ["HeldSessionLock", "session_lock"]
+
+
+class PostgresLeadership:
+    """`store.leadership` of a `PostgresStore` (the `Leadership` of
+    store/leadership.py): advisory locks on sessions of their own (`mode` "session"),
+    or lease rows in `cairnqd_leases` (`mode` "lease")."""
+
+    def __init__(
+        self,
+        *,
+        mode: str,
+        open_session: OpenSession,
+        lease_fetch: LeaseFetch,
+        holder: str,
+        timeout_s: float | None,
+    ) -> None:
+        self.mode = mode
+        self._open_session = open_session
+        self._lease_fetch = lease_fetch
+        self._holder = holder
+        self._timeout_s = timeout_s
+
+    def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
+        """The lock for the block; yields False at once when another host holds it."""
+        if self.mode == "lease":
+            return lease_exclusive(self._lease_fetch, namespace, lock_id)
+        return session_lock(self._open_session, namespace, lock_id, timeout_s=self._timeout_s)
+
+    def leader_lock(self, namespace: int, lock_id: int) -> LeaderLock:
+        """The lock kept across calls; nothing is opened until its first `ensure()`."""
+        if self.mode == "lease":
+            return LeaseLock(self._lease_fetch, namespace, lock_id)
+        return HeldSessionLock(self._open_session, namespace, lock_id, timeout_s=self._timeout_s)
+
+    async def take_turn(self, name: str, every_ms: int) -> bool:
+        """One host per `every_ms` across the hosts on this database gets True."""
+        return await take_turn(self._lease_fetch, name, self._holder, every_ms)

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import psycopg
@@ -52,8 +53,7 @@ from cairnqd.errors import (
 from cairnqd.models import Task
 from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
 from cairnqd.store.coalesce import SubmitCoalescer
-from cairnqd.store.leadership import LeaderLock
-from cairnqd.store.migrate import apply_postgres, check_protocol_version, pending_postgres
+from cairnqd.store.migrate import check_protocol_version
 from cairnqd.store.postgres.bulk import STREAM_FROM, stream_tasks
 from cairnqd.store.postgres.connect import (
     AsyncConn,
@@ -65,9 +65,10 @@ from cairnqd.store.postgres.connect import (
     run,
     session_conninfo,
 )
-from cairnqd.store.postgres.leadership import HeldSessionLock, session_lock
-from cairnqd.store.postgres.lease import LeaseLock, lease_exclusive, new_holder, take_turn
+from cairnqd.store.postgres.leadership import PostgresLeadership
+from cairnqd.store.postgres.lease import new_holder
 from cairnqd.store.postgres.listen import PROBE_EVERY_S, Listener, RelayedWakes
+from cairnqd.store.postgres.migrate import apply_postgres, pending_postgres
 
 T = TypeVar("T")
 
@@ -559,12 +560,18 @@ class PostgresStore(TaskStore):
             rows = await run(conn, statement("postgres", "connection_limits"), {})
         return int(rows[0]["max_connections"]), int(rows[0]["reserved"])
 
-    @property
-    def leadership(self) -> str:
-        """How this store leads: "session" (advisory locks on sessions of their own,
-        on `direct_dsn` when given) or "lease" (rows in cairnqd_leases, behind a
-        transaction pooler without `direct_dsn`)."""
-        return "session" if self.session_conninfo is not None else "lease"
+    @functools.cached_property
+    def leadership(self) -> PostgresLeadership:
+        """Advisory locks on sessions of their own (`mode` "session", on `direct_dsn`
+        when given), or rows in cairnqd_leases (`mode` "lease", behind a transaction
+        pooler without `direct_dsn`)."""
+        return PostgresLeadership(
+            mode="session" if self.session_conninfo is not None else "lease",
+            open_session=self._session,
+            lease_fetch=self._lease_fetch,
+            holder=self._holder,
+            timeout_s=self.call_timeout_s,
+        )
 
     async def _session(self) -> AsyncConn:
         return await self.dedicated_connection(direct=True)
@@ -647,26 +654,6 @@ class PostgresStore(TaskStore):
             await conn.execute(
                 sql.SQL("drop index concurrently if exists {}").format(sql.Identifier(index))
             )
-
-    def exclusive(self, namespace: int, lock_id: int) -> AbstractAsyncContextManager[bool]:
-        """The advisory lock `(namespace, lock_id)` on a session of its own, for the
-        block; yields False at once when another session holds it. Behind a
-        transaction pooler without `direct_dsn`: a lease row (store/postgres/lease.py)."""
-        if self.leadership == "lease":
-            return lease_exclusive(self._lease_fetch, namespace, lock_id)
-        return session_lock(self._session, namespace, lock_id, timeout_s=self.call_timeout_s)
-
-    def leader_lock(self, namespace: int, lock_id: int) -> LeaderLock:
-        """The advisory lock kept on a session of its own across calls (the stats
-        leader's), or a lease row like `exclusive`. Nothing is opened until its first
-        `ensure()`."""
-        if self.leadership == "lease":
-            return LeaseLock(self._lease_fetch, namespace, lock_id)
-        return HeldSessionLock(self._session, namespace, lock_id, timeout_s=self.call_timeout_s)
-
-    async def take_turn(self, name: str, every_ms: int) -> bool:
-        """One host per `every_ms` across the hosts on this database gets True."""
-        return await take_turn(self._lease_fetch, name, self._holder, every_ms)
 
 
 class _PgSession:

@@ -5,6 +5,10 @@ statements.py prepares and steps them, files.py opens and identifies the file,
 bulk.py streams a long `submit_many`.
 """
 
+from cairnqd.store.errors import register
+from cairnqd.store.sqlite.errors import SQLiteErrors
 from cairnqd.store.sqlite.store import SQLiteStore
+
+register(SQLiteErrors())
 
 __all__ = ["SQLiteStore"]

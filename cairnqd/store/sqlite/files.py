@@ -24,8 +24,9 @@ from pathlib import Path
 
 from cairnqd._protocol import statement
 from cairnqd.errors import MigrationsPending, NotACairnqDatabase
-from cairnqd.store.errors import is_sqlite_busy
-from cairnqd.store.migrate import apply_sqlite, check_protocol_version, pending_sqlite
+from cairnqd.store.migrate import check_protocol_version
+from cairnqd.store.sqlite.errors import is_sqlite_busy
+from cairnqd.store.sqlite.migrate import apply_sqlite, pending_sqlite
 
 _WAL_RETRY_S = 0.05
 

@@ -68,8 +68,8 @@ from cairnqd.store.base import (
 from cairnqd.store.bulk import insert_in_runs
 from cairnqd.store.clockstep import WallClockWatch
 from cairnqd.store.coalesce import SubmitCoalescer
-from cairnqd.store.errors import is_sqlite_busy
 from cairnqd.store.sqlite.bulk import PIPELINE_FROM, insert_steps
+from cairnqd.store.sqlite.errors import is_sqlite_busy
 from cairnqd.store.sqlite.files import is_memory, open_database, refresh_statistics
 from cairnqd.store.sqlite.statements import (
     Backoff,

@@ -1,16 +1,9 @@
-"""`ScheduleTable`: the scheduler's own table (cairnqd_schedules) on a `TaskStore`.
+"""`ScheduleTable`: the scheduler's own table (`cairnqd_schedules`).
 
-Design note. "Exactly one task per slot, across hosts and restarts" rests on one
-transaction per slot: move the schedule's `last_slot_ms` up to the slot (only if it is
-still below it), then submit the slot's task with a key made of the schedule's name and
-the slot time (`reuse`), then record the task. A host that loses the race finds the
-row already moved and enqueues nothing; a crash before the commit leaves both the row
-and the task unwritten, so the slot is still due. The key adds a second guard for a
-live task, but it alone would not do: `reuse` lets a finished task's key be used again.
-
-This module belongs to the store (only the store runs SQL) and uses `TaskStore`'s
-statement primitives the way the dialect classes do; the statements are the
-`schedule_*` files of protocol/extensions/sql/.
+Exactly one task per slot, across hosts and restarts: one transaction moves the row's
+`last_slot_ms` up to the slot (only if still below it), submits the slot's task under a
+key of the schedule and slot (`reuse`), and records it. A host that loses the race finds
+the row moved and enqueues nothing; a crash before the commit leaves the slot still due.
 """
 
 from __future__ import annotations

@@ -1,0 +1,81 @@
+"""The seam between a dialect and everything above it: `Executor` and `Session`.
+
+A dialect (store/sqlite/, store/postgres/) supplies these few primitives and nothing
+else is dialect-specific: `TaskStore` writes each protocol operation with them once,
+and the table classes of store/tables/ (pauses, bulk actions, dashboard reads, daemon
+reports, schedules) take an `Executor` and run their statements, named as the files of
+protocol/, through it. tests/store/test_executor.py is the suite every dialect passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from cairnqd._protocol import Dialect
+from cairnqd.store.arguments import Params
+
+if TYPE_CHECKING:
+    from cairnqd.models import Task
+
+Row = Mapping[str, Any]
+T = TypeVar("T")
+
+
+class Session(Protocol):
+    """Statements inside one write transaction."""
+
+    async def fetch(
+        self, op: str, params: Params, supplied: frozenset[str] = frozenset()
+    ) -> list[Row]:
+        """Run statement `op` (a protocol/ file name, `extensions/...` for ours) with
+        `params`; its rows. `supplied` names the optional filters the caller bound;
+        a filter left out of it is dropped from the statement."""
+        ...
+
+
+class Executor(Protocol):
+    """What code above a dialect runs its statements with."""
+
+    @property
+    def dialect(self) -> Dialect: ...
+
+    async def fetch(
+        self, op: str, params: Params, supplied: frozenset[str] = frozenset()
+    ) -> list[Row]:
+        """One statement outside an explicit transaction (the dialect may group-commit
+        a write with others)."""
+        ...
+
+    async def scan(
+        self,
+        op: str,
+        params: Params,
+        supplied: frozenset[str],
+        convert: Callable[[list[Row]], list[T]],
+    ) -> list[T]:
+        """A read whose cost grows with the table, converted to values without
+        holding the event loop for the whole of it."""
+        ...
+
+    def transaction(self) -> AbstractAsyncContextManager[Session]:
+        """A write transaction: committed when the block ends, rolled back if it
+        raises, and let finish as a whole by a store that is closing."""
+        ...
+
+    async def replayable(self, work: Callable[[Session], Awaitable[T]]) -> T:
+        """`work` in a write transaction, run once more reading undecodable text as
+        markers when a row it reads back holds text the driver refuses."""
+        ...
+
+    def operation(self) -> AbstractContextManager[None]:
+        """Bracket several statements as one operation a closing store lets finish."""
+        ...
+
+    def tasks(self, rows: Sequence[Row]) -> list[Task]:
+        """Rows of `cairnq_tasks` as tasks, decoded as this dialect's driver needs."""
+        ...
+
+
+__all__ = ["Executor", "Row", "Session"]

@@ -1,0 +1,69 @@
+"""`BulkActions`: cancel or retry many tasks, a page of ids at a time, each page in one
+transaction through the protocol's own `cancel` and `retry` statements, so a bulk
+action keeps exactly the rules a single-id one does."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from cairnqd.models import Task
+from cairnqd.store.arguments import INT8_MAX, Params, require_int, require_str
+from cairnqd.store.executor import Executor, Row, Session
+from cairnqd.store.operator import BULK_BATCH, TaskFilter
+
+
+class BulkActions:
+    def __init__(self, executor: Executor) -> None:
+        self._db = executor
+
+    async def count(self, where: TaskFilter) -> int:
+        """How many tasks match `where`."""
+        params = where.params()
+        rows = await self._db.scan("extensions/task_count", params, where.supplied(params), list)
+        return int(rows[0]["n"])
+
+    async def ids(
+        self, where: TaskFilter, *, after_id: str = "", limit: int = BULK_BATCH
+    ) -> list[str]:
+        """One page of the ids matching `where`, in id order, after `after_id`."""
+        require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
+        params = {**where.params(), "after_id": after_id, "limit": limit}
+        rows = await self._db.scan("extensions/task_ids", params, where.supplied(params), list)
+        return [r["id"] for r in rows]
+
+    async def cancel(self, task_ids: Sequence[str]) -> list[Task]:
+        """`cancel` each id, all in one transaction; the tasks it changed (one no
+        longer queued or running is skipped, as `cancel` skips it)."""
+        return await self._each_in_one_transaction("cancel", task_ids, {})
+
+    async def retry(self, task_ids: Sequence[str], *, reset_attempt: bool = False) -> list[Task]:
+        """`retry` each id, all in one transaction; the tasks it requeued."""
+        return await self._each_in_one_transaction(
+            "retry", task_ids, {"reset_attempt": bool(reset_attempt)}
+        )
+
+    async def _each_in_one_transaction(
+        self, op: str, task_ids: Sequence[str], params: Params
+    ) -> list[Task]:
+        ids = list(task_ids)
+        for task_id in ids:
+            require_str(task_id, "task_ids[]")
+        if not ids:
+            await asyncio.sleep(0)  # every operation yields, even one with nothing to do
+            return []
+
+        async def each(session: Session) -> list[Row]:
+            found: list[Row] = []
+            for task_id in ids:
+                found += await session.fetch(op, {**params, "id": task_id})
+            return found
+
+        with self._db.operation():
+            # A row whose text the driver refuses (another client's) is read back
+            # escaped on a second run, not left to fail the whole batch.
+            rows = await self._db.replayable(each)
+        return self._db.tasks(rows)
+
+
+__all__ = ["BulkActions"]

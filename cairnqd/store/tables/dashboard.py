@@ -1,0 +1,95 @@
+"""`DashboardReads`: the dashboard's reads (a keyset page of the task list, finished
+per minute, failed groups) and its one write, discarding failed tasks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from cairnqd.store.arguments import INT8_MAX, require_int, require_str
+from cairnqd.store.browse import FailedGroup, FinishedCount, TaskQuery, TaskSummary
+from cairnqd.store.executor import Executor
+from cairnqd.store.operator import BULK_BATCH
+
+
+class DashboardReads:
+    def __init__(self, executor: Executor) -> None:
+        self._db = executor
+
+    async def browse(self, query: TaskQuery) -> list[TaskSummary]:
+        """One page of the task list, newest first by `query.sort`, after its cursor."""
+        params = query.params()
+        if query.key is not None:
+            require_str(query.key, "key")
+            keyed = await self._db.fetch("get_key", {"key": query.key})
+            if not keyed:
+                await asyncio.sleep(0)
+                return []
+            params = query.params(task_id=keyed[0]["task_id"])
+        op = f"extensions/dashboard_tasks_{query.sort}"
+        rows = await self._db.scan(op, params, TaskQuery.supplied(params), list)
+        return [TaskSummary.from_row(r) for r in rows]
+
+    async def task_key(self, task_id: str) -> str | None:
+        """The key `task_id` was submitted with, or None."""
+        require_str(task_id, "task_id")
+        rows = await self._db.fetch("extensions/dashboard_task_key", {"id": task_id})
+        return str(rows[0]["key"]) if rows else None
+
+    async def finished_per_minute(self, since_ms: int) -> list[FinishedCount]:
+        """Succeeded and failed tasks per queue and minute, finished since `since_ms`."""
+        require_int(since_ms, "since_ms", minimum=0, maximum=INT8_MAX)
+        rows = await self._db.scan(
+            "extensions/dashboard_throughput", {"since_ms": since_ms}, frozenset(), list
+        )
+        return [FinishedCount(r["queue"], r["status"], int(r["minute"]), int(r["n"])) for r in rows]
+
+    async def failed_groups(self, limit: int = 200) -> list[FailedGroup]:
+        """Failed tasks grouped by name and error type, the biggest groups first."""
+        require_int(limit, "limit", minimum=1, maximum=10_000)
+        rows = await self._db.scan(
+            "extensions/dashboard_failed_groups", {"limit": limit}, frozenset(), list
+        )
+        return [
+            FailedGroup(
+                name=r["name"],
+                error_type=r["error_type"],
+                n=int(r["n"]),
+                last_ms=None if r["last_ms"] is None else int(r["last_ms"]),
+                message=r["message"],
+            )
+            for r in rows
+        ]
+
+    async def failed_group_ids(
+        self, name: str, error_type: str, *, after_id: str = "", limit: int = BULK_BATCH
+    ) -> list[str]:
+        """One page of the ids of failed tasks named `name` that failed with
+        `error_type` ("" for none), in id order after `after_id`."""
+        require_str(name, "name")
+        if not isinstance(error_type, str):
+            raise ValueError(f"error_type must be a string, got {type(error_type).__name__}")
+        require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
+        params = {"name": name, "error_type": error_type, "after_id": after_id, "limit": limit}
+        rows = await self._db.scan("extensions/dashboard_failed_ids", params, frozenset(), list)
+        return [r["id"] for r in rows]
+
+    async def discard_failed(self, task_ids: Sequence[str]) -> list[str]:
+        """Delete each failed task of `task_ids` in one transaction; the ids deleted
+        (a task no longer failed stays)."""
+        ids = list(task_ids)
+        for task_id in ids:
+            require_str(task_id, "task_ids[]")
+        if not ids:
+            await asyncio.sleep(0)
+            return []
+        deleted: list[str] = []
+        with self._db.operation():
+            async with self._db.transaction() as session:
+                for task_id in ids:
+                    rows = await session.fetch("extensions/dashboard_discard", {"id": task_id})
+                    deleted += [r["id"] for r in rows]
+        return deleted
+
+
+__all__ = ["DashboardReads"]
