@@ -11,11 +11,12 @@ settling twice is a no-op.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from cairnqd.errors import LostLease, TaskError
 from cairnqd.models import Task, TaskDef, task_name
+from cairnqd.store.executor import UserWrite
 
 if TYPE_CHECKING:
     from cairnqd._settlement import Settlement
@@ -183,7 +184,7 @@ class TaskContext:
         self._check_writable()
         return await self._host.complete_now(self, result)
 
-    async def succeed_in(self, write: Callable[[Any], Awaitable[Any]]) -> Task | None:
+    async def succeed_in(self, write: UserWrite) -> Task | None:
         """Postgres: run `write(session)` and the settlement in one transaction; the
         value `write` returns becomes the result. A lost lease rolls both back."""
         if self._settled:

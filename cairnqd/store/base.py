@@ -52,7 +52,7 @@ from cairnqd.store.arguments import (
     submit_params,
 )
 from cairnqd.store.clockstep import WallClockWatch
-from cairnqd.store.executor import Row, Session
+from cairnqd.store.executor import Row, Session, UserWrite
 from cairnqd.store.leadership import SOLE_HOST, Leadership
 from cairnqd.store.statement_params import (
     INSERT_MANY_CHUNK,
@@ -1062,7 +1062,7 @@ class TaskStore(ABC):
         return {r["id"]: r["status"] for r in rows}
 
     async def complete_in(
-        self, *, task_id: str, worker_id: str, write: Callable[[Any], Awaitable[Any]]
+        self, *, task_id: str, worker_id: str, write: UserWrite
     ) -> tuple[Task, Any]:
         raise UnsupportedBackend(
             f"complete_in needs a Postgres store; {type(self).__name__} cannot run the "

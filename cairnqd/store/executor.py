@@ -78,4 +78,20 @@ class Executor(Protocol):
         ...
 
 
-__all__ = ["Executor", "Row", "Session"]
+class UserSession(Protocol):
+    """The caller's side of a transaction it shares with a settlement (`complete_in`,
+    `ctx.succeed_in`): its own statements in the driver's SQL, values as `$1`, `$2`."""
+
+    async def query(self, text: str, values: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Run `text` with `values`; its rows (none for a statement without any)."""
+        ...
+
+    async def execute(self, sql: str) -> None:
+        """Run `sql` (which may hold several statements) without values."""
+        ...
+
+
+UserWrite = Callable[[UserSession], Awaitable[Any]]
+"""The caller's writes in a shared transaction; what it returns becomes the result."""
+
+__all__ = ["Executor", "Row", "Session", "UserSession", "UserWrite"]

@@ -29,7 +29,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -53,6 +53,7 @@ from cairnqd.errors import (
 from cairnqd.models import Task
 from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
 from cairnqd.store.coalesce import SubmitCoalescer
+from cairnqd.store.executor import UserWrite
 from cairnqd.store.migrate import check_protocol_version
 from cairnqd.store.postgres.bulk import STREAM_FROM, stream_tasks
 from cairnqd.store.postgres.connect import (
@@ -530,7 +531,7 @@ class PostgresStore(TaskStore):
         await session.fetch("lock_key", {"key": key})
 
     async def complete_in(
-        self, *, task_id: str, worker_id: str, write: Callable[[Any], Awaitable[Any]]
+        self, *, task_id: str, worker_id: str, write: UserWrite
     ) -> tuple[Task, Any]:
         """Run the caller's writes and the settlement in one transaction: a lost lease
         rolls back both, so there is no window where one landed without the other.
