@@ -227,7 +227,8 @@ class ClaimLoop:
             # batch). Where a transaction runs straight through to its commit (SQLite),
             # the claim adds a few milliseconds to results that already waited up to a
             # settle interval in memory, while the second commit, with its lock hand-off
-            # and fsync, cost a sixth of the drain (bench/RESULTS.md, session 15).
+            # and fsync, cost a sixth of the drain (bench/RESULTS.md,
+            # "The claim cycle, change by change").
             await self._settle_alone(settle)
             settle = []
         # The lease deadline of what this claim takes counts from before it is sent.

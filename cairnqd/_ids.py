@@ -51,8 +51,8 @@ def new_task_ids(count: int) -> list[str]:
     right edge of every index that holds the id (the primary key, the claim indexes,
     the root index), where Postgres appends without searching the tree; drawn in random
     order they scattered across it, and the server spent 10-24% more CPU per row
-    (bench/RESULTS.md, session 11). The ids are as random as ever, only handed out
-    sorted; nothing is monotonic from one call to the next."""
+    (bench/RESULTS.md, "Where a 1,000-item call's time goes"). The ids are as random as
+    ever, only handed out sorted; nothing is monotonic from one call to the next."""
     prefix = "task_" + _timestamp_chars(time.time_ns() // 1_000_000)
     chars = os.urandom(_RANDOM_CHARS * count).translate(_CHAR_OF_BYTE).decode("ascii")
     randoms = [chars[at : at + _RANDOM_CHARS] for at in range(0, len(chars), _RANDOM_CHARS)]
