@@ -1,16 +1,8 @@
 """Identifier formats shared with the public SDKs: `task_<ULID>`, `worker_<ULID>`.
 
-A ULID is a 48-bit millisecond timestamp then 80 random bits (from `os.urandom`, not
-monotonic within a millisecond, as docs/protocol.md §4.3 says), in Crockford base32. Task ids are
-made on every submit (thousands per `submit_many`), so they are encoded here rather
-than through `ulid.ULID`: each random character is one random byte mapped by
-`bytes.translate` (C, no loop in Python), the timestamp's ten characters are reused
-within a millisecond, and `new_task_ids` reads the random bytes of a whole batch in
-one `os.urandom` call (~0.13 us an id against ~1.3 us one at a time). Nothing is
-buffered between calls, so no random bytes survive a fork into two processes. Worker
-and child ids use the same encoder: importing python-ulid cost every process ~80 ms at
-start (it reads package metadata), paid by each CLI call and daemon child. Tests check
-the result against python-ulid's parser.
+Encoded here rather than through python-ulid: one random byte per character through
+`bytes.translate`, a list's random bytes in one `os.urandom` call, nothing buffered
+across a fork (docs/architecture.md, "Task ids"; docs/protocol.md §4.3).
 """
 
 from __future__ import annotations
