@@ -21,7 +21,7 @@ cost against the number of browsers watching.
     python -m bench.dashboard --backend postgres --tasks 1000000
     python -m bench.dashboard --backend sqlite --tasks 20000 --views 5 --watch 2   # smoke
 
-The issue's target: median server time per page <= 100 ms on 1,000,000 tasks.
+The target: median server time per page <= 100 ms on 1,000,000 tasks.
 """
 
 from __future__ import annotations

@@ -241,7 +241,8 @@ async def drain_once(
                     split = []
             if impl in SDKS or impl in RAW:
                 # A drain counts only if it settled what it took: a raw loop whose
-                # complete matched no row once measured claims alone (RESULTS, session 9).
+                # complete matched no row once measured claims alone (bench/RESULTS.md,
+                # "Method").
                 succeeded = await table.scalar(CAIRNQ_SUCCEEDED)
                 if succeeded != n:
                     raise RuntimeError(f"{impl}: {succeeded} of {n} tasks succeeded")

@@ -2,7 +2,7 @@
 
     python -m bench.insert_pg [--rounds 40] [--rows 1000] [--protocol-costs]
 
-A long `submit_many` waits on the server (bench/RESULTS.md, session 11), so this
+A long `submit_many` waits on the server (bench/RESULTS.md, "submit_many on Postgres"), so this
 measures what the server spends per new row, not the wall clock: the backend's own
 time on a CPU, from `/proc/PID/schedstat` (nanoseconds, the backend is on this
 machine), around each statement. The variants, one transaction of `--rows` tasks
@@ -11,7 +11,7 @@ all alike; every transaction commits:
 
 - `insert_many`: the JSON statement (insert_many.sql), and `copy`: the COPY stream
   (insert_copy.sql), each with the ids of a `submit_many` list (ascending) and with the
-  same ids shuffled (as every id was drawn before session 11).
+  same ids shuffled (as ids were drawn before a list's were handed out sorted).
 - `--protocol-costs` adds two COPY variants that show what the protocol's schema costs
   per row: without its notify trigger, and without the trigger and the nine secondary
   indexes (both dropped inside the transaction, then rolled back: never committed).

@@ -1,24 +1,9 @@
 """One handler call, from its start to the settlement of every task it held.
 
-Design notes.
-
-- This is the per-task path, tuned: an async handler without `max_run_ms` is awaited
-  directly by `execute` (no extra coroutine layer), and a returned result is queued on
-  the worker's `Settlement` batcher, which frees the call slot at once.
-- Whatever the handler leaves unsettled is settled here: a returned value completes
-  it, a raised error fails it (a `TaskError` carries its own envelope and
-  retryability), a `LostLease` settles nothing, and a call past `max_run_ms` is
-  abandoned and failed as `handler_timeout`.
-- A call starts only the contexts whose lease is still ours (`InFlight.begin`); the
-  others are released without running.
-- An exception the handler raises is the handler's, `asyncio.CancelledError` included
-  (a handler awaiting a future somebody else cancelled): it fails the attempt like any
-  error. Only a cancellation of the call itself is not: the lease guard's (see
-  `_leaseguard`; the call then settles nothing) or one from outside the worker (the
-  event loop shutting down), which goes on up.
-- `active` holds every call whose handler may still run, for the lease guard: a call
-  stays there after `execute` returns while a handler it gave up on (a cancelled sync
-  handler's thread, an abandoned `max_run_ms` task) has not finished.
+A call starts only the tasks whose lease is still ours; whatever the handler leaves
+unsettled is settled here (returned: completed; raised, `CancelledError` included:
+failed; `LostLease`: nothing; past `max_run_ms`: `handler_timeout`). `active` keeps a
+call while a handler it gave up on still runs. Why: docs/architecture.md, "Handler calls".
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The claim loop: claim what the free call slots (and prefetch) allow, start it.
 
-Each cycle claims up to the free call slots in one claim transaction, one draw per
-source in rotating order so no name starves (`_claims`), plus, for plain handlers,
-the prefetch target beyond them. Plain tasks claimed beyond the free slots wait in the
-in-flight backlog and start, in claim order, as slots free up; a task whose lease
-passed while it waited is dropped there, never started. The claim transaction also
-carries the results queued since the last one (`_settlement`). While results cannot
-be written for want of space, claims hold (`Settlement.space_hold`).
+Each cycle claims up to the free slots plus the prefetch target in one transaction
+(`_claims` draws per source), carries the results queued since the last one
+(`_settlement`), and starts claimed tasks in claim order as slots free up; a task whose
+lease passed while it waited is dropped. Claims hold while results cannot be written
+for want of space. Why: docs/architecture.md, "Writing results".
 """
 
 from __future__ import annotations
@@ -227,7 +225,8 @@ class ClaimLoop:
             # batch). Where a transaction runs straight through to its commit (SQLite),
             # the claim adds a few milliseconds to results that already waited up to a
             # settle interval in memory, while the second commit, with its lock hand-off
-            # and fsync, cost a sixth of the drain (bench/RESULTS.md, session 15).
+            # and fsync, cost a sixth of the drain (bench/RESULTS.md,
+            # "The claim cycle, change by change").
             await self._settle_alone(settle)
             settle = []
         # The lease deadline of what this claim takes counts from before it is sent.

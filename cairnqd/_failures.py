@@ -1,12 +1,8 @@
 """What a worker says about a handler that raised: the stored traceback, and the log.
 
-Two audiences. Whoever inspects the task later gets the traceback in the error
-envelope's `details["traceback"]` (the public SDKs read `details` as an opaque
-mapping), capped at `TRACEBACK_MAX_CHARS` from the end, where the raising frame is.
-Whoever watches the log gets one record per failed attempt with the task id, name,
-attempt/max and what happens next, with the traceback attached; a flood of failures
-is rate-limited so it cannot drown the log, and what was held back is counted in the
-next record that gets through.
+The traceback goes into the error envelope's `details["traceback"]`, capped at
+`TRACEBACK_MAX_CHARS` from the end; the log gets one rate-limited record per failed
+attempt (docs/architecture.md, "Failures in the log").
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Lease renewal: one heartbeat loop per worker renews every in-flight lease with a
-single `heartbeat_batch` per beat (`max(50, lease_ms // 3)` ms), whatever the number of
-tasks held.
+"""Lease renewal: one `heartbeat_batch` per beat renews every in-flight lease.
 
-An id missing from the reply marks that context lease-lost (recovered elsewhere; its
-handler may no longer write), and a cancel flag marks it cancel-seen, so
-`ctx.canceled()` answers without a round trip. A renewal moves the task's local lease
-deadline to the moment the beat was sent plus the lease; a task whose deadline passes
-without one is never renewed again (`InFlight.renewable`). A failed beat is reported
-and retried sooner than the next beat would come (`RETRY_SHARE` of the interval), so a
-passing error costs little of the lease; a beat that stalls is waited for. Either way, a
-handler whose lease cannot be renewed in time is stopped by the lease guard
-(`_leaseguard`), not here.
+A missing id marks its task lease-lost, a cancel flag marks it cancel-seen; a renewal
+moves the local deadline to the beat's send time plus the lease, and a failed beat is
+retried after `RETRY_SHARE` of the interval. Stopping a handler whose lease cannot be
+renewed is the lease guard's job (docs/architecture.md, "Renewals").
 """
 
 from __future__ import annotations

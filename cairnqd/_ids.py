@@ -1,16 +1,8 @@
 """Identifier formats shared with the public SDKs: `task_<ULID>`, `worker_<ULID>`.
 
-A ULID is a 48-bit millisecond timestamp then 80 random bits (from `os.urandom`, not
-monotonic within a millisecond, as docs/protocol.md §4.3 says), in Crockford base32. Task ids are
-made on every submit (thousands per `submit_many`), so they are encoded here rather
-than through `ulid.ULID`: each random character is one random byte mapped by
-`bytes.translate` (C, no loop in Python), the timestamp's ten characters are reused
-within a millisecond, and `new_task_ids` reads the random bytes of a whole batch in
-one `os.urandom` call (~0.13 us an id against ~1.3 us one at a time). Nothing is
-buffered between calls, so no random bytes survive a fork into two processes. Worker
-and child ids use the same encoder: importing python-ulid cost every process ~80 ms at
-start (it reads package metadata), paid by each CLI call and daemon child. Tests check
-the result against python-ulid's parser.
+Encoded here rather than through python-ulid: one random byte per character through
+`bytes.translate`, a list's random bytes in one `os.urandom` call, nothing buffered
+across a fork (docs/architecture.md, "Task ids"; docs/protocol.md §4.3).
 """
 
 from __future__ import annotations
@@ -51,8 +43,8 @@ def new_task_ids(count: int) -> list[str]:
     right edge of every index that holds the id (the primary key, the claim indexes,
     the root index), where Postgres appends without searching the tree; drawn in random
     order they scattered across it, and the server spent 10-24% more CPU per row
-    (bench/RESULTS.md, session 11). The ids are as random as ever, only handed out
-    sorted; nothing is monotonic from one call to the next."""
+    (bench/RESULTS.md, "Where a 1,000-item call's time goes"). The ids are as random as
+    ever, only handed out sorted; nothing is monotonic from one call to the next."""
     prefix = "task_" + _timestamp_chars(time.time_ns() // 1_000_000)
     chars = os.urandom(_RANDOM_CHARS * count).translate(_CHAR_OF_BYTE).decode("ascii")
     randoms = [chars[at : at + _RANDOM_CHARS] for at in range(0, len(chars), _RANDOM_CHARS)]

@@ -1,26 +1,9 @@
 """What a worker holds: the in-flight table its parts share.
 
-Design note. A worker's claim loop, handler calls, heartbeat and result batcher all
-need to know which tasks it holds, whether each one's lease is still ours, and which
-have started. They share this one object instead of each other's fields.
-
-- **Identity is (task id, attempt).** The same task can come back to the same worker
-  (its lease expired, recovery requeued it, this worker claimed it again) while the
-  first attempt's handler still runs. Keyed by id alone, the second context would
-  overwrite the first and forgetting one would drop the other from the heartbeat.
-- **A local lease deadline per task.** Set when the claim was sent and pushed forward
-  by each heartbeat that renewed it (from when that heartbeat was *sent*). The
-  database's lease always ends later than ours, so a task whose local deadline has
-  passed may already belong to someone else: it is never started, never heartbeated
-  again, and its result is not written.
-- **A task is started only before its stop point**, `deadline - margin` (margin: a
-  fifth of the lease, `lease_margin_s`). Past it, the lease guard (`_leaseguard`) would
-  cancel the handler at once, since the lease may end before it could finish.
-- **Started means the handler was called.** A task claimed ahead of a free slot waits
-  in `backlog` and is not started; `begin()` marks the start just before the handler
-  is invoked, and an observer (the daemon's child) hears of it synchronously, so the
-  parent knows which held tasks a crash may have interrupted.
-- **Every way out goes through `release()`**, which reports the end exactly once.
+Tasks are keyed by (task id, attempt), each with a local lease deadline; a task starts
+only before its stop point, "started" means its handler was called, and every way out
+goes through `release()`, which reports the end once (docs/architecture.md, "The
+in-flight table").
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """JSON at the database boundary.
 
-Both SDKs must be able to read what we write, so values are held to what JSON can
-represent without loss: NaN/Infinity are refused (Python would write bare `NaN`, which
-JavaScript cannot parse), and so are bytes, sets, datetimes and other objects the
-stdlib would reject. Tuples become arrays and non-string keys become strings, as the
-stdlib does. Text is compact and ASCII-escaped, the bytes the public Python SDK writes.
-
-Both dialects must also be able to store it, so the rules are Postgres jsonb's, checked
-here for SQLite too: no NUL character (`\u0000`) and no lone UTF-16 surrogate in any
-string, keys included.
-
-Every runtime must be able to read back what it wrote, so values nest at most
-`MAX_JSON_DEPTH` levels (an array or object is one level; a scalar is none). Python's
-decoder and encoder recurse once per level and share the interpreter's recursion
-limit with their caller, so a deep value could fail in a caller that is itself deep in
-its stack; when one does, the work is redone on a fresh thread's stack, where a value
-within the limit always fits. A value another client stored that still cannot be read
-(nested deeper, invalid UTF-8, a number Python refuses) is not an error of the read:
-reads show it as an `Undecodable` marker, and a claim fails its task alone
-(docs/protocol.md, "JSON values").
+What is written must be readable by both SDKs, storable by both dialects (Postgres
+jsonb's rules) and readable back (at most `MAX_JSON_DEPTH` levels, redone on a fresh
+thread's stack when the caller's is too deep); what cannot be read is an `Undecodable`
+marker, not an error (docs/architecture.md, "JSON at the database boundary").
 """
 
 from __future__ import annotations

@@ -1,34 +1,9 @@
 """The lease guard: a handler stops before its lease can end, whatever the database does.
 
-The invariant: **no two executions of one task overlap.** The database hands a task to
-another worker (or back to this one, as a new attempt) only after its lease has ended
-there, so an execution must be over before that moment, even when the database is
-locked or unreachable and no renewal gets through.
-
-Each worker keeps its own deadline per task (`InFlight`): the moment the last claim or
-renewal that succeeded was *sent*, plus the lease, on the monotonic clock. The database
-set its lease later than that send, from its own clock, so the local deadline comes
-first as long as the two clocks run at the same rate (to within `margin / lease`, 20%)
-and the database's clock is not stepped forward (see docs/architecture.md, "Leases and
-the lease guard").
-
-The guard checks every running handler call a few times per margin:
-
-- **Stop point**, `deadline - margin` (margin = lease / 5; the heartbeat renews every
-  lease / 3, so a stop means two renewals in a row failed or stalled): every task of
-  the call is marked lease-lost (its writes are refused from then on) and the call is
-  cancelled. An async handler gets `CancelledError` at its next await; the call then
-  settles nothing, and the task is recovered once its lease ends. A call with a task
-  whose lease is already known lost (a renewal found it recovered) stops at once.
-- **Abort point**, `deadline - margin / 3`: a handler still running then (a sync
-  handler, whose thread cannot be stopped; an async one that swallowed the cancel or
-  never awaits) is reported to `on_overrun`. The daemon's child exits there, before
-  the lease ends, and its parent starts a replacement and hands its other tasks back.
-  A bare worker logs an error: it cannot end its host process for the application.
-
-The guard runs on the event loop. A loop blocked by a handler runs no guard, no
-heartbeat and no claim; under the daemon the parent sees the child's loop stall through
-its heartbeat thread and aborts the child within the same bound (docs/architecture.md).
+No two executions of one task overlap. At the stop point (`deadline - margin`, margin =
+lease / 5) a call's tasks are marked lease-lost and the call is cancelled; at the abort
+point (`deadline - margin / 3`) a handler still running is reported to `on_overrun`.
+The guard runs on the event loop (docs/architecture.md, "Leases and the lease guard").
 """
 
 from __future__ import annotations

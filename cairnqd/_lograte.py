@@ -1,13 +1,8 @@
 """Keeping a flood of alike log records from drowning the log.
 
-A database that stays full, locked or unreachable fails every call the same way, and a
-worker holding hundreds of tasks may lose all their leases at once. Each event still
-counts (metrics, task rows); the log keeps a few and says how many it left out.
-
-- `Burst`: at most `burst` records per `window_s`; the next one logged says how many
-  were held back (failed attempts, lost leases: each names its own task).
-- `Repeats`: the same kind of record (the same words) at most once per `every_s`,
-  the first one at once (a database error repeated by every retry).
+`Burst`: at most `burst` records per `window_s`, the next one saying how many were held
+back. `Repeats`: the same kind of record at most once per `every_s`, the first at once
+(docs/architecture.md, "Failures in the log").
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Which of a worker's queues an operator paused (`cairnqd pause --queue Q`).
 
-Design note. A pause is a row in cairnqd's own table, so only a worker that opts in
-(`Worker(honour_pauses=True)`; every daemon child does) reads it; a bare `Worker`
-claims exactly as the public SDK does. The claim loop asks `active()` before each
-claim; the table is read at most once per `refresh_s`, so a busy worker adds about
-two tiny reads a second, whatever its claim rate, and a pause or resume reaches every
-worker on every host within `refresh_s` plus one claim. While some of its queues are
-paused, an idle worker wakes at least every `refresh_s` to look again, so a resume
-is not left waiting for a long poll interval. A read that fails keeps the last known
-set: a database hiccup must not un-pause (or pause) anything.
+Read only by a worker that opts in (`Worker(honour_pauses=True)`), at most once per
+`refresh_s`; a failed read keeps the last known set (docs/architecture.md, "Queue
+pauses").
 """
 
 from __future__ import annotations

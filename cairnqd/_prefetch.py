@@ -1,16 +1,8 @@
 """How many tasks a worker claims beyond its free call slots ("prefetch").
 
-Why claim ahead at all: a claim transaction costs about the same for 8 rows as for
-500 (one commit, one fsync on SQLite; one commit and a few round trips on Postgres).
-A worker whose handlers finish in microseconds is therefore bound by claims per
-second, and claiming ahead spreads each claim over many tasks.
-
-The risk is hoarding: tasks waiting in one worker's backlog while another worker
-idles. `auto` bounds that by time, not count: it claims ahead only as many tasks as
-the worker's plain handlers are expected to start within `HORIZON_S`, judged from
-the pace they have shown, and it stops claiming ahead while a call in flight has run
-longer than that pace suggests (a slow task among fast ones). A worker whose handlers
-take a second or more never claims ahead, exactly like the public SDK's worker.
+`auto` claims ahead what the worker's plain handlers are expected to start within
+`HORIZON_S` at the pace they have shown, and nothing while a call runs longer than that
+pace suggests (docs/architecture.md, "Claiming ahead").
 """
 
 from __future__ import annotations

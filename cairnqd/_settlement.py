@@ -1,43 +1,10 @@
 """Writing outcomes: single-task settlements, and the batcher for returned results.
 
-Failures and explicit `ctx.succeed()`s are written one task at a time, straight to the
-store, with capped exponential backoff for retryable failures.
-
-Results a handler returns are queued instead and written as set-based
-`complete_many` statements, with `complete`'s per-row rules. Who writes them: while
-the claim loop runs, the claim loop does. Its next claim transaction carries every
-queued result, so a busy worker pays one commit per cycle for finishing the last
-tasks and claiming the next ones. A result never waits longer than `SETTLE_WAIT_S`
-(`PREFETCH_SETTLE_WAIT_S` for a worker claiming ahead, whose claims are further apart)
-for that: when it is due, the claim loop runs a cycle just for it. When no claim is
-coming (idle, stopping, or told not to claim) a flusher writes them at once instead;
-it is also what retries a write that failed.
-
-How long a prefetching worker's results may wait is a trade. A result not yet written
-dies with the process and its task runs again (under the daemon with its attempt given
-back, see `_inflight`), so the wait bounds what a crash re-runs. But a cycle run only
-for due results is a commit for the few results of the last milliseconds, and on
-SQLite it takes the write lock from every other process and rewrites index pages the
-next claim rewrites anyway. At 10 ms, two SQLite workers draining no-op tasks ran as
-many of those transactions (8-15 results each) as claims; at 50 ms (`HORIZON_S`, as
-long as a claimed task may wait to start) there are almost none and the drain is ~19%
-faster, while SIGKILL chaos re-runs about twice as many tasks per kill (bench/RESULTS.md,
-session 9). 2 ms halved the drain rate (cycles of ~48 tasks instead of 256). On
-Postgres a prefetching claim commits its results before it claims (see `_claimloop`),
-so a kill during a large claim's round trips loses none of them; on SQLite they ride in
-the claim, whose transaction runs to its commit in a few milliseconds.
-
-A result is written only while its lease is ours by the worker's own clock (see
-`_inflight`): one whose lease may have passed is dropped and logged, never written
-over a later attempt of the same task.
-
-A write refused for want of space (error kind `full`) holds the worker's claims: a
-disk can have room for a claim's few pages and none for a result, and a worker that
-went on claiming would run task after task it cannot settle, each to be run again.
-Results refused so are retried for as long as their leases are ours (not given up
-after `MAX_WRITE_ATTEMPTS`), and they are what finds the room again: the first write
-that succeeds ends the hold. With none left to retry, one claim of a single task
-every `SPACE_PROBE_S` tries the disk (`space_hold`).
+Failures and `ctx.succeed()` are written one at a time; returned results are queued and
+written as `complete_many` by the next claim, within `SETTLE_WAIT_S`
+(`PREFETCH_SETTLE_WAIT_S` when claiming ahead), or by a flusher when no claim is coming.
+A result is written only while its lease is ours. Refused writes for want of space hold
+claims (`space_hold`). Why: docs/architecture.md, "Writing results".
 """
 
 from __future__ import annotations

@@ -1,29 +1,7 @@
-"""Errors raised by cairnqd.
+"""Errors raised by cairnqd, and the stored failure envelope.
 
-The class names are part of the protocol surface: the conformance runner and code
-written against the public cairnq SDK match on them, so they follow upstream exactly.
-
-    CairnQError
-    ├── AlreadyExists            submit(conflict="reject") found the key taken
-    ├── QueueFull                backpressure waited max_queue_wait_ms for headroom
-    ├── TaskTimeout              wait()/call() ran out of time; the task keeps running
-    ├── TaskFailed               call() saw the task end `failed`
-    ├── TaskCanceled             call() saw the task end `canceled`
-    ├── TaskError                raised by a handler to fail with its own envelope
-    ├── LostLease                an owned write found the lease gone
-    ├── ProtocolVersionMismatch  the database speaks another protocol major
-    ├── SchemaMismatch           Postgres: the tables live in another schema
-    ├── UnsupportedBackend       the operation needs the other dialect
-    ├── StoreClosed              the store is closing or closed
-    ├── SerializationError       a value JSON cannot represent faithfully
-    ├── ListenUnavailable        Postgres refused LISTEN for good
-    ├── NotACairnqDatabase       the file holds something else (cairnqd only)
-    ├── MigrationsPending        migrations missing and auto-migrate is off (cairnqd)
-    ├── DatabaseUnavailable      the server cannot be reached (cairnqd only)
-    └── UndecodableRow           a stored row this runtime cannot decode (cairnqd only)
-
-`ErrorEnvelope` is the shape a failed task's `error` column holds (both SDKs read it):
-type, code, message, retryable and details.
+The class names follow the public cairnq SDK exactly: code written against it and the
+conformance runner match on them (docs/architecture.md, "Errors").
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Handler registries: what a `handlers:` entry in the config points at.
 
-A config names handlers as `module:attribute` import paths. The parent only checks
-their syntax (`parse_handler_path`); importing runs application code, so it happens
-in the child or in a preflight child (`resolve_handlers`), never in the supervisor.
-
-The attribute is either a `TaskRegistry`, which application code fills with the
-same decorators as the public SDK's worker (`@registry.task`), or an existing
-public-SDK-style `Worker`, whose registered handlers are read off its handler table.
-That lets an application move to cairnqd without touching its handler modules.
+A `module:attribute` path to a `TaskRegistry` or a public-SDK-style `Worker`. The parent
+only parses paths (`parse_handler_path`); importing runs application code, so only a
+child or a preflight child resolves them (docs/architecture.md, "Handler registries").
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
-"""`Worker`: claims tasks, runs handlers, settles outcomes. A drop-in for the public
-cairnq `Worker`, built to spend as little as possible per task.
+"""`Worker`: claims tasks, runs handlers, settles outcomes.
 
-Design notes. The worker is a few parts around one shared in-flight table
-(`_inflight.InFlight`, which also explains leases and identities):
-
-- `_claimloop.ClaimLoop` claims what the free call slots and prefetch allow and
-  starts it; `_claims` decides the draws of one claim; `_prefetch` sizes claiming
-  ahead. `concurrency` counts handler calls, not tasks.
-- `_calls.CallRunner` runs one handler call and settles what it leaves.
-- `_heartbeat` renews every held lease with one `heartbeat_batch` per beat.
-- `_leaseguard.LeaseGuard` cancels a handler before its lease can end when renewals
-  fail or stall, so no two executions of one task overlap.
-- `_settlement.Settlement` writes outcomes: failures one by one, returned results in
-  set-based batches carried by the next claim transaction.
-- Sync handlers run in a thread pool sized to `concurrency`, so a blocking handler can
-  never starve the heartbeat.
-- `run()` drains in-flight calls, claimed-ahead tasks included, however the loop exits.
-
-What a crash costs a bare worker (no daemon parent to hand its tasks back): every task
-it held, started or not, stays leased until its lease expires (`lease_ms` after the
-last heartbeat), and recovery then counts the attempt the claim spent, so each of them
-is retried with one attempt fewer, or fails as `lease_expired` if it was on its last.
-With `prefetch="auto"` that is at most the tasks its handlers would start within about
-50 ms (`_prefetch`), capped at 512 plus `concurrency`; with `prefetch=0`, at most
-`concurrency`. Under the daemon, a dead child's tasks are handed back at once and
-those that never started keep their attempt.
+A drop-in for the public cairnq `Worker`, built to spend as little as possible per task:
+a few parts around one in-flight table (`_inflight.InFlight`). See docs/architecture.md,
+"Inside a worker", for the parts and for what a crash costs a bare worker.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """`cairnqd` commands that work on the database, and the helpers every command shares.
 
-Design note. Each command opens the store its config's `database` section names (never
-the daemon), runs one coroutine and closes it. Expected failures raise
-`CliError(code, message)`; `cli.main` prints the message and exits with the code,
-without a traceback. This module must not import `cairnqd.cli`: `python -m cairnqd.cli`
-runs that file as `__main__`, and importing it again would create a second `CliError`
-class that `main` does not catch.
-
-Opening a store applies pending migrations where `database.auto_migrate` allows it.
-Only `cairnqd migrate` may create a SQLite database: every other command refuses a
-missing file (exit 66), since a mistyped or misplaced path would otherwise leave a new
-empty database behind and report "(no tasks)".
+Each command opens the store its config names, runs one coroutine and closes it;
+`CliError(code, message)` is an expected failure. This module must not import
+`cairnqd.cli` (docs/architecture.md, "The command line").
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """`cairnqd cancel` and `cairnqd retry` by filter: many tasks at once, safely.
 
-`cancel TASK_ID` and `retry --key K` keep working as before. Give filters instead
-(`--status`, `--queue`, `--name`, `--since`, `--older-than`) and the command counts the
-matching tasks first; `--dry-run` stops there. Otherwise it needs `--yes`, or a "y" at
-the prompt when run on a terminal: a script can never change thousands of tasks by
-accident. The tasks are then changed a page of `BULK_BATCH` ids at a time, each page
-in one transaction with the protocol's own cancel or retry statement, so a task that
-changed status meanwhile is skipped exactly as a single cancel or retry would skip it.
+Filters count first (`--dry-run` stops there) and act only with `--yes` or a "y" on a
+terminal, `BULK_BATCH` ids per transaction with the protocol's own statements
+(docs/architecture.md, "The command line").
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """`cairnqd check`: what the daemon would find before it starts, without starting it.
 
-Design note. Plain `check` validates the config through the same `load_config` the
-daemon and its reload use, and reads nothing else: it says so on its last line, and
-never calls a database it did not contact OK. `--handlers` imports every group's
-registries in a process set up as a child is; `--connect` also contacts the database
-and runs the daemon's own pre-spawn checks (`daemon.preflight`): reachability, pending
-migrations, the installation and protocol, the Postgres connection budget. So
-`check --connect` passes exactly when `cairnqd run` would get as far as spawning.
-
-Exit: 0 all checked things fine; 78 a config or a check the daemon would refuse to
-start on; 69 the database could not be reached (`--connect`).
+Plain `check` validates the config only; `--handlers` imports every group's registries
+as a child would; `--connect` runs the daemon's pre-spawn checks (`daemon.preflight`).
+Exit 0 when fine, 78 where the daemon would refuse to start, 69 when the database cannot
+be reached.
 """
 
 from __future__ import annotations
@@ -149,12 +143,23 @@ def _print_details(
         print(f"warning: {message}", file=sys.stderr)
 
 
+# `cairnqd check --help` describes the command in full.
+_DESCRIPTION = """\
+Plain `check` validates the config through the same `load_config` the
+daemon and its reload use, and reads nothing else: it says so on its last line, and
+never calls a database it did not contact OK. `--handlers` imports every group's
+registries in a process set up as a child is; `--connect` also contacts the database
+and runs the daemon's own pre-spawn checks (`daemon.preflight`): reachability, pending
+migrations, the installation and protocol, the Postgres connection budget. So
+`check --connect` passes exactly when `cairnqd run` would get as far as spawning."""
+
+
 def add_parser(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check",
         parents=parents,
         help="validate the config (and more, with --handlers or --connect)",
-        description=__doc__.split("\n\n")[1].replace("Design note. ", "", 1),
+        description=_DESCRIPTION,
     )
     p.add_argument(
         "--handlers",

@@ -1,18 +1,9 @@
 """The `cairnqd` command: the daemon (`run`, the default) and the operator's tools.
 
-Design note. Every command validates the config through the same
-`load_config` the daemon and its reload use, and `check --connect` runs the daemon's
-own pre-spawn checks, so it passes exactly when `run` would start. Expected failures
-are one clear line on stderr and a sysexits code (`exitcodes`, listed in `--help`); a
-traceback means a bug (exit 70). argparse's usage exit 2 becomes 64, which systemd's
-`RestartPreventExitStatus=` never restarts.
-
-`-c` and `--log-level` are accepted before or after the subcommand
-(`cairnqd check -c f` reads as naturally as `cairnqd -c f check`). The parser is built
-from `COMMANDS`, one registration function per command or group of commands: database
-commands in `cli.admin`, `check` in `cli.check`, `purge` in `cli.purge`, `init` in
-`cli.init`; this file keeps the entry point, `run`, `config dump`, `reload` and
-`version`.
+The parser is built from `COMMANDS`, one registration function per command or group;
+this file keeps the entry point, `run`, `config dump`, `reload` and `version`. `-c` and
+`--log-level` go before or after the subcommand. Expected failures exit with a sysexits
+code, usage errors with 64 (docs/architecture.md, "The command line").
 """
 
 from __future__ import annotations

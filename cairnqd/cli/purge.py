@@ -1,16 +1,8 @@
 """`cairnqd purge`: delete finished tasks, by the configured rules or by explicit filters.
 
-Design note. A bare `purge` does what the daemon's purge scheduler does on its next
-sweep: every rule in `retention.rules`, in order, in batches of `retention.batch`
-with the store's pause between batches, under the same purge lock (so it never runs
-beside a daemon's sweep on Postgres). The one difference is that each rule is drained
-to the end instead of stopping after `retention.max_batches`: an operator who asks for
-a purge wants it finished. With no rules configured it deletes nothing.
-
-Anything wider is explicit: `--older-than`, `--status`, `--queue` or `--name` make one
-rule of their own, which deletes only after `--yes`, or after a yes at a prompt when
-stdin is a terminal; without either it refuses (exit 64) and says how many tasks it
-would have deleted. `--dry-run` counts, per rule, and deletes nothing.
+Bare, it runs `retention.rules` as the daemon's sweep does, each rule to the end; explicit
+filters delete only after `--yes` or a yes on a terminal (else exit 64); `--dry-run`
+counts per rule (docs/architecture.md, "The command line").
 """
 
 from __future__ import annotations
@@ -156,14 +148,28 @@ def _lock_held() -> CliError:
     )
 
 
+# `cairnqd purge --help` describes the command in full.
+_DESCRIPTION = """\
+A bare `purge` does what the daemon's purge scheduler does on its next
+sweep: every rule in `retention.rules`, in order, in batches of `retention.batch`
+with the store's pause between batches, under the same purge lock (so it never runs
+beside a daemon's sweep on Postgres). The one difference is that each rule is drained
+to the end instead of stopping after `retention.max_batches`: an operator who asks for
+a purge wants it finished. With no rules configured it deletes nothing.
+
+Anything wider is explicit: `--older-than`, `--status`, `--queue` or `--name` make one
+rule of their own, which deletes only after `--yes`, or after a yes at a prompt when
+stdin is a terminal; without either it refuses (exit 64) and says how many tasks it
+would have deleted. `--dry-run` counts, per rule, and deletes nothing.
+"""
+
+
 def add_parser(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "purge",
         parents=parents,
         help="delete finished tasks by the configured retention rules (or explicit filters)",
-        description=__doc__.split("\n\n")[1].replace("Design note. ", "", 1)
-        + "\n\n"
-        + __doc__.split("\n\n")[2],
+        description=_DESCRIPTION,
         epilog="examples:\n"
         "  cairnqd purge --dry-run            count what retention.rules would delete\n"
         "  cairnqd purge                      apply retention.rules now\n"

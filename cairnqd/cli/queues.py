@@ -1,12 +1,8 @@
 """`cairnqd pause` and `cairnqd resume`: stop and restart claiming from a queue on
 every host that shares the database.
 
-A pause is a row in cairnqd's own table (see `cairnqd/store/operator.py`): every
-daemon child reads it about twice a second and claims only from queues not paused,
-so the command returns at once and the fleet follows within a second. Tasks a
-worker already holds still run. Workers of the public SDK (or a bare `Worker`
-without `honour_pauses`) do not see pauses. SIGTSTP to a daemon stays what it was: a
-whole-daemon pause of that one host, ended by a reload.
+A pause is a row in cairnqd's own table (`cairnqd/store/operator.py`), honoured by every
+daemon child within a second (docs/architecture.md, "Queue pauses").
 """
 
 from __future__ import annotations

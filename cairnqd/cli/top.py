@@ -1,15 +1,8 @@
 """`cairnqd top`: a live view of the daemon and the queues, redrawn every second.
 
-Design note. One screen, two sources: the running daemon's snapshot (its control
-socket, as `status` reads it) and the database (per-queue counts, the oldest queued
-age and the paused queues, from one connection kept open while top runs). Rates are
-differences between two consecutive counts: submitted is the growth of a queue's
-total, finished the growth of its terminal counts, failed the growth of `failed`; a
-purge or a retry can make a difference negative, which shows as 0. Keys: `p` pauses
-a queue and `r` resumes one (top asks for the name), `q` quits. Nothing here is
-needed to run anything: top only reads, except for the pause and resume it is asked
-for. Curses from the standard library; without a terminal, top refuses and points at
-`status --json`.
+Two sources: the daemon's control socket and the database. Rates are differences of
+consecutive counts. `p` pauses a queue, `r` resumes one, `q` quits; without a terminal
+it refuses and points at `status --json` (docs/architecture.md, "The command line").
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Logging in to the dashboard, and the CSRF value every action form carries.
 
-Design note. The token comes from `dashboard.token_file`, as a DSN comes from
-`dsn_file`, and never appears in a page, a log line or a cookie. Logging in posts it
-once; the answer sets a session cookie (HttpOnly, SameSite=Strict) holding a random
-nonce, the name the operator gave for the audit log, the issue time and an HMAC of
-those under the token. Nothing is kept on the server, so sessions survive a restart,
-and changing the token ends them all. The CSRF value is another HMAC under the token,
-of the session's nonce: a page shows it in every action form, and an action whose form
-lacks it (or carries another session's) is refused. Both comparisons are constant-time.
+The session cookie holds a nonce, the operator's name, the issue time and an HMAC of
+them under the token (`dashboard.token_file`); the CSRF value is an HMAC of the nonce.
+Nothing is kept on the server; comparisons are constant-time (docs/dashboard.md, "Login
+and actions").
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The dashboard's database work: one thread, one store, one shared snapshot.
 
-Design note. Every page but the task list and a task's own page is drawn from one
-`Overview` snapshot: counts per queue and status, the oldest queued age, pauses, the
-finished-per-minute series of the last hour, the groups of failed tasks and the
-schedules' rows. It is read at most once per `dashboard.refresh`, and only when a page
-asks for it: browsers polling at once share the read in flight, so the database's cost
-is one set of statements per interval however many browsers watch (`refreshes` counts
-them; a test holds it to that). A stale snapshot is served while its successor is read
-in the background, so only the very first page (and the first after an action) waits
-for the aggregates; and the interval stretches to five times the last read's duration,
-so a huge table is read less often instead of keeping a connection busy. Everything
-runs on a `LoopThread` of its own with its own store, so the HTTP threads never hold a
-connection and never block the daemon's loop; a read that takes too long fails the
-page, never the process.
+Pages but the task list and a task's page draw from one `Overview` snapshot, read at most
+once per `dashboard.refresh` and shared by every browser; a stale one is served while the
+next is read, and the interval stretches to five times the last read's duration. All on
+a `LoopThread` of its own (docs/dashboard.md, "Live updates").
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The dashboard's HTTP server: stdlib `ThreadingHTTPServer`, one thread per request.
 
-Design note. Pages are HTML rendered here (pages.py) with two static files beside
-them, a stylesheet and a small script; there is no build step and no inline script
-or style, so the Content-Security-Policy can be `default-src 'self'` with nothing
-relaxed. Every answer carries it, with nosniff, no framing, no referrer to other sites
-and no caching. A malformed parameter, cursor or form is a 400 with a message naming it; a database
-that does not answer is a 503; anything else unexpected is logged and a 500 says so
-without details. With a token configured every page needs a login; with none the
-dashboard serves loopback only (`check` refuses otherwise) and answers only requests
-addressed to a loopback name, which stops DNS rebinding from reaching it.
+Every answer carries a strict Content-Security-Policy (no inline script or style); a bad
+parameter is a 400, a silent database a 503, anything else a logged 500. Without a token
+it answers only requests addressed to a loopback name (docs/dashboard.md, "Safety").
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Cron expressions as a schedule may write them: five fields or an `@` macro.
 
-The fields are read by `cronsim` (see docs/schedules.md for why that library): minute,
-hour, day of month, month, day of week, with lists, ranges, steps, month and weekday
-names, and `L`, `W` and `#`. Day of month and day of week combine as in Debian cron:
-with either one a `*`, both must match; otherwise either may.
-
-What this module adds: the macros, a refusal of the six-field (seconds) form (a
-sub-minute rhythm is `every:`'s job), and a refusal of an expression that can never
-fire (`0 0 30 2 *`), so a schedule that would sit silent forever is a config error
-rather than a quiet surprise.
+The fields are read by `cronsim` (docs/schedules.md, "Which cron library, and why");
+this module adds the macros and refuses the six-field form and expressions that can
+never fire (`0 0 30 2 *`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """What to enqueue when a schedule is looked at: the due slots, and the missed ones.
 
-Design note. The scheduler remembers, per schedule, the newest slot it has dealt with
-(`last`). Looking at the schedule at `now`, every slot in (`last`, `now`] is due. A due
-slot reached within the rule's grace (10 s, or the interval of a shorter `every:`) is
-on time and always fires. Older ones were missed: no leader ran at their time (every
-daemon was down, or a failover was in progress), and the misfire policy decides:
-
-- `skip`: none of them fires; the schedule resumes with its next slot;
-- `once`: the newest missed slot fires (one run stands in for all of them);
-- `catch_up` with a limit N: the newest N missed slots fire, oldest first.
-
-The missed slots that do not fire are counted (`skipped`), so a metric can show them.
-`plan_due` is pure: the scheduler applies the plan to the database.
+Every slot in (`last`, `now`] is due; one within the rule's grace is on time, older ones
+are missed and the policy (`skip`, `once`, `catch_up` N) decides which fire; the rest are
+counted as skipped. `plan_due` is pure (docs/schedules.md, "Misfires").
 """
 
 from __future__ import annotations

@@ -1,33 +1,9 @@
 """Slots: the instants a schedule is due at, computed without a clock of their own.
 
-Design note. Every function here takes the time it reasons about as an argument, so
-tests (and `cairnqd schedules`) ask about any moment without waiting for it. A slot is
-an aware UTC `datetime`; the same rule and the same `after` give the same slots on
-every host, which is what lets a slot's time name its task (the submit key).
-
-`every: <duration>` slots are the multiples of the interval since the Unix epoch (UTC):
-`every: 1h` fires on the hour, on every host, whenever each one started.
-
-A cron rule is read in its `timezone`, and daylight-saving changes follow one rule,
-chosen by whether the expression names its hours:
-
-- **It names them** (`30 2 * * *`, `*/10 1 * * *`, `@daily`): it is about wall-clock
-  times. A time that does not exist (spring forward: 02:30 when clocks jump from 02:00
-  to 03:00) is moved to the end of the gap, 03:00, and several such times collapse into
-  that one firing. A time that happens twice (fall back: 01:30) fires once, at its first
-  occurrence.
-- **Its hour is a wildcard** (`*/15 * * * *`, `0 * * * *`, `@hourly`): it is about a
-  rhythm, and follows elapsed time: it fires in each real hour, both passes of a
-  repeated hour included, and has nothing due in a gap that never happened.
-
-This is Debian cron's rule, extended to expressions that fix the hour but not the
-minute, which cronsim by itself would fire twice in a repeated hour.
-
-How: cronsim steps the fields over naive local wall times only; this module places each
-wall time on the timeline itself (`CronSlots._instants`). Wall-clock placements follow
-wall-time order; elapsed-time ones do not across a repeated hour (01:45 first pass comes
-before 01:30 second pass), so those are merged in time order through a small heap that
-reads up to two hours of wall time ahead.
+Every function takes its moment as an argument; a slot is an aware UTC `datetime`, the
+same on every host for the same rule. `every:` slots are multiples of the interval since
+the epoch; cron rules follow docs/schedules.md, "Daylight saving time". cronsim steps
+naive wall times; `CronSlots._instants` places them on the timeline.
 """
 
 from __future__ import annotations
