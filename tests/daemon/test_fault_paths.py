@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon.executions import executions, overlaps
-from tests.daemon.faults import (
+from tests.support.daemon_faults import (
     all_terminal,
     fault_config,
     submit,
@@ -27,8 +26,9 @@ from tests.daemon.faults import (
     tasks,
     terminal_count,
 )
-from tests.daemon.harness import client_call
-from tests.waiting import wait_for
+from tests.support.executions import executions, overlaps
+from tests.support.harness import client_call
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

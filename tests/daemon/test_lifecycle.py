@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config, gone, wait_for
-from tests.daemon.harness import (
+from tests.support.daemon import base_config, gone
+from tests.support.harness import (
     client_call,
     database_section,
     gauge,
@@ -22,6 +22,7 @@ from tests.daemon.harness import (
     stats,
     wait_running,
 )
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -28,10 +28,15 @@ from cairnqd.daemon.tally import TaskTally
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
-from tests.conftest import make_store
-from tests.daemon.harness import daemon_config
-from tests.monitoring_files import alert_rules, dashboard_queries, load_dashboard, metric_names
-from tests.waiting import wait_for_async
+from tests.support.databases import make_store
+from tests.support.harness import daemon_config
+from tests.support.monitoring_files import (
+    alert_rules,
+    dashboard_queries,
+    load_dashboard,
+    metric_names,
+)
+from tests.support.waiting import wait_for_async
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config, wait_for
-from tests.daemon.harness import client_call, database_section, gauge, scrape
+from tests.support.daemon import base_config
+from tests.support.harness import client_call, database_section, gauge, scrape
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

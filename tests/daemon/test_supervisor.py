@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config, wait_for
-from tests.daemon.harness import client_call, database_section, gauge, scrape, stats
+from tests.support.daemon import base_config
+from tests.support.harness import client_call, database_section, gauge, scrape, stats
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -270,7 +271,7 @@ def test_connection_budget_over_the_server_limit_refuses_to_start(
 
     import yaml
 
-    from tests.daemon.daemon import REPO
+    from tests.support.daemon import REPO
 
     config = base_config(
         tmp_path,

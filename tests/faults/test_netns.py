@@ -27,7 +27,7 @@ from tests.faults.netns import (
     namespaces,
     require_netns,
 )
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 PROBE = str(Path(__file__).with_name("pg_probe.py"))
 REPO = Path(__file__).parents[2]

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import Daemon, base_config, healthz
-from tests.daemon.harness import client_call, gauge, scrape
 from tests.faults.proxy import FaultProxy
-from tests.waiting import wait_for
+from tests.support.daemon import Daemon, base_config, healthz
+from tests.support.harness import client_call, gauge, scrape
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.faults.pg_probe import SHORT_KEEPALIVES
 from tests.faults.proxy import FaultProxy, Mode
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def connect(dsn: str, **params: Any) -> psycopg.Connection[tuple[Any, ...]]:

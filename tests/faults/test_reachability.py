@@ -22,7 +22,7 @@ from cairnqd.store.pg_connect import (
 )
 from cairnqd.store.postgres import PostgresStore
 from tests.faults.proxy import FaultProxy
-from tests.waiting import wait_for_async
+from tests.support.waiting import wait_for_async
 
 
 class Clock:

@@ -16,8 +16,8 @@ import cairnq
 import pytest
 
 import cairnqd
-from tests.conftest import make_store
-from tests.store.helpers import connect_upstream, count_rows, pg_url, query
+from tests.support.databases import make_store
+from tests.support.store import connect_upstream, count_rows, pg_url, query
 
 WAIT = {"timeout_ms": 15_000, "poll_ms": 20, "max_poll_ms": 100}
 

@@ -21,10 +21,10 @@ from typing import Any
 import psycopg
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config
-from tests.daemon.harness import gauge, scrape
 from tests.pooler.conftest import Pooled
-from tests.waiting import wait_for
+from tests.support.daemon import base_config
+from tests.support.harness import gauge, scrape
+from tests.support.waiting import wait_for
 
 SHORT = 2000
 LONG = 20

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from cairnqd.store.schedules import ScheduleRow, ScheduleTable
-from tests.conftest import make_store
-from tests.daemon.daemon import Daemon, base_config
-from tests.daemon.harness import database_section
-from tests.waiting import wait_for
+from tests.support.daemon import Daemon, base_config
+from tests.support.databases import make_store
+from tests.support.harness import database_section
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

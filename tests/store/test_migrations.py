@@ -29,8 +29,8 @@ from cairnqd.errors import (
 )
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
-from tests.conftest import make_store
-from tests.store.helpers import (
+from tests.support.databases import make_store
+from tests.support.store import (
     connect_upstream,
     extension_migrations,
     ledger,

@@ -18,8 +18,8 @@ import pytest
 from cairnqd.client import CairnQ
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.worker import Worker
-from tests.conftest import require_postgres
-from tests.worker.helpers import (
+from tests.support.databases import require_postgres
+from tests.support.worker import (
     IdleProbe,
     eventually,
     pg_listen_queries,

@@ -20,7 +20,7 @@ from cairnqd.errors import StoreClosed
 from cairnqd.store.base import ClaimDraw, TaskStore
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
-from tests.store.helpers import count_rows
+from tests.support.store import count_rows
 
 # -- fairness ------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 from cairnqd.daemon.loopwatch import LoopWatch
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def test_a_blocked_loop_shows_its_lag_to_another_thread() -> None:

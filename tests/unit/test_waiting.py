@@ -1,4 +1,4 @@
-"""tests.waiting: both condition waits return the accepted value and fail the same way."""
+"""tests.support.waiting: both condition waits return the accepted value and fail the same way."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.waiting import WaitTimeout, wait_for, wait_for_async
+from tests.support.waiting import WaitTimeout, wait_for, wait_for_async
 
 
 def counter() -> Callable[[], int]:

@@ -18,8 +18,8 @@ from cairnqd.context import TaskContext
 from cairnqd.errors import LostLease, TaskError
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.store.helpers import query
-from tests.worker.helpers import (
+from tests.support.store import query
+from tests.support.worker import (
     POSTGRES_ONLY,
     SQLITE_ONLY,
     ErrorLog,

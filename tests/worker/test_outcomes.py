@@ -16,7 +16,7 @@ from cairnqd.context import TaskContext
 from cairnqd.errors import LostLease, TaskError
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker, backoff_delay_ms
-from tests.worker.helpers import SQLITE_ONLY, ErrorLog, running, wait_all, wait_status
+from tests.support.worker import SQLITE_ONLY, ErrorLog, running, wait_all, wait_status
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,8 +13,8 @@ import pytest
 from cairnqd.client import CairnQ
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.waiting import wait_for_async
-from tests.worker.helpers import ErrorLog, running, wait_all
+from tests.support.waiting import wait_for_async
+from tests.support.worker import ErrorLog, running, wait_all
 
 pytestmark = pytest.mark.timeout(60)
 

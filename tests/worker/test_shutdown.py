@@ -20,9 +20,9 @@ from cairnqd.errors import ProtocolVersionMismatch
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
 from cairnqd.worker import Worker
-from tests.conftest import make_store
-from tests.store.helpers import query
-from tests.worker.helpers import (
+from tests.support.databases import make_store
+from tests.support.store import query
+from tests.support.worker import (
     SQLITE_ONLY,
     IdleProbe,
     caught_signals,

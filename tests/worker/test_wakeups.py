@@ -15,9 +15,9 @@ import pytest
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.store.helpers import connect_upstream, pg_url
-from tests.waiting import wait_for_async
-from tests.worker.helpers import (
+from tests.support.store import connect_upstream, pg_url
+from tests.support.waiting import wait_for_async
+from tests.support.worker import (
     IdleProbe,
     pg_listening,
     running,

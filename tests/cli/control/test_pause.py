@@ -13,10 +13,11 @@ import pytest
 
 from cairnqd import CairnQ
 from cairnqd.worker import Worker
-from tests.cli_control.conftest import cli, control_config, write_config
-from tests.conftest import make_store
-from tests.daemon.harness import client_call, gauge, scrape
-from tests.waiting import wait_for
+from tests.support.cli import cli
+from tests.support.daemon import write_config
+from tests.support.databases import make_store
+from tests.support.harness import client_call, control_config, gauge, scrape
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
