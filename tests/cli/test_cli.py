@@ -21,6 +21,7 @@ import pytest
 
 from cairnqd.daemon.statefile import AlreadyRunning, StateFile, state_path
 from tests.support.cli import Run, cli_env, database_line, write_config
+from tests.support.waiting import wait_for
 
 
 def test_postgres_commands_refuse_an_unmigrated_database(
@@ -70,6 +71,7 @@ def test_bad_config_reports_every_problem_with_its_position(tmp_path: Path, run:
         assert result.stdout == ""
 
 
+@pytest.mark.timing
 def test_check_refuses_an_alias_bomb_at_once(sqlite_config: Path, run: Run) -> None:
     laughs = "".join(
         f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9) if n else 'lol'}]\n" for n in range(10)
@@ -501,11 +503,12 @@ def test_run_starts_reloads_and_stops(sqlite_config: Path, tmp_path: Path, run: 
         text=True,
     ) as daemon:
         try:
-            deadline = time.monotonic() + 30
-            while statefile.read() is None:
+
+            def state_written() -> bool:
                 assert daemon.poll() is None, daemon.stderr.read() if daemon.stderr else ""
-                assert time.monotonic() < deadline, "no state file within 30s"
-                time.sleep(0.05)
+                return statefile.read() is not None
+
+            wait_for("the daemon's state file", state_written, 30)
             state = statefile.read()
             assert state is not None and state["pid"] == daemon.pid
             result = run("reload", "--wait", "30s")

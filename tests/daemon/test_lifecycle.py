@@ -101,6 +101,7 @@ def test_max_memory_recycles_children(
     recycle(tmp_path, sqlite_path, daemon_factory, "max_memory", 12, max_memory="1MiB")
 
 
+@pytest.mark.timing
 def test_orphaned_child_finishes_its_task_and_exits(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any
 ) -> None:
@@ -172,6 +173,7 @@ def assert_handed_back(db: str, task_id: str) -> None:
     assert task.attempt == 1, task
 
 
+@pytest.mark.timing
 def test_sigquit_stops_at_once_and_hands_back_the_running_task(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any
 ) -> None:
@@ -194,6 +196,7 @@ def test_sigquit_stops_at_once_and_hands_back_the_running_task(
     assert_handed_back(sqlite_path, task.id)
 
 
+@pytest.mark.timing
 def test_second_sigint_stops_a_stuck_drain(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any
 ) -> None:

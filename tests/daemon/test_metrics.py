@@ -206,6 +206,7 @@ def _bad_target(dialect: str, tmp_path: Path) -> str:
     return "postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=1"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("dialect_name", ["sqlite", "postgres"])
 def test_db_down_omits_db_families(
     dialect_name: str, tmp_path: Path, served: list[Metrics]
@@ -233,6 +234,7 @@ def test_db_down_omits_db_families(
     assert "cairnq_tasks_started_total" in names
 
 
+@pytest.mark.timing
 def test_slow_database_times_out_within_budget(
     sqlite_path: str, tmp_path: Path, served: list[Metrics]
 ) -> None:

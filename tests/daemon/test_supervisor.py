@@ -74,6 +74,7 @@ def test_two_groups_titles_and_metrics_match_stats(
     assert daemon.stop() == 0
 
 
+@pytest.mark.timing
 def test_sigkill_child_mid_task_requeues_at_once(
     tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
 ) -> None:
@@ -236,6 +237,7 @@ def test_hup_with_invalid_file_keeps_old_config(
     assert daemon.stop() == 0
 
 
+@pytest.mark.timing
 def test_term_during_load_drains_and_exits_zero(
     tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
 ) -> None:

@@ -93,6 +93,7 @@ def drain(dsn: str, total: int, timeout: float) -> None:
     )
 
 
+@pytest.mark.timing
 def test_a_silent_partition_is_detected_reported_once_and_recovers(
     daemon_factory: DaemonFactory, tmp_path: Path, pg_proxy: FaultProxy, pg_dsn: str
 ) -> None:
@@ -169,6 +170,7 @@ def test_a_slow_link_still_works(
     assert outage_lines(daemon) == []
 
 
+@pytest.mark.timing
 def test_sigterm_during_a_partition_exits_within_a_bound(
     daemon_factory: DaemonFactory, tmp_path: Path, pg_proxy: FaultProxy, pg_dsn: str
 ) -> None:

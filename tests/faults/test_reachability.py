@@ -97,6 +97,7 @@ def server_now(dsn: str) -> datetime.datetime:
         return row[0]  # type: ignore[no-any-return]
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 async def test_a_listen_session_a_partition_swallowed_is_replaced(
     pg_proxy: FaultProxy, pg_dsn: str

@@ -96,6 +96,7 @@ def wait_for_slots(dialect: str, target: str, n: int, timeout: float = 60.0) -> 
     )
 
 
+@pytest.mark.timing
 @pytest.mark.postgres
 def test_two_daemons_on_postgres_enqueue_each_slot_once_across_a_sigkill(
     pg_dsn: str, tmp_path: Path

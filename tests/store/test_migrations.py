@@ -531,6 +531,7 @@ async def test_not_a_sqlite_database(tmp_path: Path, content: bytes) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "files were left beside it"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     "dsn",
     [

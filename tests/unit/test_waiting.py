@@ -89,6 +89,7 @@ async def test_long_last_values_are_shortened(sync: bool) -> None:
     assert message.endswith("... (5002 chars)")
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 async def test_an_observation_that_raises_ends_the_wait_at_once(sync: bool) -> None:
     def observe() -> bool:

@@ -102,6 +102,7 @@ async def test_retryable_task_error_is_retried(
     assert attempts == [1, 2]
 
 
+@pytest.mark.timing
 async def test_other_exceptions_retry_with_backoff_then_fail(
     store: TaskStore, client: CairnQ, errors: ErrorLog
 ) -> None:

@@ -257,6 +257,7 @@ async def test_stop_during_a_pause_read_ends_the_run_at_once(
     assert not errors.calls
 
 
+@pytest.mark.timing
 async def test_a_quiet_worker_waits_instead_of_spinning(store: TaskStore, client: CairnQ) -> None:
     """A worker told to stop claiming (a daemon child quieted by SIGTSTP, or whose SQLite
     file was replaced) never clears its wake-up, as only a claim did: every wait

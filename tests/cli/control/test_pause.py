@@ -94,6 +94,7 @@ def _children_paused(daemon: Any) -> list[list[str]]:
     return [c["paused"] for g in snap["groups"] for c in g["children"]]
 
 
+@pytest.mark.timing
 def test_pause_and_resume_reach_every_child_within_a_second(
     tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any, groups: dict[str, Any]
 ) -> None:
