@@ -31,7 +31,7 @@ async def test_the_raw_sql_limit_loop_settles_what_it_claims(
     import subprocess
     import sys
 
-    from tests.conftest import make_store
+    from tests.support.databases import make_store
 
     store = make_store(dialect, db_target)
     async with store:

@@ -1,109 +1,59 @@
-"""Fixtures for the operator commands, each run as a real `cairnqd` subprocess.
+"""Fixtures for the tests of the `cairnqd` command line, here and in control/.
 
-Every test gets its own directory holding a config; `run` starts
-`python -m cairnqd.cli ARGS` there (or in `cwd`), with CAIRNQD_CONFIG removed so only
-the arguments choose the config.
+Each test gets its own directory holding a config; the `run` fixture
+(tests/support/cli.py) runs `python -m cairnqd.cli ARGS` there. The operator's control
+commands in control/ run beside a real daemon (`daemon_factory`, tests/support/daemon.py)
+and, for `cairnqd top`, in a real terminal.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-Run = Callable[..., subprocess.CompletedProcess[str]]
-REPO = Path(__file__).resolve().parents[2]
-
-GROUPS = """\
-handlers: [cairnqd.demo:registry]
-groups:
-  default:
-    queues: [default, mail]
-metrics:
-  listen: off
-shutdown_timeout: 5s
-"""
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("CAIRNQD_CONFIG", None)
-    env.update(extra)
-    return env
-
-
-def database_line(dialect: str, target: str) -> str:
-    # JSON strings are YAML double-quoted scalars: safe for any path or DSN.
-    return f"path: {json.dumps(target)}" if dialect == "sqlite" else f"dsn: {json.dumps(target)}"
-
-
-def write_config(directory: Path, database: str, extra: str = "", groups: str = GROUPS) -> Path:
-    """A config in `directory` whose database section is `database` (`key: value`)."""
-    path = directory / "cairnq.yaml"
-    runtime = json.dumps(str(directory / "run"))
-    path.write_text(f"version: 1\ndatabase:\n  {database}\n{groups}runtime_dir: {runtime}\n{extra}")
-    return path
+from tests.support.cli import Run, Terminal, database_line, write_config
 
 
 @pytest.fixture
-def run(tmp_path: Path) -> Run:
-    """Run `cairnqd ARGS` in tmp_path (or `cwd`); returns the completed process."""
+def sqlite_config(tmp_path: Path) -> Path:
+    """A config on a SQLite file that does not exist yet (only `migrate` and the
+    daemon create it)."""
+    return write_config(tmp_path, database_line("sqlite", str(tmp_path / "tasks.db")))
 
-    def run(
-        *args: str,
-        timeout: float = 60,
-        stdin: str | None = None,
-        cwd: Path | None = None,
-        env: dict[str, str] | None = None,
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cairnqd.cli", *args],
-            cwd=cwd or tmp_path,
-            env=env or cli_env(),
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
 
-    return run
+@pytest.fixture
+def sqlite_db(sqlite_config: Path, run: Run) -> Path:
+    """`sqlite_config` with its database created by `cairnqd migrate`."""
+    migrated = run("migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    return sqlite_config
 
 
 @pytest.fixture
 def db_config(tmp_path: Path, dialect: str, db_target: str, run: Run) -> Path:
-    """One config on SQLite and on a fresh Postgres database, migrated."""
+    """One config on SQLite and on a fresh Postgres database, created and migrated by
+    `cairnqd migrate` first, as an operator would."""
     path = write_config(tmp_path, database_line(dialect, db_target))
     migrated = run("migrate")
     assert migrated.returncode == 0, migrated.stderr
     return path
 
 
-@contextlib.contextmanager
-def running_daemon(
-    config: Path, cwd: Path, env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen[str]]:
-    """`cairnqd -c CONFIG` (the daemon) started in `cwd`, stopped by TERM on exit."""
-    with subprocess.Popen(
-        [sys.executable, "-m", "cairnqd.cli", "-c", str(config)],
-        cwd=cwd,
-        env=env or cli_env(),
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as daemon:
-        try:
-            yield daemon
-        finally:
-            if daemon.poll() is None:
-                daemon.send_signal(signal.SIGTERM)
-                try:
-                    daemon.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    daemon.kill()
-                    daemon.wait()
+@pytest.fixture
+def groups() -> dict[str, Any]:
+    return {"g": {"queues": ["a", "b"], "processes": 2, "concurrency": 4}}
+
+
+@pytest.fixture
+def terminal() -> Iterator[Terminal]:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (.ci/run installs it)")
+    term = Terminal()
+    try:
+        yield term
+    finally:
+        term.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cli.conftest import Run, database_line, write_config
+from tests.support.cli import Run, database_line, write_config
 
 
 def test_plain_check_does_not_contact_the_database_and_says_so(tmp_path: Path, run: Run) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cairnqd.cli.shipped import SHIPPED, shipped_path, shipped_root
-from tests.cli.conftest import REPO, Run, cli_env
+from tests.support.cli import REPO, Run, cli_env
 
 
 def test_init_writes_a_config_check_accepts_and_prints_the_next_commands(

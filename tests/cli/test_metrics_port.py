@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from cairnqd.daemon import exitcodes
-from tests.cli.conftest import REPO, cli_env, database_line, write_config
+from tests.support.cli import REPO, cli_env, database_line, write_config
 
 
 def test_port_in_use_is_one_line_and_exit_78(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import Run, write_config
+from tests.support.cli import Run, write_config
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import GROUPS, Run, cli_env, database_line, write_config
-from tests.waiting import wait_for
+from tests.support.cli import GROUPS, Run, cli_env, database_line, write_config
+from tests.support.waiting import wait_for
 
 
 def start(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.cli.conftest import Run, cli_env, database_line, write_config
+from tests.support.cli import Run, cli_env, database_line, write_config
 
 RULES = """\
 retention:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import Run, running_daemon, write_config
+from tests.support.cli import Run, running_daemon, write_config
 
 TASKS = """\
 from cairnqd.registry import TaskRegistry

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from cairnqd.daemon.statefile import StateFile, state_path
-from tests.cli.conftest import Run, database_line, running_daemon, write_config
-from tests.waiting import wait_for
+from tests.support.cli import Run, database_line, running_daemon, write_config
+from tests.support.waiting import wait_for
 
 
 def test_reload_wait_prints_the_changes(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import Run, cli_env, database_line, write_config
+from tests.support.cli import Run, cli_env, database_line, write_config
 
 
 @pytest.mark.parametrize("command", ["stats", "list", "check"])

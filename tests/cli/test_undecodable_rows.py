@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import Run
-from tests.store.undecodable import bad_row_for_reads, insert_bad
+from tests.support.cli import Run
+from tests.support.undecodable import bad_row_for_reads, insert_bad
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.daemon import Daemon, base_config
+from tests.support.daemon import Daemon, base_config
 
 pytestmark = pytest.mark.slow
 

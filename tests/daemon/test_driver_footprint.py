@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import Daemon, base_config, wait_for
-from tests.daemon.harness import client_call, database_section
+from tests.support.daemon import Daemon, base_config
+from tests.support.harness import client_call, database_section
+from tests.support.waiting import wait_for
 
 
 def _maps_psycopg(pid: int) -> bool:

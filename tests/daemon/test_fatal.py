@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.daemon.daemon import base_config, healthz, wait_for
-from tests.daemon.harness import client_call, database_section, gauge, scrape
+from tests.support.daemon import base_config, healthz
+from tests.support.harness import client_call, database_section, gauge, scrape
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon.executions import executions, overlaps
-from tests.daemon.faults import (
+from tests.support.daemon_faults import (
     all_terminal,
     fault_config,
     submit,
@@ -27,8 +26,9 @@ from tests.daemon.faults import (
     tasks,
     terminal_count,
 )
-from tests.daemon.harness import client_call
-from tests.waiting import wait_for
+from tests.support.executions import executions, overlaps
+from tests.support.harness import client_call
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +60,7 @@ def test_a_blocked_loop_gets_its_child_aborted_before_the_lease_expires(
     assert daemon.stop() == 0
 
 
+@pytest.mark.timing
 def test_a_handler_past_max_run_is_stopped_and_its_attempt_failed(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any
 ) -> None:
@@ -153,9 +154,9 @@ def test_quit_writes_results_already_returned(
     release = tmp_path / "release"
     groups = {"g": {"queues": ["q"], "processes": 1}}
     daemon = daemon_factory(fault_config(tmp_path, "sqlite", sqlite_path, groups)).start()
-    (task_id,) = submit(
-        "sqlite", sqlite_path, "f.gate", [{"release": str(release)}], queue="q", max_attempts=1
-    )
+    log = tmp_path / "executions.log"
+    payload = {"release": str(release), "log": str(log)}
+    (task_id,) = submit("sqlite", sqlite_path, "f.gate", [payload], queue="q", max_attempts=1)
     wait_for(
         "the task to run",
         lambda: tasks("sqlite", sqlite_path, [task_id])[0].status == "running",
@@ -165,9 +166,14 @@ def test_quit_writes_results_already_returned(
     try:
         blocker.execute("begin immediate")  # the result cannot be written for now
         release.touch()
-        time.sleep(0.3)  # the handler returns; its result waits behind our lock
+        # The handler returns; its result waits behind our lock.
+        wait_for(
+            "the handler to return",
+            lambda: [e.ended is not None for e in executions(log)] == [True],
+        )
         daemon.signal(signal.SIGQUIT)
-        time.sleep(0.3)  # the child is stopping, with the result still unwritten
+        # The child is stopping, with the result still unwritten.
+        wait_for("the child's hard stop to begin", lambda: "QUIT: stopping" in daemon.output())
     finally:
         blocker.execute("rollback")
         blocker.close()
@@ -207,9 +213,11 @@ def test_sigkill_chaos_never_fails_a_task_that_never_ran(
         if ready:
             os.kill(ready[kills % len(ready)], signal.SIGKILL)
             kills += 1
-    while terminal_count(dialect, db_target) < len(ids):
-        assert time.monotonic() < deadline, "the tasks did not finish"
-        time.sleep(0.2)
+    wait_for(
+        "every task to finish",
+        lambda: terminal_count(dialect, db_target) >= len(ids),
+        deadline - time.monotonic(),
+    )
     assert kills >= 5, "the chaos must actually kill children"
     failed: list[Any] = client_call(
         dialect, db_target, lambda c: c.list(status="failed", limit=len(ids))

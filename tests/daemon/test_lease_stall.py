@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from tests.daemon.executions import Execution, executions, overlaps
-from tests.daemon.faults import all_terminal, fault_config, submit
-from tests.faults.locks import database_locked
-from tests.waiting import wait_for
+from tests.support.daemon_faults import all_terminal, fault_config, submit
+from tests.support.executions import Execution, executions, overlaps
+from tests.support.locks import database_locked
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config, gone, wait_for
-from tests.daemon.harness import (
+from tests.support.daemon import base_config, gone
+from tests.support.harness import (
     client_call,
     database_section,
     gauge,
@@ -22,6 +22,7 @@ from tests.daemon.harness import (
     stats,
     wait_running,
 )
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -100,6 +101,7 @@ def test_max_memory_recycles_children(
     recycle(tmp_path, sqlite_path, daemon_factory, "max_memory", 12, max_memory="1MiB")
 
 
+@pytest.mark.timing
 def test_orphaned_child_finishes_its_task_and_exits(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any
 ) -> None:
@@ -171,6 +173,7 @@ def assert_handed_back(db: str, task_id: str) -> None:
     assert task.attempt == 1, task
 
 
+@pytest.mark.timing
 def test_sigquit_stops_at_once_and_hands_back_the_running_task(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any
 ) -> None:
@@ -193,6 +196,7 @@ def test_sigquit_stops_at_once_and_hands_back_the_running_task(
     assert_handed_back(sqlite_path, task.id)
 
 
+@pytest.mark.timing
 def test_second_sigint_stops_a_stuck_drain(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any
 ) -> None:

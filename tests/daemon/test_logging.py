@@ -18,9 +18,9 @@ import pytest
 
 from cairnqd import CairnQ
 from cairnqd.registry import TaskRegistry
-from tests.conftest import make_store
-from tests.daemon.daemon import Daemon, base_config
-from tests.waiting import wait_for
+from tests.support.daemon import Daemon, base_config
+from tests.support.databases import make_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

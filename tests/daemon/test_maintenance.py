@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,11 @@ from cairnqd.store.base import Clock, Row, TaskStore
 from cairnqd.store.factory import store_for
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
-from tests.conftest import make_store
-from tests.daemon.harness import daemon_config
-from tests.store.helpers import ShiftedClock
+from tests.support.databases import make_store
+from tests.support.harness import daemon_config
+from tests.support.store import ShiftedClock
+from tests.support.waiting import wait_for
+from tests.support.worker import eventually
 
 RULES = [
     {"status": "succeeded", "queue": "default", "older_than": "1s"},
@@ -82,14 +84,6 @@ def ahead(ms: int) -> ShiftedClock:
 def sample(metrics: Metrics, name: str, **labels: str) -> float:
     found = metrics.registry.get_sample_value(name, labels)
     return 0.0 if found is None else found
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 async def counted(metrics: Metrics, n: float, **labels: str) -> None:
@@ -189,6 +183,7 @@ async def _status_is(store: TaskStore, task_id: str, status: str) -> bool:
 # -- hand-back -------------------------------------------------------------------------------------
 
 
+@pytest.mark.timing
 async def test_hand_back_releases_exactly_that_workers_tasks(
     dialect: str, db_target: str, store: TaskStore, tmp_path: Path, closing: list[Any]
 ) -> None:
@@ -202,7 +197,7 @@ async def test_hand_back_releases_exactly_that_workers_tasks(
     maintenance.start()
     started = time.monotonic()
     maintenance.hand_back("host:default.0:A", "worker_exit")
-    await eventually(lambda: _status_is(store, last, "failed"), timeout_s=5)
+    await eventually(lambda: _status_is(store, last, "failed"), within=5)
     # Immediately: no lease (60 s) had to expire.
     assert time.monotonic() - started < 5
 
@@ -226,7 +221,7 @@ async def test_hand_back_releases_exactly_that_workers_tasks(
             for q in ("h1", "h2", "h3")
         )
 
-    await eventually(all_counted, timeout_s=10)
+    await eventually(all_counted, within=10)
 
 
 async def test_stop_finishes_queued_hand_backs(
@@ -397,10 +392,13 @@ def test_database_errors_are_counted_and_the_loop_goes_on(
     config = config_for(tmp_path, "sqlite", str(bad), reaper={"interval": "1s"})
     maintenance, metrics = make(closing, config)
     maintenance.start()
-    deadline = time.monotonic() + 10
-    while sample(metrics, "cairnq_db_errors_total", component="maintenance", kind="other") < 2:
-        assert time.monotonic() < deadline, "the reaper did not retry"
-        time.sleep(0.05)
+    wait_for(
+        "the reaper to retry",
+        lambda: (
+            sample(metrics, "cairnq_db_errors_total", component="maintenance", kind="other") >= 2
+        ),
+        10,
+    )
     assert maintenance.stop(10)
 
 

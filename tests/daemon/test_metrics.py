@@ -28,10 +28,15 @@ from cairnqd.daemon.tally import TaskTally
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
-from tests.conftest import make_store
-from tests.daemon.harness import daemon_config
-from tests.monitoring_files import alert_rules, dashboard_queries, load_dashboard, metric_names
-from tests.waiting import wait_for_async
+from tests.support.databases import make_store
+from tests.support.harness import daemon_config
+from tests.support.monitoring_files import (
+    alert_rules,
+    dashboard_queries,
+    load_dashboard,
+    metric_names,
+)
+from tests.support.waiting import wait_for_async
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -201,6 +206,7 @@ def _bad_target(dialect: str, tmp_path: Path) -> str:
     return "postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=1"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("dialect_name", ["sqlite", "postgres"])
 def test_db_down_omits_db_families(
     dialect_name: str, tmp_path: Path, served: list[Metrics]
@@ -228,6 +234,7 @@ def test_db_down_omits_db_families(
     assert "cairnq_tasks_started_total" in names
 
 
+@pytest.mark.timing
 def test_slow_database_times_out_within_budget(
     sqlite_path: str, tmp_path: Path, served: list[Metrics]
 ) -> None:

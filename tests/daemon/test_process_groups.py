@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config, gone
-from tests.daemon.harness import client_call, database_section, wait_running
-from tests.waiting import wait_for
+from tests.support.daemon import base_config, gone
+from tests.support.harness import client_call, database_section, wait_running
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config, wait_for
-from tests.daemon.harness import client_call, database_section, gauge, scrape
+from tests.support.daemon import base_config
+from tests.support.harness import client_call, database_section, gauge, scrape
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -131,6 +132,7 @@ def test_a_reload_revives_a_fatal_group_without_losing_its_children(
     assert daemon.stop() == 0
 
 
+@pytest.mark.timing
 def test_a_roll_does_not_wait_for_a_long_task_past_shutdown_timeout(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any
 ) -> None:

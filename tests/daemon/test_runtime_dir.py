@@ -14,7 +14,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,9 @@ import pytest
 import yaml
 
 from cairnqd.daemon.statefile import StateFile, initial_state, state_path
-from tests.daemon.daemon import REPO, base_config
-from tests.daemon.harness import database_section
+from tests.support.cli import REPO, run_cli
+from tests.support.daemon import base_config
+from tests.support.harness import database_section
 
 pytestmark = pytest.mark.slow
 
@@ -47,14 +47,7 @@ def cairnqd(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProce
     environ = {
         k: v for k, v in os.environ.items() if k not in ("RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR")
     }
-    return subprocess.run(
-        [sys.executable, "-m", "cairnqd.cli", *args],
-        cwd=tmp_path,
-        env={**environ, "PYTHONPATH": str(REPO), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_cli(*args, cwd=tmp_path, env={**environ, "PYTHONPATH": str(REPO), **env})
 
 
 @needs_root

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from cairnqd.daemon.messages import STALL_WARN_S
-from tests.daemon.daemon import healthz
-from tests.daemon.faults import fault_config, submit, succeeded_count
-from tests.faults.locks import database_locked
-from tests.waiting import wait_for
+from tests.support.daemon import healthz
+from tests.support.daemon_faults import fault_config, submit, succeeded_count
+from tests.support.locks import database_locked
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

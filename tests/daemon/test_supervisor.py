@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config, wait_for
-from tests.daemon.harness import client_call, database_section, gauge, scrape, stats
+from tests.support.daemon import base_config
+from tests.support.harness import client_call, database_section, gauge, scrape, stats
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +74,7 @@ def test_two_groups_titles_and_metrics_match_stats(
     assert daemon.stop() == 0
 
 
+@pytest.mark.timing
 def test_sigkill_child_mid_task_requeues_at_once(
     tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
 ) -> None:
@@ -235,6 +237,7 @@ def test_hup_with_invalid_file_keeps_old_config(
     assert daemon.stop() == 0
 
 
+@pytest.mark.timing
 def test_term_during_load_drains_and_exits_zero(
     tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
 ) -> None:
@@ -270,7 +273,7 @@ def test_connection_budget_over_the_server_limit_refuses_to_start(
 
     import yaml
 
-    from tests.daemon.daemon import REPO
+    from tests.support.daemon import REPO
 
     config = base_config(
         tmp_path,

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.daemon.faults import fault_config, submit, succeeded_count
-from tests.daemon.harness import gauge, scrape
-from tests.store.undecodable import POSTGRES_BAD, SQLITE_BAD, insert_bad
-from tests.waiting import wait_for
+from tests.support.daemon_faults import fault_config, submit, succeeded_count
+from tests.support.harness import gauge, scrape
+from tests.support.undecodable import POSTGRES_BAD, SQLITE_BAD, insert_bad
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

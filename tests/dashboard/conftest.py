@@ -3,7 +3,6 @@ every status, and an HTTP client that keeps a session cookie."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import http.client
 import re
@@ -17,10 +16,10 @@ from urllib.parse import urlencode
 import pytest
 
 from cairnqd import CairnQ
-from tests.conftest import PgDatabases, make_store, require_postgres
-from tests.daemon.daemon import Daemon, base_config
-from tests.daemon.harness import database_section
-from tests.waiting import wait_for
+from tests.support.daemon import Daemon, base_config
+from tests.support.databases import PgDatabases, require_postgres
+from tests.support.harness import client_call, database_section
+from tests.support.waiting import wait_for
 
 TOKEN = "dashboard-test-token-0123456789"
 #: Payloads and names that would run script if any page pasted them as HTML.
@@ -34,17 +33,9 @@ SCRIPT_RAW = "<script>window.__xss"
 
 
 def run(dialect: str, target: str, work: Callable[[CairnQ], Awaitable[Any]]) -> Any:
-    async def main() -> Any:
-        client = CairnQ(make_store(dialect, target))
-        await client.connect()
-        try:
-            return await work(client)
-        finally:
-            await client.close()
-
     # A thread of its own: Playwright's sync API keeps an event loop on the test's thread.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, main()).result()
+        return pool.submit(client_call, dialect, target, work).result()
 
 
 @dataclass

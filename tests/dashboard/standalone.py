@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.cli_control.conftest import REPO_ENV
-from tests.waiting import wait_for
+from tests.support.cli import REPO_ENV
+from tests.support.waiting import wait_for
 
 
 class Standalone:

@@ -19,7 +19,7 @@ import pytest
 
 from cairnqd import CairnQ
 from tests.dashboard.conftest import TOKEN, Dash
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 

@@ -12,8 +12,6 @@ import pytest
 
 from cairnqd import CairnQ
 from cairnqd.dashboard.server import CSP
-from tests.cli_control.conftest import cli, write_config
-from tests.daemon.daemon import Daemon
 from tests.dashboard.conftest import (
     SCRIPT_RAW,
     TOKEN,
@@ -22,7 +20,9 @@ from tests.dashboard.conftest import (
     Http,
     dashboard_config,
 )
-from tests.waiting import wait_for
+from tests.support.cli import cli
+from tests.support.daemon import Daemon, write_config
+from tests.support.waiting import wait_for
 
 PAGES = ("/", "/tasks", "/failed", "/workers", "/schedules")
 

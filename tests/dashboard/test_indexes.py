@@ -14,9 +14,9 @@ import psycopg
 import pytest
 
 from cairnqd.store.base import TaskStore
-from tests.conftest import make_store
 from tests.dashboard.conftest import Dash
-from tests.waiting import wait_for
+from tests.support.databases import make_store
+from tests.support.waiting import wait_for
 
 INDEXES = {
     "cairnqd_tasks_created_idx",

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli_control.conftest import cli
 from tests.dashboard.conftest import Dash, Http
 from tests.dashboard.standalone import Standalone
+from tests.support.cli import cli
 
 
 @pytest.fixture

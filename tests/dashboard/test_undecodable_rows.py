@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import make_store
 from tests.dashboard.conftest import Http
 from tests.dashboard.standalone import Standalone
-from tests.store.undecodable import bad_row_for_reads, insert_bad
+from tests.support.databases import make_store
+from tests.support.undecodable import bad_row_for_reads, insert_bad
 
 pytestmark = pytest.mark.timeout(180)
 

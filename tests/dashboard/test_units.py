@@ -235,7 +235,7 @@ def test_an_action_shows_on_the_next_page_even_when_a_read_began_before_it(
 
     from cairnqd.dashboard.data import DashboardData
     from cairnqd.store.base import TaskStore
-    from tests.waiting import wait_for
+    from tests.support.waiting import wait_for
 
     data = DashboardData(load_config(str(_config(tmp_path, "{}"))))
     data.start()

@@ -1,10 +1,10 @@
-"""The fault fixtures, made visible to the tests here.
+"""The fault fixtures, made visible to the tests here (`daemon_factory` reaches every
+test from tests/support/daemon.py).
 
 A test package elsewhere gets them the same way: import them into its conftest.py.
 """
 
-from tests.daemon.conftest import daemon_factory
 from tests.faults.netns import netns_hosts
 from tests.faults.proxy import pg_proxy
 
-__all__ = ["daemon_factory", "netns_hosts", "pg_proxy"]
+__all__ = ["netns_hosts", "pg_proxy"]

@@ -50,9 +50,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REQUIRE_PG, require_postgres
 from tests.faults.proxy import FaultProxy, postgres_address
-from tests.waiting import wait_for
+from tests.support.databases import REQUIRE_PG, require_postgres
+from tests.support.waiting import wait_for
 
 SUPERNET = ipaddress.IPv4Network("10.77.0.0/16")
 NAME_PREFIX = "cqf-"

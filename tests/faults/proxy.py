@@ -45,7 +45,7 @@ from typing import Literal
 import psycopg
 import pytest
 
-from tests.conftest import PG_DSN, require_postgres
+from tests.support.databases import PG_DSN, require_postgres
 
 NewConnections = Literal["hang", "refuse"]
 

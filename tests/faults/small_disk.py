@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REQUIRE_PG
 from tests.faults.netns import CAP_SYS_ADMIN, has_capabilities
+from tests.support.databases import REQUIRE_PG
 
 _CHUNK = b"\0" * (64 * 1024)
 

@@ -20,14 +20,13 @@ import pytest
 from cairnqd import CairnQ, SQLiteStore, Worker
 from cairnqd.context import TaskContext
 from cairnqd.daemon.status import FULL_RECENT_S
-from tests.daemon.conftest import daemon_factory
-from tests.daemon.daemon import Daemon, base_config, healthz
-from tests.daemon.harness import gauge, scrape, stats
 from tests.faults.small_disk import SmallDisk, small_disk
-from tests.waiting import wait_for, wait_for_async
-from tests.worker.helpers import ErrorLog
+from tests.support.daemon import Daemon, base_config, healthz
+from tests.support.harness import gauge, scrape, stats
+from tests.support.waiting import wait_for, wait_for_async
+from tests.support.worker import ErrorLog
 
-__all__ = ["daemon_factory", "small_disk"]
+__all__ = ["small_disk"]
 
 pytestmark = pytest.mark.slow
 

@@ -30,11 +30,11 @@ import psycopg
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import REPO, Daemon, base_config
-from tests.daemon.executions import Execution, executions
-from tests.daemon.harness import client_call
 from tests.faults.netns import Host
-from tests.waiting import wait_for
+from tests.support.daemon import REPO, Daemon, base_config
+from tests.support.executions import Execution, executions
+from tests.support.harness import client_call
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

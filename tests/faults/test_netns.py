@@ -27,7 +27,7 @@ from tests.faults.netns import (
     namespaces,
     require_netns,
 )
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 PROBE = str(Path(__file__).with_name("pg_probe.py"))
 REPO = Path(__file__).parents[2]
@@ -104,6 +104,7 @@ def sleeping_backends(dsn: str) -> int:
         return int(row[0]) if row else 0
 
 
+@pytest.mark.timing
 def test_short_keepalives_notice_a_cut_within_a_bound(netns_hosts: Hosts, pg_dsn: str) -> None:
     (host,) = netns_hosts(1)
     probe = start_probe(host, pg_dsn, "--keepalives", "--sleep", "60")

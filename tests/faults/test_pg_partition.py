@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import Daemon, base_config, healthz
-from tests.daemon.harness import client_call, gauge, scrape
 from tests.faults.proxy import FaultProxy
-from tests.waiting import wait_for
+from tests.support.daemon import Daemon, base_config, healthz
+from tests.support.harness import client_call, gauge, scrape
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +93,7 @@ def drain(dsn: str, total: int, timeout: float) -> None:
     )
 
 
+@pytest.mark.timing
 def test_a_silent_partition_is_detected_reported_once_and_recovers(
     daemon_factory: DaemonFactory, tmp_path: Path, pg_proxy: FaultProxy, pg_dsn: str
 ) -> None:
@@ -169,6 +170,7 @@ def test_a_slow_link_still_works(
     assert outage_lines(daemon) == []
 
 
+@pytest.mark.timing
 def test_sigterm_during_a_partition_exits_within_a_bound(
     daemon_factory: DaemonFactory, tmp_path: Path, pg_proxy: FaultProxy, pg_dsn: str
 ) -> None:

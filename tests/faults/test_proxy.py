@@ -16,7 +16,7 @@ import pytest
 
 from tests.faults.pg_probe import SHORT_KEEPALIVES
 from tests.faults.proxy import FaultProxy, Mode
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def connect(dsn: str, **params: Any) -> psycopg.Connection[tuple[Any, ...]]:
@@ -48,6 +48,7 @@ def test_forward_passes_queries_both_ways(pg_proxy: FaultProxy, pg_dsn: str) -> 
     assert pg_proxy.stats.bytes_dropped == 0
 
 
+@pytest.mark.timing
 def test_delay_holds_each_chunk_in_each_direction(pg_proxy: FaultProxy, pg_dsn: str) -> None:
     delay_s = 0.5
     with connect(pg_proxy.dsn(pg_dsn)) as conn:
@@ -174,6 +175,7 @@ def test_blackhole_can_refuse_new_connections(pg_proxy: FaultProxy, pg_dsn: str)
     assert pg_proxy.mode is Mode.BLACKHOLE
 
 
+@pytest.mark.timing
 def test_reset_kills_open_connections_both_ways(pg_proxy: FaultProxy, pg_dsn: str) -> None:
     dsn = pg_proxy.dsn(pg_dsn)
     conn = connect(dsn)

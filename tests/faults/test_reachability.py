@@ -22,7 +22,7 @@ from cairnqd.store.postgres.connect import (
     session_conninfo,
 )
 from tests.faults.proxy import FaultProxy
-from tests.waiting import wait_for_async
+from tests.support.waiting import wait_for_async
 
 
 class Clock:
@@ -97,6 +97,7 @@ def server_now(dsn: str) -> datetime.datetime:
         return row[0]  # type: ignore[no-any-return]
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 async def test_a_listen_session_a_partition_swallowed_is_replaced(
     pg_proxy: FaultProxy, pg_dsn: str

@@ -23,8 +23,8 @@ import pytest
 
 from cairnqd import CairnQ
 from cairnqd.store.sqlite import SQLiteStore
-from tests.daemon.daemon import Daemon, base_config, healthz
-from tests.waiting import wait_for
+from tests.support.daemon import Daemon, base_config, healthz
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -199,7 +199,7 @@ def test_maintenance_stops_its_duties_on_a_lost_file_without_spinning(tmp_path: 
     from cairnqd.daemon.maintenance import Maintenance
     from cairnqd.daemon.metrics import Metrics
     from cairnqd.store.sqlite.files import ensure_file, remember_file
-    from tests.daemon.harness import daemon_config
+    from tests.support.harness import daemon_config
 
     path = tmp_path / "tasks.db"
     ensure_file(str(path))
@@ -238,7 +238,7 @@ def test_a_duty_failing_on_a_deleted_file_reports_the_loss_not_an_outage(
     from cairnqd.daemon.maintenance import Maintenance
     from cairnqd.daemon.metrics import Metrics
     from cairnqd.store.sqlite.files import ensure_file, remember_file
-    from tests.daemon.harness import daemon_config
+    from tests.support.harness import daemon_config
 
     path = tmp_path / "tasks.db"
     ensure_file(str(path))

@@ -16,8 +16,9 @@ import cairnq
 import pytest
 
 import cairnqd
-from tests.conftest import make_store
-from tests.store.helpers import connect_upstream, count_rows, pg_url, query
+from tests.support.databases import make_store
+from tests.support.store import connect_upstream, count_rows, pg_url, query
+from tests.support.waiting import wait_for_async
 
 WAIT = {"timeout_ms": 15_000, "poll_ms": 20, "max_poll_ms": 100}
 
@@ -153,13 +154,11 @@ async def test_their_expired_lease_is_recovered_by_our_claim(
     first = await theirs.store.claim(queues=["default"], worker_id="dead-worker", lease_ms=100)
     assert [t.id for t in first] == [task.id]
 
-    deadline = time.monotonic() + 15
-    while True:
-        again = await ours.store.claim(queues=["default"], worker_id="rescuer")
-        if again:
-            break
-        assert time.monotonic() < deadline, "the expired lease was never recovered"
-        await asyncio.sleep(0.02)
+    again = await wait_for_async(
+        "our claim to recover the expired lease",
+        lambda: ours.store.claim(queues=["default"], worker_id="rescuer"),
+        15,
+    )
     assert [t.id for t in again] == [task.id]
     assert (again[0].attempt, again[0].worker_id) == (2, "rescuer")
     with pytest.raises(cairnq.LostLease):

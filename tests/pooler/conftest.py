@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PgDatabases, require_postgres
-from tests.daemon.daemon import Daemon
 from tests.pooler.pgbouncer import PgBouncer
+from tests.support.daemon import Daemon
+from tests.support.databases import PgDatabases, require_postgres
 
 
 def _bouncer(mode: str) -> Iterator[PgBouncer]:

@@ -26,8 +26,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.conftest import PG_DSN, REQUIRE_PG
-from tests.waiting import wait_for
+from tests.support.databases import PG_DSN, REQUIRE_PG
+from tests.support.waiting import wait_for
 
 #: Where Debian puts it; also looked up on PATH.
 _KNOWN_PATHS = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")

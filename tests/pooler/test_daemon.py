@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config
-from tests.daemon.harness import gauge, scrape
 from tests.pooler.conftest import Pooled
-from tests.waiting import wait_for
+from tests.support.daemon import base_config
+from tests.support.harness import gauge, scrape
+from tests.support.waiting import wait_for
 
 SHORT = 2000
 LONG = 20
@@ -97,6 +98,7 @@ def test_thousands_of_tasks_drain_through_the_pooler(
     assert said == (1 if pooled.mode == "transaction" else 0)
 
 
+@pytest.mark.timing
 def test_sigkill_child_hands_back_through_the_pooler(
     tmp_path: Path, pooled_tx: Pooled, daemon_factory: Any
 ) -> None:
@@ -246,6 +248,7 @@ def latency_config(tmp_path: Path, pooled: Pooled, **database: Any) -> dict[str,
     return config
 
 
+@pytest.mark.timing
 def test_push_wakeups_through_the_parent_with_direct_dsn(
     tmp_path: Path, pooled: Pooled, daemon_factory: Any
 ) -> None:

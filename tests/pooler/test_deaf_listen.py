@@ -18,7 +18,7 @@ import pytest
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.postgres.listen import PROBE_TIMEOUT_S, Listener
 from tests.pooler.conftest import Pooled
-from tests.waiting import wait_for_async
+from tests.support.waiting import wait_for_async
 
 
 def notifier(dsn: str) -> Callable[[str, str], Awaitable[None]]:

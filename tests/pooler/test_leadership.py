@@ -15,7 +15,7 @@ import pytest
 
 from cairnqd.store.postgres import PostgresStore
 from tests.pooler.conftest import Pooled
-from tests.waiting import wait_for_async
+from tests.support.waiting import wait_for_async
 
 NAMESPACE = 4242
 

@@ -3,8 +3,6 @@ builds, and what a reload does with an added, changed or removed schedule."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from datetime import timedelta
 from pathlib import Path
@@ -14,6 +12,7 @@ import pytest
 from cairnqd.config import ConfigError, Reload, diff_configs, load_config
 from cairnqd.daemon.reload import plan_reload
 from cairnqd.schedules import CronSlots, EverySlots, Misfire
+from tests.support.cli import run_cli
 
 HEAD = """\
 version: 1
@@ -182,13 +181,7 @@ def test_check_lists_schedules_and_warns_of_an_unregistered_task(tmp_path: Path)
         tmp_path,
         "known:\n  name: demo.echo\n  every: 1m\nunknown:\n  name: demo.nope\n  every: 1h\n",
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "cairnqd.cli", "check", "--handlers", "-c", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    proc = run_cli("check", "--handlers", "-c", str(path), cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "schedule known: demo.echo on default, every 1m, next " in proc.stdout
     assert "schedule unknown: demo.nope on default, every 1h, next " in proc.stdout

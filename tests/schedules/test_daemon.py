@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from cairnqd.store.tables.schedules import ScheduleRow, ScheduleTable
-from tests.conftest import make_store
-from tests.daemon.daemon import Daemon, base_config
-from tests.daemon.harness import database_section
-from tests.waiting import wait_for
+from tests.support.daemon import Daemon, base_config
+from tests.support.databases import make_store
+from tests.support.harness import database_section
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +96,7 @@ def wait_for_slots(dialect: str, target: str, n: int, timeout: float = 60.0) -> 
     )
 
 
+@pytest.mark.timing
 @pytest.mark.postgres
 def test_two_daemons_on_postgres_enqueue_each_slot_once_across_a_sigkill(
     pg_dsn: str, tmp_path: Path

@@ -16,8 +16,8 @@ from cairnqd.daemon.metrics import Metrics
 from cairnqd.daemon.scheduler import Scheduler, slot_request
 from cairnqd.store.base import TaskStore
 from cairnqd.store.tables.schedules import ScheduleTable, slot_key
-from tests.conftest import make_store
-from tests.daemon.harness import daemon_config
+from tests.support.databases import make_store
+from tests.support.harness import daemon_config
 
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z, on a whole minute
 

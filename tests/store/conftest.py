@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.helpers import REPO
+from tests.support.store import REPO
 
 CAIRNQ_020_DIR = REPO / ".interop" / "cairnq-0.2.0"
 

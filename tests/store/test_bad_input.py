@@ -17,7 +17,7 @@ import pytest
 
 from cairnqd.errors import AlreadyExists, SerializationError
 from cairnqd.store.base import TaskStore
-from tests.store.helpers import count_rows
+from tests.support.store import count_rows
 
 Call = Callable[[TaskStore], Awaitable[Any]]
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from contextlib import closing
 
 import psycopg
+import pytest
 
 from cairnqd.retention import Retention, RetentionSweeper
 from cairnqd.store.base import TaskStore
@@ -168,6 +169,7 @@ async def test_sdk_retention_vacuums_when_autovacuum_is_off(pg_dsn: str) -> None
         await _until(lambda: _vacuums(pg_dsn) > 0, "no VACUUM")
 
 
+@pytest.mark.timing
 async def test_postgres_close_stops_a_vacuum_in_progress(pg_dsn: str) -> None:
     await _without_autovacuum(pg_dsn)
     await _dead_rows(pg_dsn, 300)

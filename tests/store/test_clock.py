@@ -6,8 +6,8 @@ from __future__ import annotations
 from cairnqd.store.base import TaskStore, wall_clock_ms
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
-from tests.conftest import make_store
-from tests.store.helpers import ShiftedClock
+from tests.support.databases import make_store
+from tests.support.store import ShiftedClock
 
 
 def clocked_store(dialect: str, target: str, clock: ShiftedClock) -> TaskStore:

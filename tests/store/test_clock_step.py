@@ -26,10 +26,10 @@ from cairnqd.store.base import TaskStore
 from cairnqd.store.clockstep import STEP_S, WallClockWatch
 from cairnqd.store.sqlite import SQLiteStore
 from cairnqd.worker import Worker
-from tests.conftest import make_store
-from tests.daemon.harness import daemon_config
-from tests.store.helpers import ShiftedClock
-from tests.worker.helpers import POSTGRES_ONLY, running, wait_status
+from tests.support.databases import make_store
+from tests.support.harness import daemon_config
+from tests.support.store import ShiftedClock
+from tests.support.worker import POSTGRES_ONLY, running, wait_status
 
 
 class Ticks:

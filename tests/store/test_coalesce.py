@@ -21,7 +21,7 @@ from cairnqd.store.base import TaskStore
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
-from tests.store.helpers import query
+from tests.support.store import query
 
 # Rows named "poison" are refused; rows named "slow" take a moment to insert.
 TRIGGER = """

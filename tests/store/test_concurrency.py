@@ -18,7 +18,7 @@ from cairnqd.errors import AlreadyExists
 from cairnqd.store.base import TaskStore
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
-from tests.store.helpers import query, run_together, scalar
+from tests.support.store import query, run_together, scalar
 
 
 def _stores(dialect: str, target: str, n: int) -> list[TaskStore]:

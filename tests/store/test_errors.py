@@ -16,7 +16,7 @@ import pytest
 from cairnqd.errors import DatabaseUnavailable, LostLease, StoreClosed
 from cairnqd.store.errors import classify, is_transient
 from cairnqd.store.sqlite.errors import is_sqlite_busy
-from tests.conftest import require_postgres
+from tests.support.databases import require_postgres
 
 
 def test_a_real_sqlite_busy_error_is_busy(tmp_path: Path) -> None:

@@ -29,8 +29,8 @@ from cairnqd.errors import (
 )
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
-from tests.conftest import make_store
-from tests.store.helpers import (
+from tests.support.databases import make_store
+from tests.support.store import (
     connect_upstream,
     extension_migrations,
     ledger,
@@ -531,6 +531,7 @@ async def test_not_a_sqlite_database(tmp_path: Path, content: bytes) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "files were left beside it"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     "dsn",
     [

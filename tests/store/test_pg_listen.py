@@ -18,8 +18,8 @@ import pytest
 from cairnqd.client import CairnQ
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.worker import Worker
-from tests.conftest import require_postgres
-from tests.worker.helpers import (
+from tests.support.databases import require_postgres
+from tests.support.worker import (
     IdleProbe,
     eventually,
     pg_listen_queries,
@@ -77,6 +77,7 @@ async def test_a_worker_listens_for_queued_work_only(pg_store: PostgresStore, pg
         assert await asyncio.to_thread(pg_listen_queries, pg_dsn) == ['listen "cairnq_queued"']
 
 
+@pytest.mark.timing
 async def test_a_waiter_listens_for_done_and_wakes_at_once(
     pg_store: PostgresStore, pg_dsn: str
 ) -> None:
@@ -109,6 +110,7 @@ async def test_a_waiter_listens_for_done_and_wakes_at_once(
     assert await asyncio.to_thread(pg_listen_queries, pg_dsn) == ['listen "cairnq_done"']
 
 
+@pytest.mark.timing
 async def test_a_dropped_listen_connection_reconnects_and_pushes_again(
     pg_store: PostgresStore, pg_dsn: str
 ) -> None:

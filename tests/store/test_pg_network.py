@@ -210,6 +210,7 @@ async def test_a_call_to_a_silent_server_times_out_and_drops_its_connection(
         assert await store.heartbeat_batch(task_ids=[task.id], worker_id="w") == {task.id: False}
 
 
+@pytest.mark.timing
 async def test_a_claim_session_past_its_deadline_rolls_back(pg_dsn: str) -> None:
     store = PostgresStore(pg_dsn, max_size=1, call_timeout_s=CALL_TIMEOUT_S)
     async with store:
@@ -246,6 +247,7 @@ async def test_leadership_on_a_silent_server_times_out(proxy: tuple[SilentProxy,
         await lock.close()
 
 
+@pytest.mark.timing
 async def test_connecting_to_a_server_that_never_answers_fails_in_time() -> None:
     held: list[socket.socket] = []
     listener = socket.create_server(("127.0.0.1", 0))

@@ -249,7 +249,7 @@ def seeded_pg() -> Iterator[str]:
     (docs/protocol.md#probe-seq-scan)."""
     import asyncio
 
-    from tests.conftest import PgDatabases, require_postgres
+    from tests.support.databases import PgDatabases, require_postgres
 
     require_postgres()
     dbs = PgDatabases()

@@ -36,6 +36,7 @@ async def test_the_cap_is_short_for_a_short_wait_and_longer_after(
     assert all(delay <= Backoff._LONG_CAP_S for _, delay in asked)
 
 
+@pytest.mark.timing
 async def test_the_budget_ends_the_wait() -> None:
     backoff = Backoff(30)
     started = time.monotonic()

@@ -20,7 +20,7 @@ from cairnqd.errors import StoreClosed
 from cairnqd.store.base import ClaimDraw, TaskStore
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
-from tests.store.helpers import count_rows
+from tests.support.store import count_rows
 
 # -- fairness ------------------------------------------------------------------------------
 
@@ -77,6 +77,7 @@ async def test_every_operation_yields_to_the_loop(sqlite_path: str, op: Op) -> N
         assert ran, "the operation finished without letting the loop run a ready callback"
 
 
+@pytest.mark.timing
 async def test_a_large_list_leaves_the_loop_free(dialect: str, db_target: str) -> None:
     rows = 50_000
     store: TaskStore = (

@@ -9,7 +9,7 @@ import pytest
 from cairnqd.errors import AlreadyExists, SerializationError
 from cairnqd.models import TaskDef
 from cairnqd.store.base import TaskStore
-from tests.store.helpers import count_rows, query, scalar
+from tests.support.store import count_rows, query, scalar
 
 
 # 25 go in as one statement; 300 as several SQLite row statements (256 + 32 + 8 + 4

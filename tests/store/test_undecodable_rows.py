@@ -32,7 +32,7 @@ from cairnqd.models import Task
 from cairnqd.store.base import QuarantinedRow, TaskStore
 from cairnqd.store.browse import TaskQuery
 from cairnqd.worker import Worker
-from tests.store.undecodable import (
+from tests.support.undecodable import (
     BAD_PRIORITY,
     POSTGRES_BAD,
     SQLITE_BAD,
@@ -41,7 +41,7 @@ from tests.store.undecodable import (
     nested,
     now_ms,
 )
-from tests.waiting import wait_for_async
+from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.timeout(120)
 

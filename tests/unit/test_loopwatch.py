@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from cairnqd.daemon.loopwatch import LoopWatch
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
+@pytest.mark.timing
 def test_a_blocked_loop_shows_its_lag_to_another_thread() -> None:
     watch = LoopWatch()
     blocked = threading.Event()
@@ -35,6 +38,7 @@ def test_a_blocked_loop_shows_its_lag_to_another_thread() -> None:
     assert not runner.is_alive()
 
 
+@pytest.mark.timing
 def test_a_running_loop_has_no_lag() -> None:
     watch = LoopWatch()
     lags: list[float] = []

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.monitoring_files import (
+from tests.support.monitoring_files import (
     ALERTS,
     KNOWN_METRIC_NAMES,
     alert_rules,

@@ -7,6 +7,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from cairnqd.daemon.outbox import Outbox
 
 
@@ -28,6 +30,7 @@ def _read_all(fd: int) -> list[dict[str, object]]:
     return [json.loads(line) for line in data.splitlines()]
 
 
+@pytest.mark.timing
 def test_a_full_pipe_never_blocks_and_newest_state_wins() -> None:
     read_fd, write_fd = os.pipe()
     try:

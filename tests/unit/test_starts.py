@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from cairnqd.daemon.starts import FREE, NO_SLOT, RETURNED, STARTED, StartTable
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 CHILD = textwrap.dedent(
     """

@@ -2,7 +2,7 @@
 
 A test module that imports another drags that module's fixtures and module-level work
 into its own run, and ties the two together so neither can move. What suites share
-lives in helper modules (tests/waiting.py, tests/daemon/harness.py, ...) or conftest.py.
+lives in helper modules (tests/support/: waiting.py, harness.py, ...) or conftest.py.
 import-linter cannot say this (its wildcards replace whole module names, not `test_*`),
 so it is checked here.
 """
@@ -40,7 +40,7 @@ def test_the_checker_sees_every_import_form() -> None:
         "import tests.daemon.test_metrics\n"
         "from tests.unit.test_monitoring import ALERTS\n"
         "from tests.daemon import test_supervisor\n"
-        "from tests.daemon.harness import scrape\n"
+        "from tests.support.harness import scrape\n"
         "def late():\n    from tests.worker.test_lease import x\n"
     )
     assert sorted(imported_test_modules(source)) == [

@@ -1,4 +1,4 @@
-"""tests.waiting: both condition waits return the accepted value and fail the same way."""
+"""tests.support.waiting: both condition waits return the accepted value and fail the same way."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.waiting import WaitTimeout, wait_for, wait_for_async
+from tests.support.waiting import WaitTimeout, wait_for, wait_for_async
 
 
 def counter() -> Callable[[], int]:
@@ -89,6 +89,7 @@ async def test_long_last_values_are_shortened(sync: bool) -> None:
     assert message.endswith("... (5002 chars)")
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 async def test_an_observation_that_raises_ends_the_wait_at_once(sync: bool) -> None:
     def observe() -> bool:

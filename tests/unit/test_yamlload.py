@@ -308,6 +308,7 @@ def laughs(levels: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.timing
 def test_an_alias_bomb_is_refused_at_the_alias_that_crosses_the_limit() -> None:
     started = time.monotonic()
     with pytest.raises(YamlSyntaxError) as info:

@@ -1,4 +1,4 @@
-"""Fixtures for the worker suite (on top of tests/conftest.py)."""
+"""Fixtures for the worker suite (on top of tests/support/databases.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from cairnqd.client import CairnQ
 from cairnqd.store.base import TaskStore
-from tests.conftest import make_store
-from tests.worker.helpers import ErrorLog
+from tests.support.databases import make_store
+from tests.support.worker import ErrorLog
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from cairnqd.client import CairnQ
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.waiting import wait_for_async
-from tests.worker.helpers import (
+from tests.support.waiting import wait_for_async
+from tests.support.worker import (
     POSTGRES_ONLY,
     SQLITE_ONLY,
     ErrorLog,

@@ -11,7 +11,7 @@ from cairnqd.context import TaskContext
 from cairnqd.models import TaskDef
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.worker.helpers import running, wait_status
+from tests.support.worker import running, wait_status
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ from cairnqd.client import CairnQ
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.worker.helpers import eventually, reap, running, start_worker_process, wait_all
+from tests.support.worker import eventually, reap, running, start_worker_process, wait_all
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ from cairnqd._failures import TRACEBACK_MAX_CHARS, FailureLog, format_traceback
 from cairnqd.client import CairnQ
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.worker.helpers import SQLITE_ONLY, running, wait_status
+from tests.support.worker import SQLITE_ONLY, running, wait_status
 
 
 def _explode(payload: Any) -> None:

@@ -18,7 +18,7 @@ import pytest
 from cairnqd.client import CairnQ
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.worker.helpers import SQLITE_ONLY, running, wait_status
+from tests.support.worker import SQLITE_ONLY, running, wait_status
 
 pytestmark = SQLITE_ONLY
 

@@ -16,7 +16,7 @@ from cairnqd.models import TaskDef
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
 from cairnqd.worker import Worker
-from tests.worker.helpers import SQLITE_ONLY, running, wait_all, wait_status
+from tests.support.worker import SQLITE_ONLY, running, wait_all, wait_status
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,7 +19,7 @@ import pytest
 from cairnqd.client import CairnQ
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.worker.helpers import SQLITE_ONLY, eventually, running, wait_all, wrap_method
+from tests.support.worker import SQLITE_ONLY, eventually, running, wait_all, wrap_method
 
 pytestmark = SQLITE_ONLY
 

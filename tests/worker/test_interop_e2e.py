@@ -16,9 +16,9 @@ from cairnqd.context import TaskContext
 from cairnqd.errors import TaskCanceled, TaskError, TaskFailed
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.store.helpers import connect_upstream, pg_url
-from tests.waiting import wait_for_async
-from tests.worker.helpers import running
+from tests.support.store import connect_upstream, pg_url
+from tests.support.waiting import wait_for_async
+from tests.support.worker import running
 
 pytestmark = pytest.mark.timeout(90)
 

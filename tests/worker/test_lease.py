@@ -18,8 +18,8 @@ from cairnqd.context import TaskContext
 from cairnqd.errors import LostLease, TaskError
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.store.helpers import query
-from tests.worker.helpers import (
+from tests.support.store import query
+from tests.support.worker import (
     POSTGRES_ONLY,
     SQLITE_ONLY,
     ErrorLog,
@@ -86,6 +86,7 @@ async def test_heartbeat_renews_the_lease(store: TaskStore, client: CairnQ) -> N
 # -- cancellation --------------------------------------------------------------------
 
 
+@pytest.mark.timing
 async def test_cancel_reaches_a_running_handler(store: TaskStore, client: CairnQ) -> None:
     worker = Worker(store, ["default"], lease_ms=600, poll_interval_ms=50)
     started = asyncio.Event()
@@ -156,6 +157,7 @@ async def test_heartbeat_carries_the_cancel_flag(store: TaskStore, client: Cairn
 # -- max_run_ms ------------------------------------------------------------------------
 
 
+@pytest.mark.timing
 async def test_max_run_ms_abandons_a_hung_async_handler(
     store: TaskStore, client: CairnQ, errors: ErrorLog
 ) -> None:

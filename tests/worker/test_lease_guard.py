@@ -24,8 +24,8 @@ from cairnqd.client import CairnQ
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.faults.locks import database_locked_async
-from tests.worker.helpers import eventually, running, wait_status
+from tests.support.locks import database_locked_async
+from tests.support.worker import eventually, running, wait_status
 
 LEASE_MS = 2000
 HELD_S = 4.5  # longer than the lease: the database lease ends while the lock is held

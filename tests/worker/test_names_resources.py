@@ -14,8 +14,8 @@ from cairnqd.client import CairnQ
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.waiting import wait_for_async
-from tests.worker.helpers import (
+from tests.support.waiting import wait_for_async
+from tests.support.worker import (
     SQLITE_ONLY,
     running,
     wait_all,
@@ -96,6 +96,7 @@ async def test_resource_caps_calls_across_names(store: TaskStore, client: CairnQ
     assert overall_peak > 1, "the resource must not cap names that do not use it"
 
 
+@pytest.mark.timing
 async def test_resource_release_wakes_the_idle_loop(store: TaskStore, client: CairnQ) -> None:
     """docs/protocol.md#resource-wake: the second gpu task waits only for the first to
     finish, not for the 5 s poll."""
@@ -123,6 +124,7 @@ async def test_resource_release_wakes_the_idle_loop(store: TaskStore, client: Ca
     assert latency < 1.0, f"the release took {latency:.3f}s to start the next gpu call"
 
 
+@pytest.mark.timing
 @SQLITE_ONLY
 async def test_release_during_a_claim_still_wakes_the_idle_loop(
     store: TaskStore, client: CairnQ

@@ -16,7 +16,7 @@ from cairnqd.context import TaskContext
 from cairnqd.errors import LostLease, TaskError
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker, backoff_delay_ms
-from tests.worker.helpers import SQLITE_ONLY, ErrorLog, running, wait_all, wait_status
+from tests.support.worker import SQLITE_ONLY, ErrorLog, running, wait_all, wait_status
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,6 +102,7 @@ async def test_retryable_task_error_is_retried(
     assert attempts == [1, 2]
 
 
+@pytest.mark.timing
 async def test_other_exceptions_retry_with_backoff_then_fail(
     store: TaskStore, client: CairnQ, errors: ErrorLog
 ) -> None:

@@ -13,8 +13,8 @@ import pytest
 from cairnqd.client import CairnQ
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.waiting import wait_for_async
-from tests.worker.helpers import ErrorLog, running, wait_all
+from tests.support.waiting import wait_for_async
+from tests.support.worker import ErrorLog, running, wait_all
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -257,6 +257,7 @@ async def test_stop_during_a_pause_read_ends_the_run_at_once(
     assert not errors.calls
 
 
+@pytest.mark.timing
 async def test_a_quiet_worker_waits_instead_of_spinning(store: TaskStore, client: CairnQ) -> None:
     """A worker told to stop claiming (a daemon child quieted by SIGTSTP, or whose SQLite
     file was replaced) never clears its wake-up, as only a claim did: every wait

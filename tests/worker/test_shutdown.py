@@ -20,9 +20,9 @@ from cairnqd.errors import ProtocolVersionMismatch
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
 from cairnqd.worker import Worker
-from tests.conftest import make_store
-from tests.store.helpers import query
-from tests.worker.helpers import (
+from tests.support.databases import make_store
+from tests.support.store import query
+from tests.support.worker import (
     SQLITE_ONLY,
     IdleProbe,
     caught_signals,
@@ -70,6 +70,7 @@ async def test_stop_drains_in_flight_calls(store: TaskStore, client: CairnQ) -> 
     assert untouched is not None and untouched.status == "queued", "claimed after stop()"
 
 
+@pytest.mark.timing
 async def test_stop_cuts_an_idle_sleep_short(store: TaskStore) -> None:
     worker = Worker(store, ["default"], poll_interval_ms=5000)
 
@@ -85,6 +86,7 @@ async def test_stop_cuts_an_idle_sleep_short(store: TaskStore) -> None:
     assert time.monotonic() - t0 < 1.0
 
 
+@pytest.mark.timing
 @SQLITE_ONLY
 async def test_stop_during_a_claim_is_prompt(store: TaskStore) -> None:
     """stop() landing while a claim is in flight must not wait out the poll interval."""
@@ -342,6 +344,7 @@ async def test_serve_second_sigint_goes_through(
     assert row is not None and row.status == "running", "an interrupted task is not settled"
 
 
+@pytest.mark.timing
 @SQLITE_ONLY
 async def test_serve_idle_stops_promptly_on_sigterm(
     store: TaskStore, client: CairnQ, dialect: str, db_target: str, tmp_path: Path

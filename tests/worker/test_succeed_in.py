@@ -12,7 +12,7 @@ from cairnqd.errors import UnsupportedBackend
 from cairnqd.store.base import TaskStore
 from cairnqd.store.executor import UserSession
 from cairnqd.worker import Worker
-from tests.worker.helpers import POSTGRES_ONLY, SQLITE_ONLY, running, wait_status
+from tests.support.worker import POSTGRES_ONLY, SQLITE_ONLY, running, wait_status
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,9 +15,9 @@ import pytest
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.store.helpers import connect_upstream, pg_url
-from tests.waiting import wait_for_async
-from tests.worker.helpers import (
+from tests.support.store import connect_upstream, pg_url
+from tests.support.waiting import wait_for_async
+from tests.support.worker import (
     IdleProbe,
     pg_listening,
     running,
@@ -68,6 +68,7 @@ async def test_submit_from_another_connection_wakes_an_idle_worker(
     assert max(latencies) < BOUND_S, f"wake-up latencies {latencies} (poll is {POLL_MS} ms)"
 
 
+@pytest.mark.timing
 async def test_submit_by_the_public_sdk_wakes_an_idle_worker(
     store: TaskStore, dialect: str, db_target: str
 ) -> None:
@@ -91,6 +92,7 @@ async def test_submit_by_the_public_sdk_wakes_an_idle_worker(
     assert latency < BOUND_S, f"wake-up took {latency:.3f}s (poll is {POLL_MS} ms)"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     "dialect",
     [
@@ -135,6 +137,7 @@ async def test_a_submit_landing_during_the_empty_claim_is_not_lost(
     assert latency < BOUND_S, f"wake-up took {latency:.3f}s (poll is {POLL_MS} ms)"
 
 
+@pytest.mark.timing
 async def test_local_submit_wakes_an_idle_worker(
     store: TaskStore, dialect: str, db_target: str
 ) -> None:

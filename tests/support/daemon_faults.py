@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from cairnqd import CairnQ
-from tests.daemon.daemon import base_config
-from tests.daemon.harness import client_call, database_section
+from tests.support.daemon import base_config
+from tests.support.harness import client_call, database_section
 
 HANDLERS = ["tests.daemon.fault_handlers:registry"]
 

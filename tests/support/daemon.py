@@ -1,9 +1,12 @@
 """Run the real daemon in a subprocess and watch it from a test.
 
 `Daemon` writes a config, starts `python -m cairnqd.cli -c FILE` with a NOTIFY_SOCKET
-the test owns, and offers condition waits (tests/waiting.py, never bare sleeps), child
-discovery from /proc titles, signals, and a store on the same database for assertions.
-`gone` says whether a process (a child, or one a handler started) has exited.
+the test owns, and offers condition waits (tests/support/waiting.py, never bare sleeps),
+child discovery from /proc titles, signals, and a store on the same database for
+assertions. `gone` says whether a process (a child, or one a handler started) has exited.
+
+A pytest plugin (tests/conftest.py registers it): `daemon_factory` builds daemons for a
+test and stops them when it ends.
 """
 
 from __future__ import annotations
@@ -16,15 +19,15 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-# test_lifecycle.py and test_supervisor.py still import `wait_for` from here.
-from tests.waiting import wait_for
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.cli import REPO, cli
+from tests.support.waiting import wait_for
 
 
 def base_config(tmp: Path, database: dict[str, Any], groups: dict[str, Any]) -> dict[str, Any]:
@@ -44,6 +47,14 @@ def base_config(tmp: Path, database: dict[str, Any], groups: dict[str, Any]) -> 
         },
         "groups": groups,
     }
+
+
+def write_config(tmp: Path, config: dict[str, Any]) -> Path:
+    """Write `config` where a `Daemon` in `tmp` reads it, without starting one."""
+    (tmp / "run").mkdir(exist_ok=True)
+    path = tmp / "cairnq.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
 
 
 def healthz(port: int) -> tuple[int, dict[str, Any]]:
@@ -78,8 +89,7 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def write_config(self, config: dict[str, Any]) -> None:
-        (self.tmp / "run").mkdir(exist_ok=True)
-        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        write_config(self.tmp, config)
 
     def start(self, *, wait_ready: bool = True, own_group: bool = False) -> Daemon:
         """Start the daemon; with `own_group`, as a terminal starts a foreground job:
@@ -173,14 +183,7 @@ class Daemon:
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run `cairnqd -c <this config> ARGS` (e.g. `reload --wait 30s`) to the end."""
-        return subprocess.run(
-            [sys.executable, "-m", "cairnqd.cli", "-c", str(self.config_path), *args],
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            cwd=self.tmp,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return cli(self.config_path, *args, timeout=timeout)
 
     def state(self) -> dict[str, Any]:
         """The daemon's state file (generation, last reload)."""
@@ -200,3 +203,18 @@ class Daemon:
         self.log.close()
         self.notify.close()
         return self.proc.returncode
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], Daemon]]:
+    """Builds `Daemon`s for the test; stops every one of them afterwards."""
+    started: list[Daemon] = []
+
+    def make(config: dict[str, Any]) -> Daemon:
+        daemon = Daemon(tmp_path, config)
+        started.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in started:
+        daemon.stop()

@@ -15,7 +15,7 @@ import yaml
 
 from cairnqd.daemon.metrics import METRIC_NAMES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "monitoring" / "alerts.yaml"
 DASHBOARD = REPO / "monitoring" / "grafana" / "cairnqd.json"
 

@@ -13,10 +13,11 @@ import pytest
 
 from cairnqd import CairnQ
 from cairnqd.worker import Worker
-from tests.cli_control.conftest import cli, control_config, write_config
-from tests.conftest import make_store
-from tests.daemon.harness import client_call, gauge, scrape
-from tests.waiting import wait_for
+from tests.support.cli import cli
+from tests.support.daemon import write_config
+from tests.support.databases import make_store
+from tests.support.harness import client_call, control_config, gauge, scrape
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +94,7 @@ def _children_paused(daemon: Any) -> list[list[str]]:
     return [c["paused"] for g in snap["groups"] for c in g["children"]]
 
 
+@pytest.mark.timing
 def test_pause_and_resume_reach_every_child_within_a_second(
     tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any, groups: dict[str, Any]
 ) -> None:

@@ -18,16 +18,11 @@ import pytest
 
 from cairnqd.errors import ErrorEnvelope
 from cairnqd.store.base import TaskStore
-from tests.cli_control.conftest import (
-    REPO_ENV,
-    Terminal,
-    cli,
-    control_config,
-    shell_cli,
-    write_config,
-)
-from tests.conftest import make_store
-from tests.waiting import wait_for
+from tests.support.cli import REPO_ENV, Terminal, cli, shell_cli
+from tests.support.daemon import write_config
+from tests.support.databases import make_store
+from tests.support.harness import control_config
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 T = TypeVar("T")

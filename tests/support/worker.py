@@ -1,8 +1,8 @@
 """Helpers for the worker suite: waiting for task states, running a worker for a block,
 collecting `on_error` reports, and starting worker subprocesses.
 
-Nothing here sleeps to synchronize: every wait is a `tests.waiting` condition wait with
-a generous deadline (the test machine has two shared cores).
+Nothing here sleeps to synchronize: every wait is a tests/support/waiting.py condition
+wait with a generous deadline (the test machine has two shared cores).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.waiting import wait_for_async
+from tests.support.waiting import wait_for_async
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,8 +42,9 @@ async def eventually(
     within: float = DEADLINE_S,
     what: str = "",
 ) -> Any:
-    """The old name of `tests.waiting.wait_for_async`, kept for test_lease.py,
-    test_crash.py, test_shutdown.py and tests/store/test_pg_listen.py."""
+    """`tests.support.waiting.wait_for_async` with the failure named after `check`
+    unless `what` says otherwise (the worker suite, tests/store/test_pg_listen.py and
+    tests/daemon/test_maintenance.py wait this way)."""
     described = what or f"{getattr(check, '__qualname__', check)!s} to hold"
     return await wait_for_async(described, check, within)
 
@@ -145,7 +146,7 @@ import asyncio, json, os, sys
 ARGS = json.loads(sys.argv[1])
 FLAGS = ARGS["flags"]
 from cairnqd.worker import Worker
-from tests.waiting import wait_for_async
+from tests.support.waiting import wait_for_async
 
 def make_worker(**kw):
     if ARGS["dialect"] == "sqlite":

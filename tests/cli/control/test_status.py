@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
-from tests.cli_control.conftest import cli, control_config, write_config
-from tests.daemon.harness import client_call
-from tests.waiting import wait_for
+from tests.support.cli import cli
+from tests.support.daemon import write_config
+from tests.support.harness import client_call, control_config
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -13,13 +13,15 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import psycopg
+
+from tests.support.waiting import wait_for, wait_for_async
 
 # docs/protocol.md §2.7: the ledger names every SDK records, `.sql` included. SQLite has no 0003.
 UPSTREAM_SQLITE_MIGRATIONS = (
@@ -138,18 +140,6 @@ class ShiftedClock:
         return int(time.time() * 1000) + self.offset_ms
 
 
-# -- polling ----------------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], bool], *, timeout_s: float = 30.0, what: str = "") -> None:
-    """Poll `condition` until it holds; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}")
-        time.sleep(0.005)
-
-
 async def settle_upstream_listener(store: Any, timeout_s: float = 10.0) -> None:
     """Wait for a public-SDK Postgres store's LISTEN connection to finish connecting.
 
@@ -159,15 +149,13 @@ async def settle_upstream_listener(store: Any, timeout_s: float = 10.0) -> None:
     upstream bug; waiting here keeps it out of our results. SQLite stores and stores
     without a listener return at once.
     """
-    import asyncio
-
     if not hasattr(store, "_listener_connecting"):
         return
-    deadline = time.monotonic() + timeout_s
-    while store._listener is None and not store._listener_unavailable:
-        if time.monotonic() > deadline:
-            raise AssertionError("the public SDK's LISTEN connection never came up")
-        await asyncio.sleep(0.005)
+    await wait_for_async(
+        "the public SDK's LISTEN connection to come up",
+        lambda: store._listener is not None or store._listener_unavailable,
+        timeout_s,
+    )
 
 
 async def connect_upstream(store: Any) -> Any:
@@ -259,7 +247,7 @@ def run_together(
                 raise AssertionError(f"a child exited before the barrier: {out!r} {err!r}")
             return all((barrier_dir / f"ready-{i}").exists() for i in range(len(procs)))
 
-        wait_until(all_ready, timeout_s=60, what="every child to reach the barrier")
+        wait_for("every child to reach the barrier", all_ready, 60)
         (barrier_dir / "go").touch()
         results = []
         for proc in procs:

@@ -9,7 +9,6 @@ the supervisor does, so these tests do not depend on the supervisor.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,84 +20,8 @@ from pathlib import Path
 import pytest
 
 from cairnqd.daemon.statefile import AlreadyRunning, StateFile, state_path
-
-Run = Callable[..., subprocess.CompletedProcess[str]]
-
-GROUPS = """\
-handlers: [cairnqd.demo:registry]
-groups:
-  default:
-    queues: [default, mail]
-metrics:
-  listen: off
-shutdown_timeout: 5s
-"""
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("CAIRNQD_CONFIG", None)
-    return env
-
-
-def write_config(
-    directory: Path, database: str, extra: str = "", name: str = "cairnq.yaml"
-) -> Path:
-    """A config whose database section is `database` (one `key: value` line)."""
-    path = directory / name
-    runtime = json.dumps(str(directory / "run"))
-    path.write_text(f"version: 1\ndatabase:\n  {database}\n{GROUPS}runtime_dir: {runtime}\n{extra}")
-    return path
-
-
-def database_line(dialect: str, target: str) -> str:
-    # JSON strings are YAML double-quoted scalars: safe for any path or DSN.
-    return f"path: {json.dumps(target)}" if dialect == "sqlite" else f"dsn: {json.dumps(target)}"
-
-
-@pytest.fixture
-def run(tmp_path: Path) -> Run:
-    """Run `cairnqd ARGS` in tmp_path; returns the completed process."""
-
-    def run(
-        *args: str, timeout: float = 60, stdin: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cairnqd.cli", *args],
-            cwd=tmp_path,
-            env=_env(),
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    return run
-
-
-@pytest.fixture
-def sqlite_config(tmp_path: Path) -> Path:
-    """A config on a SQLite file that does not exist yet (only `migrate` and the
-    daemon create it)."""
-    return write_config(tmp_path, database_line("sqlite", str(tmp_path / "tasks.db")))
-
-
-@pytest.fixture
-def sqlite_db(sqlite_config: Path, run: Run) -> Path:
-    """`sqlite_config` with its database created by `cairnqd migrate`."""
-    migrated = run("migrate")
-    assert migrated.returncode == 0, migrated.stderr
-    return sqlite_config
-
-
-@pytest.fixture
-def db_config(tmp_path: Path, dialect: str, db_target: str, run: Run) -> Path:
-    """The same config on SQLite and on a fresh Postgres database, created and
-    migrated by `cairnqd migrate` first, as an operator would."""
-    path = write_config(tmp_path, database_line(dialect, db_target))
-    migrated = run("migrate")
-    assert migrated.returncode == 0, migrated.stderr
-    return path
+from tests.support.cli import Run, cli_env, database_line, write_config
+from tests.support.waiting import wait_for
 
 
 def test_postgres_commands_refuse_an_unmigrated_database(
@@ -148,6 +71,7 @@ def test_bad_config_reports_every_problem_with_its_position(tmp_path: Path, run:
         assert result.stdout == ""
 
 
+@pytest.mark.timing
 def test_check_refuses_an_alias_bomb_at_once(sqlite_config: Path, run: Run) -> None:
     laughs = "".join(
         f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9) if n else 'lol'}]\n" for n in range(10)
@@ -224,16 +148,9 @@ def test_config_dump_redacts_the_dsn_password(tmp_path: Path, run: Run) -> None:
     assert data["database"]["path"] is None
 
 
-def test_config_from_environment_variable(tmp_path: Path, sqlite_config: Path) -> None:
+def test_config_from_environment_variable(tmp_path: Path, sqlite_config: Path, run: Run) -> None:
     moved = sqlite_config.rename(tmp_path / "elsewhere.yaml")
-    result = subprocess.run(
-        [sys.executable, "-m", "cairnqd.cli", "check"],
-        cwd=tmp_path,
-        env={**_env(), "CAIRNQD_CONFIG": str(moved)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run("check", env=cli_env(CAIRNQD_CONFIG=str(moved)))
     assert result.returncode == 0, result.stderr
     assert f"{moved}: OK" in result.stdout
 
@@ -581,16 +498,17 @@ def test_run_starts_reloads_and_stops(sqlite_config: Path, tmp_path: Path, run: 
     with subprocess.Popen(
         [sys.executable, "-m", "cairnqd.cli", "-c", str(sqlite_config)],
         cwd=tmp_path,
-        env=_env(),
+        env=cli_env(),
         stderr=subprocess.PIPE,
         text=True,
     ) as daemon:
         try:
-            deadline = time.monotonic() + 30
-            while statefile.read() is None:
+
+            def state_written() -> bool:
                 assert daemon.poll() is None, daemon.stderr.read() if daemon.stderr else ""
-                assert time.monotonic() < deadline, "no state file within 30s"
-                time.sleep(0.05)
+                return statefile.read() is not None
+
+            wait_for("the daemon's state file", state_written, 30)
             state = statefile.read()
             assert state is not None and state["pid"] == daemon.pid
             result = run("reload", "--wait", "30s")

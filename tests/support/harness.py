@@ -1,7 +1,8 @@
 """What the daemon suites share: configs, and ways to look at a daemon from outside.
 
 `daemon_config` builds a validated in-process `Config` (for Metrics and Maintenance
-under test); the rest talks to a running daemon the way an operator would: a client on
+under test), `control_config` the document of a daemon that operator commands run
+beside; the rest talks to a running daemon the way an operator would: a client on
 the same database, and a scrape of its /metrics text.
 """
 
@@ -17,8 +18,9 @@ import yaml
 
 from cairnqd import CairnQ
 from cairnqd.config import Config, load_config
-from tests.conftest import make_store
-from tests.waiting import wait_for
+from tests.support.daemon import base_config
+from tests.support.databases import make_store
+from tests.support.waiting import wait_for
 
 
 def daemon_config(tmp_path: Path, dialect: str, target: str, **sections: Any) -> Config:
@@ -43,6 +45,16 @@ def database_section(dialect: str, target: str) -> dict[str, Any]:
     if dialect == "sqlite":
         return {"path": target}
     return {"dsn": target, "auto_migrate": True}
+
+
+def control_config(
+    tmp_path: Path, dialect: str, target: str, groups: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    """A daemon config on `target` with quick heartbeats, so status views fill fast."""
+    config = base_config(tmp_path, database_section(dialect, target), groups)
+    config["metrics"] = {"listen": "127.0.0.1:0", "stats_ttl": "0s"}
+    config.update(extra)
+    return config
 
 
 async def _with_client(
