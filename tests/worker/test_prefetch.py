@@ -183,13 +183,13 @@ def _slow_pause_reads(worker: Worker, store: TaskStore) -> None:
     pauses = worker._loop.pauses
     assert pauses is not None
     pauses.refresh_s = 0.0
-    read = store.paused_queues
+    read = store.pauses.all
 
     async def slow_read() -> Any:
         await asyncio.sleep(0.02)
         return await read()
 
-    store.paused_queues = slow_read  # type: ignore[method-assign]
+    store.pauses.all = slow_read  # type: ignore[method-assign]
 
 
 async def test_held_tasks_start_at_once_when_the_queue_runs_dry(
@@ -228,7 +228,7 @@ async def test_stop_during_a_pause_read_ends_the_run_at_once(
         on_error=errors,
     )  # fmt: skip
     _slow_pause_reads(worker, store)
-    read = store.paused_queues
+    read = store.pauses.all
     stop_now = asyncio.Event()
 
     async def read_then_stop() -> Any:
@@ -236,7 +236,7 @@ async def test_stop_during_a_pause_read_ends_the_run_at_once(
             worker.stop()  # the loop is inside this read: the stop lands mid-await
         return await read()
 
-    store.paused_queues = read_then_stop  # type: ignore[method-assign]
+    store.pauses.all = read_then_stop  # type: ignore[method-assign]
 
     @worker.task("job")
     async def job(ctx: Any, payload: Any) -> None:
