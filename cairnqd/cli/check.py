@@ -20,7 +20,7 @@ from cairnqd.daemon import exitcodes
 
 if TYPE_CHECKING:
     from cairnqd.cli.admin import Subparsers
-    from cairnqd.daemon.preflight import Preflight
+    from cairnqd.daemon.parent.preflight import Preflight
 
 __all__ = ["add_parser", "cmd_check", "estimate_series"]
 
@@ -73,7 +73,7 @@ def _plural(n: int, noun: str) -> str:
 
 def cmd_check(args: argparse.Namespace) -> int:
     # Here, not at the top: other commands need not import the checks.
-    from cairnqd.daemon.preflight import Preflight, check_handlers, run_preflight
+    from cairnqd.daemon.parent.preflight import Preflight, check_handlers, run_preflight
 
     config = load(args.config)
     for warning in config.warnings:

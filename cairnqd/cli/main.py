@@ -42,7 +42,7 @@ from cairnqd.config.yamlload import (
     load_yaml,
 )
 from cairnqd.daemon import exitcodes
-from cairnqd.daemon.statefile import (
+from cairnqd.daemon.parent.statefile import (
     DaemonState,
     StateFile,
     StateFileError,
@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(
             config, logging=dataclasses.replace(config.logging, level=level)
         )
-    from cairnqd.daemon.supervisor import (
+    from cairnqd.daemon.parent.supervisor import (
         run_daemon,  # the daemon's imports are not every command's cost
     )
 

@@ -1,6 +1,6 @@
 """`cairnqd status`: the running daemon's live state, asked over its control socket.
 
-The daemon answers from memory (`cairnqd/daemon/control.py`): its groups, each
+The daemon answers from memory (`cairnqd/daemon/parent/control.py`): its groups, each
 child's pid, generation, uptime, memory, the tasks it is executing and holding and
 its longest-running task. The paused queues come from the database, since a pause
 belongs to every host rather than to one daemon; when the database cannot be read,
@@ -18,8 +18,8 @@ from cairnqd.cli.queues import describe_pause
 from cairnqd.config import Config
 from cairnqd.config.units import elapsed_text
 from cairnqd.daemon import exitcodes
-from cairnqd.daemon.control import DaemonUnreachable, Snapshot, ask_daemon, control_path
-from cairnqd.daemon.statefile import state_path_of_running
+from cairnqd.daemon.parent.control import DaemonUnreachable, Snapshot, ask_daemon, control_path
+from cairnqd.daemon.parent.statefile import state_path_of_running
 from cairnqd.store.base import TaskStore
 from cairnqd.store.operator import QueuePause
 

@@ -21,8 +21,8 @@ from cairnqd.cli.queues import operator_name
 from cairnqd.cli.status import HELD_NOTE, duration_text
 from cairnqd.config import Config
 from cairnqd.daemon import exitcodes
-from cairnqd.daemon.control import DaemonUnreachable, Snapshot, ask_daemon, control_path
-from cairnqd.daemon.statefile import state_path_of_running
+from cairnqd.daemon.parent.control import DaemonUnreachable, Snapshot, ask_daemon, control_path
+from cairnqd.daemon.parent.statefile import state_path_of_running
 from cairnqd.models import STATUSES, TERMINAL_STATUSES
 from cairnqd.store.base import TaskStore
 

@@ -169,6 +169,6 @@ def default_runtime_dir(env: Mapping[str, str]) -> str:
     if env.get("XDG_RUNTIME_DIR"):
         return os.path.join(env["XDG_RUNTIME_DIR"], "cairnqd")
     # A name any local user could create first: the daemon checks whose it is
-    # (daemon/runtimedir.py).
+    # (daemon/parent/runtimedir.py).
     temp = env.get("TMPDIR") or tempfile.gettempdir()
     return os.path.join(temp, f"cairnqd-{os.geteuid()}")

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from cairnqd.config import Config, DatabaseConfig, GroupConfig, to_ms
 from cairnqd.daemon.logs import logging_settings
-from cairnqd.daemon.messages import PROTOCOL_VERSION, MessageError, decode_fields, parse_line
+from cairnqd.daemon.wire.messages import PROTOCOL_VERSION, MessageError, decode_fields, parse_line
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cairnqd.config import Config
-from cairnqd.daemon.dbthread import LoopThread
+from cairnqd.daemon.parent.dbthread import LoopThread
 from cairnqd.models import STATUSES, Task
 from cairnqd.store.base import TaskStore
 from cairnqd.store.browse import (
@@ -54,7 +54,7 @@ INDEX_RETRY_S = 60
 REPORT_SILENT_S = 30.0
 _REPORT_KEEP_MS = 3_600_000
 
-#: What the daemon's control snapshot looks like (cairnqd/daemon/control.py), or None.
+#: What the daemon's control snapshot looks like (cairnqd/daemon/parent/control.py), or None.
 DaemonView = Callable[[], "dict[str, Any] | None"]
 
 

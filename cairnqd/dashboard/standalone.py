@@ -15,10 +15,10 @@ import threading
 from typing import Any
 
 from cairnqd.config import Config
-from cairnqd.daemon.control import DaemonUnreachable, ask_daemon, control_path
 from cairnqd.daemon.exitcodes import CONFIG, OK
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging
-from cairnqd.daemon.statefile import state_path
+from cairnqd.daemon.parent.control import DaemonUnreachable, ask_daemon, control_path
+from cairnqd.daemon.parent.statefile import state_path
 from cairnqd.dashboard.data import DashboardData
 from cairnqd.dashboard.server import DashboardBindError, DashboardServer
 

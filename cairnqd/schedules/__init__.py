@@ -1,7 +1,7 @@
 """Schedule rules, independent of any worker or daemon: cron and `every:` slots in a
 time zone, and the misfire plan for the slots a scheduler finds due.
 
-The daemon runs schedules from its config (cairnqd/daemon/scheduler.py); this package
+The daemon runs schedules from its config (cairnqd/daemon/parent/scheduler.py); this package
 only computes, with the time passed in, so anyone can ask when a rule fires."""
 
 from cairnqd.schedules.cron import MACROS, CronExpression, parse_cron

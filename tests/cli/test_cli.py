@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cairnqd.daemon.statefile import AlreadyRunning, StateFile, state_path
+from cairnqd.daemon.parent.statefile import AlreadyRunning, StateFile, state_path
 from tests.support.cli import Run, cli_env, database_line, write_config
 from tests.support.waiting import wait_for
 
@@ -322,7 +322,7 @@ def test_submit_wait_without_a_worker_times_out(sqlite_db: Path, run: Run) -> No
 FAKE_DAEMON = """\
 import os, signal, sys
 from setproctitle import setproctitle
-from cairnqd.daemon.statefile import StateFile, after_reload, initial_state, state_path
+from cairnqd.daemon.parent.statefile import StateFile, after_reload, initial_state, state_path
 
 config, runtime_dir, mode, log = sys.argv[1:5]
 # What `cairnqd reload` checks before it signals a pid: the master's title.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cairnqd.daemon.statefile import StateFile, state_path
+from cairnqd.daemon.parent.statefile import StateFile, state_path
 from tests.support.cli import Run, database_line, running_daemon, write_config
 from tests.support.waiting import wait_for
 

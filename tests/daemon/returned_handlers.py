@@ -13,7 +13,7 @@ import signal
 from typing import Any
 
 from cairnqd.context import TaskContext
-from cairnqd.daemon.reporter import ChildReporter
+from cairnqd.daemon.child.reporter import ChildReporter
 from cairnqd.registry import TaskRegistry
 from tests.daemon.fault_handlers import record
 

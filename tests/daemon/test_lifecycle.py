@@ -274,7 +274,7 @@ def test_sigttin_dumps_every_child_s_stacks_and_stops_nobody(
     daemon.signal(signal.SIGTTIN)
     wait_for(
         "a child's stack dump",
-        lambda: daemon.output().count("cairnqd/daemon/child.py") >= 2,
+        lambda: daemon.output().count("cairnqd/daemon/child/main.py") >= 2,
         timeout=15,
     )
     for pid in children:

@@ -1,4 +1,4 @@
-"""cairnqd.daemon.maintenance against real databases: the reaper, hand-backs and the purge.
+"""cairnqd.daemon.parent.maintenance against real databases: the reaper, hand-backs and the purge.
 
 The test's own store plays the other processes (a worker that died outside the daemon,
 an operator cancelling); the Maintenance under test opens its own store, either on the
@@ -18,9 +18,9 @@ import psycopg
 import pytest
 
 from cairnqd.config import Config
-from cairnqd.daemon.maintenance import PURGE_LOCK_ID, Maintenance
-from cairnqd.daemon.metrics import Metrics
-from cairnqd.daemon.parent_store import db_error_kind
+from cairnqd.daemon.parent.maintenance import PURGE_LOCK_ID, Maintenance
+from cairnqd.daemon.parent.metrics import Metrics
+from cairnqd.daemon.parent.parent_store import db_error_kind
 from cairnqd.errors import DatabaseUnavailable
 from cairnqd.store.base import Clock, Row, TaskStore
 from cairnqd.store.factory import store_for

@@ -1,4 +1,4 @@
-"""cairnqd.daemon.metrics over real HTTP: scrapes of a live registry against real databases.
+"""cairnqd.daemon.parent.metrics over real HTTP: scrapes of a live registry against real databases.
 
 Every test serves on 127.0.0.1 port 0 and reads `/metrics` with urllib, as Prometheus
 would; the database collector runs its own thread and store, so the test's store only
@@ -22,9 +22,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cairnqd.config import Config
-from cairnqd.daemon.messages import MessageError, decode_child, encode
-from cairnqd.daemon.metrics import METRIC_NAMES, OTHER_QUEUE, Metrics
-from cairnqd.daemon.tally import TaskTally
+from cairnqd.daemon.child.tally import TaskTally
+from cairnqd.daemon.parent.metrics import METRIC_NAMES, OTHER_QUEUE, Metrics
+from cairnqd.daemon.wire.messages import MessageError, decode_child, encode
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cairnqd.daemon.statefile import StateFile, initial_state, state_path
+from cairnqd.daemon.parent.statefile import StateFile, initial_state, state_path
 from tests.support.cli import REPO, run_cli
 from tests.support.daemon import base_config
 from tests.support.harness import database_section

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cairnqd.daemon.messages import STALL_WARN_S
+from cairnqd.daemon.wire.messages import STALL_WARN_S
 from tests.support.daemon import healthz
 from tests.support.daemon_faults import fault_config, submit, succeeded_count
 from tests.support.locks import database_locked

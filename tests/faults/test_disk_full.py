@@ -19,7 +19,7 @@ import pytest
 
 from cairnqd import CairnQ, SQLiteStore, Worker
 from cairnqd.context import TaskContext
-from cairnqd.daemon.status import FULL_RECENT_S
+from cairnqd.daemon.parent.status import FULL_RECENT_S
 from tests.faults.small_disk import SmallDisk, small_disk
 from tests.support.daemon import Daemon, base_config, healthz
 from tests.support.harness import gauge, scrape, stats

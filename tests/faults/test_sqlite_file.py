@@ -196,8 +196,8 @@ def test_the_file_watch_tells_deleted_from_replaced(tmp_path: Path) -> None:
 
 
 def test_maintenance_stops_its_duties_on_a_lost_file_without_spinning(tmp_path: Path) -> None:
-    from cairnqd.daemon.maintenance import Maintenance
-    from cairnqd.daemon.metrics import Metrics
+    from cairnqd.daemon.parent.maintenance import Maintenance
+    from cairnqd.daemon.parent.metrics import Metrics
     from cairnqd.store.sqlite.files import ensure_file, remember_file
     from tests.support.harness import daemon_config
 
@@ -235,8 +235,8 @@ def test_a_duty_failing_on_a_deleted_file_reports_the_loss_not_an_outage(
     import asyncio
     import sqlite3
 
-    from cairnqd.daemon.maintenance import Maintenance
-    from cairnqd.daemon.metrics import Metrics
+    from cairnqd.daemon.parent.maintenance import Maintenance
+    from cairnqd.daemon.parent.metrics import Metrics
     from cairnqd.store.sqlite.files import ensure_file, remember_file
     from tests.support.harness import daemon_config
 

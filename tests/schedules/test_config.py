@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cairnqd.config import ConfigError, Reload, diff_configs, load_config
-from cairnqd.daemon.reload import plan_reload
+from cairnqd.daemon.parent.reload import plan_reload
 from cairnqd.schedules import CronSlots, EverySlots, Misfire
 from tests.support.cli import run_cli
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from cairnqd.config import Config
-from cairnqd.daemon.metrics import Metrics
-from cairnqd.daemon.scheduler import Scheduler, slot_request
+from cairnqd.daemon.parent.metrics import Metrics
+from cairnqd.daemon.parent.scheduler import Scheduler, slot_request
 from cairnqd.store.base import TaskStore
 from cairnqd.store.tables.schedules import ScheduleTable, slot_key
 from tests.support.databases import make_store

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from cairnqd.context import TaskContext
-from cairnqd.daemon.metrics import Metrics
-from cairnqd.daemon.scheduler import Scheduler
+from cairnqd.daemon.parent.metrics import Metrics
+from cairnqd.daemon.parent.scheduler import Scheduler
 from cairnqd.store.base import TaskStore
 from cairnqd.store.clockstep import STEP_S, WallClockWatch
 from cairnqd.store.sqlite import SQLiteStore

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from cairnqd.daemon.metrics import METRIC_NAMES
+from cairnqd.daemon.parent.metrics import METRIC_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "monitoring" / "alerts.yaml"

@@ -10,7 +10,7 @@ import pytest
 
 from cairnqd.config import Config, load_config
 from cairnqd.daemon.boot import Boot, BootVersionMismatch, WorkerSettings, boot_for, decode_boot
-from cairnqd.daemon.messages import PROTOCOL_VERSION, MessageError, encode
+from cairnqd.daemon.wire.messages import PROTOCOL_VERSION, MessageError, encode
 
 
 def config(tmp_path: Path, group: str = "{queues: [q]}") -> Config:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from cairnqd.daemon.metrics.buckets import BucketHistogram
+from cairnqd.daemon.parent.metrics.buckets import BucketHistogram
 
 BOUNDS = (0.005, 0.1, 1.0, 10.0)
 VALUES = (0.001, 0.005, 0.05, 0.5, 0.5, 2.0, 99.0)

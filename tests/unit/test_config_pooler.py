@@ -10,7 +10,7 @@ import pytest
 
 from cairnqd.config import ConfigError, load_config
 from cairnqd.daemon.boot import child_push
-from cairnqd.daemon.reload import restart_only_changes
+from cairnqd.daemon.parent.reload import restart_only_changes
 
 PG = """\
 version: 1

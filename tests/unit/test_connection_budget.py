@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 from cairnqd.config import Config, load_config
-from cairnqd.daemon.connection_budget import (
+from cairnqd.daemon.parent.connection_budget import (
     HostNeeds,
     connection_budget,
     describe_budget,

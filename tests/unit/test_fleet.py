@@ -7,9 +7,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from cairnqd.config import Config, load_config
-from cairnqd.daemon.fleet import Fleet
-from cairnqd.daemon.pool import ChildProcess
-from cairnqd.daemon.reload import plan_reload
+from cairnqd.daemon.parent.fleet import Fleet
+from cairnqd.daemon.parent.pool import ChildProcess
+from cairnqd.daemon.parent.reload import plan_reload
 
 BASE = """\
 version: 1

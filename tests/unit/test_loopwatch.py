@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from cairnqd.daemon.loopwatch import LoopWatch
+from cairnqd.daemon.child.loopwatch import LoopWatch
 from tests.support.waiting import wait_for
 
 

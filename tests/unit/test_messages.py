@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cairnqd.daemon.messages import (
+from cairnqd.daemon.wire.messages import (
     PIPE_BUF,
     DatabaseTrouble,
     Fatal,

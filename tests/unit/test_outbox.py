@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from cairnqd.daemon.outbox import Outbox
+from cairnqd.daemon.child.outbox import Outbox
 
 
 def _line(kind: str, **fields: object) -> bytes:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cairnqd.config import Config, load_config
-from cairnqd.daemon.reload import ReloadPlan, Resize, plan_reload
+from cairnqd.daemon.parent.reload import ReloadPlan, Resize, plan_reload
 
 Loader = Callable[[str], Config]
 

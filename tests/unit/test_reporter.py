@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cairnqd.context import TaskContext
-from cairnqd.daemon.outbox import Outbox
-from cairnqd.daemon.reporter import ChildReporter
+from cairnqd.daemon.child.outbox import Outbox
+from cairnqd.daemon.child.reporter import ChildReporter
+from cairnqd.daemon.child.tally import TaskTally
 from cairnqd.daemon.starts import NO_SLOT, StartTable
-from cairnqd.daemon.tally import TaskTally
 from cairnqd.models import Task
 
 # Bounds that values land on exactly, below, between and above.

@@ -179,7 +179,7 @@ def test_returned_but_unwritten_tasks_are_told_apart_from_running_and_unstarted(
 
 
 def test_a_task_gets_its_attempt_back_for_an_unwritten_result_a_bounded_number_of_times() -> None:
-    from cairnqd.daemon.exits import ReturnedRestores
+    from cairnqd.daemon.parent.exits import ReturnedRestores
 
     restores = ReturnedRestores(limit=2)
     assert restores.allow([("a", 1), ("b", 1)]) == [("a", 1), ("b", 1)]

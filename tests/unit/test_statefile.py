@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cairnqd.daemon.runtimedir import UnsafeRuntimeDir
-from cairnqd.daemon.statefile import (
+from cairnqd.daemon.parent.runtimedir import UnsafeRuntimeDir
+from cairnqd.daemon.parent.statefile import (
     AlreadyRunning,
     StateFile,
     StateFileError,
@@ -132,7 +132,7 @@ def test_lock_held_by_another_process(tmp_path: Path) -> None:
     path = tmp_path / "cairnqd-x.json"
     code = (
         "import sys, time\n"
-        "from cairnqd.daemon.statefile import StateFile\n"
+        "from cairnqd.daemon.parent.statefile import StateFile\n"
         f"StateFile({str(path)!r}).acquire()\n"
         "print('locked', flush=True)\n"
         "time.sleep(30)\n"

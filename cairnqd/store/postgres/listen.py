@@ -296,7 +296,7 @@ class Listener:
 class RelayedWakes:
     """Wake-ups passed on by another process instead of a LISTEN of our own: a daemon
     child's, whose parent holds the host's one LISTEN on `direct_dsn` and sends it a
-    `wake` message per notification (daemon/wakerelay.py). The same surface as a
+    `wake` message per notification (daemon/parent/wakerelay.py). The same surface as a
     `Listener` where `claim_wake` uses one. Always "listening": a wake lost while the
     parent reconnects costs the child one poll interval, as with a LISTEN of its own."""
 

@@ -140,7 +140,7 @@ def test_pause_needs_a_queue(tmp_path: Path, sqlite_path: str) -> None:
 
 
 def test_a_heartbeat_names_paused_queues_within_a_budget() -> None:
-    from cairnqd.daemon.child import _within
+    from cairnqd.daemon.child.main import _within
 
     names = [f"q{i:03d}" + "x" * 250 for i in range(20)]
     kept = _within(names, 1024)

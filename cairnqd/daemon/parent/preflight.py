@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from cairnqd.config import Config, redact_dsn
-from cairnqd.daemon.connection_budget import describe_budget, over_budget
 from cairnqd.daemon.handler_probe import probe_handlers
+from cairnqd.daemon.parent.connection_budget import describe_budget, over_budget
 from cairnqd.errors import (
     DatabaseUnavailable,
     MigrationsPending,

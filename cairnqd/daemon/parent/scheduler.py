@@ -34,8 +34,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from cairnqd.config import Config, ScheduleConfig, to_ms
-from cairnqd.daemon.dbthread import LoopThread
-from cairnqd.daemon.parent_store import db_error_kind, parent_store
+from cairnqd.daemon.parent.dbthread import LoopThread
+from cairnqd.daemon.parent.parent_store import db_error_kind, parent_store
 from cairnqd.schedules import from_ms, plan_due
 from cairnqd.schedules import to_ms as slot_ms
 from cairnqd.store.arguments import SubmitRequest
@@ -45,7 +45,7 @@ from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.tables.schedules import ScheduleRow, ScheduleTable, host_label, rule_of, slot_key
 
 if TYPE_CHECKING:
-    from cairnqd.daemon.metrics import Metrics
+    from cairnqd.daemon.parent.metrics import Metrics
 
 __all__ = ["SCHEDULER_LOCK_ID", "Scheduler", "host_label", "slot_request"]
 

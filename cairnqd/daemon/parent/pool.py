@@ -25,7 +25,10 @@ from cairnqd._ids import new_ulid
 from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon.boot import boot_for
 from cairnqd.daemon.handler_probe import child_argv_prefix
-from cairnqd.daemon.messages import (
+from cairnqd.daemon.parent.restart_budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
+from cairnqd.daemon.starts import StartTable
+from cairnqd.daemon.systemd import child_environment
+from cairnqd.daemon.wire.messages import (
     ChildMessage,
     DatabaseTrouble,
     Fatal,
@@ -37,10 +40,7 @@ from cairnqd.daemon.messages import (
     Tally,
     encode,
 )
-from cairnqd.daemon.pipes import MessageReader, MessageWriter
-from cairnqd.daemon.restart_budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
-from cairnqd.daemon.starts import StartTable
-from cairnqd.daemon.systemd import child_environment
+from cairnqd.daemon.wire.pipes import MessageReader, MessageWriter
 
 log = logging.getLogger("cairnqd.supervisor")
 
@@ -224,7 +224,7 @@ def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) 
             close_fds=True,
             env=child_environment(),
             # A process group of its own: what its handlers start can be ended with
-            # it (daemon/leftovers.py). Out of the terminal's foreground group, a read
+            # it (daemon/parent/leftovers.py). Out of the terminal's foreground group, a read
             # of the terminal would stop a handler's process (SIGTTIN): no stdin.
             process_group=0,
             stdin=subprocess.DEVNULL,

@@ -17,8 +17,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from cairnqd.config import Config, GroupConfig
-from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot
-from cairnqd.daemon.reload import ReloadPlan
+from cairnqd.daemon.parent.pool import ChildProcess, GroupPool, Slot
+from cairnqd.daemon.parent.reload import ReloadPlan
 
 log = logging.getLogger("cairnqd.supervisor")
 

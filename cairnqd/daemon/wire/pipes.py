@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from cairnqd.daemon.messages import PIPE_BUF, encode_atomic
+from cairnqd.daemon.wire.messages import PIPE_BUF, encode_atomic
 
 MAX_PENDING = 1 << 20
 

@@ -41,11 +41,14 @@ from setproctitle import setproctitle
 
 from cairnqd._lograte import Repeats
 from cairnqd.daemon.boot import Boot, BootVersionMismatch, decode_boot
+from cairnqd.daemon.child.loopwatch import LoopWatch
+from cairnqd.daemon.child.outbox import Outbox
+from cairnqd.daemon.child.reporter import ChildReporter
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.handler_probe import describe_import_error, use_python_path
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
-from cairnqd.daemon.loopwatch import LoopWatch
-from cairnqd.daemon.messages import (
+from cairnqd.daemon.starts import StartTable
+from cairnqd.daemon.wire.messages import (
     PROTOCOL_VERSION,
     STALL_WARN_S,
     Claiming,
@@ -61,10 +64,7 @@ from cairnqd.daemon.messages import (
     decode_control,
     encode,
 )
-from cairnqd.daemon.outbox import Outbox
-from cairnqd.daemon.pipes import MessageReader, PipeError, read_one
-from cairnqd.daemon.reporter import ChildReporter
-from cairnqd.daemon.starts import StartTable
+from cairnqd.daemon.wire.pipes import MessageReader, PipeError, read_one
 from cairnqd.errors import (
     DatabaseUnavailable,
     MigrationsPending,

@@ -19,16 +19,10 @@ from prometheus_client import disable_created_metrics
 
 from cairnqd import __version__
 from cairnqd.config import Config
-from cairnqd.daemon.messages import (
-    ChildMessage,
-    DatabaseTrouble,
-    Heartbeat,
-    Ready,
-    Tally,
-)
-from cairnqd.daemon.metrics.database import DB_QUERY_TIMEOUT_S, DatabaseCollector
-from cairnqd.daemon.metrics.families import Families
-from cairnqd.daemon.metrics.labels import (
+from cairnqd.daemon.child.tally import TallyBook
+from cairnqd.daemon.parent.metrics.database import DB_QUERY_TIMEOUT_S, DatabaseCollector
+from cairnqd.daemon.parent.metrics.families import Families
+from cairnqd.daemon.parent.metrics.labels import (
     CHILD_STATES,
     DB_ERROR_COMPONENTS,
     DB_ERROR_KINDS,
@@ -40,10 +34,16 @@ from cairnqd.daemon.metrics.labels import (
     check_enum,
     configured_queues,
 )
-from cairnqd.daemon.metrics.series import Labelled, SeriesBook
-from cairnqd.daemon.metrics.server import Health, HttpServer
-from cairnqd.daemon.parent_store import parent_store
-from cairnqd.daemon.tally import TallyBook
+from cairnqd.daemon.parent.metrics.series import Labelled, SeriesBook
+from cairnqd.daemon.parent.metrics.server import Health, HttpServer
+from cairnqd.daemon.parent.parent_store import parent_store
+from cairnqd.daemon.wire.messages import (
+    ChildMessage,
+    DatabaseTrouble,
+    Heartbeat,
+    Ready,
+    Tally,
+)
 from cairnqd.store.base import TaskStore
 
 # One logger for the whole metrics package: one name to filter on.

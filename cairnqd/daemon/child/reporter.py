@@ -23,10 +23,10 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
 from cairnqd.context import TaskContext
-from cairnqd.daemon.messages import LongestTask, Overrun, encode
-from cairnqd.daemon.outbox import Outbox
+from cairnqd.daemon.child.outbox import Outbox
+from cairnqd.daemon.child.tally import UNDECODABLE_CODE, Counts, TaskTally
 from cairnqd.daemon.starts import FREE, NO_SLOT, RETURNED, STARTED, StartTable
-from cairnqd.daemon.tally import UNDECODABLE_CODE, Counts, TaskTally
+from cairnqd.daemon.wire.messages import LongestTask, Overrun, encode
 
 #: How often a changed tally is sent.
 TALLY_EVERY_S = 0.25

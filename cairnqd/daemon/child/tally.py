@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from cairnqd.daemon.messages import Tally, TallyCount
+from cairnqd.daemon.wire.messages import Tally, TallyCount
 from cairnqd.errors import UndecodableRow
 
 #: The error code of a row failed because it could not be decoded (`store.base`).

@@ -31,12 +31,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cairnqd.daemon.runtimedir import UnsafeRuntimeDir, open_runtime_dir
+from cairnqd.daemon.parent.runtimedir import UnsafeRuntimeDir, open_runtime_dir
 
 if TYPE_CHECKING:
     # Types only: the CLI imports this module for its client, and must not pay for the
     # daemon's pool (and everything it imports) on every command.
-    from cairnqd.daemon.pool import ChildProcess, GroupPool
+    from cairnqd.daemon.parent.pool import ChildProcess, GroupPool
 
 log = logging.getLogger("cairnqd.supervisor")
 

@@ -18,10 +18,10 @@ import signal
 import time
 from collections.abc import Iterator
 
-from cairnqd.daemon.messages import Fatal, Goodbye, MessageError, Ready, decode_child
-from cairnqd.daemon.metrics import Metrics
-from cairnqd.daemon.pipes import PipeError
-from cairnqd.daemon.pool import ChildProcess
+from cairnqd.daemon.parent.metrics import Metrics
+from cairnqd.daemon.parent.pool import ChildProcess
+from cairnqd.daemon.wire.messages import Fatal, Goodbye, MessageError, Ready, decode_child
+from cairnqd.daemon.wire.pipes import PipeError
 
 log = logging.getLogger("cairnqd.supervisor")
 

@@ -11,8 +11,8 @@ from typing import Any
 from setproctitle import setproctitle
 
 from cairnqd.daemon import systemd
-from cairnqd.daemon.messages import STALL_WARN_S
-from cairnqd.daemon.pool import ChildProcess, GroupPool
+from cairnqd.daemon.parent.pool import ChildProcess, GroupPool
+from cairnqd.daemon.wire.messages import STALL_WARN_S
 
 #: `/healthz` fails once the loop has not ticked for this long.
 _STALE_LOOP_S = 5.0

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cairnqd.config import DatabaseConfig
-from cairnqd.daemon.dbthread import LoopThread
+from cairnqd.daemon.parent.dbthread import LoopThread
 from cairnqd.store.factory import store_for
 
 log = logging.getLogger("cairnqd.supervisor")

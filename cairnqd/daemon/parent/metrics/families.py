@@ -12,8 +12,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from cairnqd.config import MetricsConfig
-from cairnqd.daemon.metrics.buckets import BucketHistogram
-from cairnqd.daemon.metrics.schedules import ScheduleFamilies
+from cairnqd.daemon.parent.metrics.buckets import BucketHistogram
+from cairnqd.daemon.parent.metrics.schedules import ScheduleFamilies
 
 
 class Families:

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cairnqd.daemon.dbthread import LoopThread
-from cairnqd.daemon.metrics.labels import QueueLabels
+from cairnqd.daemon.parent.dbthread import LoopThread
+from cairnqd.daemon.parent.metrics.labels import QueueLabels
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.lazy import LazyStore

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from cairnqd.config import SupervisorConfig
-from cairnqd.daemon.messages import Overrun
-from cairnqd.daemon.pool import ChildProcess, GroupPool
+from cairnqd.daemon.parent.pool import ChildProcess, GroupPool
+from cairnqd.daemon.wire.messages import Overrun
 
 # Enforced by the supervisor's loop, and logged as such.
 log = logging.getLogger("cairnqd.supervisor")

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NotRequired, TypedDict, cast
 
-from cairnqd.daemon.runtimedir import UnsafeRuntimeDir, open_in, open_runtime_dir
+from cairnqd.daemon.parent.runtimedir import UnsafeRuntimeDir, open_in, open_runtime_dir
 from cairnqd.errors import CairnQError
 
 __all__ = [

@@ -29,10 +29,10 @@ from collections.abc import Callable
 
 from cairnqd.config import to_ms
 from cairnqd.daemon.exitcodes import CONFIG, OK
-from cairnqd.daemon.fleet import Fleet
-from cairnqd.daemon.maintenance import Maintenance
-from cairnqd.daemon.metrics import Metrics
-from cairnqd.daemon.pool import ChildProcess, GroupPool, Slot
+from cairnqd.daemon.parent.fleet import Fleet
+from cairnqd.daemon.parent.maintenance import Maintenance
+from cairnqd.daemon.parent.metrics import Metrics
+from cairnqd.daemon.parent.pool import ChildProcess, GroupPool, Slot
 from cairnqd.worker import backoff_delay_ms
 
 log = logging.getLogger("cairnqd.supervisor")

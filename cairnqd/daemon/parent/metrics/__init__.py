@@ -15,8 +15,8 @@ survive child restarts and no multiprocess mode (with its per-pid files) is need
 
 from __future__ import annotations
 
-from cairnqd.daemon.metrics.database import DatabaseCollector, DatabaseSnapshot
-from cairnqd.daemon.metrics.labels import (
+from cairnqd.daemon.parent.metrics.database import DatabaseCollector, DatabaseSnapshot
+from cairnqd.daemon.parent.metrics.labels import (
     CHILD_STATES,
     DB_ERROR_KINDS,
     FAILURE_REASONS,
@@ -27,7 +27,7 @@ from cairnqd.daemon.metrics.labels import (
     RESTART_REASONS,
     QueueLabels,
 )
-from cairnqd.daemon.metrics.registry import Metrics
+from cairnqd.daemon.parent.metrics.registry import Metrics
 
 __all__ = [
     "CHILD_STATES",

@@ -33,49 +33,49 @@ from setproctitle import setproctitle
 from cairnqd.config import Config, GroupConfig, setting_position
 from cairnqd.daemon import systemd
 from cairnqd.daemon.boot import child_push
-from cairnqd.daemon.channels import ChildChannels
-from cairnqd.daemon.control import (
-    ControlServer,
-    Snapshot,
-    control_path,
-    daemon_view,
-    restarts_by_group,
-)
-from cairnqd.daemon.deadlines import PARENT_STALL_S, check_deadlines, forgive_silence
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
-from cairnqd.daemon.exits import ChildExits
-from cairnqd.daemon.fleet import Fleet, Retiring
-from cairnqd.daemon.leftovers import Leftovers
 from cairnqd.daemon.logs import (
     LoggingSetupError,
     configure_logging,
     logging_settings,
     reopen_logs,
 )
-from cairnqd.daemon.maintenance import Maintenance
-from cairnqd.daemon.messages import (
-    Claiming,
-    ReopenLogs,
-    SetLogging,
-    Wake,
-    encode,
+from cairnqd.daemon.parent.channels import ChildChannels
+from cairnqd.daemon.parent.control import (
+    ControlServer,
+    Snapshot,
+    control_path,
+    daemon_view,
+    restarts_by_group,
 )
-from cairnqd.daemon.metrics import Metrics
-from cairnqd.daemon.metrics.server import MetricsBindError
-from cairnqd.daemon.pool import ChildProcess, GroupPool, spawn_child
-from cairnqd.daemon.preflight import run_preflight
-from cairnqd.daemon.reload import ConfigReload, ReloadPlan
-from cairnqd.daemon.runtimedir import UnsafeRuntimeDir
-from cairnqd.daemon.scheduler import Scheduler
-from cairnqd.daemon.statefile import (
+from cairnqd.daemon.parent.deadlines import PARENT_STALL_S, check_deadlines, forgive_silence
+from cairnqd.daemon.parent.exits import ChildExits
+from cairnqd.daemon.parent.fleet import Fleet, Retiring
+from cairnqd.daemon.parent.leftovers import Leftovers
+from cairnqd.daemon.parent.maintenance import Maintenance
+from cairnqd.daemon.parent.metrics import Metrics
+from cairnqd.daemon.parent.metrics.server import MetricsBindError
+from cairnqd.daemon.parent.pool import ChildProcess, GroupPool, spawn_child
+from cairnqd.daemon.parent.preflight import run_preflight
+from cairnqd.daemon.parent.reload import ConfigReload, ReloadPlan
+from cairnqd.daemon.parent.runtimedir import UnsafeRuntimeDir
+from cairnqd.daemon.parent.scheduler import Scheduler
+from cairnqd.daemon.parent.statefile import (
     AlreadyRunning,
     StateFile,
     after_reload,
     initial_state,
     state_path,
 )
-from cairnqd.daemon.status import StatusReport, status_dump
-from cairnqd.daemon.wakerelay import WakeRelay, backed_up
+from cairnqd.daemon.parent.status import StatusReport, status_dump
+from cairnqd.daemon.parent.wakerelay import WakeRelay, backed_up
+from cairnqd.daemon.wire.messages import (
+    Claiming,
+    ReopenLogs,
+    SetLogging,
+    Wake,
+    encode,
+)
 from cairnqd.dashboard import DashboardBindError, DashboardData, DashboardServer
 from cairnqd.store.sqlite.files import ensure_file, is_plain_file, remember_file
 from cairnqd.store.tables.schedules import host_label

@@ -191,7 +191,7 @@ class Claiming:
 @dataclass(frozen=True)
 class Wake:
     """Work was queued on these queues: the parent's LISTEN on `direct_dsn` heard it
-    (daemon/wakerelay.py), and passes it on to the children that claim from them."""
+    (daemon/parent/wakerelay.py), and passes it on to the children that claim from them."""
 
     kind: ClassVar[Literal["wake"]] = "wake"
     queues: tuple[str, ...]

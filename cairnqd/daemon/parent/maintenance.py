@@ -56,8 +56,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cairnqd.config import Config, PurgeRule, to_ms
-from cairnqd.daemon.dbthread import LoopThread
-from cairnqd.daemon.parent_store import db_error_kind, parent_store
+from cairnqd.daemon.parent.dbthread import LoopThread
+from cairnqd.daemon.parent.parent_store import db_error_kind, parent_store
 from cairnqd.errors import LostLease
 from cairnqd.store.base import Row, TaskStore
 from cairnqd.store.lazy import LazyStore
@@ -65,7 +65,7 @@ from cairnqd.store.reachability import Reachability, is_unreachable
 from cairnqd.store.sqlite.files import DatabaseFile, file_id, is_plain_file
 
 if TYPE_CHECKING:
-    from cairnqd.daemon.metrics import Metrics
+    from cairnqd.daemon.parent.metrics import Metrics
 
 __all__ = ["HAND_BACK_REASONS", "PURGE_LOCK_ID", "Maintenance"]
 
