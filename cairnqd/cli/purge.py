@@ -68,7 +68,7 @@ async def _sweep(
 ) -> list[int] | None:
     """Each rule drained in order under the daemon's purge lock; None if another
     host holds it."""
-    from cairnqd.daemon.parent.maintenance import PURGE_LOCK_ID  # the daemon's own lock
+    from cairnqd.daemon.parent.purge import PURGE_LOCK_ID  # the daemon's own lock
 
     async with store.leadership.exclusive(lock_namespace, PURGE_LOCK_ID) as held:
         if not held:
