@@ -1,18 +1,7 @@
-"""Argument checks for the store's operations, and `SubmitRequest`.
-
-Each check names the argument, so a bad call is diagnosed where it was made, not by
-a CHECK constraint deep in the driver. The limits are Postgres's, applied on SQLite
-too, so every row either dialect writes can move to the other (and to the public
-SDKs) unchanged:
-
-- Integer columns (`priority`, `max_attempts`) are Postgres `integer`: 32 bits.
-- Durations (`delay_ms`, `lease_ms`, `older_than_ms`) are at most 100 years, so a time
-  derived from one stays an integer every SDK reads exactly (below 2**53).
-- Text cannot hold NUL and must be valid Unicode (no lone surrogates).
-- Names, queues, keys and the parent/root/correlation ids are at most 1,000 bytes of
-  UTF-8 (1,000 ASCII characters): each is indexed, and Postgres refuses an index entry
-  over ~2,700 bytes; the claim indexes hold a queue and a name together.
-- JSON values follow the same text rules (see `_jsoncodec`).
+"""Argument checks for the store's operations, each naming the argument, and
+`SubmitRequest`. The limits are Postgres's, applied on SQLite too, so every row either
+dialect writes can move to the other and to the public SDKs unchanged
+(docs/architecture.md, "Argument limits").
 """
 
 from __future__ import annotations

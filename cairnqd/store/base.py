@@ -1,15 +1,9 @@
-"""`TaskStore`: every protocol operation, implemented once for both dialects.
+"""`TaskStore`: every protocol operation, written once over its dialect's primitives.
 
-The dialect classes supply three primitives (run one statement, open a write
-transaction, take the per-key lock) plus their connect sequence; every decision the
-protocol makes (validation, the conflict strategies, which claim variant a draw uses,
-what each write returns) lives here, above the storage seam, so the two dialects
-cannot drift apart. Retrying a busy database is the dialect's business.
-
-Parameters follow the protocol's "superset in" rule: an operation passes every value
-any dialect might bind (relative times such as `lease_ms`, `delay_ms`,
-`older_than_ms`), and the dialect derives what its statement names (SQLite's absolute
-`now_ms`, `lease_until_ms`, `run_at_ms`, `before_ms`) at bind time.
+Every decision the protocol makes (validation, conflict strategies, claim variants, what
+each write returns) lives here, so the dialects cannot drift apart. An operation passes
+every value any dialect might bind (relative times such as `lease_ms`); the dialect
+derives what its statement names (SQLite's absolute `now_ms`, ...) at bind time.
 """
 
 from __future__ import annotations
@@ -392,7 +386,7 @@ class TaskStore(ABC):
         """A keyless submit alone: `insert_many` with one row, not `insert_task`, whose
         `returning *` sends the whole row back to be decoded (column descriptions, the
         JSON parsed again) for values the caller already holds. One at a time ran
-        1.1-1.4x as fast on both dialects (bench/RESULTS.md, session 13)."""
+        1.1-1.4x as fast on both dialects (bench/RESULTS.md, "How submits are written")."""
         return (await self._insert_many_keyless([params]))[0]
 
     async def _insert_many_keyless(self, prepared: Sequence[Params]) -> builtins.list[Task]:

@@ -1,15 +1,6 @@
-"""What blocks the database when a worker's calls make no progress, in words for a log.
-
-Asked once per stall by the daemon's child (from its heartbeat thread, so a wedged event
-loop does not stop it), never on a hot path:
-
-- Postgres: the sessions holding locks that this database's sessions wait for
-  (protocol/extensions/sql/postgres/lock_blockers.sql), through a short connection of
-  its own with tight timeouts, since the stall may be an outage.
-- SQLite: one writer at a time, and SQLite does not say which; the processes that have
-  the database file open are the candidates (Linux `/proc`).
-
-Both answer with a sentence, or None when nothing could be learned.
+"""What blocks the database when a worker's calls make no progress, in a sentence for
+the log (or None): on Postgres the sessions holding awaited locks, on SQLite the
+processes with the file open. Asked once per stall from a child's heartbeat thread.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Values for the dashboard's reads: one page of the task list, the finished-per-minute
-series, the groups of failed tasks.
-
-Design note. The task list pages with keysets, never offsets: a page asks for the rows
-below the last one shown, `(sort column, id) < cursor`, newest first, and each sort has
-an index in that order (migration cairnqd_0004). The cursor's sort value is also the
-upper bound of the index range, so page 10,000 of a million rows starts reading where
-page 9,999 ended and costs what page 1 does. The time range is always bound (the widest
-when none is asked), so the statement has no optional range for the planner to guess
-around.
+"""Values for the dashboard's reads: a keyset page of the task list, the
+finished-per-minute series, the groups of failed tasks, daemon reports. Pages use
+keysets, never offsets (docs/architecture.md, "Keyset pages").
 """
 
 from __future__ import annotations

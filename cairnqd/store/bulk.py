@@ -1,13 +1,6 @@
-"""Long `submit_many` lists, on both dialects: a list is runs of keyless items, written
-as rows a step at a time, and keyed items, each taking the keyed path.
-
-Each dialect writes a keyless run its own way, but both overlap the client's work with
-the database's: Postgres streams the rows by COPY while the client checks the next step
-(store/postgres/bulk.py); SQLite inserts a step on its helper thread, where SQLite releases
-the GIL, while the event loop checks the next (store/sqlite/store.py). A keyed item goes in
-only once the rows before it are in, so keys behave as in consecutive submits. All of
-it happens inside one transaction that the caller opened: a bad item raises, naming its
-index, after earlier rows went in, and the caller's rollback takes them back out.
+"""Long `submit_many` lists on both dialects: runs of keyless items written as rows a
+step at a time, and keyed items each on the keyed path, all in the caller's transaction
+(docs/architecture.md, "Long submit_many lists").
 """
 
 from __future__ import annotations

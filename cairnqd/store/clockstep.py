@@ -1,34 +1,7 @@
-"""Wall-clock steps, ridden out: where the database's clock is the host's wall clock.
-
-A SQLite lease is `lease_until_ms` in the wall clock of whoever wrote it, and every
-owned write (a renewal, a result) and every recovery compares it with the wall clock of
-whoever runs the statement. An administrator's `date -s`, or a time service that steps
-instead of slewing, moves that clock at once. Forward by more than a lease, every
-running lease looks expired: renewals are refused, results too, and the next recovery
-hands the tasks to a second execution (the lease guard stops the first in time, but
-the attempt is lost and the work done twice).
-
-`WallClockWatch` compares the wall clock with `CLOCK_BOOTTIME`, which is monotonic,
-shared by every process of the host, and counts time spent suspended (waking a laptop
-is no step). Their difference changes only when the wall clock is stepped, or slewed
-(NTP: at most 0.5 ms a second, far under `STEP_S`). It is the store's clock: every
-statement reads its `now_ms`.
-
-- **Forward step of D**: for `grace_s` after it, statements read the old clock's
-  continuation (now minus D), so leases, due times and schedules go on as if nothing
-  happened, while every lease written meanwhile (`lease_lead_ms`, added to
-  `lease_until_ms`) ends by the new clock. Live workers renew at least every third of
-  their lease, so when the grace (the longest lease this process has seen, at least
-  the default 30 s) is over, every live lease is on the new clock, and what looks
-  expired then is. Schedule slots in the skipped span are then handled by their
-  misfire policy.
-- **Backward step**: nothing to hold off. Leases look longer, never expired. What a
-  backward step does is delay: a task due at a wall-clock moment (a retry's backoff, a
-  `delay_ms`) waits the step longer, and so does the next schedule slot.
-
-Limit: a process that starts after a step never saw the old clock and reads the new one
-at once; docs/architecture.md, "Leases and the lease guard", says how to keep steps
-away.
+"""Wall-clock steps, ridden out, where the database's clock is the host's wall clock
+(SQLite): `WallClockWatch` compares it with `CLOCK_BOOTTIME` and, for a grace after a
+forward step, has statements read the old clock's continuation (docs/architecture.md,
+"Wall-clock steps on SQLite").
 """
 
 from __future__ import annotations

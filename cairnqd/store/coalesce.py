@@ -1,35 +1,6 @@
-"""Group commit for keyless submits: concurrent callers share one statement.
-
-Design note. A web application submits from many requests at once, each awaiting its
-own `submit`. On Postgres every autocommit insert is a round trip and a commit (an
-fsync on the server), so 64 concurrent submits cost 64 commits, and the pool's size
-caps how many overlap. Here a submit that arrives while another is being written
-waits for that write to finish; then everything that queued meanwhile goes in as one
-`insert_many`: one round trip and one commit for the lot. A lone submit (nothing being
-written, nothing queued) is written at once by its own caller as a one-row
-`insert_many`, so sequential callers pay nothing for the coalescing. (Handing every write
-to a writer task cost three extra event-loop turns per submit: sequential submits on
-Postgres ran at 0.79x the rate of the release before the coalescer, bench/RESULTS.md.)
-Submits that arrive during a lone write queue as usual, and the lone caller starts the
-writer for them when its own write ends. After a batch the writer stays for two turns
-of the loop, so that callers submitting again in a loop (64 coroutines, each awaiting
-one submit after another) join the next batch rather than start a lone write each
-round: one statement and one commit a round, not two.
-
-Every caller keeps its own outcome:
-
-- Each item was validated before it was queued, so a batch rarely fails. When it does
-  for a reason tied to the data (a constraint, a trigger that refuses a row), the
-  database rolled the whole statement back and each item is written again alone: the
-  one that fails raises in its own caller, its neighbours land.
-- When the database is unreachable or slow (a transient error), every caller of the
-  batch gets that error at once rather than one timeout after another.
-- A caller cancelled while its item waits is removed before the write; once the write
-  has started the item may land, as a cancelled single insert whose statement reached
-  the server may.
-
-Keyed submits do not come here: their conflict rules need the key's lock and a read
-in one transaction, which the store runs per submit.
+"""Group commit for keyless submits: callers that submit together share one
+`insert_many`, and each keeps its own outcome (docs/architecture.md, "Coalesced
+submits").
 """
 
 from __future__ import annotations
@@ -175,7 +146,7 @@ async def _let_callers_return() -> None:
     shield's callback, then their task), and those that submit again queue here. Were the
     writer gone by then, the first of them would find nothing running and write alone,
     and the rest would queue behind that one-row write: two commits a round instead of
-    one (bench/RESULTS.md, session 13)."""
+    one (bench/RESULTS.md, "How submits are written")."""
     await asyncio.sleep(0)
     await asyncio.sleep(0)
 

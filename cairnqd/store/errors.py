@@ -1,23 +1,7 @@
-"""What a database error means for the caller: the one place that reads driver errors.
-
-Everything above `store/` asks `classify(exc)` (the `kind` label of
-`cairnq_db_errors_total`) or `is_transient(exc)` (worth retrying as it is) instead of
-matching on sqlite3 or psycopg types itself. Each dialect teaches its driver's errors
-once, in its package's errors.py, registered when the package is imported.
-
-- **busy**: another writer or transaction holds what we need (SQLITE_BUSY and
-  SQLITE_LOCKED; a Postgres serialization failure or deadlock, which the server rolled
-  back). Retrying the same call is the fix.
-- **timeout**: a deadline ran out, ours (`asyncio.timeout`, the pool's wait) or the
-  server's (`statement_timeout`, `lock_timeout`). The work may still be possible.
-- **connect**: the database could not be reached or the connection died.
-- **full**: the database has no room to write (SQLite's SQLITE_FULL: its disk is full;
-  Postgres's disk_full). The request is fine and succeeds once space is freed, so it is
-  retried like the kinds above, but the database answered: not an outage.
-- **other**: anything else: a bug, a constraint, bad input. Retrying repeats it.
-
-No driver is imported here: a driver's error can only exist once its dialect has been
-imported (and registered its reader), so a SQLite-only process never loads psycopg.
+"""What a database error means for the caller: `classify(exc)` (busy, timeout, connect,
+full, other: the `kind` label of `cairnq_db_errors_total`) and `is_transient(exc)`.
+Each dialect registers how to read its driver's errors when its package is imported,
+so nothing here imports a driver (docs/architecture.md, "Driver errors").
 """
 
 from __future__ import annotations

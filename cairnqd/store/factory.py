@@ -1,23 +1,7 @@
-"""Build a store from a database configuration, shaped for the process that uses it.
-
-Every store the daemon and the CLI open comes from here, so how a purpose maps onto
-connections, LISTEN and timeouts is decided once:
-
-- **worker**: a worker child. Its pool holds `connections` connections (Postgres) and it
-  may LISTEN for wake-ups: not behind a transaction pooler, where LISTEN is deaf, and
-  not when the parent holds the host's one LISTEN on `direct_dsn` and passes the
-  wake-ups on (`push="pipe"`). A child never opens `direct_dsn` itself.
-- **background**: one of the parent's threads (maintenance, metrics). One connection,
-  no LISTEN (it never waits for a wake-up), and an optional per-statement bound: the
-  server's `statement_timeout` on Postgres, a shorter busy wait on SQLite.
-- **cli**: one command of `cairnqd`. One connection, no LISTEN.
-
-`store_for` reads a `DatabaseConfig`; `build_store` takes plain values, for a process
-that has the settings but not the config (a worker child gets them over its pipe).
-
-The Postgres store is imported only when a DSN asks for it: psycopg and its pool cost
-about 0.2 s to import on a small machine, which a SQLite deployment's every `cairnqd
-stats` would otherwise pay for nothing.
+"""Build a store from a database configuration, shaped for the process that uses it:
+a worker child (a pool, maybe LISTEN), a parent's background thread (one connection,
+bounded statements) or a CLI command. Postgres is imported only when a DSN asks for it
+(docs/architecture.md, "Store purposes").
 """
 
 from __future__ import annotations

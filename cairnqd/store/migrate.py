@@ -1,16 +1,7 @@
-"""The migration runner: ledger-driven, one write transaction per migration.
-
-Every connect walks all known migrations in order. Each gets its own write
-transaction (SQLite `BEGIN IMMEDIATE`; Postgres an exclusive lock on the ledger table)
-inside which the ledger is checked and, if the name is absent, the file runs and its
-name is recorded. N processes cold-starting at once therefore serialize on the lock,
-and every loser re-checks inside it and skips: each migration applies exactly once.
-
-Two ledgers: upstream's `cairnq_migrations` for the shared files (same names as the
-public SDKs, so each side sees the other's database as fully migrated) and
-`cairnqd_migrations` for our own objects, so upstream's future file names can never
-collide with ours. Unknown rows in either ledger are left alone (a newer SDK wrote them).
-Each dialect's runner is its package's migrate.py; this module holds what they share.
+"""The migration ledgers and the storage protocol version, shared by each dialect's
+runner (its package's migrate.py). One write transaction per migration, the ledger
+checked inside it, so every migration applies exactly once however many processes start
+together (docs/architecture.md, "Migrations").
 """
 
 from __future__ import annotations

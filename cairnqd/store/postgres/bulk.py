@@ -1,18 +1,6 @@
 """`submit_many` on Postgres for long lists: each run of keyless items is one COPY
-stream, written while the server reads it.
-
-The client checks and encodes a few dozen items, sends their rows, and goes on to the
-next few dozen while the server inserts what arrived: the two work side by side, and
-the wall time is the slower one's, not their sum. Two things earlier versions did
-kept them apart (measured with a timeline of one 1,000-item call, bench/RESULTS.md,
-session 12): a statement per chunk, whose start waited on a round trip and on the
-client's turn of the event loop, and psycopg's COPY writer, which holds up to 1 MB
-before it sends anything, so a chunk's rows reached the server only when its COPY
-ended. Here every step is sent at once (`flush_threshold=0`) and a run has one COPY.
-
-Rows are written in COPY's text format by hand (`copy_rows`): every value was checked
-when its parameters were made, so only COPY's own escapes are left to apply, and
-payload and metadata are JSON text already.
+stream, sent a few dozen rows at a time while the client checks the next
+(docs/architecture.md, "Long submit_many lists").
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
 """Postgres plumbing shared by the store, its listeners and the leadership sessions:
-what a connection is opened with, how one protocol statement runs on it, and how a
-process tells that its database has stopped answering.
-
-Silent network partitions. A peer that vanishes without a FIN or RST (a cable pulled,
-a NAT entry dropped, a host frozen) leaves a TCP connection that looks open forever:
-an idle pool connection or a LISTEN connection would wait on it indefinitely. Every
-connection therefore asks the kernel to notice: keepalive probes after 10 s idle, every
-5 s, and `tcp_user_timeout` of 25 s for data (or probes) left unacknowledged, so a dead
-peer is detected within about 25-30 s, idle or busy. Values the DSN sets win. (Unix
-sockets ignore all of it, as they cannot partition.)
-
-The kernel cannot see every partition: a middlebox that keeps acknowledging while
-forwarding nothing (a proxy whose upstream went silent) keeps keepalives happy. So the
-daemon also bounds every call on its own side, `DAEMON_CALL_TIMEOUT_S`: a claim, a lease
-renewal, a settlement or a maintenance statement that has not answered by then fails,
-and its connection is closed rather than reused. psycopg first tries to cancel the
-query server-side, which costs up to another `CANCEL_GRACE_S`. Together:
-
-    **a dead connection is detected within `DETECTION_BOUND_S` (30 s) by default**,
-
-by whichever of the two comes first. `Reachability` turns those failures into one
-outage with a start time, which the daemon logs once and reports on /healthz. (The
-bounds and `Reachability` live in store/reachability.py, which needs no driver.)
+what a connection is opened with (keepalives, `tcp_user_timeout`), how one protocol
+statement runs on it, and the detection bound for a dead connection
+(docs/architecture.md, "Silent network partitions").
 """
 
 from __future__ import annotations

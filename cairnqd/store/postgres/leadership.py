@@ -1,17 +1,6 @@
-"""The daemon's leadership locks on Postgres: `pg_try_advisory_lock(namespace, lock_id)`
-held by a session of its own.
-
-Never a pool connection: a session lock outlives the block that took it, so a pooled
-connection handed to the next borrower would carry it along. Never waits for the lock
-either: a host that does not get it skips the work. Closing the session frees the lock
-even when the explicit unlock cannot run (the server is gone).
-
-Every statement on a leadership session is bounded by the store's call timeout: a
-session whose server stopped answering is closed (which frees the lock server-side
-once the server notices) rather than waited on.
-
-Behind a transaction pooler without `direct_dsn` there is no session to hold a lock:
-`PostgresLeadership` uses the lease rows of store/postgres/lease.py instead.
+"""Leadership on Postgres: `pg_try_advisory_lock(namespace, lock_id)` on a session of its
+own, never a pool connection and never waiting; or, behind a transaction pooler without
+`direct_dsn`, the lease rows of store/postgres/lease.py (`PostgresLeadership`).
 """
 
 from __future__ import annotations

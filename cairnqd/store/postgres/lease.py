@@ -1,18 +1,6 @@
-"""Leadership without a session: lease rows in `cairnqd_leases` (our own table, in our
-own ledger as `cairnqd_0005_leases.sql`).
-
-Behind a transaction pooler a session advisory lock means nothing: it is taken on
-whichever server connection ran that transaction, so two hosts both "win" it, and its
-release may land on another connection. Without a `direct_dsn` the daemon therefore
-leads with a row: `lease_take` gives the row to a holder when it is free, expired or
-already theirs, and comes back empty for everyone else; the conflict update locks the
-row, so exactly one of two hosts asking at once holds it. Each statement is one
-autocommit round trip through the store's pool, so nothing outlives a transaction.
-
-A holder keeps the lease by renewing it well within `ttl_ms` (the block of an
-`exclusive()` renews it in the background; a `LeaseLock` renews on each `ensure()`).
-A holder that dies loses it when it expires; one that stops gives it up at once.
-Time is the database's clock, so hosts need not agree on theirs.
+"""Leadership without a session: lease rows in `cairnqd_leases`, for a transaction
+pooler, where a session advisory lock means nothing (docs/architecture.md, "Leadership
+behind a transaction pooler").
 """
 
 from __future__ import annotations

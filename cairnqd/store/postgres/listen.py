@@ -1,14 +1,5 @@
-"""Postgres push wake-ups: one LISTEN connection per channel, opened on first need.
-
-A LISTEN can be accepted and deaf: through PgBouncer in transaction mode the LISTEN runs
-on whichever server connection served it, which then goes back to the pool, and the
-notifications sent to it are dropped. Nothing fails, so a listener proves it hears:
-it also listens on a private channel of its own and has a NOTIFY sent there through
-another connection (on the store's DSN, the way real notifications come) when it
-starts and every `probe_every_s`. No echo within `PROBE_TIMEOUT_S`, while the session
-still answers a round trip: the LISTEN is deaf, push is turned off (the waiters poll), and
-one warning says so. No echo and no answer: the session is dead (a partition), and it is
-replaced.
+"""Postgres push wake-ups: one LISTEN connection per channel, opened on first need, that
+proves it hears with a NOTIFY echo (docs/architecture.md, "Deaf LISTEN").
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
-"""`PostgresStore`: the protocol on Postgres, through psycopg 3 (async).
-
-- Time comes from the database clock in every statement; the store passes relative
-  values (`lease_ms`, `delay_ms`, `older_than_ms`). An injected clock moves only the
-  retention cut-off (see `Clock` in store/base.py).
-- Keyed operations start their transaction with the advisory lock on
-  `hashtextextended(key, 0)`: the same function and seed as the public SDKs, so our
-  keyed writes and theirs exclude each other.
-- JSON is decoded exactly once, by psycopg's jsonb loader; the store probes the wire
-  form at connect rather than guessing from a value's type (a top-level JSON string
-  would otherwise be parsed twice). A value the loader cannot decode (jsonb nested
-  deeper than Python reads, a number it refuses) becomes an `Undecodable` marker
-  rather than an error that fails the whole fetch: a read shows it, a claim fails that
-  task alone (store/base.py, `_quarantine`).
-- Connections come from a psycopg_pool pool in autocommit mode, so a lone statement is
-  one round trip; psycopg prepares statements it sees repeatedly.
-- Behind a pooler (`pooler="session"` or `"transaction"`, e.g. PgBouncer) nothing is
-  prepared server-side, no startup `options` are sent (a statement timeout becomes a
-  `SET LOCAL` in each transaction), and under `transaction` nothing relies on session
-  state: LISTEN and session advisory locks go to `direct_dsn` when one is given; without
-  it push is off (polling) and leadership uses lease rows (store/postgres/lease.py).
+"""`PostgresStore`: the protocol on Postgres through psycopg 3 (async): the database's
+clock in every statement, the public SDKs' advisory key lock, JSON decoded once, a pool
+in autocommit mode, and pooler modes (docs/architecture.md, "The Postgres store").
 """
 
 from __future__ import annotations

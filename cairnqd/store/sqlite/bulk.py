@@ -1,22 +1,6 @@
-"""`submit_many` on SQLite for long lists: one run of keyless items inserted a step at a
-time on the store's helper thread while the event loop checks the next step.
-
-SQLite releases the GIL while it executes a statement, so the thread's insert of one step
-(~15 us a row: nine indexes and the table) and the loop's checks and encoding of the next
-(~7 us a row) run on two cores side by side; done in turn, as shorter lists are, the
-wall time is their sum. Two things keep the overlap real:
-
-- The hand-over. A thread the loop starts needs the GIL to bind the step's values
-  before SQLite lets it go, and a loop busy checking keeps the GIL until the
-  interpreter's switch interval (5 ms) forces it out: the step then starts only when the
-  loop next waits, after the work it was meant to overlap. So the loop waits (at most
-  `HANDOVER_S`) until the thread has begun; the thread holds the GIL for the binding,
-  and SQLite's execution frees it for the loop.
-- Steps of one statement each (`steps`: a power of two up to `STEP`): a step that
-  `run_rows` splits into several statements takes the GIL back between them.
-
-Measured in bench/RESULTS.md (session 13): 1.24x the rate of checking everything first,
-and without the hand-over the pipeline ran slower than no pipeline at all.
+"""`submit_many` on SQLite for long lists: a run of keyless items inserted a step at a
+time on the store's helper thread while the event loop checks the next step
+(docs/architecture.md, "Long submit_many lists").
 """
 
 from __future__ import annotations

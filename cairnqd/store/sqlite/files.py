@@ -1,16 +1,7 @@
-"""Opening a SQLite file the protocol's way: WAL, foreign keys, migrations, planner
-statistics and the protocol guard, in that order, on a connection nothing else sees yet.
-
-Blocking: the store runs `open_database` on a thread, because a cold start may wait
-on another process's migration and that wait must not stall the event loop.
-
-The file under running processes. A SQLite connection holds its file's inode, not its
-path: when the file is deleted (or another file renamed over it), every process that
-had it open keeps working on the orphaned inode, while anything that opens the path
-afterwards gets a different database, or creates an empty one. So a long-running
-process (the daemon) opens an existing database with `existing_file_uri` (SQLite's
-`mode=rw`: never create), and watches with `DatabaseFile` that the path still names
-the file it opened (same device and inode).
+"""Opening a SQLite file the protocol's way (WAL, foreign keys, migrations, planner
+statistics, the protocol guard) on a thread, and `DatabaseFile`: whether the path still
+names the file a long-running process opened (docs/architecture.md, "The SQLite file
+under running processes").
 """
 
 from __future__ import annotations

@@ -1,43 +1,7 @@
-"""`SQLiteStore`: the protocol on one SQLite file, from the stdlib `sqlite3`.
-
-Design notes.
-
-- Statements run on the event-loop thread. A prepared SQLite statement takes
-  microseconds; a hop to a helper thread per statement (what aiosqlite does) costs more
-  than the work. What must never happen on the loop is *waiting*: after connect the
-  connection's busy_timeout is 0, and SQLITE_BUSY is retried with an awaited, jittered
-  backoff (up to 0.5 ms, then up to 1 ms, within `busy_timeout_ms`; `Backoff` says why the
-  cap is small), re-taking the in-process lock on each attempt so reads keep flowing
-  meanwhile.
-- A fair share of the loop. Every operation yields at least once (an uncontended
-  asyncio.Lock does not), so a coroutine that loops on reads cannot starve the rest.
-  A read whose cost grows with the table (`list`, `stats`, the metrics' aggregates:
-  `_scan`) steps its statement on the store's own thread, where SQLite releases the
-  GIL (sorting 50,000 rows for `list` took ~150 ms), and turns the rows into values
-  on the loop a chunk at a time, yielding between chunks. A long `submit_many` inserts
-  on that thread too, a step at a time, while the loop checks the next step
-  (store/sqlite/bulk.py).
-- Group commit. Single-statement writes are queued; one flusher runs everything queued
-  in one `BEGIN IMMEDIATE … COMMIT` (a lone write runs in autocommit), and resolves
-  each caller only after COMMIT. A statement error fails only its caller. The flusher
-  loops while writes are pending rather than re-arming per batch. Keyless submits go
-  one step further before that queue (store/coalesce.py): those that arrive together
-  become one `insert_many`, a single statement for the lot. A lone `insert_task` cost
-  ~40 us, a row of `insert_many` ~14 us, so 64 concurrent submitters ran 2.5x faster.
-- Transactions (keyed submits, claim sessions) hold the in-process lock for their
-  whole life: one connection cannot interleave two transactions.
-- Close drains. An operation admitted before `close()` (a task scheduled before the
-  call, not yet run, included) finishes; one that arrives while closing is refused with
-  StoreClosed, so the drain stays finite. Afterwards a file-backed store reopens on its
-  next use; an in-memory one keeps refusing, as its data died with the connection.
-- Opening (WAL, migrations, statistics: store/sqlite/files.py) runs in a thread: a cold
-  start may wait on another process's migration, and that wait must not stall the loop.
-- Text that is not UTF-8. SQLite stores whatever bytes a client binds as text, and
-  `sqlite3` refuses to fetch a row holding such text ("Could not decode to UTF-8"),
-  failing every row fetched with it. Decoding stays `sqlite3`'s own, in C; a statement
-  that fails that way runs once more with a text factory that turns such text into
-  `UndecodableText` (the bytes, escaped), so a read shows the row and a claim fails
-  that row alone (store/base.py, `_quarantine`).
+"""`SQLiteStore`: the protocol on one SQLite file, from the stdlib `sqlite3`. Statements
+run on the event loop and never wait there; single writes are group-committed; close
+drains; text that is not UTF-8 is read back escaped (docs/architecture.md, "The SQLite
+store").
 """
 
 from __future__ import annotations
