@@ -1,41 +1,6 @@
 """The daemon's configuration: one schema, frozen dataclasses, every error at once.
 
-Design note. `SCHEMA` lists every setting once: its YAML path, kind, default, doc
-comment and reload class (`Reload`). That one table drives validation, the
-defaults, the canonical dump behind `config dump` and fingerprints, the reload diff
-and `config/cairnq.example.yaml` (`render_example()`), so none of them can drift from
-the others (gunicorn's `Setting` registry does the same for its CLI and docs).
-
-Loading never stops at the first problem. Each setting is checked where it is
-written; a bad one becomes `INVALID` and checks that depend on it are skipped, so
-one typo yields one message. Every problem carries `file:line:col` and the YAML
-path, and `load_config` raises them together as `ConfigError` (exit 78 in the CLI).
-Only a YAML syntax error, which stops the parser, comes alone.
-
-Decisions worth knowing:
-- Durations need a unit (`250ms`, `30s`, `5m`, `1h`, `7d`, `1h30m`); a bare number
-  is an error, because `lease: 30` could mean seconds or milliseconds. They load as
-  `timedelta`; `to_ms()` gives the SDK's integer milliseconds exactly.
-- `handlers` lists `module:attribute` registries. A group's own `handlers` list
-  *replaces* the top-level one (null inherits it): a group serving a dedicated queue
-  should not import, or claim for, every other group's handlers.
-- Relative paths (`database.path`, `database.dsn_file`, `logging.file`,
-  `runtime_dir`, `python_path`) are taken from the config file's directory, never the
-  working directory, and held absolute: every command and every child reads the same
-  files wherever it was started.
-- Backend-dependent defaults (`database.auto_migrate`, `retention.batch`) and
-  `runtime_dir` are resolved at load, so a dump shows what actually runs.
-
-Where things are, in import order (each module imports only those above it; the
-checker's type in annotations aside):
-- `units`, `dsn`, `problems`: durations and sizes, DSN text, `ConfigError`.
-- `sections`: the frozen dataclass of each section.
-- `kinds`: how one setting is read from YAML and written back.
-- `shadowing`, `finish`: cross-field checks, run once a section's settings are read.
-- `schema`: `SCHEMA`, the `Setting` registry, and the kinds that build sections.
-- `root`: `Config`, with its schema-driven dump and fingerprints.
-- `checker`, `load`: the walk over the document, and `load_config`.
-- `diff`, `example`: the reload diff, and `render_example()` (`python -m cairnqd.config`).
+The reasoning: docs/architecture.md, "Config design notes".
 """
 
 from cairnqd.config.diff import ConfigChange, diff_configs

@@ -1,29 +1,6 @@
 """Read YAML config files without losing where each value came from.
 
-Design note. `yaml.safe_load` is the wrong tool for an operator's config file:
-it throws away positions, silently keeps the last of two duplicate keys, and
-applies YAML 1.1 implicit typing, so `no` is False, `0750` is 488, `1:30` is 90 and
-`2024-01-01` is a date. Here a `yaml.SafeLoader` subclass composes the node graph
-with resolvers cut down to the YAML 1.2 core schema (decimal ints only, so a leading
-zero stays a string), and the graph is converted to a small tree of our own whose
-every node carries a `Position`. Nothing is constructed by PyYAML, so no tag can
-build an object: tags outside the core schema are reported, not honoured.
-
-Problems that do not stop the parser (duplicate keys, unsupported tags, recursive
-aliases) are collected so the caller can report them together with schema errors.
-A syntax error stops the parser, so it is raised alone as `YamlSyntaxError`.
-
-A config file is small, so the loader refuses what no config needs and what would
-make a reader's work explode: a file over `MAX_DOCUMENT_BYTES`, nesting deeper than
-`MAX_DEPTH`, and aliases that expand to more than `MAX_ALIAS_NODES` nodes. The last
-is the "billion laughs": nine aliases of nine aliases of ... compose into a few
-hundred bytes but expand to billions of nodes in anything that walks the tree (a
-stalled parent, gigabytes of memory). Each alias is charged the size of what it
-expands to, so the refusal comes while composing, at the alias that crossed the
-line.
-
-`interpolate()` applies Compose-style `${VAR}` substitution to string scalars after
-parsing, never to raw text, so an environment value cannot inject YAML structure.
+The reasoning: docs/architecture.md, "Config design notes".
 """
 
 from __future__ import annotations

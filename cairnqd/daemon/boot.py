@@ -1,14 +1,6 @@
 """The `boot` message: everything a child is told before it starts, built from the config.
 
-Design note. A child never reads the YAML: the parent resolves the config (secrets
-included) and sends it down the control pipe, never in argv or the environment,
-where `/proc` would show it. `boot_for()` is the one place that turns a `Config` into
-what a child needs, so defaults live in the config schema only; the child decodes
-the message strictly (`decode_boot`), and a missing or mistyped field is a protocol
-error that stops it (exit 78), never a silent default.
-
-The database part carries exactly what the store factory needs
-(`Child._make_store`).
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

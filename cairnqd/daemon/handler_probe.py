@@ -1,17 +1,6 @@
 """Import handler registries the way a child does, in a process of their own.
 
-Design note. Whether `myapp.tasks:registry` imports depends on `sys.path`, and that
-must not depend on who asks or where it was started. A child (`python -P -m
-cairnqd.daemon.child`, so the working directory is not on its path) puts the config's
-`python_path` first on `sys.path` (`use_python_path`) and imports its group's
-registries. `cairnqd check --handlers`, `check --connect` and the supervisor's
-pre-spawn check run `probe_handlers()`, which starts `python -P -m
-cairnqd.daemon.handler_probe` with the same environment a child gets and the same
-path: the answer is the one a child would get, and the asking process never imports
-application code (its side effects, its memory, a hang at import time).
-
-A failure names the Python file and line where the import broke
-(`describe_import_error`), not only the registry path in the config.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """Logging for the parent and every child: one format, one destination, reopenable.
 
-Design note. The parent configures itself from `Config.logging`; a child gets the same
-settings as a plain dict in its boot message (`logging_settings`), because children
-never read the YAML. Both call `configure_logging`, so the two kinds of line look
-alike and differ only in pid and process label (`master`, or a child's
-`[group] slot/slots`).
-
-- **Destination.** stderr (the journal under systemd), or only `logging.file` when
-  set. Every process opens the file itself in append mode: O_APPEND makes each
-  record's single `write()` land whole at the end, so parent and children can share
-  the file without a lock between them.
-- **Rotation.** logrotate renames the file and signals the parent (SIGUSR1); the
-  parent reopens its handler and tells each child on the control pipe to do the
-  same. Until a process reopens, it keeps writing to the renamed file, so nothing is
-  lost in between. We reopen on request rather than stat the path on every record
-  (`WatchedFileHandler`), which would cost a syscall per line.
-- **Idempotent.** A second call (reload, or a child re-applying new settings)
-  replaces our one handler instead of adding another, and per-logger levels that
-  are no longer configured go back to NOTSET (inherit).
-- **Failure is loud and harmless.** The file is opened before anything is changed,
-  so a bad path raises `LoggingSetupError` and leaves the current setup in place:
-  the parent refuses to start (or refuses the reload), a child falls back to stderr.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,32 +1,6 @@
 """Which held tasks a child has started, in memory the parent can read after it dies.
 
-Design note. When a child dies, the parent hands back every task it held. A task the
-child had claimed ahead but never started should get back the attempt its claim
-spent; a task whose handler was called must not (the handler may have done its work).
-The parent therefore has to know, for every held task, whether it started, and a start
-it cannot be sure of must count as started.
-
-Messages over the pipe cannot give that certainty: the child may start a handler and
-die before its message is written, and a child must never block on the pipe. So the
-parent creates a small shared memory file (memfd) per child and passes it at spawn;
-the child records each task it holds in a slot and flips one byte to "started" right
-before calling the handler. The parent reads the slots after reaping the child.
-
-Torn writes are safe by construction: a slot's id and attempt are written while its
-state byte still says free, and the state byte is written last; a single byte is never
-half-written. A task in no slot (the child died between its claim's commit and writing
-the slot, or the table was full) is simply not reported as unstarted, so it counts as
-started.
-
-A third state, "returned", covers the other window a crash can hit for no fault of the
-task: its handler returned and its result waits to be written in the worker's next
-commit (a few milliseconds; longer on a loaded machine, or while the database is
-slow). Such a task did its work but the database still says running, so it runs again
-after the hand-back; charging that run's attempt too would fail tasks that never
-failed (SIGKILL chaos on a loaded machine failed 52 of 10,000 that way with prefetch
-on, 0 with prefetch 0). The parent gives returned tasks their attempt back as it does
-unstarted ones, a bounded number of times per task (`daemon.exits`), so a result whose
-writing itself kills the child cannot loop forever.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """How long a child's event loop has gone without running: its lag, readable from
 another thread.
 
-Design note. A child's liveness reaches the parent from a separate thread (the
-heartbeat thread), so that a busy loop does not look dead. That alone hid the worst
-stall: an async handler calling `time.sleep(30)` blocked the loop, so its leases went
-unrenewed and expired and the task ran again elsewhere, while the thread kept telling
-the parent all was well. The loop now stamps the time on every tick of a short
-periodic callback; the heartbeat thread reports how long ago the last stamp was, and
-the parent aborts a child whose loop has been stalled for longer than a bound well
-inside the lease (`groups.*.stall_timeout`).
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

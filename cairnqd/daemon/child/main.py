@@ -1,23 +1,6 @@
 """A worker child: `python -m cairnqd.daemon.child --parent-pid P --events FD --control FD`.
 
-Started by the supervisor with fork+exec, so it inherits no thread, connection, lock
-or logging handler from the parent. Boot, in order: tie our life to the parent's
-(PR_SET_PDEATHSIG, then a getppid check for the race), set signal dispositions, read
-the `boot` message from the control pipe, import handlers (failure: `fatal`, exit 78),
-connect (an unreachable database is `db_wait` and retried, never a crash), send
-`ready`, run the SDK worker. The parent learns everything through the events pipe,
-which never blocks this process (`daemon.outbox`): `ready`; `hb` from a thread of its
-own, often enough to see a stall in time, carrying the event loop's lag (so a blocked
-loop shows even though the thread still talks) and the tasks running past `max_run`;
-`tally` a few times a second (`daemon.reporter`); `dberr`; `bye`/`fatal` before
-exiting. Which held tasks it started goes to the start table (`daemon.starts`).
-
-Exit codes: 0 planned (drain, max_tasks, max_memory), 78 cannot boot (the group goes
-FATAL instead of crash-looping), 75 aborted (QUIT, the parent vanished, or a handler
-that would not stop when its lease could not be renewed: the child exits before the
-lease ends, so the task cannot run elsewhere beside it; see `_leaseguard`). QUIT
-first writes the results already returned (for at most a second), so a hard stop does
-not throw finished work away.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

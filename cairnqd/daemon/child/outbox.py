@@ -1,20 +1,6 @@
 """A child's side of its events pipe: messages queue here and never block the child.
 
-Design note. A parent that stops reading for a moment (stopped, busy, blocked on its
-own log output) fills the pipe's 64 KiB. A blocking write would then freeze whichever
-child thread wrote: with the event loop frozen, heartbeats stop, leases expire and
-tasks run twice. So the pipe is non-blocking and every message goes through this
-queue; `flush()` writes what the pipe takes and keeps the rest for the next call.
-
-The queue stays bounded without losing anything that matters. Most messages are
-state that the next one supersedes (the heartbeat, the task tallies): each carries a
-`latest` key and replaces a queued message with the same key, so a parent that reads
-again sees the newest state at once. The rest (ready, bye, fatal) are rare and kept
-in order. A message the pipe took only part of stays at the head until its remainder
-is written, so the parent never sees half a line followed by another message.
-
-Two threads use it (the event loop and the heartbeat thread); one lock orders them,
-held only around memory operations and non-blocking writes.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

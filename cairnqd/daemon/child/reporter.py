@@ -1,18 +1,6 @@
 """What a child tells its parent about its tasks: the worker's observer.
 
-Design note. Nothing here writes a message per task (`daemon.tally` says why). The
-observer keeps three things, each for its own reader:
-
-- the start table (`daemon.starts`): a task is recorded when the worker takes it in,
-  marked started right before its handler is called and returned when its result is
-  queued, in memory the parent reads after this process is gone, to give unstarted
-  (and returned but unwritten) tasks their attempt back;
-- the tally (`daemon.tally`): cumulative counts, sent a few times a second while they
-  change;
-- nothing for the tasks running now: the heartbeat thread (it runs even while the
-  event loop is blocked) reads the worker's own held contexts and their start times to
-  report the longest-running task and any past `max_run`, so the parent can enforce
-  `max_run` from the handler's start.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

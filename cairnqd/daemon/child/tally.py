@@ -1,19 +1,6 @@
 """Task counts a child keeps and the parent turns into metrics, without a message per task.
 
-Design note. At thousands of tasks a second, one pipe message per task cost the parent
-more CPU than the tasks (the daemon drained 13-28% slower than a bare worker). A child
-now counts in `TaskTally`: attempts started, and how they ended, per (queue, task
-name), plus the duration and queue-wait histogram buckets per queue. The counts are
-cumulative since the child started and travel as one `tally` message
-(`messages.Tally`) every fraction of a second. Being cumulative, any tally may be lost
-or superseded in the outbox: the next one still carries everything, and the parent
-(`TallyBook`) applies only the difference from the last one it saw of that child.
-
-What a child counts, by outcome (`_inflight.WorkerObserver.task_ended`): succeeded,
-canceled, retried (a failed attempt queued again; also counted as failed), failed, and
-lease_lost (the attempt ended without this worker writing it). Failure reasons are the
-bounded set the metrics expose (error, max_run, worker_lost, lease_lost, and undecodable
-for a row a claim took but could not decode, failed without running).
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """The children's events pipes in the supervisor's selector, and their exits.
 
-Design note. Every line a child writes is decoded here, once (`messages.decode_child`),
-and this is the one guard on what a child writes: a valid message goes on, typed, to
-the child's record and the metrics; anything else is counted on the child and logged
-at most once per `MALFORMED_LOG_EVERY_S`; a megabyte without a newline gets the child
-killed. Reaping collects every exited child (`waitpid(-1)` until none is left), reads
-its last words (bye, fatal, the last task ends) before its pipes are closed, and
-hands it back to the supervisor with its exit code.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """The Postgres connection budget: what the configuration opens across all hosts,
 checked once against what it opens them on, before the parent starts any child.
 
-What counts where depends on `database.pooler` (docs/operations.md, "Behind a pooler"):
-
-- **none**: every connection is a server connection: all of them against the server's
-  `max_connections - superuser_reserved_connections`.
-- **session**: each client connection holds a server connection of the pooler's pool
-  for as long as it lives, so the pooled ones count against `database.pool_size` (the
-  pooler's pool for this database; not checked while unset); those on `direct_dsn`
-  count against the server.
-- **transaction**: the pooler multiplexes the pooled ones over its pool, so only the
-  connections on `direct_dsn` count against the server.
-
-`database.connection_check` decides what going over does: refuse to start, warn, or
-nothing (`off`).
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """The control socket: how `cairnqd status` and `cairnqd top` ask a running daemon
 about itself.
 
-Design note. The supervisor's loop must never wait on a client, so it only
-publishes: a few times a second it builds a snapshot of its pools (plain data, from
-what the children's heartbeats already told it) and swaps it in whole. A thread of
-this module's own accepts connections, one short request line each, and answers
-with the last snapshot as one line of JSON; a slow or silent client costs that
-thread at most `_CLIENT_TIMEOUT_S`, never the loop.
-
-Who may ask: the socket lives in the runtime directory, which the daemon accepts only
-when it is its own and writable by nobody else (`runtimedir`); it is created 0600,
-bound through the directory's descriptor (`/proc/self/fd/N/name`, so a directory
-swapped after the check is not followed), and each peer's uid is checked with
-SO_PEERCRED: the daemon's own user or root. A client checks the same the other way:
-the socket must be a socket (no symlink) owned by the directory's owner, and the
-peer it reaches must run as that owner.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """The deadlines the parent holds its children to: boot, liveness, stalls, max_run, drain.
 
-- **Boot**: a child not ready `supervisor.boot_timeout` after it was spawned (waiting
-  for the database excepted) is aborted.
-- **Liveness**: a ready child silent for `supervisor.heartbeat_timeout` is aborted.
-- **Stall**: a child whose event loop has not run for its group's stall bound
-  (`groups.*.stall_timeout`, a third of the lease by default) is aborted, whatever its
-  heartbeat thread says. The bound sits well inside the lease, so the child is gone
-  and its tasks handed back before any lease it renewed can expire: a blocked loop
-  never yields two copies of a task running at once.
-- **max_run**: a child with a handler running `MAX_RUN_GRACE_S` past its group's
-  `max_run` (its own timeout did not end it: a blocked loop, a handler that ignores
-  cancellation) is aborted; once reaped, each such task is failed as
-  `max_run_exceeded`, with the normal retry backoff, before the rest is handed back.
-- **Drain**: a draining child (a shutdown, a roll, a shrink, a removed group) still
-  there at its drain deadline (its group's `shutdown_timeout`) gets SIGQUIT, then
-  SIGKILL `QUIT_GRACE_S` later.
-
-Aborting is SIGABRT, so the child's faulthandler writes every thread's stack to the
-log, then SIGKILL if it is still there a grace period later: short for a stall or an
-overrun, where every second counts against the lease.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """What the parent does when a child has been reaped.
 
-Design note. First the tasks: a child that did not say goodbye may hold leases, so its
-tasks are handed back at once (`Maintenance.hand_back`, scoped by its worker_id and
-queued only now that waitpid has returned), not when the leases expire. Tasks its
-start table shows it held but never started get back the attempt their claim spent, and
-so do tasks whose handler had returned but whose result was not written yet (at most
-`RETURNED_RESTORES` times per task: a result whose writing kills the child must not
-loop forever; see `daemon.starts`); tasks that got it killed for running past
-`max_run` are failed first, as `max_run_exceeded` with the normal retry backoff. Then
-what the end means for its pool, in this order:
-
-- exit 0 after `bye`: planned (drain, max_tasks, max_memory); its slot refills now.
-- stopped by us (SIGQUIT past a drain deadline, or a hard stop): nothing more.
-- a roll's new child that ended before it took its slot: the roll stops there, the
-  slot keeps its old child, and the reload is reported failed, naming group and slot.
-- exit 78 or a `fatal` message: cannot boot, and the next would not either: the group
-  goes FATAL (or, during a roll, the roll stops instead).
-- anything else, before `ready` or after (a signal during boot included): a crash,
-  paced by the slot's backoff and the group's restart budget; never FATAL by itself.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Every pool the supervisor runs, and which pool each child belongs to.
 
-Design note. A child belongs to exactly one pool from its spawn until it is reaped:
-to a slot of a configured group (as its child or a roll's successor), to that
-group's retired list while it drains, or to a removed group's pool, kept here until
-its last child is reaped. Whatever stops a child (a shrink, a roll, a removed group,
-a drain) stops it through its pool, so no child can escape drain, deadlines or the
-hand-back by falling out of the bookkeeping. `ownership_problems()` states the
-invariant so tests and the supervisor can check it.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

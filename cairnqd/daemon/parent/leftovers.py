@@ -1,22 +1,6 @@
 """What a child leaves behind: the processes its handlers started.
 
-Design note. Each child leads a process group of its own (`spawn_child` starts it with
-setpgid), and whatever its handlers start joins that group unless it leaves on
-purpose (setsid, setpgid: a tool that daemonizes itself). While the child runs the
-parent signals the group only to kill it (SIGKILL, as the child itself); a drain lets
-in-flight tasks finish, processes they started included. Once the child is reaped,
-however it ended (a drain, a hard stop, a crash), whatever is left in its group gets
-SIGTERM, then SIGKILL `GRACE_S` later, and the daemon does not exit before each such
-group is empty or killed.
-
-Signalling a group after its leader is reaped is safe while the group has members:
-a group's id is its leader's pid, and the kernel does not hand a pid out again while
-any process still refers to it. The ledger looks at each group every tick, forgets it
-once it is empty, and never signals an id that is now the pid of a live child.
-
-Being its own group also keeps a child out of the terminal's foreground group: Ctrl-C
-reaches the parent alone, which drains its children as it does for SIGTERM (the
-children ignored a terminal's SIGINT before, too).
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Child processes and the per-group pools that keep them at size.
 
-A `ChildProcess` is one incarnation: its Popen, its two pipes, its start table
-(`starts`) and what its messages told us (ready, tasks running and held, loop lag,
-memory). A `GroupPool` owns a group's slots and
-decides, per tick, what each needs: spawn now, wait out a backoff, or stay empty
-(crashloop, FATAL, stopping). Spawning is fork+exec of `python -m cairnqd.daemon.child`, so
-nothing of the parent (threads, connections, locks) reaches a child; each child leads a
-process group of its own, which holds whatever its handlers start (`leftovers`).
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """The checks made once before any child exists, by the daemon and `cairnqd check --connect`.
 
-Design note. Everything a child would fail on at boot, every child alike, is cheaper
-to find once in the parent: a schema with pending migrations that the children may not
-apply, a database that is not cairnq's or speaks another protocol, a handler module
-that does not import, a Postgres server with fewer connections than the config opens.
-Found by the children instead, each is repeated by every child and its restarts until
-every group is FATAL, after a misleading "cairnqd started". The daemon refuses to
-start on any `problem` (one line each, exit 78) and logs each `warning`.
-
-A database that cannot be reached is not a problem for the daemon (the children wait
-for it, and it may be on its way up), only a warning; `check --connect` fails on it.
-The checks never create or migrate anything: a missing SQLite file is looked at, not
-opened, and the store is opened with `migrate=False`.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Config reload (SIGHUP, SIGUSR2): validate, plan, then let the supervisor apply it.
 
-Design note. The new file is parsed and validated first; on any error the old config
-keeps running and the refusal is reported (state file, metrics, systemd STATUS).
-Settings a running parent cannot change in place (`restart_only_changes`) refuse the
-whole reload rather than half-apply it. What a valid reload does is computed as a
-`ReloadPlan`, plain data (groups to add, retire, resize, roll; hot settings; whether
-the generation moves), which the supervisor applies to its pools: this module never
-touches the supervisor's fields. The file is read and validated on a thread of its
-own (`ConfigLoad`), so a slow or hostile file never stalls the supervisor's loop;
-the result is taken, and applied, on the loop. SIGHUP rolls only the groups whose fingerprint
-changed; SIGUSR2 rolls every group. The pools roll their own slots; a reload stays
-in flight until none is rolling, and a reload asked for meanwhile waits for it.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

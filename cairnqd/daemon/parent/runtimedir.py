@@ -1,21 +1,6 @@
 """The runtime directory: which ones we accept, and how files in it are opened.
 
-Design note. Without systemd's `RUNTIME_DIRECTORY` or an `XDG_RUNTIME_DIR`, the
-runtime directory is `$TMPDIR/cairnqd-<uid>` (`/tmp/cairnqd-<uid>`), a name any local
-user can create first. Whoever owns that directory decides what the daemon's lock and
-state files are, so:
-
-- The daemon accepts only a directory owned by its effective uid and writable by
-  nobody else (no group or other write bit); it creates a missing one 0700. A
-  symlink in place of the directory must belong to us or root.
-- Every file in it is opened relative to the directory's descriptor and with
-  `O_NOFOLLOW`, so a symlink planted in place of the lock or state file is refused
-  instead of followed (the lock file is truncated: following a link would clobber
-  whatever it points at). Files are created 0600.
-- A client (`cairnqd reload`) trusts a state file only if it is a regular file, not
-  a symlink, in an acceptable directory, and owned by the directory's owner; a
-  client running as root may read the state of a daemon running as another user.
-  What the file says is then checked against the process it names (`cli.main`).
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

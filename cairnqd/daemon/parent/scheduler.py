@@ -1,23 +1,6 @@
 """The parent's scheduler: enqueues each slot of each configured schedule, once.
 
-Design note. One host runs the schedules at a time: on Postgres the one holding the
-advisory lock (`lock_namespace`, 3) on a session of its own, on SQLite the daemon that
-holds the file. The others look every second whether the lock is free, so when the
-leader dies (its sessions close and Postgres frees the lock) another host leads within
-about a second of the server noticing. Leadership only keeps the work in one place:
-correctness does not depend on it. Every slot is enqueued in one transaction that
-moves the schedule's row past the slot (store/tables/schedules.py), so two hosts that both
-believe they lead, or a leader restarted in the middle of a slot, still enqueue it once.
-
-Each pass (`run_once`) reads every schedule's row, plans the due slots with the
-schedule's misfire policy (cairnqd.schedules.plan_due) and applies the plan in slot
-order; a slot whose enqueue fails stays due and is tried again on the next pass, and
-the schedule's later slots wait behind it. The leader then sleeps until the next slot
-(at most 5 s, to refresh leadership and metrics); the others poll every second.
-
-Like the maintenance thread, it runs on a `LoopThread` with a store of its own, so the
-supervisor's loop never waits on it. Errors are caught per pass, counted as
-`cairnq_db_errors_total{component="scheduler"}` and logged; the loop goes on.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

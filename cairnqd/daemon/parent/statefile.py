@@ -1,26 +1,6 @@
 """The daemon's state file: how `cairnqd reload` finds the daemon and learns the outcome.
 
-Design note. One daemon per config file: its state lives at
-`<runtime_dir>/cairnqd-<sha256(abspath(config))[:16]>.json` and holds
-`{pid, generation, config, reload: {seq, ok, errors, at}}`. The daemon bumps
-`reload.seq` after every reload attempt, applied or refused, so a client that read
-`seq` before sending SIGHUP knows its outcome is in once `seq` moves.
-
-- Readers never see a torn file: `write()` goes through a temp file in the same
-  directory, fsync, then `os.replace` (atomic on POSIX within one filesystem).
-- Exclusivity is an `flock` on a sibling `.lock` file, not on the JSON: the JSON is
-  replaced on every write, and a lock on a replaced inode guards nothing. The kernel
-  drops an flock when its holder dies, so a crashed daemon never leaves a stale lock.
-- Both live in a runtime directory that `runtimedir` accepts (ours, writable by
-  nobody else), are created 0600 and are never opened through a symlink.
-- A client finds the state file by the config's `runtime_dir`, and when there is no
-  live daemon there (the file no longer parses, or names another directory since the
-  daemon started), by the daemon itself: `running_masters` looks for the process
-  titled `cairnqd: master [<abspath(config)>]` and the lock file it holds open, whose
-  directory is the runtime directory chosen at its start.
-- `release()` deletes the JSON but keeps the lock file. Unlinking a lock file opens a
-  race: a second daemon that opened the old inode just before the unlink would lock
-  it while a third locks a fresh file at the same path, and both would run.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

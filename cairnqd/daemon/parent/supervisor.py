@@ -1,20 +1,6 @@
 """The parent process: `cairnqd -c cairnq.yaml`.
 
-Design note. One thread runs one `selectors` loop over the signal wakeup fd and every
-child's events pipe. Signal handlers only record the signal number; `run()` then
-reads as named steps: dispatch signals, read pipes, reap children, check deadlines,
-keep each pool at size, report status. Database work never runs here: the
-maintenance thread owns a connection (reaper, hand-back, purge) and the metrics
-thread another, so a stalled database can never stall reaping, signals or the
-systemd watchdog.
-
-Beside it, each with one concern: `channels` (the children's pipes, decoded with one
-guard, and reaping), `exits` (what a child's end means: hand-back first, then crash,
-FATAL or a failed roll), `fleet` (every pool, and which pool each child belongs to),
-`reload` (load off the loop, then a plan this class applies), `deadlines` (boot,
-heartbeat, max_run, drain), `status` (process title, sd_notify, /healthz, the SIGUSR1
-dump) and `preflight` (database, migrations, handler imports and the connection budget,
-checked once before any child is spawned).
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """The host's one LISTEN, on `database.direct_dsn`, passed on to the children.
 
-Design note. Behind a pooler, a LISTEN per child would cost a server connection each
-(session mode) or hear nothing at all (transaction mode). With `direct_dsn` set, the
-parent holds the host's only LISTEN connection, on `cairnq_queued`, directly on
-Postgres; the children LISTEN on nothing and get `wake` messages instead.
-
-- The LISTEN runs on a thread of its own (`LoopThread`), like every database duty of
-  the parent, so the supervisor's loop never waits on the database.
-- Each notification's payload (a queue name) goes into a set, and one byte into a
-  pipe the supervisor's selector watches; the loop takes the set and writes one `wake`
-  to each child whose group claims from one of those queues (`Supervisor._send_wakes`).
-  Only the main thread writes to the children's pipes: a child's pipe may be closed
-  (and its descriptor reused) the moment it is reaped, which only that thread knows.
-- The listener proves it hears, as every listener does (store/postgres/listen.py): a NOTIFY
-  on a private channel sent through the pooled DSN, where real notifications come
-  from. Deaf: one warning, `cairnq_listen_deaf` 1, and the children keep polling.
-- Wakes are hints: a child whose control pipe is already backed up is skipped (it is
-  behind anyway, and polls), so a stuck child can never block the loop on a write.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

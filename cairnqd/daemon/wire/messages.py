@@ -1,19 +1,6 @@
 """The messages parent and children exchange: one frozen dataclass per kind.
 
-Design note. Every message crosses a pipe as one line of JSON, an object whose `t`
-names its kind (`pipes` does the framing). `encode()` writes a message; `decode_child()`
-and `decode_control()` read one and raise `MessageError` for anything that is not
-exactly a message of a known kind with fields of the declared types. That strictness
-is the parent's one guard: whatever a child writes (a bug, a handler scribbling on
-the descriptor, a half-upgraded install), the supervisor gets a typed message whose
-fields it can use without checking, or a `MessageError` it counts and logs. Fields a
-reader does not know are ignored, so a field can be added without a version bump.
-
-Child to parent: `ready`, `hb` (liveness, loop lag, tasks running and held, overruns),
-`tally` (cumulative task counts, `daemon.tally`), `dberr`, `bye`, `fatal`. There is no
-message per task: which held tasks a child started is in its start table
-(`daemon.starts`), which the parent reads after the child is gone. Parent to child:
-`boot` (`daemon.boot`), `log_level`, `reopen_logs`, `claiming`.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """The parent's Prometheus registry, its HTTP endpoint and the database collector.
 
-Design note. The parent owns the only registry; children report on their
-event pipe and `record_event` turns each line into counter updates here, so counters
-survive child restarts and no multiprocess mode (with its per-pid files) is needed.
-
-- `registry`: `Metrics`, every family and the updates the supervisor makes; the
-  families themselves are declared in `families`.
-- `database`: the DB gauges, a collector with its own thread, store, cache and
-  (`metrics.queue_stats: leader`) leader lock.
-- `labels`: family names and the bounded label values (queues, enums).
-- `series`: which label values are in use, so reload can drop a queue's series.
-- `server`: `/metrics` and `/healthz`.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations

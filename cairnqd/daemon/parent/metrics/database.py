@@ -1,28 +1,6 @@
 """The database gauges: a custom collector that reads `stats` from the store.
 
-Design note.
-
-- `DatabaseCollector` has its own thread, asyncio loop and store (opened in that
-  thread on first use; never in a scrape thread, never on the supervisor's loop).
-  Results are reused for `stats_ttl`; concurrent scrapes share the one query in
-  flight; a scrape waits at most 2 s. On failure the DB families are left out (no
-  stale numbers) and `cairnq_db_up` is 0. `describe()` answers without a query, so
-  registering never touches the database.
-- **`metrics.queue_stats: leader`** (Postgres): only the host whose collector holds
-  the session advisory lock `(database.lock_namespace, 2)` exports `cairnq_tasks`,
-  the oldest-queued age and expired leases, so dashboards can `sum` without
-  double-counting and the database answers the statistics once, not once per host.
-  The lock lives on a session of the collector's own, taken with
-  `pg_try_advisory_lock` and kept while that session lives; a non-leader tries again
-  on each refresh, so when the leader stops or loses its connection another host
-  takes over within one `stats_ttl`. Non-leaders run no statistics query but still
-  export `cairnq_db_up` (did the lock's round trip succeed) and the scrape gauges.
-  SQLite has one host, which always leads.
-- **Outages**: `cairnq_db_up` is also 0 while any process of the daemon (the parent's
-  maintenance thread, a child) reports the database unreachable
-  (`set_outage_source`); /healthz names which. A failing
-  statistics query is logged when it starts failing, not on every scrape; the outage
-  itself is logged once by the maintenance thread.
+The reasoning: docs/architecture.md, "Daemon design notes".
 """
 
 from __future__ import annotations
