@@ -110,14 +110,25 @@ class StrKind(_Scalar):
         return value
 
 
-class HandlerPathKind(StrKind):
+class ParsedStrKind(StrKind):
+    """A string that a parser must accept (`parse`); the parser's ValueError is the
+    error the user sees."""
+
+    def parse(self, text: str) -> None:
+        raise NotImplementedError
+
     def convert(self, value: ScalarValue) -> Any:
         text = super().convert(value)
         try:
-            parse_handler_path(text)
+            self.parse(text)
         except ValueError as exc:
             raise Invalid(str(exc)) from None
         return text
+
+
+class HandlerPathKind(ParsedStrKind):
+    def parse(self, text: str) -> None:
+        parse_handler_path(text)
 
 
 class PathKind(StrKind):

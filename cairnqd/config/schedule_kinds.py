@@ -7,9 +7,8 @@ import json
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from cairnqd.config.kinds import INVALID, Invalid, Kind, StrKind, show_node, show_value
+from cairnqd.config.kinds import INVALID, Invalid, Kind, ParsedStrKind, show_node, show_value
 from cairnqd.config.yamlload import (
-    ScalarValue,
     YamlMapping,
     YamlNode,
     YamlPath,
@@ -25,29 +24,23 @@ if TYPE_CHECKING:
 _MAX_PAYLOAD_BYTES = 64 * 1024
 
 
-class CronKind(StrKind):
+class CronKind(ParsedStrKind):
     expected = "a cron expression like '0 3 * * *' or a macro like @daily"
 
-    def convert(self, value: ScalarValue) -> Any:
-        text = super().convert(value)
-        try:
-            parse_cron(text)
-        except ValueError as exc:
-            raise Invalid(str(exc)) from None
-        return text
+    def parse(self, text: str) -> None:
+        parse_cron(text)
 
 
-class TimezoneKind(StrKind):
+class TimezoneKind(ParsedStrKind):
     expected = "an IANA time zone like Europe/Berlin"
 
-    def convert(self, value: ScalarValue) -> Any:
-        text = super().convert(value)
+    def parse(self, text: str) -> None:
         try:
             ZoneInfo(text)
         except (ZoneInfoNotFoundError, ValueError):
-            message = f"unknown time zone {text!r} (expected an IANA name like Europe/Berlin)"
-            raise Invalid(message) from None
-        return text
+            raise ValueError(
+                f"unknown time zone {text!r} (expected an IANA name like Europe/Berlin)"
+            ) from None
 
 
 class MisfireKind(Kind):

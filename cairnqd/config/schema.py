@@ -138,47 +138,45 @@ class SectionKind(Kind):
 
 
 class GroupsKind(SectionKind):
-    """Named sections: `groups: {name: {...}}`, in file order."""
+    """Named sections, `groups: {name: {...}}` and `schedules: {name: {...}}`, in file
+    order: each name matches ^[a-z][a-z0-9_-]*$ and goes into its section as `name_key`
+    (a schedule's own `name` key is its task name, so its name goes in as `schedule`)."""
 
     NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
-        if isinstance(node, YamlScalar) and node.value is None:
-            node = YamlMapping({}, node.position)
-        if not isinstance(node, YamlMapping):
-            raise self.fail(show_node(node))
-        if not node.entries:
-            raise Invalid("define at least one group")
-        groups: dict[str, Any] = {}
-        for name, entry in node.entries.items():
-            groups[name] = ck.guard(self.build, entry.node, (*path, name), {"name": name})
-            if not self.NAME.fullmatch(name):
-                message = f"group name {name!r} must match ^[a-z][a-z0-9_-]*$"
-                ck.error(entry.key_position, (*path, name), message)
-                groups[name] = INVALID
-        return INVALID if INVALID in groups.values() else MappingProxyType(groups)
-
-    def dump(self, value: Any) -> Any:
-        return {name: dump_section(group, self.pattern) for name, group in value.items()}
-
-
-class _Schedules(GroupsKind):
-    """`schedules: {name: {...}}`: named like groups, but may be empty, and the entry's
-    own `name` key is the task name, so the schedule's name goes in as `schedule`."""
+    def __init__(
+        self,
+        cls: type,
+        finish: _Finish | None = None,
+        *,
+        noun: str = "group",
+        name_key: str = "name",
+        required: bool = True,
+    ) -> None:
+        super().__init__(cls, finish)
+        self.noun = noun
+        self.name_key = name_key
+        #: Whether at least one entry must be defined.
+        self.required = required
 
     def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
         if isinstance(node, YamlScalar) and node.value is None:
             node = YamlMapping({}, node.position)
         if not isinstance(node, YamlMapping):
             raise self.fail(show_node(node))
+        if self.required and not node.entries:
+            raise Invalid(f"define at least one {self.noun}")
         built: dict[str, Any] = {}
         for name, entry in node.entries.items():
-            built[name] = ck.guard(self.build, entry.node, (*path, name), {"schedule": name})
+            built[name] = ck.guard(self.build, entry.node, (*path, name), {self.name_key: name})
             if not self.NAME.fullmatch(name):
-                message = f"schedule name {name!r} must match ^[a-z][a-z0-9_-]*$"
+                message = f"{self.noun} name {name!r} must match ^[a-z][a-z0-9_-]*$"
                 ck.error(entry.key_position, (*path, name), message)
                 built[name] = INVALID
         return INVALID if INVALID in built.values() else MappingProxyType(built)
+
+    def dump(self, value: Any) -> Any:
+        return {name: dump_section(group, self.pattern) for name, group in value.items()}
 
 
 class RulesKind(SectionKind):
@@ -314,7 +312,8 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("groups.*.resources", MapKind(_RESOURCE, IntKind(1)), {}, _L,
             "Shared ceilings that handlers registered with resource= draw from, e.g. {gpu: 1}."),
     # -- schedules: recurring tasks (docs/schedules.md) --
-    Setting("schedules", _Schedules(ScheduleConfig, finish_schedule), {}, None,
+    Setting("schedules", GroupsKind(ScheduleConfig, finish_schedule, noun="schedule",
+            name_key="schedule", required=False), {}, None,
             example=_EXAMPLE_SCHEDULES, doc=
             "Recurring tasks, by name (^[a-z][a-z0-9_-]*$): the daemon enqueues each slot "
             "once across every host sharing the database (docs/schedules.md)."),
