@@ -10,8 +10,9 @@ from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
+from cairnqd.config.checks import Checkable
 from cairnqd.config.dsn import dsn_problem
-from cairnqd.config.kinds import INVALID, Invalid, Kind, suggest
+from cairnqd.config.kinds import INVALID, Invalid, suggest
 from cairnqd.config.problems import ConfigProblem
 from cairnqd.config.schema import Setting, child_settings
 from cairnqd.config.sections import GroupConfig
@@ -94,7 +95,7 @@ class Checker:
             self.error((exc.node or node).position, (*path, *exc.suffix), exc.message)
             return INVALID
 
-    def value(self, kind: Kind, node: YamlNode, path: YamlPath) -> Any:
+    def value(self, kind: Checkable, node: YamlNode, path: YamlPath) -> Any:
         return self.guard(kind.check, node, path)
 
     def setting(self, setting: Setting, node: YamlNode, path: YamlPath) -> Any:

@@ -7,8 +7,9 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from cairnqd.config.checks import Checks
 from cairnqd.config.kinds import INVALID
 from cairnqd.config.schedule_kinds import warn_unserved_queues
 from cairnqd.config.sections import DatabaseConfig, RetentionConfig
@@ -16,11 +17,8 @@ from cairnqd.config.shadowing import check_rule_shadowing
 from cairnqd.config.units import format_duration
 from cairnqd.config.yamlload import YamlPath
 
-if TYPE_CHECKING:
-    from cairnqd.config.checker import Checker
 
-
-def finish_database(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_database(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     sources = [k for k in ("path", "dsn", "dsn_file") if v[k] is not None]
     if not sources:
         ck.error_at(path, "set one of path (SQLite), dsn or dsn_file (Postgres)")
@@ -38,7 +36,7 @@ def finish_database(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str,
     return v
 
 
-def _finish_pooler(ck: Checker, v: dict[str, Any], path: YamlPath) -> None:
+def _finish_pooler(ck: Checks, v: dict[str, Any], path: YamlPath) -> None:
     """`direct_dsn`/`direct_dsn_file` and `pool_size` only mean something on Postgres,
     and `pool_size` only under a session pooler."""
     if v["direct_dsn"] is not None and v["direct_dsn_file"] is not None:
@@ -59,7 +57,7 @@ def _finish_pooler(ck: Checker, v: dict[str, Any], path: YamlPath) -> None:
         ck.warn_at((*path, "pool_size"), "is only used with pooler: session")
 
 
-def finish_group(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_group(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     low, high = v["retry_backoff"], v["retry_backoff_max"]
     if INVALID not in (low, high) and high < low:
         message = f"must be at least retry_backoff ({format_duration(low)})"
@@ -80,7 +78,7 @@ DASHBOARD_TOKEN_MIN = 16
 _DASHBOARD_TOKEN_MAX = 4096
 
 
-def finish_dashboard(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_dashboard(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     v["token"] = None
     if isinstance(v["token_file"], str):
         v["token"] = _read_token(ck, (*path, "token_file"), v["token_file"])
@@ -99,7 +97,7 @@ def finish_dashboard(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str
     return v
 
 
-def _read_token(ck: Checker, path: YamlPath, filename: str) -> Any:
+def _read_token(ck: Checks, path: YamlPath, filename: str) -> Any:
     try:
         with open(filename, encoding="utf-8") as f:
             text = f.read(_DASHBOARD_TOKEN_MAX + 1)
@@ -124,7 +122,7 @@ def _read_token(ck: Checker, path: YamlPath, filename: str) -> Any:
     return token
 
 
-def finish_retention(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_retention(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     rules = v["rules"]
     if rules is not INVALID:
         if not rules:
@@ -133,7 +131,7 @@ def finish_retention(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str
     return v
 
 
-def finish_root(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_root(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     database, groups = v["database"], v["groups"]
     if groups is not INVALID and v["handlers"] is not INVALID:
         groups = v["groups"] = ck.inherit_handlers(groups, v["handlers"])
@@ -155,7 +153,7 @@ def finish_root(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any
     return v
 
 
-def _warn_python_path(ck: Checker, directories: Any) -> None:
+def _warn_python_path(ck: Checks, directories: Any) -> None:
     if directories is INVALID:
         return
     for i, directory in enumerate(directories):

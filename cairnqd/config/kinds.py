@@ -10,8 +10,9 @@ import ipaddress
 import re
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from cairnqd.config.checks import Checks
 from cairnqd.config.dsn import dsn_problem
 from cairnqd.config.handler_path import parse_handler_path
 from cairnqd.config.sections import ListenAddress
@@ -24,9 +25,6 @@ from cairnqd.config.yamlload import (
     YamlScalar,
     YamlSequence,
 )
-
-if TYPE_CHECKING:
-    from cairnqd.config.checker import Checker
 
 
 class _InvalidType:
@@ -72,7 +70,7 @@ def suggest(word: str, choices: Sequence[str]) -> str:
 class Kind:
     expected = "a value"
 
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         raise NotImplementedError
 
     def dump(self, value: Any) -> Any:
@@ -83,7 +81,7 @@ class Kind:
 
 
 class _Scalar(Kind):
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         if not isinstance(node, YamlScalar):
             raise self.fail(show_node(node))
         return self.convert(node.value)
@@ -139,7 +137,7 @@ class PathKind(StrKind):
 
     expected = "a file path"
 
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         return ck.resolve_path(super().check(ck, node, path))
 
 
@@ -309,7 +307,7 @@ class ListKind(Kind):
         self.non_empty = non_empty
         self.expected = f"a list of {item.expected.removeprefix('a ').removeprefix('an ')}s"
 
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         if not isinstance(node, YamlSequence):
             raise self.fail(show_node(node))
         if self.non_empty and not node.items:
@@ -329,7 +327,7 @@ class BucketsKind(ListKind):
         super().__init__(_Number())
         self.expected = "an increasing list of numbers > 0"
 
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         values = super().check(ck, node, path)
         if values is not INVALID and list(values) != sorted(set(values)):
             raise Invalid("bucket bounds must increase")
@@ -361,7 +359,7 @@ class MapKind(Kind):
         self.key, self.value = key, value
         self.expected = "a mapping"
 
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         if not isinstance(node, YamlMapping):
             raise self.fail(show_node(node))
         result: dict[str, Any] = {}

@@ -4,9 +4,10 @@ policy, the payload, and the checks across them (`finish_schedule`)."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cairnqd.config.checks import Checks
 from cairnqd.config.kinds import INVALID, Invalid, Kind, ParsedStrKind, show_node, show_value
 from cairnqd.config.yamlload import (
     YamlMapping,
@@ -16,9 +17,6 @@ from cairnqd.config.yamlload import (
     to_plain,
 )
 from cairnqd.schedules import POLICIES, Misfire, parse_cron
-
-if TYPE_CHECKING:
-    from cairnqd.config.checker import Checker
 
 #: A payload bigger than this as JSON is refused at load rather than at every slot.
 _MAX_PAYLOAD_BYTES = 64 * 1024
@@ -46,7 +44,7 @@ class TimezoneKind(ParsedStrKind):
 class MisfireKind(Kind):
     expected = "skip, once, or {catch_up: N}"
 
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         if isinstance(node, YamlScalar):
             if node.value == "catch_up":
                 raise Invalid("catch_up needs a limit: write misfire: {catch_up: 10}")
@@ -78,7 +76,7 @@ class PayloadKind(Kind):
 
     expected = "a JSON value"
 
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         value = to_plain(node)
         try:
             text = json.dumps(value, allow_nan=False, ensure_ascii=False)
@@ -89,7 +87,7 @@ class PayloadKind(Kind):
         return value
 
 
-def finish_schedule(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+def finish_schedule(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
     rules = [k for k in ("cron", "every") if v[k] is not None]
     if not rules:
         ck.error_at(path, "set one of cron or every")
@@ -107,7 +105,7 @@ def finish_schedule(ck: Checker, v: dict[str, Any], path: YamlPath) -> dict[str,
     return v
 
 
-def warn_unserved_queues(ck: Checker, schedules: Any, groups: Any) -> None:
+def warn_unserved_queues(ck: Checks, schedules: Any, groups: Any) -> None:
     """A schedule whose queue no group here claims: fine when another host serves it,
     a silent pile-up when nobody does."""
     if schedules is INVALID or groups is INVALID:

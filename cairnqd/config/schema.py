@@ -11,8 +11,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from cairnqd.config.checks import Checks
 from cairnqd.config.finish import (
     finish_dashboard,
     finish_database,
@@ -61,9 +62,6 @@ from cairnqd.config.sections import (
     SupervisorConfig,
 )
 from cairnqd.config.yamlload import YamlMapping, YamlNode, YamlPath, YamlScalar, YamlSequence
-
-if TYPE_CHECKING:
-    from cairnqd.config.checker import Checker
 
 
 class Reload(enum.Enum):
@@ -118,10 +116,10 @@ class SectionKind(Kind):
         self.finish = finish
         self.pattern = ""  # set when SCHEMA is indexed
 
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         return self.build(ck, node, path, {})
 
-    def build(self, ck: Checker, node: YamlNode, path: YamlPath, extra: dict[str, Any]) -> Any:
+    def build(self, ck: Checks, node: YamlNode, path: YamlPath, extra: dict[str, Any]) -> Any:
         if isinstance(node, YamlScalar) and node.value is None:  # `metrics:` left empty
             node = YamlMapping({}, node.position)
         if not isinstance(node, YamlMapping):
@@ -159,7 +157,7 @@ class GroupsKind(SectionKind):
         #: Whether at least one entry must be defined.
         self.required = required
 
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         if isinstance(node, YamlScalar) and node.value is None:
             node = YamlMapping({}, node.position)
         if not isinstance(node, YamlMapping):
@@ -182,7 +180,7 @@ class GroupsKind(SectionKind):
 class RulesKind(SectionKind):
     """A list of sections: `rules: [{...}, ...]`."""
 
-    def check(self, ck: Checker, node: YamlNode, path: YamlPath) -> Any:
+    def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         if not isinstance(node, YamlSequence):
             raise Invalid(f"expected a list, got {show_node(node)}")
         rules = [ck.guard(self.build, item, (*path, i), {}) for i, item in enumerate(node.items)]
@@ -192,7 +190,7 @@ class RulesKind(SectionKind):
         return [dump_section(rule, self.pattern) for rule in value]
 
 
-_Finish = Callable[["Checker", dict[str, Any], YamlPath], dict[str, Any]]
+_Finish = Callable[["Checks", dict[str, Any], YamlPath], dict[str, Any]]
 
 _QUEUE = StrKind(r"[^\s\x00-\x1f]+", "a queue name without spaces")
 _RESOURCE = StrKind(r"[A-Za-z_][A-Za-z0-9_.-]*", "a name like gpu or db_writer")

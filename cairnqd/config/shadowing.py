@@ -5,14 +5,10 @@ a rule inside a shorter one is dead: an error, not a warning."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from cairnqd.config.checks import Checks
 from cairnqd.config.sections import PurgeRule
 from cairnqd.config.units import format_duration
 from cairnqd.config.yamlload import YamlPath, format_path
-
-if TYPE_CHECKING:
-    from cairnqd.config.checker import Checker
 
 
 def _covers(a: PurgeRule, b: PurgeRule) -> bool:
@@ -34,7 +30,7 @@ def _shadows(a: PurgeRule, i: int, b: PurgeRule, j: int) -> bool:
     return a.older_than < b.older_than or not _covers(b, a) or i < j
 
 
-def check_rule_shadowing(ck: Checker, rules: tuple[PurgeRule, ...], path: YamlPath) -> None:
+def check_rule_shadowing(ck: Checks, rules: tuple[PurgeRule, ...], path: YamlPath) -> None:
     """A task's retention is the minimum over matching rules, and
     filters cannot exclude, so a rule inside a shorter one can never fire."""
     for j, rule in enumerate(rules):
@@ -55,7 +51,7 @@ def check_rule_shadowing(ck: Checker, rules: tuple[PurgeRule, ...], path: YamlPa
 
 
 def _warn_overlap(
-    ck: Checker, path: YamlPath, a: tuple[int, PurgeRule], b: tuple[int, PurgeRule]
+    ck: Checks, path: YamlPath, a: tuple[int, PurgeRule], b: tuple[int, PurgeRule]
 ) -> None:
     """Tasks matching both rules get the shorter retention; say so at the longer one,
     whose author probably expected otherwise."""
