@@ -17,6 +17,14 @@ from tests.support.worker import POSTGRES_ONLY, SQLITE_ONLY, running, wait_statu
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.fixture
+def orders_table(db_target: str) -> str:
+    """The application's own table, on the store's database; its DSN."""
+    with psycopg.connect(db_target, autocommit=True) as conn:
+        conn.execute("create table orders (id text primary key, amount int not null)")
+    return db_target
+
+
 def _orders(dsn: str) -> list[tuple[str, int]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("select id, amount from orders order by id").fetchall()
@@ -25,10 +33,8 @@ def _orders(dsn: str) -> list[tuple[str, int]]:
 
 @POSTGRES_ONLY
 async def test_the_handlers_writes_and_the_result_commit_together(
-    store: TaskStore, client: CairnQ, db_target: str
+    store: TaskStore, client: CairnQ, orders_table: str
 ) -> None:
-    with psycopg.connect(db_target, autocommit=True) as conn:
-        conn.execute("create table orders (id text primary key, amount int not null)")
     worker = Worker(store, ["default"], poll_interval_ms=50)
 
     @worker.task
@@ -46,15 +52,13 @@ async def test_the_handlers_writes_and_the_result_commit_together(
     async with running(worker):
         done = await wait_status(store, task.id, "succeeded")
     assert done.result == {"orders": 1}
-    assert _orders(db_target) == [(task.id, 42)]
+    assert _orders(orders_table) == [(task.id, 42)]
 
 
 @POSTGRES_ONLY
 async def test_a_write_that_raises_leaves_neither_the_row_nor_a_success(
-    store: TaskStore, client: CairnQ, db_target: str
+    store: TaskStore, client: CairnQ, orders_table: str
 ) -> None:
-    with psycopg.connect(db_target, autocommit=True) as conn:
-        conn.execute("create table orders (id text primary key, amount int not null)")
     worker = Worker(store, ["default"], poll_interval_ms=50)
 
     @worker.task
@@ -69,7 +73,7 @@ async def test_a_write_that_raises_leaves_neither_the_row_nor_a_success(
     async with running(worker):
         failed = await wait_status(store, task.id, "failed")
     assert failed.error is not None and "receipt" in str(failed.error.get("message"))
-    assert _orders(db_target) == []  # rolled back with the settlement
+    assert _orders(orders_table) == []  # rolled back with the settlement
 
 
 @SQLITE_ONLY
