@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -87,13 +88,24 @@ async def sdk_once(
     return Run({"tasks_per_s": n / elapsed, "elapsed_s": elapsed, "tasks": n})
 
 
+def _module(name: str, older_name: str) -> Any:
+    """Module `name` of the tree under test, or `older_name` in a tree from before it moved."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return importlib.import_module(older_name)
+
+
 async def raw_once(backend: Backend, batches: int) -> Run:
     """The bare `insert_many` statement, `batches` transactions of BATCH rows."""
     from cairnqd._protocol import statement
     from cairnqd.store.arguments import SubmitRequest
     from cairnqd.store.base import wall_clock_ms
-    from cairnqd.store.postgres.connect import bind
-    from cairnqd.store.sqlite.statements import run_rows
+
+    # Under bench.ab the "before" tree may predate the dialect packages.
+    bind = _module("cairnqd.store.postgres.connect", "cairnqd.store.pg_connect").bind
+    statements = _module("cairnqd.store.sqlite.statements", "cairnqd.store.sqlite_statements")
+    run_rows = statements.run_rows
     from cairnqd.store.statement_params import insert_many_params, insert_rows
 
     async with fresh_target(backend, "submit") as target:
