@@ -92,5 +92,7 @@ def derived_name(fn: Handler) -> str:
 def check_positive(value: Any, arg: str, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{arg} must be an integer >= 1, got {value!r}")
+    if value < 1:  # worded as the public SDK words it
+        raise ValueError(f"{arg} must be >= 1, got {value}")

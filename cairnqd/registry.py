@@ -124,7 +124,7 @@ class TaskRegistry:
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)):
             raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
         if batch is not None and batch < 1:
-            raise ValueError(f"batch must be an integer >= 1, got {batch}")
+            raise ValueError(f"batch must be >= 1, got {batch}")
         if resource is not None and (not isinstance(resource, str) or not resource):
             raise ValueError(f"resource must be a non-empty string, got {resource!r}")
         # The SDK silently keeps the last registration; in a registry assembled from

@@ -83,6 +83,8 @@ class Worker:
         check_positive(concurrency, "concurrency")
         check_positive(lease_ms, "lease_ms")
         check_positive(poll_interval_ms, "poll_interval_ms")
+        if isinstance(max_run_ms, int) and not isinstance(max_run_ms, bool) and max_run_ms <= 0:
+            raise ValueError(f"max_run_ms must be > 0, got {max_run_ms}")  # the SDK's words
         check_positive(max_run_ms, "max_run_ms", allow_none=True)
         prefetch_sizer = PrefetchSizer(prefetch)
         if retry_backoff_ms < 0 or retry_backoff_max_ms < 0:
