@@ -45,7 +45,7 @@ def make_handler(
     if resource is not None and resource not in resources:
         declared = ", ".join(sorted(resources)) or "none"
         raise ValueError(
-            f"resource {resource!r} for task {resolved!r} is not declared in "
+            f"task {resolved!r} declares resource {resource!r}, which is not in "
             f"Worker(resources=...); declared: {declared}"
         )
     return RegisteredHandler(
@@ -85,7 +85,10 @@ def derived_name(fn: Handler) -> str:
     be an identifier (a lambda's `<lambda>` would collide across handlers)."""
     name = getattr(fn, "__name__", "")
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"cannot derive a task name from {fn!r}; pass one explicitly")
+        raise ValueError(
+            f"worker.task: cannot derive a task name from {name or fn!r}; pass one "
+            "explicitly, e.g. @worker.task('summary.create')"
+        )
     return name
 
 

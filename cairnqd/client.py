@@ -257,20 +257,26 @@ async def wait_for_task(
         )
     deadline = time.monotonic() + timeout_ms / 1000
     interval = poll_ms
-    last_id = task_id
     while True:
         ref = await (store.get_status(task_id) if task_id else store.get_status_by_key(key or ""))
-        if ref is not None:
-            last_id = ref.id
-            if ref.is_terminal:
-                task = await store.get(ref.id)
-                # Between the two reads the task may have been retried or purged.
-                if task is not None and task.is_terminal:
-                    return task
+        if ref is not None and ref.is_terminal:
+            task = await store.get(ref.id)
+            # Between the two reads the task may have been retried or purged.
+            if task is not None and task.is_terminal:
+                return task
         remaining_ms = int((deadline - time.monotonic()) * 1000)
         if remaining_ms <= 0:
-            snapshot = await store.get(last_id) if last_id else None
-            raise TaskTimeout(last_id or key or "", timeout_ms=timeout_ms, task=snapshot, key=key)
+            # The snapshot the error describes; a task that finished since the probe
+            # is simply the answer. A key that points at nothing now has no task.
+            snapshot = await store.get(ref.id) if ref is not None else None
+            if snapshot is not None and snapshot.is_terminal:
+                return snapshot
+            raise TaskTimeout(
+                ref.id if ref is not None else (task_id or key or ""),
+                timeout_ms=timeout_ms,
+                task=snapshot,
+                key=key,
+            )
         sleep_ms = min(interval, remaining_ms)
         if ref is not None:
             await store.task_done_wake(ref.id, sleep_ms)

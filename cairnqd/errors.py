@@ -52,7 +52,7 @@ class ErrorEnvelope:
         stored: Mapping[str, Any] = error if isinstance(error, Mapping) else {}
         details = stored.get("details")
         return cls(
-            type=str(stored.get("type", "Error")),
+            type=str(stored.get("type", "TaskError")),
             code=str(stored.get("code", "task_error")),
             message=str(stored.get("message", "task failed")),
             retryable=bool(stored.get("retryable", False)),
@@ -64,10 +64,14 @@ class CairnQError(Exception):
     """Base class of every error cairnqd raises on purpose."""
 
 
+# The messages below are the public SDK's, word for word: code written against it
+# matches on them in logs and tests (docs/protocol.md, "8.13 Messages").
+
+
 class AlreadyExists(CairnQError):
     def __init__(self, key: str) -> None:
         self.key = key
-        super().__init__(f"a task with key {key!r} already exists (conflict='reject')")
+        super().__init__(f"task with key {key!r} already exists")
 
 
 class QueueFull(CairnQError):
@@ -76,34 +80,38 @@ class QueueFull(CairnQError):
         self.max_depth = max_depth
         self.waited_ms = waited_ms
         super().__init__(
-            f"queue {queue!r} stayed at its limit of {max_depth} queued tasks for "
-            f"{waited_ms}ms; nothing was submitted"
+            f"queue {queue!r} still holds {max_depth} or more queued tasks after "
+            f"{waited_ms}ms; refusing to enqueue more"
         )
 
 
 def _describe_stuck(task: Task | None, key: str | None) -> str:
-    """Say why a wait gave up, in the words an operator needs on a first run."""
+    """Why a wait gave up, from the last snapshot it read. A task nobody claims is
+    the first-run failure (no worker, no handler, another queue or file), so that
+    case names its likely causes."""
     if task is None:
-        return "no task under that key" if key is not None else "task not found"
+        if key is not None:
+            return "no task under this key — never submitted, or already purged?"
+        return "task not found — wrong database file, or already purged?"
     if task.status == "queued":
-        if task.attempt == 0:
+        due_in_ms = task.run_at_ms - int(time.time() * 1000)
+        if task.attempt == 0 and due_in_ms <= 0:
             return (
-                f"never claimed: is a worker running for queue {task.queue!r} with a "
-                f"handler named {task.name!r}, on the same database?"
+                "never claimed by a worker — is a worker running with a handler for "
+                f"'{task.name}' on queue '{task.queue}', against this same database?"
             )
-        wait_ms = task.run_at_ms - int(time.time() * 1000)
-        when = f", next run in ~{wait_ms}ms" if wait_ms > 0 else ""
-        return f"queued again after attempt {task.attempt}/{task.max_attempts}{when}"
-    if task.cancel_requested_at_ms is not None and task.status == "running":
-        return "cancel requested; the handler has not observed it yet"
-    if task.status == "running":
-        return f"still running (attempt {task.attempt}/{task.max_attempts})"
-    return f"status {task.status}"
+        when = f", next run in ~{due_in_ms}ms" if due_in_ms > 0 else ""
+        return f"still queued (attempt {task.attempt}/{task.max_attempts}){when}"
+    if task.cancel_requested:
+        return "cancel requested, waiting for the handler to observe it"
+    return f"still running (attempt {task.attempt}/{task.max_attempts})"
 
 
 class TaskTimeout(CairnQError):
     """wait()/call() gave up; the task itself keeps going. Resume with
-    `wait(err.task_id)` or `wait_by_key(err.key)`."""
+    `wait(err.task_id)` or `wait_by_key(err.key)`. `task` is the last snapshot read
+    (None when nothing was found); `task_id` is the key itself when a key pointed
+    at nothing."""
 
     def __init__(
         self,
@@ -117,7 +125,7 @@ class TaskTimeout(CairnQError):
         self.timeout_ms = timeout_ms
         self.task = task
         self.key = key
-        subject = f"task {task_id}" if key is None else f"key {key!r}"
+        subject = f"task {task_id}" if key is None else f"key {key}"
         if timeout_ms is None:
             message = f"{subject} did not finish in time"
         else:
@@ -128,7 +136,8 @@ class TaskTimeout(CairnQError):
 
 
 class TaskFailed(CairnQError):
-    """The task ended `failed`; the envelope's fields are unpacked."""
+    """The task ended `failed`; the envelope's fields are unpacked, and the message
+    is the envelope's own."""
 
     def __init__(self, error: dict[str, Any] | None) -> None:
         envelope = ErrorEnvelope.from_stored(error)
@@ -138,7 +147,7 @@ class TaskFailed(CairnQError):
         self.message: str = envelope.message
         self.retryable: bool = envelope.retryable
         self.details: dict[str, Any] = dict(envelope.details)
-        super().__init__(f"{self.type} [{self.code}]: {self.message}")
+        super().__init__(self.message)
 
 
 class TaskCanceled(CairnQError):
@@ -150,7 +159,7 @@ class TaskCanceled(CairnQError):
 class LostLease(CairnQError):
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id
-        super().__init__(f"lost the lease on task {task_id}: another worker may own it now")
+        super().__init__(f"lost lease on task {task_id}")
 
 
 class ProtocolVersionMismatch(CairnQError):

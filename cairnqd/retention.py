@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cairnqd.models import TERMINAL_STATUSES
+from cairnqd.store.arguments import check_terminal_status
 
 if TYPE_CHECKING:
     from cairnqd.store.base import TaskStore
@@ -33,10 +33,7 @@ class RetentionRule:
             raise ValueError(f"older_than_ms must be an integer, got {self.older_than_ms!r}")
         if self.older_than_ms < 0:
             raise ValueError(f"older_than_ms must be >= 0, got {self.older_than_ms}")
-        if self.status is not None and self.status not in TERMINAL_STATUSES:
-            raise ValueError(
-                f"status must be one of {', '.join(sorted(TERMINAL_STATUSES))}; got {self.status!r}"
-            )
+        check_terminal_status(self.status)
 
 
 class Retention:
@@ -58,9 +55,9 @@ class Retention:
                 if not isinstance(rule, RetentionRule):
                     raise ValueError(f"rules[{index}] must be a RetentionRule, got {rule!r}")
         if not rules:
-            raise ValueError("retention needs at least one rule")
+            raise ValueError("retention older_than_ms must name at least one rule")
         if interval_ms < 1:
-            raise ValueError(f"interval_ms must be >= 1, got {interval_ms}")
+            raise ValueError(f"retention interval_ms must be >= 1, got {interval_ms}")
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         self.rules: tuple[RetentionRule, ...] = tuple(rules)

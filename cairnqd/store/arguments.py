@@ -12,7 +12,7 @@ from typing import Any
 
 from cairnqd._ids import new_task_id
 from cairnqd._jsoncodec import dump_json_or_empty
-from cairnqd.models import CONFLICTS, task_name
+from cairnqd.models import CONFLICTS, STATUSES, TERMINAL_STATUSES, task_name
 
 Params = dict[str, Any]
 
@@ -77,9 +77,25 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
-def check_status_filter(status: Any, arg: str, allowed: Sequence[str]) -> None:
-    if status is not None and status not in allowed:
-        raise ValueError(f"{arg} must be one of {', '.join(allowed)}; got {status!r}")
+def check_status_filter(status: Any) -> None:
+    """`list`'s status filter: any status, or None for all."""
+    if status is not None and status not in STATUSES:
+        raise ValueError(f"unknown status filter: {status!r}")
+
+
+def check_terminal_status(status: Any) -> None:
+    """A purge's status filter: purge deletes finished tasks only, so a live status
+    would be a filter that silently matches nothing."""
+    if status is not None and status not in TERMINAL_STATUSES:
+        raise ValueError(f"status must be terminal, got {status!r}")
+
+
+def check_page(limit: Any, offset: Any) -> None:
+    """`list`'s page: two integers, neither negative."""
+    require_int(limit, "limit", maximum=INT8_MAX)
+    require_int(offset, "offset", maximum=INT8_MAX)
+    if limit < 0 or offset < 0:
+        raise ValueError(f"limit/offset must be >= 0, got limit={limit} offset={offset}")
 
 
 def optional_filters(params: Mapping[str, Any], names: Sequence[str]) -> frozenset[str]:
@@ -89,7 +105,7 @@ def optional_filters(params: Mapping[str, Any], names: Sequence[str]) -> frozens
 
 def _check_conflict(value: Any) -> None:
     if value not in CONFLICTS:
-        raise ValueError(f"conflict must be one of {', '.join(CONFLICTS)}; got {value!r}")
+        raise ValueError(f"unknown conflict strategy: {value!r}")
 
 
 def _text_check(arg: str, *, optional: bool) -> Callable[[Any], None]:
@@ -236,7 +252,9 @@ __all__ = [
     "MAX_DURATION_MS",
     "MAX_TEXT_BYTES",
     "SubmitRequest",
+    "check_page",
     "check_status_filter",
+    "check_terminal_status",
     "check_text",
     "insert_params_for",
     "optional_filters",

@@ -33,9 +33,10 @@ class QueueDepthLimit:
     probe: asyncio.Future[int] | None = field(default=None, repr=False)
 
 
-def _check_limit(value: object, where: str) -> int:
+def _check_limit(value: object, queue: str) -> int:
+    """A queue's depth limit (`queue` is "*" for the one that covers every queue)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where} must be an integer >= 1, got {value!r}")
+        raise ValueError(f"max_queue_depth for {queue!r} must be an int >= 1, got {value!r}")
     return value
 
 
@@ -52,9 +53,9 @@ class QueueDepthGate:
         self._per_queue: dict[str, int] = {}
         if isinstance(max_queue_depth, Mapping):
             for queue, limit in max_queue_depth.items():
-                self._per_queue[queue] = _check_limit(limit, f"max_queue_depth[{queue!r}]")
+                self._per_queue[queue] = _check_limit(limit, queue)
         else:
-            self._default = _check_limit(max_queue_depth, "max_queue_depth")
+            self._default = _check_limit(max_queue_depth, "*")
         if isinstance(max_queue_wait_ms, bool) or max_queue_wait_ms < 0:
             raise ValueError(f"max_queue_wait_ms must be >= 0, got {max_queue_wait_ms!r}")
         self.max_queue_wait_ms = max_queue_wait_ms

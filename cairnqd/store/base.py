@@ -32,11 +32,14 @@ from cairnqd.errors import (
     UndecodableRow,
     UnsupportedBackend,
 )
-from cairnqd.models import STATUSES, TERMINAL_STATUSES, Task, TaskRef, undecodable_column
+from cairnqd.models import STATUSES, Task, TaskRef, undecodable_column
+from cairnqd.store.admission import CloseBarrier
 from cairnqd.store.arguments import (
     INT8_MAX,
     Params,
+    check_page,
     check_status_filter,
+    check_terminal_status,
     check_text,
     insert_params_for,
     optional_filters,
@@ -214,7 +217,10 @@ class TaskStore(ABC):
     #: second commit per cycle (`ClaimLoop._claim` decides by it).
     brief_transactions: bool = False
 
-    def __init__(self, *, clock: Clock | None = None) -> None:
+    def __init__(self, *, clock: Clock | None = None, describe: str = "store") -> None:
+        #: Admits operations, and refuses them while `close()` drains (store/admission.py).
+        self.barrier = CloseBarrier(describe)
+        self._closing_task: asyncio.Task[None] | None = None
         # Injected: what this store's statements read as now (see Clock). Kept apart
         # from now_ms so a dialect with a clock of its own knows when it is overridden.
         self.clock = clock
@@ -236,8 +242,23 @@ class TaskStore(ABC):
     @abstractmethod
     async def connect(self) -> None: ...
 
+    async def close(self) -> None:
+        """Let the operations under way finish, refuse new ones meanwhile, then close.
+        Used again after this returns, the store opens again (store/admission.py)."""
+        if self._closing_task is None:
+            # A task of its own: every task scheduled before this call takes its first
+            # step (and is admitted) before the close begins.
+            self._closing_task = asyncio.get_running_loop().create_task(self._close_now())
+        closing = self._closing_task
+        try:
+            await asyncio.shield(closing)
+        finally:
+            if closing.done() and self._closing_task is closing:
+                self._closing_task = None
+
     @abstractmethod
-    async def close(self) -> None: ...
+    async def _close_now(self) -> None:
+        """Close behind `self.barrier.refuse()`: drain, release, then `lift()`."""
 
     @abstractmethod
     async def _fetch(
@@ -262,9 +283,14 @@ class TaskStore(ABC):
         return convert(await self._fetch(op, params, supplied))
 
     def _operation(self) -> AbstractContextManager[None]:
-        """Bracket a public operation of several statements, so a dialect that drains
-        at close (SQLite) lets it finish as a whole once it has begun."""
-        return contextlib.nullcontext()
+        """Bracket an operation of several statements, so that once it has begun a
+        close lets it finish as a whole (store/admission.py)."""
+        return self.barrier.admit()
+
+    @property
+    def closing(self) -> bool:
+        """True while `close()` drains: new operations are refused meanwhile."""
+        return self.barrier.refusing
 
     async def _lock_key(self, session: Session, key: str) -> None:
         """Serialize keyed operations on `key` for the rest of the transaction.
@@ -507,9 +533,8 @@ class TaskStore(ABC):
         limit: int = 100,
         offset: int = 0,
     ) -> list[Task]:
-        check_status_filter(status, "status", STATUSES)
-        require_int(limit, "limit", minimum=0, maximum=INT8_MAX)
-        require_int(offset, "offset", minimum=0, maximum=INT8_MAX)
+        check_status_filter(status)
+        check_page(limit, offset)
         params: Params = {
             "status": status,
             "queue": queue,
@@ -580,7 +605,7 @@ class TaskStore(ABC):
     ) -> tuple[Params, frozenset[str]]:
         require_duration(older_than_ms, "older_than_ms")
         require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
-        check_status_filter(status, "status", sorted(TERMINAL_STATUSES))
+        check_terminal_status(status)
         params: Params = {
             "older_than_ms": older_than_ms,
             "queue": queue,

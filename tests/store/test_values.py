@@ -44,12 +44,13 @@ def test_envelope_from_an_exception() -> None:
 
 
 def test_envelope_from_what_another_sdk_stored() -> None:
-    assert ErrorEnvelope.from_stored(None) == ErrorEnvelope("Error", "task_error", "task failed")
+    nothing = ErrorEnvelope.from_stored(None)
+    assert nothing == ErrorEnvelope("TaskError", "task_error", "task failed")
     partial = ErrorEnvelope.from_stored({"code": 7, "message": "m", "details": ["not", "a", "map"]})
-    assert partial == ErrorEnvelope("Error", "7", "m")
+    assert partial == ErrorEnvelope("TaskError", "7", "m")
     failed = TaskFailed({"type": "T", "code": "c", "message": "m", "retryable": 1})
     assert (failed.type, failed.code, failed.message, failed.retryable) == ("T", "c", "m", True)
-    assert str(failed) == "T [c]: m"
+    assert str(failed) == "m"  # the message alone, as the public SDK words it
 
 
 def test_lease_expired_envelope_is_the_protocols() -> None:

@@ -30,9 +30,9 @@ from cairnqd.errors import (
     LostLease,
     MigrationsPending,
     SchemaMismatch,
-    StoreClosed,
 )
 from cairnqd.models import Task
+from cairnqd.store.admission import retrieve_failure
 from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.executor import UserWrite
@@ -98,7 +98,7 @@ class PostgresStore(TaskStore):
         reaches Postgres directly, used for LISTEN, leadership and migrations.
         `relayed`: queued-work wake-ups come from `relay_wake` (a daemon child's
         parent passes them on) instead of a LISTEN of this store's own."""
-        super().__init__(clock=clock)
+        super().__init__(clock=clock, describe=f"Postgres store {redact_dsn(dsn)}")
         self.pooler = check_pooler(pooler)
         if schema is not None and pooler == "transaction":
             raise ValueError(
@@ -148,11 +148,15 @@ class PostgresStore(TaskStore):
             raise ValueError(f"call_timeout_s must be positive or None, got {call_timeout_s}")
         self.call_timeout_s = call_timeout_s
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
-        # Concurrent keyless submits share one statement and one commit.
-        self.submits = SubmitCoalescer(self._insert_one, self._insert_many_keyless)
+        # Concurrent keyless submits share one statement and one commit. Its writer
+        # writes for callers admitted and waiting, so it passes while the store closes.
+        self.submits = SubmitCoalescer(
+            self.barrier.on_behalf(self._insert_one),
+            self.barrier.on_behalf(self._insert_many_keyless),
+        )
         self._listeners: dict[str, Listener] = {}
         self._push_hint = False
-        self._ever_connected = False
+        self._opening: asyncio.Task[None] | None = None
         self._push_off_logged = False
         self._relay = RelayedWakes() if relayed else None
         #: How often each LISTEN proves again that it hears (store/postgres/listen.py).
@@ -205,9 +209,22 @@ class PostgresStore(TaskStore):
         return conn
 
     async def connect(self) -> None:
-        if self._pool is not None:
-            return
-        self._ever_connected = True
+        """Open the pool (checking and migrating the schema first); concurrent callers
+        share one open. First use connects, as the public SDK does, and so does use
+        after `close()` has returned."""
+        self.barrier.check_open()
+        while self._pool is None:
+            if self._opening is None:
+                self._opening = asyncio.get_running_loop().create_task(self._connect_now())
+                self._opening.add_done_callback(retrieve_failure)
+            opening = self._opening
+            try:
+                await asyncio.shield(opening)
+            finally:
+                if opening.done() and self._opening is opening:
+                    self._opening = None
+
+    async def _connect_now(self) -> None:
         async with await self.dedicated_connection(direct=True) as conn:
             await self._check_installation(conn)
             if self.migrate:
@@ -262,9 +279,20 @@ class PostgresStore(TaskStore):
             f"connection's schema is {current!r}; pass schema= to reach them"
         )
 
-    async def close(self) -> None:
-        await self.submits.drain()  # submits already queued land before the pool goes
-        await self._closing()
+    async def _close_now(self) -> None:
+        self.barrier.refuse()
+        try:
+            if self._opening is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._opening)  # a connect in flight lands first
+            await self._closing()
+            await self.barrier.drain()  # what was admitted lands before the pool goes
+            await self.submits.drain()
+            await self._release()
+        finally:
+            self.barrier.lift()
+
+    async def _release(self) -> None:
         vacuum, self._vacuum = self._vacuum, None
         if vacuum is not None and not vacuum.done():
             vacuum.cancel()  # psycopg cancels the statement on the server too
@@ -279,13 +307,10 @@ class PostgresStore(TaskStore):
         if pool is not None:
             await pool.close()
 
-    async def _ensure_connected(self) -> None:
-        if self._pool is None and not self._ever_connected:
-            await self.connect()  # first use connects, as the public SDK does
-
-    def _require_pool(self) -> AsyncConnectionPool[AsyncConn]:
-        if self._pool is None:
-            raise StoreClosed("Postgres store is not connected (call connect())")
+    async def _pool_now(self) -> AsyncConnectionPool[AsyncConn]:
+        """The pool, opened first when needed."""
+        while self._pool is None:
+            await self.connect()
         return self._pool
 
     # -- primitives --------------------------------------------------------------------
@@ -303,15 +328,17 @@ class PostgresStore(TaskStore):
         """
         began = time.monotonic()
         try:
-            await self._ensure_connected()
-            async with self._require_pool().connection() as conn:
-                try:
-                    async with asyncio.timeout(self.call_timeout_s):
-                        yield conn
-                except BaseException as exc:
-                    if isinstance(exc, TimeoutError | asyncio.CancelledError) and not conn.closed:
-                        await conn.close()
-                    raise
+            with self._operation():
+                pool = await self._pool_now()
+                async with pool.connection() as conn:
+                    try:
+                        async with asyncio.timeout(self.call_timeout_s):
+                            yield conn
+                    except BaseException as exc:
+                        closable = not conn.closed
+                        if isinstance(exc, TimeoutError | asyncio.CancelledError) and closable:
+                            await conn.close()
+                        raise
         except Exception as exc:
             # Any answer from the server (a lost lease, a constraint) proves it is there.
             if is_unreachable(exc):
@@ -519,19 +546,26 @@ class PostgresStore(TaskStore):
         rolls back both, so there is no window where one landed without the other.
         No call deadline here: how long the caller's own writes may take is theirs to
         say (the connection's keepalives still catch a dead peer)."""
-        async with self._require_pool().connection() as conn, conn.transaction():
-            if self._local_timeout_ms is not None:
-                await conn.execute(f"set local statement_timeout = {int(self._local_timeout_ms)}")
-            value = await write(UserSession(conn))
-            encoded = None if value is None else dump_json(value, what="result")
-            rows = await run(
-                conn,
-                statement("postgres", "complete"),
-                {"id": task_id, "worker_id": worker_id, "result": encoded},
-            )
-            if not rows:
-                raise LostLease(task_id)
-            return self._task(rows[0]), value
+        with self._operation():
+            pool = await self._pool_now()
+            async with pool.connection() as conn, conn.transaction():
+                return await self._complete_in(conn, task_id, worker_id, write)
+
+    async def _complete_in(
+        self, conn: AsyncConn, task_id: str, worker_id: str, write: UserWrite
+    ) -> tuple[Task, Any]:
+        if self._local_timeout_ms is not None:
+            await conn.execute(f"set local statement_timeout = {int(self._local_timeout_ms)}")
+        value = await write(UserSession(conn))
+        encoded = None if value is None else dump_json(value, what="result")
+        rows = await run(
+            conn,
+            statement("postgres", "complete"),
+            {"id": task_id, "worker_id": worker_id, "result": encoded},
+        )
+        if not rows:
+            raise LostLease(task_id)
+        return self._task(rows[0]), value
 
     # -- daemon maintenance ------------------------------------------------------------
 

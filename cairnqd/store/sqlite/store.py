@@ -13,7 +13,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from contextvars import ContextVar, Token
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +21,7 @@ from cairnqd._jsoncodec import UndecodableText, tolerant_text
 from cairnqd._protocol import Statement, on_demand, statement
 from cairnqd.errors import StoreClosed
 from cairnqd.models import Task
+from cairnqd.store.admission import retrieve_failure
 from cairnqd.store.base import (
     Clock,
     Params,
@@ -54,10 +54,6 @@ _OPTIMIZE_EVERY_S = 60.0
 _WAKE_POLL_S = 0.002
 # Rows a scan hands to the loop at once: ~2 ms of decoding for a typical task row.
 _SCAN_CHUNK = 128
-# The admitted operation the current task is inside, so its nested statements pass
-# while the store is closing. A token outlives its operation only in tasks the
-# operation spawned, and a dead token no longer admits.
-_OPERATION: ContextVar[object | None] = ContextVar("cairnqd_sqlite_operation", default=None)
 
 
 class _Write:
@@ -94,7 +90,7 @@ class SQLiteStore(TaskStore):
 
         `clock` (epoch milliseconds) is what every statement reads as now; tests pass
         one to age rows without waiting."""
-        super().__init__(clock=clock)
+        super().__init__(clock=clock, describe=f"SQLite store {path}")
         if clock is None:
             # Leases and due times here are the host's wall clock: ride out its steps
             # (an injected clock is a test's, moved on purpose).
@@ -111,11 +107,7 @@ class SQLiteStore(TaskStore):
         self._pending: list[_Write] = []
         self._flusher: asyncio.Task[None] | None = None
         self._opening: asyncio.Task[None] | None = None
-        self._closing_task: asyncio.Task[None] | None = None
-        self._refusing = False
         self._closed_memory = False
-        self._operations: set[object] = set()
-        self._drained: asyncio.Event | None = None
         self._scan_thread: ThreadPoolExecutor | None = None
         self._last_optimize = 0.0
         # Bumped after each of our own commits; wakes this process's idle waiters.
@@ -125,13 +117,9 @@ class SQLiteStore(TaskStore):
         # writer writes on behalf of callers that were admitted and are waiting, so its
         # statements pass while the store closes (a submit queued before close lands).
         self.submits = SubmitCoalescer(
-            self._on_behalf(self._insert_one), self._on_behalf(self._insert_many_keyless)
+            self.barrier.on_behalf(self._insert_one),
+            self.barrier.on_behalf(self._insert_many_keyless),
         )
-
-    @property
-    def closing(self) -> bool:
-        """True while `close()` drains: new operations are refused meanwhile."""
-        return self._refusing
 
     # -- connect / close ---------------------------------------------------------------
 
@@ -141,8 +129,7 @@ class SQLiteStore(TaskStore):
         self.now_ms = watch
 
     async def connect(self) -> None:
-        if self._refusing:
-            raise StoreClosed(f"SQLite store {self.path} is closing")
+        self.barrier.check_open()
         await self._open()
 
     async def _open(self) -> sqlite3.Connection:
@@ -151,11 +138,13 @@ class SQLiteStore(TaskStore):
         while self._conn is None:
             if self._closed_memory:
                 raise StoreClosed(
-                    "this in-memory store was closed and its data is gone; create a new store"
+                    f"in-memory database {self.path!r} was closed — its contents went with "
+                    "the connection, so reopening would silently start from empty. Use a "
+                    "file path if the store needs to outlive a close."
                 )
             if self._opening is None:
                 self._opening = asyncio.get_running_loop().create_task(self._open_now())
-                self._opening.add_done_callback(_retrieve)
+                self._opening.add_done_callback(retrieve_failure)
             await asyncio.shield(self._opening)
         return self._conn
 
@@ -173,21 +162,8 @@ class SQLiteStore(TaskStore):
             self._opening = None
         self._opened()
 
-    async def close(self) -> None:
-        """Let admitted operations finish, refuse new ones meanwhile, then close."""
-        if self._closing_task is None:
-            # A task of its own: every task scheduled before this call takes its first
-            # step (and is admitted) before the close begins.
-            self._closing_task = asyncio.get_running_loop().create_task(self._close_now())
-        closing = self._closing_task
-        try:
-            await asyncio.shield(closing)
-        finally:
-            if closing.done() and self._closing_task is closing:
-                self._closing_task = None
-
     async def _close_now(self) -> None:
-        self._refusing = True
+        self.barrier.refuse()
         try:
             if self._opening is not None:
                 with contextlib.suppress(Exception):
@@ -195,9 +171,7 @@ class SQLiteStore(TaskStore):
             if self._conn is None:
                 return
             await self._closing()
-            while self._operations:
-                self._drained = asyncio.Event()
-                await self._drained.wait()
+            await self.barrier.drain()
             while self._flusher is not None:
                 await asyncio.shield(self._flusher)
             async with self._lock:
@@ -207,23 +181,10 @@ class SQLiteStore(TaskStore):
             if is_memory(self.path):
                 self._closed_memory = True
         finally:
-            self._refusing = False
+            self.barrier.lift()
             if self._scan_thread is not None:
                 self._scan_thread.shutdown(wait=False)
                 self._scan_thread = None
-
-    def _operation(self) -> _Admission:
-        """Admit one operation (refused while closing); nested ones pass through."""
-        return _Admission(self)
-
-    def _on_behalf(self, write: Callable[[A], Awaitable[T]]) -> Callable[[A], Awaitable[T]]:
-        """`write`, admitted even while closing: for work queued by admitted callers."""
-
-        async def admitted(arg: A) -> T:
-            with _Admission(self, on_behalf=True):
-                return await write(arg)
-
-        return admitted
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -566,41 +527,6 @@ class SQLiteStore(TaskStore):
         await self._fetch("wal_checkpoint", {})
 
 
-class _Admission:
-    """One admitted operation of a SQLiteStore, for `close()` to wait for. A class
-    rather than a generator context manager: it brackets every statement."""
-
-    __slots__ = ("_on_behalf", "_reset", "_store", "_token")
-
-    def __init__(self, store: SQLiteStore, *, on_behalf: bool = False) -> None:
-        self._store = store
-        # Work done for callers already admitted: counted, never refused.
-        self._on_behalf = on_behalf
-        self._token: object | None = None
-        self._reset: Token[object | None] | None = None
-
-    def __enter__(self) -> None:
-        store = self._store
-        current = _OPERATION.get()
-        if current is not None and current in store._operations:
-            return  # nested in an operation already admitted
-        if store._refusing and not self._on_behalf:
-            raise StoreClosed(f"SQLite store {store.path} is closing")
-        self._token = token = object()
-        store._operations.add(token)
-        self._reset = _OPERATION.set(token)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._token is None:
-            return
-        store = self._store
-        assert self._reset is not None
-        _OPERATION.reset(self._reset)
-        store._operations.discard(self._token)
-        if not store._operations and store._drained is not None:
-            store._drained.set()
-
-
 #: Writes of one task by id that return the whole row (`returning *`), as `get` does.
 _ONE_ROW_WRITES = frozenset(
     {"cancel", "retry", "fail", "complete", "succeed", "progress", "heartbeat"}
@@ -623,10 +549,3 @@ def _tolerant(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         yield conn
     finally:
         conn.text_factory = str
-
-
-def _retrieve(task: asyncio.Task[None]) -> None:
-    # A failed open is raised to every caller waiting on it; with none left (all
-    # cancelled), reading it here keeps asyncio from reporting it as never retrieved.
-    if not task.cancelled():
-        task.exception()
