@@ -43,6 +43,7 @@ from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
 from cairnqd.store.base import TaskStore, wall_clock_ms
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import missing_sqlite_file, store_for
+from cairnqd.store.tables.fleet import FleetMember
 
 __all__ = [
     "CliError",
@@ -204,18 +205,30 @@ def with_store(
 # -- migrate, stats ------------------------------------------------------------------------
 
 
-async def _migrate(store: TaskStore) -> tuple[int, dict[str, list[tuple[str, int]]]]:
-    return await store.protocol_version(), await store.applied_migrations()
+async def _migrate(
+    store: TaskStore,
+) -> tuple[int, dict[str, list[tuple[str, int]]], list[FleetMember]]:
+    return (
+        await store.protocol_version(),
+        await store.applied_migrations(),
+        await store.fleet.live(),
+    )
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    # Here: cli/fleet.py builds on this module.
+    from cairnqd.cli.fleet import fleet_lines
+
     config = load(args.config)
-    version, ledgers = with_store(config, _migrate, migrate=True, create=True)
+    version, ledgers, members = with_store(config, _migrate, migrate=True, create=True)
     print(f"database: {describe_database(config)}")
     print(f"protocol_version: {version}")
     for ledger, rows in ledgers.items():
         print(f"{ledger}:")
         print(table(["  NAME", "APPLIED_AT"], [[f"  {n}", _when(at)] for n, at in rows]))
+    print("fleet (the daemons on this database now):")
+    for line in fleet_lines(members):
+        print(f"  {line}")
     return exitcodes.OK
 
 

@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cairnqd.cli import schedules as cli_schedules
-from cairnqd.cli.admin import CliError, describe_database, load
+from cairnqd.cli.admin import CliError, describe_database, load, with_store
+from cairnqd.cli.fleet import fleet_lines
 from cairnqd.config import Config, GroupConfig, format_duration
 from cairnqd.daemon import exitcodes
+from cairnqd.store.factory import missing_sqlite_file
 
 if TYPE_CHECKING:
     from cairnqd.cli.admin import Subparsers
@@ -95,6 +97,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     schedule_lines, schedule_warnings = cli_schedules.check_lines(config, registered)
     for line in schedule_lines:
         print(line)
+    if args.connect:
+        _print_fleet(config, report)
     checked = ["the config"]
     if task_names is not None:
         checked.append("handler imports")
@@ -116,6 +120,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     if report.unreachable:
         raise CliError(exitcodes.UNAVAILABLE, f"{args.config}: the database cannot be reached")
     return exitcodes.OK
+
+
+def _print_fleet(config: Config, report: Preflight) -> None:
+    """The daemons live on the database, when it exists and answered the checks."""
+    if report.problems or report.unreachable:
+        return
+    if missing_sqlite_file(config.database) is not None:
+        print("fleet: none yet (the database does not exist)")
+        return
+    print("fleet (the daemons on this database now):")
+    for line in fleet_lines(with_store(config, lambda store: store.fleet.live())):
+        print(f"  {line}")
 
 
 def _print_details(

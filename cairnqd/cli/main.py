@@ -27,6 +27,7 @@ import yaml
 from cairnqd.cli import admin as cli_admin
 from cairnqd.cli import bulk as cli_bulk
 from cairnqd.cli import check as cli_check
+from cairnqd.cli import fleet as cli_fleet
 from cairnqd.cli import init as cli_init
 from cairnqd.cli import purge as cli_purge
 from cairnqd.cli import queues as cli_queues
@@ -474,6 +475,7 @@ exit codes:
   65  bad data: invalid JSON, not a cairnq database, another protocol version,
       migrations pending (run `cairnqd migrate`)
   66  a missing input: the --payload-file, or the SQLite database (only `migrate`
+    cli_fleet.add_parser,
       and the daemon create it)
   69  unavailable: the database or the daemon cannot be reached
   70  internal error: a bug (please report it, with the traceback)

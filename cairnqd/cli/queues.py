@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cairnqd.cli.admin import CliError, load, with_store
+from cairnqd.cli.fleet import warn_unhonoured
 from cairnqd.daemon import exitcodes
 from cairnqd.store.base import TaskStore
 from cairnqd.store.operator import QueuePause
@@ -51,8 +52,10 @@ def _check_queues(command: str, queues: list[str] | None) -> list[str]:
 
 
 async def _pause(
-    store: TaskStore, queues: list[str], reason: str | None
+    store: TaskStore, queues: list[str], reason: str | None, *, strict: bool
 ) -> tuple[list[QueuePause], list[QueuePause]]:
+    # A pause works only where every daemon honours it: say which would not, first.
+    warn_unhonoured(await store.fleet.live(), "pauses", "pause", strict=strict)
     made = await store.pauses.pause(queues, paused_by=operator_name(), reason=reason)
     current = {p.queue: p for p in await store.pauses.all()}
     earlier = [current[q] for q in queues if q in current and q not in {m.queue for m in made}]
@@ -63,7 +66,9 @@ def cmd_pause(args: argparse.Namespace) -> int:
     queues = _check_queues("pause", args.queue)
     if args.reason is not None and len(args.reason) > 1000:
         raise CliError(exitcodes.USAGE, "pause: --reason: at most 1000 characters")
-    made, earlier = with_store(load(args.config), lambda store: _pause(store, queues, args.reason))
+    made, earlier = with_store(
+        load(args.config), lambda store: _pause(store, queues, args.reason, strict=args.strict)
+    )
     for pause in made:
         print(f"paused {describe_pause(pause)}")
     for pause in earlier:
@@ -99,6 +104,11 @@ def add_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--queue", action="append", metavar="Q", help="a queue to pause (repeatable)")
     p.add_argument("--reason", metavar="TEXT", help="why, shown by status, stats and top")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse (exit 1) when a live daemon does not honour pauses (`cairnqd fleet`)",
+    )
     p.set_defaults(func=cmd_pause)
 
     p = sub.add_parser(

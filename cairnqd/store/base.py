@@ -64,6 +64,7 @@ from cairnqd.store.statement_params import (
 )
 from cairnqd.store.tables.bulk_actions import BulkActions
 from cairnqd.store.tables.dashboard import DashboardReads
+from cairnqd.store.tables.fleet import FleetRegistry
 from cairnqd.store.tables.pauses import QueuePauses
 from cairnqd.store.tables.reports import DaemonReports
 
@@ -671,6 +672,11 @@ class TaskStore(ABC):
     def reports(self) -> DaemonReports:
         """Each daemon's last report of its groups and children."""
         return DaemonReports(self.executor)
+
+    @functools.cached_property
+    def fleet(self) -> FleetRegistry:
+        """The daemons on this database, their versions and the features they honour."""
+        return FleetRegistry(self.executor)
 
     @functools.cached_property
     def leadership(self) -> Leadership:

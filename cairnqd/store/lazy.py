@@ -19,6 +19,11 @@ class LazyStore:
         self._store: TaskStore | None = None
         self._connected = False
 
+    @property
+    def opened(self) -> bool:
+        """Whether a store is open now (`get()` would not connect)."""
+        return self._connected
+
     async def get(self) -> TaskStore:
         """The connected store; connects (again, after a failure) when needed."""
         if self._store is None:

@@ -94,6 +94,10 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "sqlite_autoindex_cairnqd_schedules_1",
         "cairnqd_daemons",
         "sqlite_autoindex_cairnqd_daemons_1",
+        "cairnqd_fleet",
+        "sqlite_autoindex_cairnqd_fleet_1",
+        "cairnqd_features",
+        "sqlite_autoindex_cairnqd_features_1",
     }
     assert sqlite_ledger(ours, "cairnqd_migrations") == {
         "cairnqd_0001_task_keys_task_idx.sql",
@@ -101,6 +105,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_0003_schedules.sql",
         "cairnqd_0004_dashboard.sql",
         "cairnqd_0006_dashboard_indexes_on_demand.sql",
+        "cairnqd_0007_fleet.sql",
     }
 
 
@@ -128,6 +133,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0004_dashboard.sql",
             "cairnqd_0005_leases.sql",
             "cairnqd_0006_dashboard_indexes_on_demand.sql",
+            "cairnqd_0007_fleet.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
@@ -139,6 +145,8 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_schedules_pkey",
             "cairnqd_daemons_pkey",
             "cairnqd_leases_pkey",
+            "cairnqd_fleet_pkey",
+            "cairnqd_features_pkey",
         }
 
 

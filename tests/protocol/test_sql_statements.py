@@ -110,6 +110,14 @@ def _params(dialect: str) -> dict[str, Any]:
         "error_type": "",
         "daemon": "host-1:123",
         "snapshot": "{}",
+        # The fleet registry (cairnqd_fleet).
+        "pid": 123,
+        "config": "/etc/cairnq.yaml",
+        "version": "0.2.0",
+        "pipe_protocol": 2,
+        "features": '["fleet", "pauses"]',
+        "groups": '["default"]',
+        "live_ms": 20_000,
     }
 
 
@@ -244,6 +252,14 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/dashboard_report": ({}, None),
     "extensions/dashboard_reports": ({}, 0),
     "extensions/dashboard_reports_prune": ({}, 0),
+    # The fleet starts empty (each statement runs alone, rolled back): no row to stamp,
+    # list or forget; the features are the migration's own rows.
+    "extensions/fleet_join": ({}, None),
+    "extensions/fleet_beat": ({}, 0),
+    "extensions/fleet_members": ({"since_ms": 60_000}, 0),
+    "extensions/fleet_leave": ({}, 0),
+    "extensions/fleet_prune": ({"older_than_ms": 86_400_000}, 0),
+    "extensions/fleet_features": ({}, AT_LEAST_ONE),
 }
 
 _PG_ONLY = {

@@ -38,6 +38,7 @@ DESIGNED_ALERT_EXPRS = (
     "< on (instance, group) cairnq_children_desired",
     "time() - max(cairnq_purge_last_success_timestamp_seconds) > 3 * 600",
     "cairnq_config_last_reload_successful == 0",
+    "count(max by (version) (cairnq_fleet_daemons)) > 1",
     "cairnq_db_up == 0",
     'sum by (instance) (increase(cairnq_db_errors_total{kind="full"}[5m])) > 0',
     "time() - max by (schedule) (cairnq_schedule_last_fire_timestamp_seconds) "

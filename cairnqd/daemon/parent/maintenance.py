@@ -20,10 +20,12 @@ from cairnqd.config import Config
 from cairnqd.daemon.parent import handback, reaper
 from cairnqd.daemon.parent.dbthread import LoopThread
 from cairnqd.daemon.parent.handback import HAND_BACK_REASONS, HandBack, Job, JobQueue
+from cairnqd.daemon.parent.membership import Membership
 from cairnqd.daemon.parent.outage import PROBE_INTERVAL_S, OutageWatch
 from cairnqd.daemon.parent.purge import PURGE_LOCK_ID, Purge
 from cairnqd.store.base import Row, TaskStore
 from cairnqd.store.lazy import LazyStore
+from cairnqd.store.tables.fleet import BEAT_S
 
 if TYPE_CHECKING:
     from cairnqd.daemon.parent.metrics import Metrics
@@ -49,6 +51,7 @@ class Maintenance:
         store_factory: Callable[[], TaskStore] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        version: str = "unknown",
     ) -> None:
         self._config = config
         self._metrics = metrics
@@ -67,12 +70,14 @@ class Maintenance:
             between_batches=self.run_urgent,
             wall_clock=wall_clock,
         )
+        self.membership = Membership(lambda: self._config, version)
         self._thread = LoopThread("cairnqd-maintenance")
         self._serving: concurrent.futures.Future[None] | None = None
         self._wake: asyncio.Event | None = None
         self._next_reap = 0.0
         self._next_purge = 0.0
         self._next_probe = 0.0
+        self._next_beat = 0.0
 
     # -- control, from any thread ----------------------------------------------------------
 
@@ -175,7 +180,7 @@ class Maintenance:
     async def _serve(self) -> None:
         self._wake = asyncio.Event()
         started = self._clock()
-        self._next_reap = self._next_probe = started
+        self._next_reap = self._next_probe = self._next_beat = started
         self._next_purge = started + self._config.retention.interval.total_seconds()
         try:
             while not self._stopping.is_set():
@@ -193,6 +198,7 @@ class Maintenance:
         if self._outage.file_lost():
             # Nothing more to do on that file; look again (and wake) once per probe.
             self._next_reap = self._next_purge = self._next_probe = now + PROBE_INTERVAL_S
+            self._next_beat = self._next_probe
             return
         retention, reaper_config = self._config.retention, self._config.reaper
         if now >= self._next_reap and not self._stopping.is_set():
@@ -204,10 +210,13 @@ class Maintenance:
         if self._clock() >= self._next_probe and not self._stopping.is_set():
             await self._tick("probe", self.probe_once)
             self._next_probe = self._clock() + PROBE_INTERVAL_S
+        if self._clock() >= self._next_beat and not self._stopping.is_set():
+            self._next_beat = self._clock() + BEAT_S
+            await self._tick("fleet", self.fleet_beat)
 
     async def _sleep_until_due(self) -> None:
         assert self._wake is not None
-        due = min(self._next_reap, self._next_purge, self._next_probe)
+        due = min(self._next_reap, self._next_purge, self._next_probe, self._next_beat)
         if self.pending_jobs():
             due = min(due, self._jobs.retry_at)
         timeout = max(0.0, due - self._clock())
@@ -285,7 +294,18 @@ class Maintenance:
             return None
         return await self._purge.sweep(await self._store.get())
 
+    async def fleet_beat(self) -> None:
+        """Join the fleet registry, or stamp this daemon's row (membership.py)."""
+        await self.membership.beat(await self._store.get())
+
     async def aclose(self) -> None:
-        """Close the store (done by `stop()`; call it after awaiting duties directly)."""
+        """Leave the fleet and close the store (done by `stop()`; call it after awaiting
+        duties directly)."""
+        if self._store.opened and not self._outage.file_lost():
+            try:
+                async with asyncio.timeout(2.0):
+                    await self.membership.leave(await self._store.get())
+            except Exception as exc:  # the row goes silent and ages out instead
+                log.warning("could not mark this daemon stopped in the fleet: %s", exc)
         with contextlib.suppress(Exception):  # a broken connection may fail to close
             await self._store.close()

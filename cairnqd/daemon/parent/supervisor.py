@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from setproctitle import setproctitle
 
+from cairnqd import __version__
 from cairnqd.config import Config, GroupConfig, setting_position
 from cairnqd.daemon import systemd
 from cairnqd.daemon.boot import child_push
@@ -92,7 +93,7 @@ class Supervisor:
         self.reload = ConfigReload(self, process_label=PARENT_LABEL)
         self.status = StatusReport(self.config_path, self._database_problems)
         self.metrics = Metrics(config)
-        self.maintenance = Maintenance(config, self.metrics)
+        self.maintenance = Maintenance(config, self.metrics, version=__version__)
         self.scheduler = Scheduler(config, self.metrics)
         self.metrics.database.set_outage_source(self._processes_without_database)
         self.channels = ChildChannels(self.selector, self.metrics)

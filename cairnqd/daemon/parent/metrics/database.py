@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -22,6 +22,7 @@ from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.leadership import LeaderLock
+from cairnqd.store.tables.fleet import versions
 
 # One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
@@ -39,6 +40,7 @@ _TASKS_HELP = (
     "cairnq_child_tasks{state} splits this host's into executing and held."
 )
 _PAUSED_HELP = "1 while the queue is paused (cairnqd pause --queue); 0 otherwise."
+_FLEET_HELP = "Daemons live on the database, by version (cairnqd fleet); several: mid-upgrade."
 _OLDEST_HELP = "Age of the oldest claimable queued task, database clock; 0 if none."
 _EXPIRED_HELP = "Running tasks whose lease expired and that await recovery."
 _UP_HELP = (
@@ -58,6 +60,8 @@ class DatabaseSnapshot:
     leases_expired: Mapping[str, int]
     #: Queues paused with `cairnqd pause`.
     paused: frozenset[str] = frozenset()
+    #: Live daemons on the database by version (the fleet registry).
+    fleet: Mapping[str, int] = field(default_factory=dict)
     #: False on a `queue_stats: leader` host that is not the leader: the refresh
     #: succeeded, but the per-queue families are left to the leader.
     exported: bool = True
@@ -72,6 +76,7 @@ async def _query_snapshot(store: TaskStore) -> DatabaseSnapshot:
         oldest_queued_age_ms=await store.oldest_queued_age_ms(),
         leases_expired=await store.expired_leases(),
         paused=frozenset(p.queue for p in await store.pauses.all()),
+        fleet=versions(await store.fleet.live()),
     )
 
 
@@ -315,10 +320,13 @@ class DatabaseCollector:
         )
         expired = GaugeMetricFamily("cairnq_leases_expired", _EXPIRED_HELP, labels=["queue"])
         paused = GaugeMetricFamily("cairnq_queue_paused", _PAUSED_HELP, labels=["queue"])
+        fleet = GaugeMetricFamily("cairnq_fleet_daemons", _FLEET_HELP, labels=["version"])
         if snapshot is not None:
             self._fill(snapshot, tasks, oldest, expired)
             self._fill_paused(snapshot, paused)
-        return [tasks, oldest, expired, paused]
+            for version, count in snapshot.fleet.items():
+                fleet.add_metric([version], float(count))
+        return [tasks, oldest, expired, paused, fleet]
 
     def _fill_paused(self, snapshot: DatabaseSnapshot, paused: GaugeMetricFamily) -> None:
         # Configured queues show 0 when running, so an alert can tell "not paused"

@@ -42,6 +42,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "cairnq_queue_oldest_queued_age_seconds",
     "cairnq_leases_expired",
     "cairnq_queue_paused",
+    "cairnq_fleet_daemons",
     "cairnq_db_up",
     "cairnq_db_scrape_duration_seconds",
     "cairnq_db_scrape_errors_total",
