@@ -133,11 +133,16 @@ def cmd_version(args: argparse.Namespace) -> int:
     import psycopg
 
     from cairnqd import __version__
+    from cairnqd._protocol import migrations
+    from cairnqd.daemon.wire.messages import PROTOCOL_VERSION
     from cairnqd.store.migrate import STORAGE_PROTOCOL_VERSION
 
     libpq = psycopg.pq.version()
+    ours = sorted(m.name for m in migrations("sqlite") if m.ledger == "cairnqd")
     print(f"cairnqd {__version__}")
-    print(f"protocol {STORAGE_PROTOCOL_VERSION}")
+    print(f"storage protocol {STORAGE_PROTOCOL_VERSION}")
+    print(f"pipe protocol {PROTOCOL_VERSION}")
+    print(f"extension migrations {len(ours)} (newest {ours[-1]})")
     print(f"python {platform.python_version()} ({platform.python_implementation()})")
     print(f"sqlite {sqlite3.sqlite_version}")
     print(f"psycopg {psycopg.__version__} (libpq {libpq // 10000}.{libpq % 10000})")
@@ -296,10 +301,31 @@ def _await_reload(statefile: StateFile, pid: int, seq: int, timeout_s: float) ->
         time.sleep(0.05)
 
 
+def _check_pipe_protocol(pid: int, state: DaemonState) -> None:
+    """`reload --all` starts children of the installed code under the running parent:
+    refuse, plainly, when the two cannot talk (docs/releasing.md)."""
+    from cairnqd import __version__
+    from cairnqd.daemon.wire.messages import PROTOCOL_VERSION
+
+    running = state.get("pipe_protocol")
+    if running is None or running == PROTOCOL_VERSION:
+        return
+    raise CliError(
+        exitcodes.CONFIG,
+        f"reload --all cannot load the installed cairnqd {__version__} (pipe protocol "
+        f"{PROTOCOL_VERSION}) into the running daemon (pid {pid}, cairnqd "
+        f"{state.get('version', 'unknown')}, pipe protocol {running}): its children would "
+        "refuse that parent. Restart the daemon instead (systemctl restart cairnqd); "
+        "nothing was changed",
+    )
+
+
 def cmd_reload(args: argparse.Namespace) -> int:
     statefile, note = _locate(args)
     pid, state = _find_daemon(args, statefile, note)
     _check_master(pid, args.config, statefile.owner if state is not None else None)
+    if args.all and state is not None:
+        _check_pipe_protocol(pid, state)
     signum = signal.SIGUSR2 if args.all else signal.SIGHUP
     # Read seq before signalling, or a fast daemon could bump it before we look.
     seq = state["reload"]["seq"] if state is not None else 0
@@ -449,6 +475,7 @@ COMMANDS: tuple[Register, ...] = (
     cli_bulk.extend_parsers,
     cli_purge.add_parser,
     cli_queues.add_parsers,
+    cli_fleet.add_parser,
     cli_status.add_parsers,
     cli_top.add_parsers,
     cli_schedules.add_parsers,
@@ -475,7 +502,6 @@ exit codes:
   65  bad data: invalid JSON, not a cairnq database, another protocol version,
       migrations pending (run `cairnqd migrate`)
   66  a missing input: the --payload-file, or the SQLite database (only `migrate`
-    cli_fleet.add_parser,
       and the daemon create it)
   69  unavailable: the database or the daemon cannot be reached
   70  internal error: a bug (please report it, with the traceback)

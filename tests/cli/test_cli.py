@@ -174,10 +174,10 @@ def test_version(run: Run) -> None:
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert lines[0].startswith("cairnqd ")
-    assert lines[1] == "protocol 1"
-    assert lines[2].startswith("python 3.")
-    assert lines[3].startswith("sqlite 3.")
-    assert lines[4].startswith("psycopg 3.") and "libpq" in lines[4]
+    assert lines[1] == "storage protocol 1"  # the protocol numbers: tests/test_release.py
+    assert lines[4].startswith("python 3.")
+    assert lines[5].startswith("sqlite 3.")
+    assert lines[6].startswith("psycopg 3.") and "libpq" in lines[6]
 
 
 # -- the database ---------------------------------------------------------------------

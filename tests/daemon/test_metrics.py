@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cairnqd.config import Config
 from cairnqd.daemon.child.tally import TaskTally
 from cairnqd.daemon.parent.metrics import METRIC_NAMES, OTHER_QUEUE, Metrics
-from cairnqd.daemon.wire.messages import MessageError, decode_child, encode
+from cairnqd.daemon.wire.messages import PROTOCOL_VERSION, MessageError, decode_child, encode
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
@@ -504,6 +504,7 @@ def test_scrape_has_every_family_and_no_created(
     info = samples(text)
     (build,) = [labels for name, labels in info if name == "cairnq_build_info"]
     assert dict(build)["protocol"] == "1" and dict(build)["backend"] == "sqlite"
+    assert dict(build)["pipe_protocol"] == str(PROTOCOL_VERSION)
 
 
 def test_dashboard_and_alert_names_exist_in_a_live_scrape(

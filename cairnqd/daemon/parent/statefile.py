@@ -17,7 +17,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NotRequired, TypedDict, cast
 
+from cairnqd import __version__
 from cairnqd.daemon.parent.runtimedir import UnsafeRuntimeDir, open_in, open_runtime_dir
+from cairnqd.daemon.wire.messages import PROTOCOL_VERSION
 from cairnqd.errors import CairnQError
 
 __all__ = [
@@ -54,6 +56,10 @@ class DaemonState(TypedDict):
     #: Absolute path of the config file the daemon loaded.
     config: str
     reload: ReloadState
+    #: The running code's release and pipe protocol, which `reload --all` compares with
+    #: the installed code's. Absent in a state file of a release before 0.2.0.
+    version: NotRequired[str]
+    pipe_protocol: NotRequired[int]
 
 
 class AlreadyRunning(CairnQError):
@@ -156,6 +162,8 @@ def initial_state(config_path: str | os.PathLike[str], generation: int = 1) -> D
         "generation": generation,
         "config": os.path.abspath(os.fspath(config_path)),
         "reload": {"seq": 0, "ok": True, "errors": [], "at": time.time()},
+        "version": __version__,
+        "pipe_protocol": PROTOCOL_VERSION,
     }
 
 

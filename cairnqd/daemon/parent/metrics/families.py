@@ -132,7 +132,7 @@ class Families:
         self.build_info = Gauge(
             "cairnq_build_info",
             "Build and runtime information (value 1).",
-            ["version", "protocol", "python", "backend"],
+            ["version", "protocol", "pipe_protocol", "python", "backend"],
             registry=r,
         )
 

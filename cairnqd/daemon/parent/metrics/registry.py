@@ -38,6 +38,7 @@ from cairnqd.daemon.parent.metrics.series import Labelled, SeriesBook
 from cairnqd.daemon.parent.metrics.server import Health, HttpServer
 from cairnqd.daemon.parent.parent_store import parent_store
 from cairnqd.daemon.wire.messages import (
+    PROTOCOL_VERSION,
     ChildMessage,
     DatabaseTrouble,
     Heartbeat,
@@ -45,6 +46,7 @@ from cairnqd.daemon.wire.messages import (
     Tally,
 )
 from cairnqd.store.base import TaskStore
+from cairnqd.store.migrate import STORAGE_PROTOCOL_VERSION
 
 # One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
@@ -87,7 +89,11 @@ class Metrics(Families):
         )
         self.registry.register(self.database)
         self.build_info.labels(
-            __version__, "1", platform.python_version(), config.database.backend
+            __version__,
+            str(STORAGE_PROTOCOL_VERSION),
+            str(PROTOCOL_VERSION),
+            platform.python_version(),
+            config.database.backend,
         ).set(1)
         # Baseline: a fresh daemon is not "stale"; its first sweep is an interval away.
         self.purge_last_success.set(wall_clock())
