@@ -12,12 +12,13 @@ import asyncio
 import dataclasses
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cairnqd._jsoncodec import shown
+from cairnqd._protocol import migrations
 from cairnqd.cli import listing
 from cairnqd.client import wait_for_task
 from cairnqd.config import (
@@ -185,6 +186,12 @@ def with_store(
         async with open_store(config, migrate=migrate) as store:
             return await action(store)
 
+    return run_on_database(config, session)
+
+
+def run_on_database(config: Config, session: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run `session` (which opens the store itself); its database failures become
+    CliError (69, or 65 for a database that is not what it should be)."""
     try:
         return asyncio.run(session())
     except DatabaseUnavailable as exc:  # already names the (redacted) DSN
@@ -215,17 +222,49 @@ async def _migrate(
     )
 
 
+def pending_migrations(config: Config) -> list[str]:
+    """The migrations the database lacks, without applying any."""
+    if missing_sqlite_file(config.database) is not None:
+        return [m.name for m in migrations("sqlite")]
+
+    async def session() -> list[str]:
+        try:
+            async with open_store(config, migrate=False):
+                return []
+        except MigrationsPending as exc:
+            return exc.names
+
+    return run_on_database(config, session)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     # Here: cli/fleet.py builds on this module.
     from cairnqd.cli.fleet import fleet_lines
 
     config = load(args.config)
+    before = pending_migrations(config)
+    if args.dry_run:
+        print(f"database: {describe_database(config)}")
+        if not before:
+            print("nothing to apply: the database is up to date")
+        else:
+            print(f"would apply {len(before)} migration(s), in this order:")
+            for name in before:
+                print(f"  {name}")
+        return exitcodes.OK
     version, ledgers, members = with_store(config, _migrate, migrate=True, create=True)
     print(f"database: {describe_database(config)}")
     print(f"protocol_version: {version}")
     for ledger, rows in ledgers.items():
         print(f"{ledger}:")
-        print(table(["  NAME", "APPLIED_AT"], [[f"  {n}", _when(at)] for n, at in rows]))
+        print(
+            table(
+                ["  NAME", "APPLIED_AT", ""],
+                [[f"  {n}", _when(at), "applied now" if n in before else ""] for n, at in rows],
+            )
+        )
+    applied = [n for n in before if any(n == row[0] for rows in ledgers.values() for row in rows)]
+    print(f"applied now: {len(applied)}" + (f" ({', '.join(applied)})" if applied else ""))
     print("fleet (the daemons on this database now):")
     for line in fleet_lines(members):
         print(f"  {line}")
@@ -484,7 +523,12 @@ def add_migrate(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
         help="create or upgrade the database schema; show both ledgers",
         description="Apply every pending migration (creating the SQLite file if needed) and "
         "print both migration ledgers: the protocol's (cairnq_migrations) and cairnqd's own "
-        "(cairnqd_migrations). Safe to run while daemons run: each migration applies once.",
+        "(cairnqd_migrations), marking those this run applied. Safe to run while daemons "
+        "run: each migration applies once, and on Postgres none waits more than 2 s for a "
+        "lock (it gives up and tries again), so claims never queue behind it for longer.",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="list the migrations that would run; apply none"
     )
     p.set_defaults(func=cmd_migrate)
 

@@ -195,6 +195,26 @@ def test_migrate_prints_both_ledgers(db_config: Path, run: Run) -> None:
     assert run("migrate").stdout.count(".sql") == out.count(".sql")  # idempotent
 
 
+def test_migrate_dry_run_lists_what_would_run_and_migrate_marks_it(
+    tmp_path: Path, dialect: str, db_target: str, run: Run
+) -> None:
+    write_config(tmp_path, database_line(dialect, db_target))
+    dry = run("migrate", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    listed = [line.strip() for line in dry.stdout.splitlines() if line.startswith("  ")]
+    assert listed[0] == "0001_init.sql" and listed[-1].startswith("cairnqd_")
+    assert "would apply" in dry.stdout
+    assert run("migrate", "--dry-run").stdout == dry.stdout  # it applied nothing
+    done = run("migrate")
+    assert done.returncode == 0, done.stderr
+    marked = [line for line in done.stdout.splitlines() if line.endswith("applied now")]
+    assert len(marked) == len(listed)
+    assert f"applied now: {len(listed)} (" in done.stdout
+    again = run("migrate", "--dry-run")
+    assert "nothing to apply: the database is up to date" in again.stdout
+    assert "applied now: 0" in run("migrate").stdout
+
+
 def test_migrate_unreachable_database_exits_69(tmp_path: Path, run: Run) -> None:
     write_config(tmp_path, 'dsn: "postgresql://nobody:pw@127.0.0.1:1/none"')
     for command in ("migrate", "stats"):

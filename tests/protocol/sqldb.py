@@ -21,6 +21,7 @@ from tests.protocol.sqlfiles import (
     extension_migration_files,
     migration_files,
     split_sqlite,
+    strip_comments,
     to_psycopg,
 )
 
@@ -203,13 +204,27 @@ def pg_apply(conn: Any, files: list[Path], ledger: str | None) -> None:
                 to_psycopg((folder[ledger] / "postgres" / "ledger_create.sql").read_text())
             )
     for path in files:
+        text = path.read_text(encoding="utf-8")
+        online = "concurrently" in strip_comments(text).lower()
+        if online:
+            # An index built concurrently runs outside a transaction, statement by
+            # statement, as the runner does (cairnqd/store/postgres/migrate.py).
+            conn.commit()
+            conn.autocommit = True
+            try:
+                for statement in strip_comments(text).split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+            finally:
+                conn.autocommit = False
         with conn.transaction():
             if ledger:
                 conn.execute(
                     to_psycopg((folder[ledger] / "postgres" / "ledger_lock.sql").read_text())
                 )
-            # No parameters: psycopg uses the simple protocol, so many statements are fine.
-            conn.execute(path.read_text(encoding="utf-8"))
+            if not online:
+                # No parameters: psycopg uses the simple protocol, so many statements work.
+                conn.execute(text)
             if ledger:
                 conn.execute(
                     to_psycopg((folder[ledger] / "postgres" / "ledger_record.sql").read_text()),

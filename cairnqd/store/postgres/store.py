@@ -51,7 +51,7 @@ from cairnqd.store.postgres.connect import (
 from cairnqd.store.postgres.leadership import PostgresLeadership
 from cairnqd.store.postgres.lease import new_holder
 from cairnqd.store.postgres.listen import PROBE_EVERY_S, Listener, RelayedWakes
-from cairnqd.store.postgres.migrate import apply_postgres, pending_postgres
+from cairnqd.store.postgres.migrate import apply_postgres, drop_invalid_index, pending_postgres
 
 T = TypeVar("T")
 
@@ -63,7 +63,6 @@ _SCAN_CHUNK = 128
 DEFAULT_CALL_TIMEOUT_S = 60.0
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 # The index an on-demand `create index ... if not exists NAME` makes.
-_INDEX_NAME = re.compile(r"\bif not exists (\w+)", re.I)
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
 
 
@@ -608,9 +607,7 @@ class PostgresStore(TaskStore):
                 # fine. Behind a pooler the timeout is per transaction: nothing to lift.
                 await conn.execute("set statement_timeout = 0")
             for text in on_demand("postgres", name):
-                index = _INDEX_NAME.search(text)
-                if index is not None:
-                    await self._drop_invalid_index(conn, index.group(1))
+                await drop_invalid_index(conn, text)
                 await conn.execute(text)
 
     async def database_now_ms(self) -> int:
@@ -656,21 +653,6 @@ class PostgresStore(TaskStore):
             dead_rows,
             time.monotonic() - began,
         )
-
-    @staticmethod
-    async def _drop_invalid_index(conn: AsyncConn, index: str) -> None:
-        cur = await conn.execute(
-            "select 1 from pg_index i join pg_class c on c.oid = i.indexrelid "
-            "where c.relname = %s and not i.indisvalid and pg_table_is_visible(c.oid)",
-            (index,),
-        )
-        if await cur.fetchone() is not None:
-            log.warning(
-                "dropping the invalid index %s (a build did not finish) to rebuild it", index
-            )
-            await conn.execute(
-                sql.SQL("drop index concurrently if exists {}").format(sql.Identifier(index))
-            )
 
 
 class _PgSession:

@@ -1,13 +1,7 @@
--- The dashboard's task list pages through tasks newest first by creation, due time or
--- finish time with keyset paging: "(sort column, id) below the last row seen". These
--- indexes give each sort its order, so a page reads its rows from the index instead of
--- sorting the table (1,000,000 rows: milliseconds, not seconds). A status filter, the
--- most common one, has its own index for the creation order; finish order already has
--- (status, completed_at_ms). cairnqd's own indexes, recorded in cairnqd_migrations.
-create index if not exists cairnqd_tasks_created_idx on cairnq_tasks (created_at_ms, id);
-create index if not exists cairnqd_tasks_status_created_idx
-    on cairnq_tasks (status, created_at_ms, id);
-create index if not exists cairnqd_tasks_run_at_idx on cairnq_tasks (run_at_ms, id);
+-- Up to release 0.2.0 this migration also built three indexes on cairnq_tasks for the
+-- dashboard, which cairnqd_0006 drops again: a write stall on a large table for nothing.
+-- They are built on demand now (protocol/extensions/on_demand/), so this file no longer
+-- makes them; a database that ran the earlier text loses them in cairnqd_0006.
 
 -- What each daemon that reports (dashboard.listen or dashboard.report) last said about
 -- its groups and children, so a dashboard on any host shows the workers of every host:
