@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cairnqd.daemon.child.tally import TallyBook, TaskTally, failure_reason
+from cairnqd.daemon.child.tally import TaskTally, failure_reason
+from cairnqd.daemon.parent.metrics.tallies import TallyBook
 from cairnqd.daemon.wire.messages import Tally, TallyCount, decode_child, encode
 
 BUCKETS = (0.1, 1.0)

@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-from cairnqd.daemon.wire.messages import Tally, TallyCount
+from cairnqd.daemon.wire.messages import CounterKey, Tally, TallyCount
 from cairnqd.errors import UndecodableRow
 
 #: The error code of a row failed because it could not be decoded (`store.base`).
 UNDECODABLE_CODE = UndecodableRow.CODE
-
-#: Counter kinds; "failed" counts every failed attempt, "retried" the requeued subset.
-KINDS = ("started", "succeeded", "failed", "retried", "canceled")
 
 
 def failure_reason(outcome: str, code: str) -> str:
@@ -31,9 +27,6 @@ def failure_reason(outcome: str, code: str) -> str:
     if code == UNDECODABLE_CODE:
         return "undecodable"
     return "error"
-
-
-CounterKey = tuple[str, str, str, str]  # queue, name, kind, reason ("" unless failed)
 
 
 class Histogram:
@@ -160,74 +153,3 @@ class TaskTally:
 
 
 _RETRIED = ("retried", "")
-
-
-@dataclass(frozen=True)
-class CounterDelta:
-    queue: str
-    name: str
-    kind: str
-    reason: str
-    amount: int
-
-
-@dataclass(frozen=True)
-class HistogramDelta:
-    which: str  # "durations" or "waits"
-    queue: str
-    counts: tuple[int, ...]  # per bucket, +Inf last
-    total: float
-
-
-class TallyBook:
-    """The parent's memory of each child's last tally, to turn the next into deltas."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, Tally] = {}
-
-    def forget(self, child: str) -> None:
-        self._last.pop(child, None)
-
-    def apply(self, child: str, tally: Tally) -> tuple[list[CounterDelta], list[HistogramDelta]]:
-        """What changed since `child`'s previous tally. ValueError on a tally whose
-        counts are not counts (the caller's guard counts it and moves on)."""
-        previous = self._last.get(child)
-        before = {} if previous is None else {_key(c): c.n for c in previous.counts}
-        counters = []
-        for count in tally.counts:
-            if count.what not in KINDS or count.n < 0:
-                raise ValueError(f"bad tally count {count!r}")
-            amount = count.n - before.get(_key(count), 0)
-            if amount > 0:
-                counters.append(
-                    CounterDelta(count.queue, count.name, count.what, count.reason, amount)
-                )
-        durations, waits = (previous.durations, previous.waits) if previous else ({}, {})
-        histograms = [
-            *_histogram_deltas("durations", durations, tally.durations),
-            *_histogram_deltas("waits", waits, tally.waits),
-        ]
-        self._last[child] = tally
-        return counters, histograms
-
-
-def _key(count: TallyCount) -> CounterKey:
-    return (count.queue, count.name, count.what, count.reason)
-
-
-def _histogram_deltas(
-    which: str,
-    before: Mapping[str, tuple[float, ...]],
-    now: Mapping[str, tuple[float, ...]],
-) -> Iterator[HistogramDelta]:
-    for queue, values in now.items():
-        if len(values) < 2:
-            raise ValueError(f"bad tally histogram for {queue!r}")
-        counts = [int(v) for v in values[:-1]]
-        total = float(values[-1])
-        old = before.get(queue)
-        if old is not None:
-            counts = [c - int(o) for c, o in zip(counts, old[:-1], strict=True)]
-            total -= float(old[-1])
-        if any(counts):
-            yield HistogramDelta(which, queue, tuple(counts), total)

@@ -93,6 +93,13 @@ class Heartbeat:
     stalled_s: float = 0.0
 
 
+#: What a tally counts; "failed" counts every failed attempt, "retried" the requeued
+#: subset. The child counts these, the parent refuses any other.
+TALLY_KINDS = ("started", "succeeded", "failed", "retried", "canceled")
+#: A tally count's identity: queue, task name, kind, reason ("" unless failed).
+CounterKey = tuple[str, str, str, str]
+
+
 @dataclass(frozen=True)
 class TallyCount:
     """One cumulative task counter (see `daemon.tally`)."""

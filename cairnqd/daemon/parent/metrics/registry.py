@@ -19,7 +19,6 @@ from prometheus_client import disable_created_metrics
 
 from cairnqd import __version__
 from cairnqd.config import Config
-from cairnqd.daemon.child.tally import TallyBook
 from cairnqd.daemon.parent.metrics.database import DB_QUERY_TIMEOUT_S, DatabaseCollector
 from cairnqd.daemon.parent.metrics.families import Families
 from cairnqd.daemon.parent.metrics.labels import (
@@ -36,6 +35,7 @@ from cairnqd.daemon.parent.metrics.labels import (
 )
 from cairnqd.daemon.parent.metrics.series import Labelled, SeriesBook
 from cairnqd.daemon.parent.metrics.server import Health, HttpServer
+from cairnqd.daemon.parent.metrics.tallies import TallyBook
 from cairnqd.daemon.parent.parent_store import parent_store
 from cairnqd.daemon.wire.messages import (
     PROTOCOL_VERSION,
