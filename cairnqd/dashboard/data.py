@@ -35,6 +35,7 @@ from cairnqd.store.browse import (
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.operator import QueuePause
+from cairnqd.store.tables.fleet import FleetMember
 from cairnqd.store.tables.schedules import ScheduleRow, ScheduleTable
 
 log = logging.getLogger("cairnqd.dashboard")
@@ -105,6 +106,8 @@ class Overview:
     serial: int = 0
     #: Every daemon's groups and children: this host's first, then the reports.
     hosts: list[HostView] = field(default_factory=list)
+    #: The daemons live on the database (the fleet registry), reporting or not.
+    fleet: list[FleetMember] = field(default_factory=list)
 
 
 def _per_minute(counts: Sequence[FinishedCount], now_minute: int) -> dict[str, list[list[int]]]:
@@ -383,6 +386,7 @@ class DashboardData:
             failed = await store.dashboard.failed_groups()
             schedules = await ScheduleTable(store).rows() if self.config.schedules else {}
             reports = await store.reports.all()
+            fleet = await store.fleet.live()
         except Exception:
             await self._store.close()
             raise
@@ -416,6 +420,7 @@ class DashboardData:
             totals=totals,
             serial=self.refreshes,
             hosts=_hosts(daemon, reports),
+            fleet=fleet,
         )
 
     def _configured_queues(self) -> set[str]:

@@ -26,6 +26,7 @@ from cairnqd.dashboard.params import encode_cursor, with_params
 from cairnqd.models import STATUSES, Task
 from cairnqd.schedules import from_ms
 from cairnqd.store.browse import SORTS, TaskQuery, TaskSummary
+from cairnqd.store.tables.fleet import versions
 from cairnqd.store.tables.schedules import ScheduleRow
 
 NAV = (
@@ -533,11 +534,52 @@ def failed_page(overview: Overview, viewer: Viewer) -> Markup:
 # -- workers ---------------------------------------------------------------------------------
 
 
+def _fleet_section(overview: Overview) -> Markup:
+    """Every daemon live on the database, from the fleet registry, and a warning line
+    when their versions differ."""
+    if not overview.fleet:
+        return Markup('<p class="empty">No daemon is live on this database.</p>')
+    rows = [
+        render(
+            '<tr><td class="mono">{daemon}</td><td>{version}</td><td class="num">{pipe}</td>'
+            '<td>{groups}</td><td>{features}</td><td class="num">{seen}</td></tr>',
+            daemon=m.daemon,
+            version=m.version,
+            pipe=m.pipe_protocol,
+            groups=", ".join(m.groups) or "-",
+            features=", ".join(m.features) or "-",
+            seen=age(m.age_ms / 1000),
+        )
+        for m in overview.fleet
+    ]
+    by_version = versions(overview.fleet)
+    mixed = (
+        render(
+            '<p class="warn">Mixed versions: {mix}. An upgrade is under way, or a host was '
+            "missed.</p>",
+            mix=", ".join(f"{v} ({n})" for v, n in by_version.items()),
+        )
+        if len(by_version) > 1
+        else Markup("")
+    )
+    return render(
+        '<section class="fleet"><h2>Fleet</h2>{mixed}<table class="grid"><thead><tr>'
+        '<th scope="col">daemon</th><th scope="col">version</th>'
+        '<th scope="col" class="num">pipe</th><th scope="col">groups</th>'
+        '<th scope="col">features</th><th scope="col" class="num">seen</th></tr></thead>'
+        "<tbody>{rows}</tbody></table></section>",
+        mixed=mixed,
+        rows=join(rows),
+    )
+
+
 def workers_page(overview: Overview) -> Markup:
+    fleet = _fleet_section(overview)
     if not overview.hosts:
         return render(
-            '<p class="empty">No worker status: {why}. Daemons that serve the dashboard, or '
-            "set dashboard.report, report their children here.</p>",
+            '{fleet}<p class="empty">No worker status: {why}. Daemons that serve the '
+            "dashboard, or set dashboard.report, report their children here.</p>",
+            fleet=fleet,
             why=overview.daemon_note,
         )
     sections = []
@@ -585,9 +627,10 @@ def workers_page(overview: Overview) -> Markup:
         ))  # fmt: skip
     note = _no_daemon_note(overview)
     return render(
-        '{note}<p class="note">This host\'s daemon is shown live; every other daemon that '
-        "serves the dashboard or sets dashboard.report as it last reported (every few "
+        '{fleet}{note}<p class="note">This host\'s daemon is shown live; every other daemon '
+        "that serves the dashboard or sets dashboard.report as it last reported (every few "
         "seconds).</p>{sections}",
+        fleet=fleet,
         note=note,
         sections=join(sections),
     )

@@ -33,7 +33,7 @@ from cairnqd.errors import (
     UnsupportedBackend,
 )
 from cairnqd.models import STATUSES, Task, TaskRef, undecodable_column
-from cairnqd.store.admission import CloseBarrier
+from cairnqd.store.admission import Admission, CloseBarrier
 from cairnqd.store.arguments import (
     INT8_MAX,
     Params,
@@ -286,7 +286,7 @@ class TaskStore(ABC):
     def _operation(self) -> AbstractContextManager[None]:
         """Bracket an operation of several statements, so that once it has begun a
         close lets it finish as a whole (store/admission.py)."""
-        return self.barrier.admit()
+        return Admission(self.barrier)
 
     @property
     def closing(self) -> bool:

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import pytest
 
-from cairnqd import CairnQ
+from cairnqd import CairnQ, __version__
 from cairnqd.dashboard.server import CSP
 from tests.dashboard.conftest import (
     SCRIPT_RAW,
@@ -384,6 +384,11 @@ def test_workers_of_every_reporting_daemon(dash: Dash, tmp_path: Path) -> None:
         page = http.get("/workers").text
         assert f"pid {second.pid}, reported" in page
         assert f"pid {dash.daemon.pid}, this host, live" in page
+        # The fleet lists both daemons, from the registry, with their versions.
+        fleet = page[page.index("<h2>Fleet</h2>") : page.index("</section>")]
+        for daemon in (second, dash.daemon):
+            assert f"/{daemon.pid}</td><td>{__version__}</td>" in fleet
+        assert "Mixed versions" not in fleet
         (own,) = dash.daemon.children("w")
         assert f'<td class="num">{own}</td>' in page
         assert '<th scope="row">other</th>' in http.get("/").text
