@@ -9,9 +9,10 @@ use of the store opens it again (docs/architecture.md, "Closing a store").
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar, Token
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from cairnqd.errors import StoreClosed
 
@@ -101,6 +102,32 @@ class Admission:
         barrier._admitted.discard(self._token)
         if not barrier._admitted and barrier._drained is not None:
             barrier._drained.set()
+
+
+class SharedOpen:
+    """A store's open (or close), one at a time: callers that arrive while it runs wait
+    for the same attempt, and its failure reaches each of them."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    async def run(self, opening: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `opening()`, or wait for the run already under way."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(opening())
+            self._task.add_done_callback(retrieve_failure)
+        task = self._task
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done() and self._task is task:
+                self._task = None
+
+    async def settle(self) -> None:
+        """Let an open under way land first (its failure is its callers' to see)."""
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._task)
 
 
 def retrieve_failure(task: asyncio.Task[None]) -> None:

@@ -33,7 +33,7 @@ from cairnqd.errors import (
     UnsupportedBackend,
 )
 from cairnqd.models import STATUSES, Task, TaskRef, undecodable_column
-from cairnqd.store.admission import Admission, CloseBarrier
+from cairnqd.store.admission import Admission, CloseBarrier, SharedOpen
 from cairnqd.store.arguments import (
     INT8_MAX,
     Params,
@@ -221,7 +221,9 @@ class TaskStore(ABC):
     def __init__(self, *, clock: Clock | None = None, describe: str = "store") -> None:
         #: Admits operations, and refuses them while `close()` drains (store/admission.py).
         self.barrier = CloseBarrier(describe)
-        self._closing_task: asyncio.Task[None] | None = None
+        self._closer = SharedOpen()
+        #: The dialect's open (`connect`), shared by the callers that need it at once.
+        self._opener = SharedOpen()
         # Injected: what this store's statements read as now (see Clock). Kept apart
         # from now_ms so a dialect with a clock of its own knows when it is overridden.
         self.clock = clock
@@ -245,21 +247,23 @@ class TaskStore(ABC):
 
     async def close(self) -> None:
         """Let the operations under way finish, refuse new ones meanwhile, then close.
-        Used again after this returns, the store opens again (store/admission.py)."""
-        if self._closing_task is None:
-            # A task of its own: every task scheduled before this call takes its first
-            # step (and is admitted) before the close begins.
-            self._closing_task = asyncio.get_running_loop().create_task(self._close_now())
-        closing = self._closing_task
+        Used again after this returns, the store opens again (store/admission.py).
+        The close runs as a task of its own, shared by concurrent callers: every task
+        scheduled before the call takes its first step (and is admitted) before it."""
+        await self._closer.run(self._close_now)
+
+    async def _close_now(self) -> None:
+        self.barrier.refuse()
         try:
-            await asyncio.shield(closing)
+            await self._opener.settle()  # a connect in flight lands first
+            await self._shut()
         finally:
-            if closing.done() and self._closing_task is closing:
-                self._closing_task = None
+            self.barrier.lift()
 
     @abstractmethod
-    async def _close_now(self) -> None:
-        """Close behind `self.barrier.refuse()`: drain, release, then `lift()`."""
+    async def _shut(self) -> None:
+        """Behind the closed barrier: let what was admitted finish, then release the
+        connection or pool. The next use opens the store again."""
 
     @abstractmethod
     async def _fetch(

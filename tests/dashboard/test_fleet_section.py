@@ -6,23 +6,7 @@ from __future__ import annotations
 from cairnqd.dashboard.data import Overview
 from cairnqd.dashboard.pages import workers_page
 from cairnqd.store.tables.fleet import FleetMember
-
-
-def _member(daemon: str, version: str) -> FleetMember:
-    return FleetMember(
-        daemon=daemon,
-        host="h",
-        pid=1,
-        config="/etc/cairnq.yaml",
-        version=version,
-        pipe_protocol=2,
-        features=("fleet", "pauses"),
-        groups=("default",),
-        started_at_ms=0,
-        seen_at_ms=0,
-        stopped_at_ms=None,
-        age_ms=3000,
-    )
+from tests.support.fleet import fleet_member
 
 
 def _overview(*members: FleetMember) -> Overview:
@@ -38,7 +22,9 @@ def _overview(*members: FleetMember) -> Overview:
 
 
 def test_the_fleet_shows_without_any_report_and_flags_mixed_versions() -> None:
-    page = str(workers_page(_overview(_member("a/1", "0.2.0"), _member("<b>/2", "0.1.0"))))
+    page = str(
+        workers_page(_overview(fleet_member("a/1", "0.2.0"), fleet_member("<b>/2", "0.1.0")))
+    )
     assert "<h2>Fleet</h2>" in page and "No worker status" in page
     assert '<td class="mono">a/1</td><td>0.2.0</td>' in page
     assert "&lt;b&gt;/2" in page and "<b>/2" not in page
@@ -46,5 +32,5 @@ def test_the_fleet_shows_without_any_report_and_flags_mixed_versions() -> None:
 
 
 def test_one_version_no_warning_and_an_empty_fleet_says_so() -> None:
-    assert "Mixed versions" not in str(workers_page(_overview(_member("a/1", "0.2.0"))))
+    assert "Mixed versions" not in str(workers_page(_overview(fleet_member("a/1", "0.2.0"))))
     assert "No daemon is live on this database." in str(workers_page(_overview()))

@@ -12,10 +12,10 @@ from cairnqd.store.tables.fleet import (
     FORGET_MS,
     HONOURED_FEATURES,
     LIVE_MS,
-    FleetMember,
     lacking,
     versions,
 )
+from tests.support.fleet import fleet_member
 from tests.support.store import query
 
 
@@ -93,29 +93,12 @@ async def test_the_database_names_the_features_it_uses(store: TaskStore) -> None
     assert features["pauses"] == "cairnqd_0002_queue_pauses.sql"
 
 
-def _member(daemon: str, version: str, features: tuple[str, ...], live: bool) -> FleetMember:
-    return FleetMember(
-        daemon=daemon,
-        host="h",
-        pid=1,
-        config="",
-        version=version,
-        pipe_protocol=2,
-        features=features,
-        groups=(),
-        started_at_ms=0,
-        seen_at_ms=0,
-        stopped_at_ms=None,
-        live=live,
-    )
-
-
 def test_who_lacks_a_feature_and_the_versions_live() -> None:
     members = [
-        _member("a", "0.2.0", ("pauses",), True),
-        _member("b", "0.1.0", (), True),
-        _member("c", "0.1.0", (), False),  # gone: neither lacking nor counted
-        _member("d", "0.2.0", ("pauses",), True),
+        fleet_member("a", "0.2.0", features=("pauses",)),
+        fleet_member("b", "0.1.0", features=()),
+        fleet_member("c", "0.1.0", features=(), live=False),  # gone: neither lacking nor counted
+        fleet_member("d", "0.2.0", features=("pauses",)),
     ]
     assert [m.daemon for m in lacking(members, "pauses")] == ["b"]
     assert versions(members) == {"0.2.0": 2, "0.1.0": 1}

@@ -32,7 +32,6 @@ from cairnqd.errors import (
     SchemaMismatch,
 )
 from cairnqd.models import Task
-from cairnqd.store.admission import retrieve_failure
 from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.executor import UserWrite
@@ -155,7 +154,6 @@ class PostgresStore(TaskStore):
         )
         self._listeners: dict[str, Listener] = {}
         self._push_hint = False
-        self._opening: asyncio.Task[None] | None = None
         self._push_off_logged = False
         self._relay = RelayedWakes() if relayed else None
         #: How often each LISTEN proves again that it hears (store/postgres/listen.py).
@@ -213,15 +211,7 @@ class PostgresStore(TaskStore):
         after `close()` has returned."""
         self.barrier.check_open()
         while self._pool is None:
-            if self._opening is None:
-                self._opening = asyncio.get_running_loop().create_task(self._connect_now())
-                self._opening.add_done_callback(retrieve_failure)
-            opening = self._opening
-            try:
-                await asyncio.shield(opening)
-            finally:
-                if opening.done() and self._opening is opening:
-                    self._opening = None
+            await self._opener.run(self._connect_now)
 
     async def _connect_now(self) -> None:
         async with await self.dedicated_connection(direct=True) as conn:
@@ -278,20 +268,10 @@ class PostgresStore(TaskStore):
             f"connection's schema is {current!r}; pass schema= to reach them"
         )
 
-    async def _close_now(self) -> None:
-        self.barrier.refuse()
-        try:
-            if self._opening is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._opening)  # a connect in flight lands first
-            await self._closing()
-            await self.barrier.drain()  # what was admitted lands before the pool goes
-            await self.submits.drain()
-            await self._release()
-        finally:
-            self.barrier.lift()
-
-    async def _release(self) -> None:
+    async def _shut(self) -> None:
+        await self._closing()
+        await self.barrier.drain()  # what was admitted lands before the pool goes
+        await self.submits.drain()
         vacuum, self._vacuum = self._vacuum, None
         if vacuum is not None and not vacuum.done():
             vacuum.cancel()  # psycopg cancels the statement on the server too

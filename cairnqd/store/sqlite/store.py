@@ -21,7 +21,6 @@ from cairnqd._jsoncodec import UndecodableText, tolerant_text
 from cairnqd._protocol import Statement, on_demand, statement
 from cairnqd.errors import StoreClosed
 from cairnqd.models import Task
-from cairnqd.store.admission import retrieve_failure
 from cairnqd.store.base import (
     Clock,
     Params,
@@ -106,7 +105,6 @@ class SQLiteStore(TaskStore):
         self._lock = asyncio.Lock()
         self._pending: list[_Write] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._opening: asyncio.Task[None] | None = None
         self._closed_memory = False
         self._scan_thread: ThreadPoolExecutor | None = None
         self._last_optimize = 0.0
@@ -142,32 +140,22 @@ class SQLiteStore(TaskStore):
                     "the connection, so reopening would silently start from empty. Use a "
                     "file path if the store needs to outlive a close."
                 )
-            if self._opening is None:
-                self._opening = asyncio.get_running_loop().create_task(self._open_now())
-                self._opening.add_done_callback(retrieve_failure)
-            await asyncio.shield(self._opening)
+            await self._opener.run(self._open_now)
         return self._conn
 
     async def _open_now(self) -> None:
-        try:
-            self._conn = await asyncio.to_thread(
-                open_database,
-                self.path,
-                busy_timeout_ms=self.busy_timeout_ms,
-                synchronous=self.synchronous,
-                migrate=self.migrate,
-            )
-            self._last_optimize = time.monotonic()
-        finally:
-            self._opening = None
+        self._conn = await asyncio.to_thread(
+            open_database,
+            self.path,
+            busy_timeout_ms=self.busy_timeout_ms,
+            synchronous=self.synchronous,
+            migrate=self.migrate,
+        )
+        self._last_optimize = time.monotonic()
         self._opened()
 
-    async def _close_now(self) -> None:
-        self.barrier.refuse()
+    async def _shut(self) -> None:
         try:
-            if self._opening is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._opening)  # a connect in flight lands first
             if self._conn is None:
                 return
             await self._closing()
@@ -181,7 +169,6 @@ class SQLiteStore(TaskStore):
             if is_memory(self.path):
                 self._closed_memory = True
         finally:
-            self.barrier.lift()
             if self._scan_thread is not None:
                 self._scan_thread.shutdown(wait=False)
                 self._scan_thread = None
