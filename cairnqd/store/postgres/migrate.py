@@ -15,6 +15,7 @@ none stalls the workers for longer than a bound (docs/architecture.md, "Migratio
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import re
@@ -81,8 +82,12 @@ async def pending_postgres(conn: AsyncConn) -> list[str]:
     return pending(applied, "postgres")
 
 
-async def apply_postgres(conn: AsyncConn) -> list[str]:
-    """Apply missing migrations on an autocommit connection; the names applied."""
+async def apply_postgres(conn: AsyncConn, *, session_locks: bool = True) -> list[str]:
+    """Apply missing migrations on an autocommit connection; the names applied.
+
+    Without `session_locks` (a transaction pooler, no direct DSN) an online migration
+    cannot be serialized by an advisory lock, and two processes building one index
+    concurrently deadlock: it then runs plainly, in its locked transaction."""
     applied: list[str] = []
     for ledger in ("cairnq", "cairnqd"):
         await conn.execute(ledger_sql("postgres", ledger, "ledger_create"))
@@ -92,6 +97,14 @@ async def apply_postgres(conn: AsyncConn) -> list[str]:
     for migration in migrations("postgres"):
         if migration.name not in missing:
             continue
+        if is_online(migration) and not session_locks:
+            log.warning(
+                "migration %s builds its index without `concurrently`: behind a "
+                "transaction pooler without database.direct_dsn, only a transaction "
+                "can keep two processes from building it at once",
+                migration.name,
+            )
+            migration = dataclasses.replace(migration, sql=_CONCURRENTLY.sub("", migration.sql))
         apply = _apply_online if is_online(migration) else _apply_in_transaction
         if await _patiently(migration, functools.partial(apply, conn, migration)):
             applied.append(migration.name)
@@ -104,12 +117,12 @@ async def _patiently(migration: Migration, attempt: Callable[[], Awaitable[bool]
     for tries in range(1, LOCK_ATTEMPTS + 1):
         try:
             return await attempt()
-        except psycopg.errors.LockNotAvailable:
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
             if tries == LOCK_ATTEMPTS:
                 break
             log.warning(
                 "migration %s: a lock was not free within %d ms (a long transaction holds "
-                "the table); trying again in %.1f s",
+                "the table, or it deadlocked with another); trying again in %.1f s",
                 migration.name,
                 LOCK_TIMEOUT_MS,
                 pause,

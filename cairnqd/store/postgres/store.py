@@ -217,7 +217,10 @@ class PostgresStore(TaskStore):
         async with await self.dedicated_connection(direct=True) as conn:
             await self._check_installation(conn)
             if self.migrate:
-                await apply_postgres(conn)
+                # A session advisory lock means nothing through a transaction pooler: the
+                # next statement may run on another server connection.
+                sessions = self.pooler != "transaction" or self.direct_dsn is not None
+                await apply_postgres(conn, session_locks=sessions)
             elif pending := await pending_postgres(conn):
                 raise MigrationsPending(redact_dsn(self.dsn), pending)
             version = await run(conn, statement("postgres", "protocol_version"), {})
