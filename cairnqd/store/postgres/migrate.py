@@ -98,7 +98,9 @@ async def apply_postgres(conn: AsyncConn, *, session_locks: bool = True) -> list
         if migration.name not in missing:
             continue
         if is_online(migration) and not session_locks:
-            log.warning(
+            # Expected behind such a pooler (docs/architecture.md, "Migrations"): said,
+            # not warned about.
+            log.info(
                 "migration %s builds its index without `concurrently`: behind a "
                 "transaction pooler without database.direct_dsn, only a transaction "
                 "can keep two processes from building it at once",
