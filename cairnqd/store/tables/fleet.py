@@ -4,6 +4,7 @@ fleet and an action that needs every daemon can tell who would ignore it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -60,21 +61,8 @@ class FleetMember:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "daemon": self.daemon,
-            "host": self.host,
-            "pid": self.pid,
-            "config": self.config,
-            "version": self.version,
-            "pipe_protocol": self.pipe_protocol,
-            "features": list(self.features),
-            "groups": list(self.groups),
-            "started_at_ms": self.started_at_ms,
-            "seen_at_ms": self.seen_at_ms,
-            "stopped_at_ms": self.stopped_at_ms,
-            "age_ms": self.age_ms,
-            "live": self.live,
-        }
+        """Every field, as `cairnqd fleet --json` prints it (tuples become lists)."""
+        return dataclasses.asdict(self)
 
 
 def _names(text: object) -> tuple[str, ...]:
