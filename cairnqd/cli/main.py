@@ -71,7 +71,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = load(args.config)
+    try:
+        config = load(args.config)
+    except CliError as exc:
+        # A successor of a binary upgrade: the running parent reports this.
+        from cairnqd.daemon.parent.succession import report_failed_start
+
+        report_failed_start([*exc.details, exc.message])
+        raise
     if args.log_level:
         # Only for this start: a reload re-reads logging.level from the file.
         level = args.log_level.upper()
@@ -82,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_daemon,  # the daemon's imports are not every command's cost
     )
 
-    return run_daemon(args.config, config)
+    return run_daemon(args.config, config, log_level=args.log_level)
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
@@ -301,7 +308,7 @@ def _await_reload(statefile: StateFile, pid: int, seq: int, timeout_s: float) ->
         time.sleep(0.05)
 
 
-def _check_pipe_protocol(pid: int, state: DaemonState) -> None:
+def _check_pipe_protocol(args: argparse.Namespace, pid: int, state: DaemonState) -> None:
     """`reload --all` starts children of the installed code under the running parent:
     refuse, plainly, when the two cannot talk (docs/releasing.md)."""
     from cairnqd import __version__
@@ -310,13 +317,16 @@ def _check_pipe_protocol(pid: int, state: DaemonState) -> None:
     running = state.get("pipe_protocol")
     if running is None or running == PROTOCOL_VERSION:
         return
+    if "upgrade" in state:
+        instead = f"upgrade instead (cairnqd -c {args.config} upgrade --wait 2m)"
+    else:
+        instead = "restart the daemon instead (systemctl restart cairnqd)"
     raise CliError(
         exitcodes.CONFIG,
         f"reload --all cannot load the installed cairnqd {__version__} (pipe protocol "
         f"{PROTOCOL_VERSION}) into the running daemon (pid {pid}, cairnqd "
         f"{state.get('version', 'unknown')}, pipe protocol {running}): its children would "
-        "refuse that parent. Restart the daemon instead (systemctl restart cairnqd); "
-        "nothing was changed",
+        f"refuse that parent. A new parent must load it: {instead}; nothing was changed",
     )
 
 
@@ -325,7 +335,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
     pid, state = _find_daemon(args, statefile, note)
     _check_master(pid, args.config, statefile.owner if state is not None else None)
     if args.all and state is not None:
-        _check_pipe_protocol(pid, state)
+        _check_pipe_protocol(args, pid, state)
     signum = signal.SIGUSR2 if args.all else signal.SIGHUP
     # Read seq before signalling, or a fast daemon could bump it before we look.
     seq = state["reload"]["seq"] if state is not None else 0
@@ -350,6 +360,64 @@ def cmd_reload(args: argparse.Namespace) -> int:
     else:
         message = f"reload refused; still running generation {outcome['generation']}"
     raise CliError(exitcodes.CONFIG, f"{message} (pid {pid})", outcome["reload"]["errors"])
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    statefile, note = _locate(args)
+    pid, state = _find_daemon(args, statefile, note)
+    _check_master(pid, args.config, statefile.owner if state is not None else None)
+    if state is not None and "upgrade" not in state:
+        raise CliError(
+            exitcodes.CONFIG,
+            f"the running daemon (pid {pid}, cairnqd {state.get('version', 'before 0.2.0')}) "
+            "cannot upgrade in place: restart it once (systemctl restart cairnqd); from then "
+            "on `upgrade` loads new releases without a gap",
+        )
+    seq = state["upgrade"]["seq"] if state is not None and "upgrade" in state else 0
+    _signal(pid, signal.SIGURG)
+    if args.wait is None:
+        print(f"sent URG to cairnqd (pid {pid}): it starts the installed cairnqd beside itself")
+        return exitcodes.OK
+    outcome = _await_upgrade(statefile, pid, seq, args.wait.total_seconds())
+    upgrade = outcome["upgrade"]
+    if upgrade["ok"]:
+        print(
+            f"upgraded: cairnqd {upgrade['from_version']} (pid {upgrade['from_pid']}) -> "
+            f"cairnqd {outcome.get('version', 'unknown')} (pid {outcome['pid']}), "
+            f"generation {outcome['generation']}"
+        )
+        print(f"  pid {upgrade['from_pid']} finishes its running tasks and exits")
+        return exitcodes.OK
+    raise CliError(
+        exitcodes.CONFIG,
+        f"upgrade failed; still running cairnqd {outcome.get('version', 'unknown')} (pid {pid})",
+        upgrade["errors"],
+    )
+
+
+def _await_upgrade(statefile: StateFile, pid: int, seq: int, timeout_s: float) -> DaemonState:
+    """The state once the upgrade numbered after `seq` has an outcome. The old parent
+    may exit (its tasks done) a moment before its successor writes the state: the
+    wait goes on while some process holds the lock."""
+    deadline = time.monotonic() + timeout_s
+    last_error: StateFileError | None = None
+    while True:
+        try:
+            state = statefile.read()
+        except StateFileError as exc:
+            state, last_error = None, exc
+        if state is not None and state.get("upgrade", {"seq": seq})["seq"] != seq:
+            return state
+        if not _alive(pid) and not statefile.locked_by_other():
+            raise _no_daemon(f"cairnqd (pid {pid}) exited before reporting the upgrade")
+        if time.monotonic() >= deadline:
+            reason = f" (last read: {last_error})" if last_error else ""
+            message = (
+                f"no upgrade outcome from pid {pid} within {timeout_s:g}s{reason}; "
+                "`cairnqd status` shows how far it got"
+            )
+            raise CliError(exitcodes.TEMPFAIL, message)
+        time.sleep(0.05)
 
 
 # -- the parser ----------------------------------------------------------------------------
@@ -384,7 +452,8 @@ def _add_run(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         "or INT. Before any child starts it checks the database, the migrations, every group's "
         "handler imports and the connection budget (as `check --connect` does) and exits 78 on "
         "a problem. HUP reloads the config, USR2 also rolls unchanged groups, TSTP pauses "
-        "claiming, QUIT stops at once handing tasks back.",
+        "claiming, URG loads newly installed code under a new parent (`upgrade`), QUIT stops at "
+        "once handing tasks back.",
     )
     p.set_defaults(func=cmd_run)
 
@@ -433,6 +502,29 @@ def _add_reload(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
     p.set_defaults(func=cmd_reload)
 
 
+def _add_upgrade(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "upgrade",
+        parents=parents,
+        help="load newly installed cairnqd code without a gap (a new parent takes over)",
+        description="Send URG to the daemon running this config: it starts the installed "
+        "cairnqd as a new parent, which starts its groups one by one beside the running "
+        "children and takes over the listening sockets and the state once all are ready; "
+        "the old parent then finishes its tasks and exits. Capacity never drops, whatever "
+        "changed between the releases. If the new parent cannot get every group ready "
+        "within reload.upgrade_timeout, the running one carries on unchanged. With --wait, "
+        "print the outcome (exit 78 on failure, with the reasons).",
+    )
+    p.add_argument("--pid", type=int, help="the daemon's pid (default: from its state file)")
+    p.add_argument(
+        "--wait",
+        type=duration,
+        metavar="DURATION",
+        help="wait up to DURATION for the new parent to take over, and print the outcome",
+    )
+    p.set_defaults(func=cmd_upgrade)
+
+
 def _add_dashboard(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "dashboard",
@@ -469,6 +561,7 @@ COMMANDS: tuple[Register, ...] = (
     _add_config,
     cli_admin.add_migrate,
     _add_reload,
+    _add_upgrade,
     cli_admin.add_reads,
     cli_admin.add_submit,
     cli_admin.add_control,

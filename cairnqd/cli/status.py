@@ -116,6 +116,14 @@ def status_lines(
     ]
     if snapshot.get("quiet"):
         lines.append("quiet (SIGTSTP): no child claims until `cairnqd reload`")
+    upgrade = snapshot.get("upgrade")
+    if isinstance(upgrade, dict):
+        groups = upgrade.get("groups", {})
+        ready = ", ".join(f"{g} {v['ready']}/{v['of']}" for g, v in groups.items()) or "none yet"
+        lines.append(
+            f"upgrading: new parent pid {upgrade['pid']} (cairnqd {upgrade['version']}), "
+            f"{upgrade['for_s']:g}s in; its groups ready: {ready}"
+        )
     if pauses is None:
         lines.append(f"paused queues: unknown ({note})")
     elif pauses:

@@ -418,9 +418,12 @@ SCHEMA: tuple[Setting, ...] = (
             "A FATAL group (its children cannot boot) is started again after this long; "
             "a reload retries it at once."),
     Setting("reload", SectionKind(ReloadConfig), {}, None,
-            "Rolling restarts on reload."),
+            "Rolling restarts on reload, and binary upgrades."),
     Setting("reload.max_surge", IntKind(1), 1, _H,
             "Extra children a group may run while it rolls."),
+    Setting("reload.upgrade_timeout", DurationKind("1s"), "2m", _H,
+            "A binary upgrade (cairnqd upgrade) gives up, and the running parent carries "
+            "on, unless the new parent's groups are all ready this long after it started."),
     Setting("logging", SectionKind(LoggingConfig), {}, None,
             "Logs go to stderr (the journal under systemd)."),
     Setting("logging.level", EnumKind(*_LEVELS, fold=True), "info", _H,

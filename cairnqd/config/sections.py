@@ -154,6 +154,7 @@ class SupervisorConfig:
 @dataclass(frozen=True)
 class ReloadConfig:
     max_surge: int
+    upgrade_timeout: timedelta
 
 
 @dataclass(frozen=True)

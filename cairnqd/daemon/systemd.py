@@ -25,7 +25,7 @@ _SEND_TIMEOUT_S = 1.0
 _STATUS_MAX_CHARS = 1000
 # The variables of systemd's notify, watchdog and socket-activation protocols. Exact names, not
 # prefixes: a handler's own LISTEN_ADDR must still reach it.
-_SYSTEMD_ONLY_VARS = frozenset(
+SYSTEMD_ONLY_VARS = frozenset(
     {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"}
 )
 
@@ -88,6 +88,12 @@ def status(text: str) -> bool:
     return notify(_status_line(text))
 
 
+def main_pid(pid: int) -> bool:
+    """The service's main process is `pid` from now on: a binary upgrade's successor.
+    Sent by the main process itself, which NotifyAccess=main allows."""
+    return notify(f"MAINPID={pid}")
+
+
 def watchdog() -> bool:
     return notify("WATCHDOG=1")
 
@@ -127,4 +133,4 @@ def child_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     take the parent's WATCHDOG_PID/LISTEN_FDS as its own.
     """
     source = os.environ if env is None else env
-    return {key: value for key, value in source.items() if key not in _SYSTEMD_ONLY_VARS}
+    return {key: value for key, value in source.items() if key not in SYSTEMD_ONLY_VARS}

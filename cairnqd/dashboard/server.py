@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from cairnqd.config import Config
+from cairnqd.daemon.listening import serve_on
 from cairnqd.dashboard import pages
 from cairnqd.dashboard.actions import ACTIONS, FIELDS, audit
 from cairnqd.dashboard.auth import COOKIE, SESSION_S, Auth, LoginThrottle, Session
@@ -415,7 +416,9 @@ class DashboardServer:
         self._thread: threading.Thread | None = None
         self.port = 0
 
-    def start(self) -> int:
+    def start(self, adopted: socket.socket | None = None) -> int:
+        """Bind `dashboard.listen`, or serve on `adopted`, a socket a running parent
+        passed to its successor in a binary upgrade; returns the port."""
         listen = self.config.dashboard.listen
         assert listen is not None
         try:
@@ -426,7 +429,8 @@ class DashboardServer:
             class Server(_Server):
                 address_family = family
 
-            httpd = Server((listen.host, listen.port), _Handler, bind_and_activate=True)
+            httpd = Server((listen.host, listen.port), _Handler, bind_and_activate=False)
+            serve_on(httpd, adopted)
         except OSError as exc:
             reason = _BIND_REASONS.get(exc.errno or 0, exc.strerror or str(exc))
             raise DashboardBindError(f"cannot serve the dashboard on {listen}: {reason}") from exc
@@ -445,6 +449,11 @@ class DashboardServer:
         )
         self._thread.start()
         return self.port
+
+    @property
+    def listening_socket(self) -> socket.socket | None:
+        """The socket the dashboard is served on, for a successor to adopt."""
+        return None if self._httpd is None else self._httpd.socket
 
     def timings(self) -> list[tuple[str, float]]:
         if self._httpd is None:

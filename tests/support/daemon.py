@@ -11,6 +11,7 @@ test and stops them when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -91,14 +92,22 @@ class Daemon:
     def write_config(self, config: dict[str, Any]) -> None:
         write_config(self.tmp, config)
 
-    def start(self, *, wait_ready: bool = True, own_group: bool = False) -> Daemon:
+    def start(
+        self,
+        *,
+        wait_ready: bool = True,
+        own_group: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> Daemon:
         """Start the daemon; with `own_group`, as a terminal starts a foreground job:
         leader of a process group of its own, which `killpg` can signal as a whole
-        (Ctrl-C) without reaching the test runner."""
+        (Ctrl-C) without reaching the test runner. `env` adds to (or overrides) the
+        environment, PYTHONPATH included."""
         env = {
             **os.environ,
             "NOTIFY_SOCKET": self.notify_path,
             "PYTHONPATH": str(REPO),
+            **(env or {}),
         }
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -191,8 +200,24 @@ class Daemon:
         state: dict[str, Any] = json.loads(path.read_text())
         return state
 
+    def master_pid(self) -> int:
+        """The pid serving now: after a binary upgrade (`cairnqd upgrade`) the
+        successor's, from the state file, not the process this harness started."""
+        return int(self.state()["pid"])
+
+    def workers(self) -> dict[int, str]:
+        """pid -> title of every worker child of any master of this config: the old
+        parent's and its successor's during an upgrade."""
+        masters = {pid for pid, title in _processes().items() if _is_master(title, self)}
+        return {
+            pid: title
+            for pid, title in _processes().items()
+            if title.startswith("cairnqd: worker") and _parent(pid) in masters
+        }
+
     def stop(self, timeout: float = 60.0) -> int:
         assert self.proc is not None
+        self._stop_successor(timeout)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -203,6 +228,47 @@ class Daemon:
         self.log.close()
         self.notify.close()
         return self.proc.returncode
+
+    def _stop_successor(self, timeout: float) -> None:
+        """A master that took over from the one we started is stopped too."""
+        try:
+            pid = self.master_pid()
+        except (ValueError, KeyError, OSError, json.JSONDecodeError):
+            return
+        if pid == self.pid or gone(pid):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        try:
+            wait_for(f"the successor master {pid} to exit", lambda: gone(pid), timeout)
+        except AssertionError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _processes() -> dict[int, str]:
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        found[int(entry.name)] = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _is_master(title: str, daemon: Daemon) -> bool:
+    return title.startswith(f"cairnqd: master [{daemon.config_path}]")
 
 
 @pytest.fixture

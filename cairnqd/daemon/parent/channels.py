@@ -10,7 +10,7 @@ import os
 import selectors
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from cairnqd.daemon.parent.metrics import Metrics
 from cairnqd.daemon.parent.pool import ChildProcess
@@ -31,12 +31,19 @@ class ChildChannels:
         self._metrics = metrics
         self._by_fd: dict[int, ChildProcess] = {}
         self._by_pid: dict[int, ChildProcess] = {}
+        #: Other processes of ours whose exit someone waits for (a successor parent).
+        self._watched: dict[int, Callable[[int], None]] = {}
 
     def add(self, child: ChildProcess) -> None:
         """Watch a child just spawned."""
         self._by_fd[child.events.fd] = child
         self._by_pid[child.pid] = child
         self._selector.register(child.events.fd, selectors.EVENT_READ)
+
+    def watch(self, pid: int, on_exit: Callable[[int], None]) -> None:
+        """Call `on_exit(returncode)` when `pid`, a child process that is no worker,
+        is reaped: the reaping here takes every exited child."""
+        self._watched[pid] = on_exit
 
     def live(self) -> list[ChildProcess]:
         """Every child spawned and not yet reaped."""
@@ -83,6 +90,9 @@ class ChildChannels:
                 return
             child = self._by_pid.pop(pid, None)
             if child is None:
+                on_exit = self._watched.pop(pid, None)
+                if on_exit is not None:
+                    on_exit(os.waitstatus_to_exitcode(status))
                 continue
             code = child.proc.returncode = os.waitstatus_to_exitcode(status)
             self.read(child.events.fd)

@@ -66,6 +66,8 @@ class ControlServer:
         self._dir_fd: int | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        #: The inode of the socket file we bound, so that stop() removes only ours.
+        self._inode: int | None = None
         #: Requests answered; tests read it.
         self.answered = 0
 
@@ -85,6 +87,7 @@ class ControlServer:
                 os.umask(old_umask)
             sock.listen(8)
             sock.settimeout(0.5)  # how often the thread looks at `_stopping`
+            self._inode = os.lstat(self.name, dir_fd=dir_fd).st_ino
         except BaseException:
             os.close(dir_fd)
             raise
@@ -123,8 +126,10 @@ class ControlServer:
         if self._sock is not None:
             self._sock.close()
         if self._dir_fd is not None:
+            # Only the socket we bound: after a binary upgrade the path is a successor's.
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.name, dir_fd=self._dir_fd)
+                if os.lstat(self.name, dir_fd=self._dir_fd).st_ino == self._inode:
+                    os.unlink(self.name, dir_fd=self._dir_fd)
             os.close(self._dir_fd)
         self._sock = self._dir_fd = self._thread = None
 

@@ -76,10 +76,13 @@ class Fleet:
 
     # -- keeping pools at size ------------------------------------------------------------
 
-    def fill(self, spawn: Spawn, generation: int) -> None:
-        """Spawn into every empty slot whose pool may spawn now."""
+    def fill(self, spawn: Spawn, generation: int, only: Collection[str] | None = None) -> None:
+        """Spawn into every empty slot whose pool may spawn now; with `only`, in the
+        pools of those groups alone (a successor starts its groups one by one)."""
         now = time.monotonic()
         for pool in self.groups.values():
+            if only is not None and pool.name not in only:
+                continue
             if pool.cooled_down(now):
                 log.warning(
                     "group %s: trying again after %.0fs FATAL (%s)",

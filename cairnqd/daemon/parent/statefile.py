@@ -28,7 +28,9 @@ __all__ = [
     "ReloadState",
     "StateFile",
     "StateFileError",
+    "UpgradeState",
     "after_reload",
+    "after_upgrade",
     "initial_state",
     "master_title",
     "running_masters",
@@ -60,6 +62,20 @@ class DaemonState(TypedDict):
     #: the installed code's. Absent in a state file of a release before 0.2.0.
     version: NotRequired[str]
     pipe_protocol: NotRequired[int]
+    #: The last binary upgrade (`cairnqd upgrade`). Absent in a state file of a
+    #: release that cannot upgrade in place: the CLI then says to restart.
+    upgrade: NotRequired[UpgradeState]
+
+
+class UpgradeState(TypedDict):
+    #: Bumped by every upgrade attempt; 0 until the first one.
+    seq: int
+    ok: bool
+    errors: list[str]
+    at: float
+    #: The release that ran before the upgrade (empty before the first one).
+    from_version: str
+    from_pid: int
 
 
 class AlreadyRunning(CairnQError):
@@ -164,6 +180,39 @@ def initial_state(config_path: str | os.PathLike[str], generation: int = 1) -> D
         "reload": {"seq": 0, "ok": True, "errors": [], "at": time.time()},
         "version": __version__,
         "pipe_protocol": PROTOCOL_VERSION,
+        "upgrade": {
+            "seq": 0,
+            "ok": True,
+            "errors": [],
+            "at": time.time(),
+            "from_version": "",
+            "from_pid": 0,
+        },
+    }
+
+
+def after_upgrade(
+    state: DaemonState, *, ok: bool, errors: Sequence[str], from_version: str, from_pid: int
+) -> DaemonState:
+    """The state after one upgrade attempt. A failed one keeps the running parent's
+    pid and release; a successful one is written by the successor, with its own."""
+    previous = state.get("upgrade")
+    upgrade: UpgradeState = {
+        "seq": (previous["seq"] if previous else 0) + 1,
+        "ok": ok,
+        "errors": list(errors),
+        "at": time.time(),
+        "from_version": from_version,
+        "from_pid": from_pid,
+    }
+    if not ok:
+        return {**state, "upgrade": upgrade}
+    return {
+        **state,
+        "pid": os.getpid(),
+        "version": __version__,
+        "pipe_protocol": PROTOCOL_VERSION,
+        "upgrade": upgrade,
     }
 
 
@@ -199,12 +248,21 @@ class StateFile:
         self._lock_name = os.path.basename(self.lock_path)
         self._lock_fd: int | None = None
         self._dir_fd: int | None = None
+        #: Whether this process is the one the state file describes: it writes the
+        #: file and removes it on the way out. A binary upgrade moves this from the
+        #: running parent to its successor while both hold the lock.
+        self.owned = False
         #: The uid that owns the state file `read()` returned last.
         self.owner: int | None = None
 
     @property
     def held(self) -> bool:
         return self._lock_fd is not None
+
+    @property
+    def lock_fd(self) -> int | None:
+        """The lock's descriptor, passed to a successor, which then shares the lock."""
+        return self._lock_fd
 
     # -- the daemon's side ---------------------------------------------------------------
 
@@ -233,15 +291,49 @@ class StateFile:
             os.close(fd)
             os.close(dir_fd)
             raise
-        # The pid in the lock file names the holder even before the first write().
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd, self._dir_fd = fd, dir_fd
+        self.promote()
+
+    def adopt(self, lock_fd: int) -> None:
+        """Take over a lock a running parent passed us (a binary upgrade): held
+        already, since the descriptor shares its lock. StateFileError if `lock_fd` is
+        not this file's lock; the state file stays the running parent's until
+        `promote()`."""
+        try:
+            held, named = os.fstat(lock_fd), os.stat(self.lock_path)
+        except OSError as exc:
+            raise StateFileError(
+                f"{self.lock_path}: cannot check the inherited lock: {exc}"
+            ) from None
+        if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+            raise StateFileError(f"the inherited descriptor {lock_fd} is not {self.lock_path}")
+        dir_fd = open_runtime_dir(self.directory, create=False)
+        if dir_fd is None:
+            raise StateFileError(f"runtime directory {self.directory} is gone")
+        os.set_inheritable(lock_fd, False)
+        self._lock_fd, self._dir_fd = lock_fd, dir_fd
+
+    def promote(self) -> None:
+        """This process is the daemon the state file describes from now on. The pid
+        in the lock file names it even before the first write()."""
+        assert self._lock_fd is not None
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
+        self.owned = True
+
+    def hand_over(self) -> None:
+        """Let a successor that shares the lock own the state: our descriptors close,
+        the files stay (the lock lives on in the successor's descriptor)."""
+        self.owned = False
+        for fd in (self._dir_fd, self._lock_fd):
+            if fd is not None:
+                os.close(fd)
+        self._lock_fd = self._dir_fd = None
 
     def write(self, state: DaemonState) -> None:
         """Replace the state atomically: readers see the old file or the new one."""
         dir_fd = self._dir_fd
-        if dir_fd is None:
+        if dir_fd is None or not self.owned:
             raise StateFileError(f"{self.path}: write() needs the lock (acquire() first)")
         temp = f".cairnqd-{secrets.token_hex(8)}.tmp"
         fd = open_in(dir_fd, self.directory, temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
@@ -258,15 +350,18 @@ class StateFile:
             raise
 
     def release(self) -> None:
-        """Remove the state (no daemon any more) and drop the lock; the lock file stays."""
+        """Remove the state (no daemon any more) and drop the lock; the lock file stays.
+        A successor that never took over leaves the running parent's state alone."""
         if self._lock_fd is None:
             return
-        if self._dir_fd is not None:
+        if self._dir_fd is not None and self.owned:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.name, dir_fd=self._dir_fd)
+        if self._dir_fd is not None:
             os.close(self._dir_fd)
         os.close(self._lock_fd)
         self._lock_fd = self._dir_fd = None
+        self.owned = False
 
     def __enter__(self) -> StateFile:
         self.acquire()
@@ -379,4 +474,12 @@ def _validate(path: str, data: Any) -> DaemonState:
     changes = reload.get("changes", [])
     if not isinstance(changes, list) or not all(isinstance(c, str) for c in changes):
         raise wrong("reload.changes")
+    upgrade = data.get("upgrade", {"seq": 0, "ok": True, "errors": [], "at": 0.0})
+    if not isinstance(upgrade, dict):
+        raise wrong("upgrade")
+    for field, kinds in _RELOAD_FIELDS.items():
+        if not _has(upgrade.get(field), kinds):
+            raise wrong(f"upgrade.{field}")
+    if not all(isinstance(e, str) for e in upgrade["errors"]):
+        raise wrong("upgrade.errors")
     return cast(DaemonState, data)  # the shape was checked above

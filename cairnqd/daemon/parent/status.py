@@ -55,6 +55,8 @@ class StatusReport:
         self.watchdog_every = systemd.watchdog_interval()
         self.last_watchdog = 0.0
         self.last_extend = 0.0
+        #: Said after the process title's counts: a binary upgrade under way.
+        self.note = ""
 
     def tick(
         self,
@@ -83,6 +85,8 @@ class StatusReport:
         total = sum(len(g.slots) for g in groups)
         ready = sum(1 for c in children if c.state == "ready")
         title = f"cairnqd: master [{self._config_path}] gen={generation} children={ready}/{total}"
+        if self.note:
+            title += f" ({self.note})"
         if title != self._title:
             self._title = title
             setproctitle(title)
@@ -98,6 +102,14 @@ class StatusReport:
         if self.watchdog_every is not None and now - self.last_watchdog >= self.watchdog_every:
             self.last_watchdog = now
             systemd.watchdog()
+
+    def take_over_systemd(self, status_text: str) -> None:
+        """A binary upgrade's successor became the main process: READY (which also
+        ends a `systemctl reload`), and the watchdog pings are ours from now on."""
+        self.ready_sent = True
+        self.watchdog_every = systemd.watchdog_interval()
+        self.last_watchdog = 0.0
+        systemd.ready(status_text)
 
     def children_without_database(self) -> int:
         """Children whose last heartbeat said their database calls fail (any thread)."""

@@ -5,14 +5,17 @@ The reasoning: docs/architecture.md, "Daemon design notes".
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
 import signal
+import socket
 import sys
 import time
 from collections import deque
 from collections.abc import Sequence
+from typing import cast
 
 from setproctitle import setproctitle
 
@@ -21,6 +24,7 @@ from cairnqd.config import Config, GroupConfig, setting_position
 from cairnqd.daemon import systemd
 from cairnqd.daemon.boot import child_push
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
+from cairnqd.daemon.listening import adopt
 from cairnqd.daemon.logs import (
     LoggingSetupError,
     configure_logging,
@@ -49,14 +53,22 @@ from cairnqd.daemon.parent.runtimedir import UnsafeRuntimeDir
 from cairnqd.daemon.parent.scheduler import Scheduler
 from cairnqd.daemon.parent.statefile import (
     AlreadyRunning,
+    DaemonState,
     StateFile,
+    StateFileError,
     after_reload,
+    after_upgrade,
     initial_state,
     state_path,
 )
 from cairnqd.daemon.parent.status import StatusReport, status_dump
+from cairnqd.daemon.parent.succession import Succession, report_failed_start
+from cairnqd.daemon.parent.upgrade import Relaunch, Upgrade, describe_exit, start_successor
+from cairnqd.daemon.parent.upgrade_link import Inheritance, InheritanceError, take_inheritance
 from cairnqd.daemon.parent.wakerelay import WakeRelay, backed_up
+from cairnqd.daemon.systemd import SYSTEMD_ONLY_VARS
 from cairnqd.daemon.wire.messages import (
+    PROTOCOL_VERSION,
     Claiming,
     ReopenLogs,
     SetLogging,
@@ -71,7 +83,7 @@ log = logging.getLogger("cairnqd.supervisor")
 
 _HANDLED = (
     signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1,
-    signal.SIGUSR2, signal.SIGTSTP, signal.SIGTTIN, signal.SIGCHLD,
+    signal.SIGUSR2, signal.SIGTSTP, signal.SIGTTIN, signal.SIGCHLD, signal.SIGURG,
 )  # fmt: skip
 #: The parent's process label in log lines; a child's is `[group] slot/slots`.
 PARENT_LABEL = "master"
@@ -79,10 +91,30 @@ _TICK_S = 0.1
 
 
 class Supervisor:
-    def __init__(self, config_path: str, config: Config) -> None:
+    def __init__(
+        self,
+        config_path: str,
+        config: Config,
+        *,
+        log_level: str | None = None,
+        inheritance: Inheritance | None = None,
+    ) -> None:
         self.config_path = os.path.abspath(config_path)
         self.config = config
         self.generation = 1
+        #: How a binary upgrade starts the installed code as our successor.
+        self.relaunch = Relaunch(self.config_path, log_level)
+        #: The upgrade this parent started (SIGURG), until its successor is reaped.
+        self.upgrade: Upgrade | None = None
+        #: Set when this parent is a successor: it serves once the running one lets go.
+        self.succession: Succession | None = None
+        #: The exit code when it is not the usual one (an abandoned succession).
+        self.exit_code: int | None = None
+        if inheritance is not None:
+            self.succession = Succession(
+                inheritance, list(config.groups), config.reload.upgrade_timeout.total_seconds()
+            )
+            self.generation = int(inheritance.state.get("generation", 0)) + 1
         self._last_tick = time.monotonic()
         self.fleet = Fleet(config)
         self.selector = selectors.DefaultSelector()
@@ -104,7 +136,10 @@ class Supervisor:
         if child_push(config.database) == "pipe":
             self.wakes = WakeRelay(config.database, on_deaf=self.metrics.parent_listen_deaf)
         self.exits = ChildExits(self.fleet, self.maintenance, self.metrics, self.reload.roll_failed)
-        self.statefile = StateFile(state_path(self.config_path, config.runtime_dir))
+        path = state_path(self.config_path, config.runtime_dir)
+        if inheritance is not None:
+            path = inheritance.state_path  # the running parent's, whatever runtime_dir says now
+        self.statefile = StateFile(path)
         self.state = initial_state(self.config_path)
         #: Answers `cairnqd status` and `top` from a thread, off this loop.
         self.control = ControlServer(control_path(self.statefile.path))
@@ -118,21 +153,28 @@ class Supervisor:
 
     def run(self) -> int:
         try:
-            self.statefile.acquire()
+            if self.succession is not None:
+                self.statefile.adopt(self.succession.inheritance.lock_fd)
+            else:
+                self.statefile.acquire()
         except AlreadyRunning as exc:
             log.error("%s", exc)
             return TEMPFAIL
-        except UnsafeRuntimeDir as exc:
+        except (UnsafeRuntimeDir, StateFileError) as exc:  # or an inherited lock not ours
             log.error("%s", exc)
+            self._abandon_succession([str(exc)])
             return CONFIG
         except OSError as exc:
             log.error("cannot take the lock in %s: %s", self.statefile.directory, exc)
             return CONFIG
         try:
-            self._start_control()
+            if self.succession is None:
+                self._start_control()  # a successor answers once it serves
             return self._run()
         finally:
             self.control.stop()
+            if self.succession is not None:
+                self.succession.close()
             self.statefile.release()
 
     def _start_control(self) -> None:
@@ -145,6 +187,8 @@ class Supervisor:
     def _run(self) -> int:
         if not self._preflight():
             return CONFIG
+        if self.succession is not None:
+            return self._run_as_successor()
         self._create_sqlite_file()
         try:
             wakeup_r = self._start()
@@ -172,6 +216,8 @@ class Supervisor:
             log.warning("%s", finding)
         for finding in report.problems:
             log.error("cannot start: %s", finding)
+        if report.problems:
+            self._abandon_succession([str(finding) for finding in report.problems])
         return not report.problems
 
     def _create_sqlite_file(self) -> None:
@@ -191,19 +237,19 @@ class Supervisor:
 
     def _start(self) -> int:
         """Signals, the metrics endpoint, maintenance and the (empty) pools; returns the
-        signal wakeup fd. Children are spawned by the first tick."""
+        signal wakeup fd. Children are spawned by the first tick. A successor leaves
+        what the running parent still serves (metrics, dashboard, state) to `_promote`."""
         wakeup_r = self._install_signals()
-        listen = self.config.metrics.listen
-        if listen is not None:
-            port = self.metrics.serve(listen.host, listen.port, health=self.status.health)
-            log.info("metrics on http://%s:%d/metrics", listen.host, port)
+        if self.succession is None:
+            self._serve_metrics()
         self.maintenance.start()
         self.scheduler.start()
         if self.wakes is not None:
             self.wakes.start()
             self.selector.register(self.wakes.fd, selectors.EVENT_READ)
-        self._start_dashboard()
-        self.write_state()
+        if self.succession is None:
+            self._start_dashboard()
+            self.write_state()
         log.info(
             "cairnqd started: %s, %d group(s), generation %d",
             self.config.database.backend, len(self.fleet.groups), self.generation,
@@ -229,7 +275,17 @@ class Supervisor:
                 "passed on to the children over their pipes"
             )
 
-    def _start_dashboard(self) -> None:
+    def _serve_metrics(self, adopted: socket.socket | None = None) -> None:
+        """`/metrics` on `metrics.listen`, or on the socket a running parent passed us;
+        MetricsBindError when it cannot be bound."""
+        listen = self.config.metrics.listen
+        if listen is not None:
+            port = self.metrics.serve(
+                listen.host, listen.port, health=self.status.health, adopted=adopted
+            )
+            log.info("metrics on http://%s:%d/metrics", listen.host, port)
+
+    def _start_dashboard(self, adopted: socket.socket | None = None) -> None:
         """The web dashboard on threads of its own; it reads the status `cairnqd status`
         reads (the control snapshot), never this loop's state directly, and writes it
         to the database for dashboards on other hosts. With `dashboard.report` and no
@@ -243,7 +299,7 @@ class Supervisor:
             data.start()
             return
         self.dashboard = DashboardServer(self.config, data)
-        port = self.dashboard.start()
+        port = self.dashboard.start(adopted)
         host = f"[{settings.listen.host}]" if ":" in settings.listen.host else settings.listen.host
         log.info("dashboard on http://%s:%d/", host, port)
 
@@ -272,6 +328,12 @@ class Supervisor:
                 urgent = True
             elif self.wakes is not None and key.fd == self.wakes.fd:
                 self._send_wakes(self.wakes.take())
+            elif self.upgrade is not None and key.fd == self.upgrade.link_fd:
+                self._read_successor()
+                urgent = True
+            elif self.succession is not None and key.fd == self.succession.link_fd:
+                self._read_predecessor()
+                urgent = True
             else:
                 urgent |= self.channels.read(key.fd)
         return urgent
@@ -303,6 +365,7 @@ class Supervisor:
             self._keep_pools()
             self._advance_rolls()
             self.reload.advance()
+            self._advance_succession(now)
             if self.fleet.all_fatal():
                 return True
         self._report()
@@ -320,6 +383,8 @@ class Supervisor:
             self.wakes.stop()
         self.maintenance.stop(timeout_s=10.0)
         self.metrics.close()
+        if self.exit_code is not None:
+            return self.exit_code
         if self.stopping:
             return OK
         # Every group is FATAL, and only a child that cannot boot makes one so: a
@@ -376,10 +441,21 @@ class Supervisor:
         self._begin_hard_stop()
 
     def handle_sighup(self) -> None:
-        self.reload.request(roll_all=False)
+        self._request_reload(roll_all=False)
 
     def handle_sigusr2(self) -> None:
-        self.reload.request(roll_all=True)
+        self._request_reload(roll_all=True)
+
+    def _request_reload(self, *, roll_all: bool) -> None:
+        busy = self._upgrade_under_way()
+        if busy is not None:
+            log.error("reload refused: %s", busy)
+            self.record_reload(False, [f"{busy}; reload refused"])
+            return
+        self.reload.request(roll_all=roll_all)
+
+    def handle_sigurg(self) -> None:
+        self._begin_upgrade()
 
     def handle_sigusr1(self) -> None:
         # logrotate's postrotate signal: reopen first, so the status lands in the new
@@ -490,7 +566,9 @@ class Supervisor:
             child.retire(now, self._drain_timeout_s(pool))
 
     def _keep_pools(self) -> None:
-        self.fleet.fill(self.spawn, self.generation)
+        starting = self.succession is not None and not self.succession.serving
+        admitted = self.succession.admitted if self.succession and starting else None
+        self.fleet.fill(self.spawn, self.generation, only=admitted)
         for group in self.fleet.groups.values():
             self.metrics.set_children(group.name, group.state_counts())
             self.metrics.set_group_state(group.name, group.state)
@@ -500,6 +578,10 @@ class Supervisor:
     def _begin_drain(self, why: str) -> None:
         if why != "SIGQUIT":  # QUIT stops at once; its own line says so
             log.info("%s: draining (stop claiming, finish in-flight tasks)", why)
+        if self.upgrade is not None and self.upgrade.state == "starting":
+            self._upgrade_failed([f"the running parent was stopped ({why}) during the upgrade"])
+        if self.succession is not None and not self.succession.serving:
+            self._abandon_succession([f"the new parent was stopped ({why}) before it took over"])
         self.stopping = True
         systemd.stopping("draining")
         self.maintenance.pause_purge()
@@ -513,15 +595,283 @@ class Supervisor:
         now = time.monotonic()
         for child in self.all_children():
             child.quit(now)
+        if self.upgrade is not None and self.upgrade.active and not self.handed_over:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.upgrade.pid, signal.SIGQUIT)
 
     def _stop_step(self) -> bool:
         """True once every child is gone (the deadlines stop the slow ones), and what
-        their handlers started too (`leftovers`)."""
-        return not self.all_children() and self.leftovers.empty
+        their handlers started too (`leftovers`), and a successor that never took over."""
+        successor = self.upgrade is not None and self.upgrade.active and not self.handed_over
+        return not self.all_children() and self.leftovers.empty and not successor
 
     def _drain_timeout_s(self, pool: GroupPool) -> float:
         """How long a child of `pool` may drain: its group's `shutdown_timeout`."""
         return (pool.config.shutdown_timeout or self.config.shutdown_timeout).total_seconds()
+
+    # -- binary upgrade: the running parent's side -------------------------------------
+
+    @property
+    def handed_over(self) -> bool:
+        return self.upgrade is not None and self.upgrade.state == "handed_over"
+
+    def _upgrade_under_way(self) -> str | None:
+        """Why a reload or another upgrade must wait, or None."""
+        if self.upgrade is not None and self.upgrade.state == "starting":
+            return f"an upgrade is in progress (new parent pid {self.upgrade.pid})"
+        if self.succession is not None and not self.succession.serving:
+            return f"this parent is taking over from pid {self.succession.from_pid}"
+        return None
+
+    def _begin_upgrade(self) -> None:
+        """SIGURG: start the installed code as our successor (`upgrade.py`)."""
+        if self.stopping:
+            log.info("stopping; upgrade ignored")
+            return
+        refusal = self._upgrade_under_way()
+        if refusal is None and self.upgrade is not None and self.upgrade.active:
+            refusal = f"the last attempt's new parent (pid {self.upgrade.pid}) is still stopping"
+        if refusal is None and self.reload.busy:
+            refusal = "a reload is in progress; upgrade once it has finished"
+        lock_fd = self.statefile.lock_fd
+        if refusal is None and lock_fd is None:
+            refusal = "this parent does not hold the state file's lock"
+        if refusal is not None:
+            log.error("upgrade refused: %s", refusal)
+            self._record_upgrade([f"upgrade refused: {refusal}"])
+            return
+        assert lock_fd is not None
+        listeners = {}
+        if (sock := self.metrics.listening_socket) is not None:
+            listeners["metrics"] = sock
+        if self.dashboard is not None and (sock := self.dashboard.listening_socket) is not None:
+            listeners["dashboard"] = sock
+        try:
+            self.upgrade = start_successor(
+                self.relaunch,
+                lock_fd=lock_fd,
+                state_path=self.statefile.path,
+                listeners=listeners,
+                state=self.state,
+                version=__version__,
+            )
+        except OSError as exc:
+            log.error("upgrade failed: cannot start the installed cairnqd: %s", exc)
+            self._record_upgrade([f"cannot start the installed cairnqd: {exc}"])
+            return
+        self.selector.register(self.upgrade.link_fd, selectors.EVENT_READ)
+        self.channels.watch(self.upgrade.pid, self._successor_exited)
+        self.status.note = f"upgrading: new parent pid {self.upgrade.pid}"
+        systemd.status(f"upgrading: new parent pid {self.upgrade.pid}")
+
+    def _read_successor(self) -> None:
+        upgrade = self.upgrade
+        assert upgrade is not None
+        for message in upgrade.read():
+            if message.kind == "hello":
+                log.info(
+                    "upgrade: pid %d runs cairnqd %s (pipe protocol %s), generation %s",
+                    upgrade.pid, upgrade.version, upgrade.pipe_protocol, upgrade.generation,
+                )  # fmt: skip
+            elif message.kind == "progress":
+                group = message.fields.get("group")
+                ready, of = upgrade.progress.get(str(group), (0, 0))
+                log.info("upgrade: group %s: %d/%d children ready under pid %d",
+                         group, ready, of, upgrade.pid)  # fmt: skip
+        if upgrade.state == "handing_over":
+            self._hand_over()
+        elif upgrade.state == "failed":
+            self._upgrade_failed(upgrade.errors)
+        elif upgrade.reader.closed:
+            self._drop_successor_link()  # its exit says the rest
+
+    def _successor_exited(self, code: int) -> None:
+        upgrade = self.upgrade
+        assert upgrade is not None
+        was = upgrade.state
+        upgrade.exited(code)
+        if was == "starting":
+            self._upgrade_failed(upgrade.errors)
+        elif was == "handed_over":
+            log.warning("upgrade: our successor (pid %d) %s", upgrade.pid, describe_exit(code))
+        else:
+            log.info("upgrade: the abandoned new parent (pid %d) %s", upgrade.pid,
+                     describe_exit(code))  # fmt: skip
+
+    def _hand_over(self) -> None:
+        """The successor has every group ready: it serves from now on, we retire."""
+        upgrade = self.upgrade
+        assert upgrade is not None
+        # Our listeners first: the control socket's path is the successor's to bind.
+        self.control.stop()
+        self.metrics.stop_serving()
+        if self.dashboard is not None:
+            self.dashboard.stop()
+            self.dashboard = None
+        if self.dashboard_data is not None:
+            self.dashboard_data.stop()
+            self.dashboard_data = None
+        if not upgrade.hand_over():
+            # It died between `ready` and now: its exit fails the upgrade, and we serve on.
+            self._restart_serving()
+            return
+        self.statefile.hand_over()
+        systemd.main_pid(upgrade.pid)
+        for name in SYSTEMD_ONLY_VARS:  # from now on only the successor talks to systemd
+            os.environ.pop(name, None)
+        self.status.watchdog_every = None
+        self._drop_successor_link()
+        self.status.note = f"retiring: handed over to pid {upgrade.pid}"
+        log.info(
+            "upgrade: handed over to pid %d (cairnqd %s); this parent (cairnqd %s) drains "
+            "its %d children and exits",
+            upgrade.pid, upgrade.version, __version__, len(self.all_children()),
+        )  # fmt: skip
+        self._begin_drain(f"upgrade to pid {upgrade.pid}")
+
+    def _restart_serving(self) -> None:
+        """Serve again what `_hand_over` let go of, when the successor vanished."""
+        try:
+            self._serve_metrics()
+            self._start_dashboard()
+        except (MetricsBindError, DashboardBindError) as exc:
+            log.error("after the failed upgrade: %s", exc)
+        self._start_control()
+
+    def _upgrade_failed(self, errors: Sequence[str]) -> None:
+        upgrade = self.upgrade
+        assert upgrade is not None
+        upgrade.fail(errors)
+        self._drop_successor_link()
+        for line in upgrade.errors:
+            log.error("upgrade failed: %s", line)
+        log.error("upgrade failed; still running cairnqd %s (pid %d)", __version__, os.getpid())
+        self.status.note = ""
+        self._record_upgrade(upgrade.errors)
+
+    def _drop_successor_link(self) -> None:
+        upgrade = self.upgrade
+        if upgrade is None or upgrade.link_fd < 0:
+            return
+        self.selector.unregister(upgrade.link_fd)
+        upgrade.close_link()
+
+    def _record_upgrade(self, errors: Sequence[str]) -> None:
+        """A failed or refused upgrade, for `cairnqd upgrade --wait`."""
+        self.state = after_upgrade(
+            self.state, ok=False, errors=errors, from_version=__version__, from_pid=os.getpid()
+        )
+        self.write_state()
+
+    # -- binary upgrade: the successor's side --------------------------------------------
+
+    def _run_as_successor(self) -> int:
+        succession = self.succession
+        assert succession is not None
+        inheritance = succession.inheritance
+        self._create_sqlite_file()
+        self.metrics.reload_result(True, self.generation)  # the config, as loaded now
+        wakeup_r = self._start()
+        self.selector.register(inheritance.link_fd, selectors.EVENT_READ)
+        succession.hello(
+            version=__version__, pipe_protocol=PROTOCOL_VERSION, generation=self.generation
+        )
+        self.status.note = f"taking over from pid {inheritance.from_pid}"
+        log.info(
+            "upgrade: cairnqd %s taking over from pid %d (cairnqd %s); starting %d group(s) "
+            "one by one beside its children",
+            __version__, inheritance.from_pid, inheritance.from_version, len(self.fleet.groups),
+        )  # fmt: skip
+        self._loop(wakeup_r)
+        return self._finish()
+
+    def _read_predecessor(self) -> None:
+        succession = self.succession
+        assert succession is not None
+        news = succession.read()
+        if news is not None or succession.reader.closed:
+            # Nothing more comes over the link once it has spoken or closed.
+            self.selector.unregister(succession.link_fd)
+            succession.close()
+        if news == "yours":
+            self._promote()
+        elif news == "gone" and succession.orphaned():
+            log.warning("upgrade: the running parent (pid %d) died before handing over; "
+                        "serving in its place", succession.from_pid)  # fmt: skip
+            succession.promote_orphan()
+            self._promote()
+        elif news == "gone":
+            self._abandon_succession(
+                [f"the running parent (pid {succession.from_pid}) ended the upgrade"]
+            )
+            self._begin_drain("upgrade abandoned")
+
+    def _advance_succession(self, now: float) -> None:
+        if self.succession is None or self.succession.serving:
+            return
+        errors = self.succession.step(self.fleet.groups, now)
+        if errors:
+            self._abandon_succession(errors)
+            self._begin_drain("upgrade abandoned")
+
+    def _abandon_succession(self, errors: Sequence[str]) -> None:
+        """Give up taking over: tell the running parent why and exit 75 once drained."""
+        if self.succession is None or self.succession.serving:
+            return
+        self.succession.abort(errors)
+        self.exit_code = TEMPFAIL
+
+    def _promote(self) -> None:
+        """The running parent let go: serve what it served, own the state, tell systemd."""
+        succession = self.succession
+        assert succession is not None
+        inheritance = succession.inheritance
+        os.environ.update(inheritance.systemd)
+        if "WATCHDOG_USEC" in inheritance.systemd:
+            os.environ["WATCHDOG_PID"] = str(os.getpid())
+        self.statefile.promote()
+        listeners = dict(inheritance.listeners)
+        try:
+            self._serve_metrics(self._adopt(listeners.pop("metrics", None), "metrics"))
+        except MetricsBindError as exc:
+            log.error("upgrade: %s; no metrics until a restart", exc)
+        try:
+            self._start_dashboard(self._adopt(listeners.pop("dashboard", None), "dashboard"))
+        except DashboardBindError as exc:
+            log.error("upgrade: %s; no dashboard until a restart", exc)
+        for fd in listeners.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._start_control()
+        inherited = cast(DaemonState, {**inheritance.state})
+        inherited = {**inherited, "config": self.config_path, "generation": self.generation}
+        self.state = after_upgrade(
+            inherited,
+            ok=True,
+            errors=[],
+            from_version=inheritance.from_version,
+            from_pid=inheritance.from_pid,
+        )
+        self.write_state()
+        self.status.note = ""
+        self.status.take_over_systemd(f"generation {self.generation}: upgraded to {__version__}")
+        log.info(
+            "upgrade: cairnqd %s (pid %d) serves now, generation %d; pid %d (cairnqd %s) "
+            "drains its children",
+            __version__, os.getpid(), self.generation, inheritance.from_pid,
+            inheritance.from_version,
+        )  # fmt: skip
+
+    def _adopt(self, fd: int | None, use: str) -> socket.socket | None:
+        """The inherited listening socket for `use` (metrics, dashboard) if the config
+        still listens there; else None, and the listener binds afresh."""
+        if fd is None:
+            return None
+        listen = self.config.metrics.listen if use == "metrics" else self.config.dashboard.listen
+        if listen is None:
+            os.close(fd)
+            return None
+        return adopt(fd, listen.host, listen.port)
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -536,6 +886,12 @@ class Supervisor:
 
     def _control_view(self) -> Snapshot:
         """What `cairnqd status` shows: built on this loop, served by another thread."""
+        view = self._daemon_view()
+        if self.upgrade is not None and self.upgrade.state == "starting":
+            view["upgrade"] = self.upgrade.describe()
+        return view
+
+    def _daemon_view(self) -> Snapshot:
         return daemon_view(
             config_path=self.config_path,
             generation=self.generation,
@@ -563,6 +919,8 @@ class Supervisor:
         return parent + self.status.children_without_database()
 
     def write_state(self) -> None:
+        if not self.statefile.owned:
+            return  # a successor not yet serving, or a parent that handed over
         try:
             self.statefile.write(self.state)
         except OSError as exc:
@@ -577,14 +935,24 @@ class Supervisor:
         )
 
 
-def run_daemon(config_path: str, config: Config) -> int:
+def run_daemon(config_path: str, config: Config, *, log_level: str | None = None) -> int:
+    """Run the daemon until it stops; `log_level` is the command line's override, which a
+    successor started by a binary upgrade keeps."""
     # Before anything is created: the SQLite file (payloads), its -wal and -shm, the
     # log file and the state files are the daemon user's alone. Children inherit it.
     os.umask(0o077)
     try:
+        inheritance = take_inheritance()
+    except InheritanceError as exc:
+        print(f"cairnqd: cannot take over: {exc}", file=sys.stderr)
+        return CONFIG
+    try:
         configure_logging(config.logging, process_label=PARENT_LABEL)
     except LoggingSetupError as exc:
         print(f"cairnqd: {exc}", file=sys.stderr)
+        if inheritance is not None:
+            report_failed_start([str(exc)], inheritance)
         return CONFIG
     setproctitle(f"cairnqd: master [{os.path.abspath(config_path)}] starting")
-    return Supervisor(config_path, config).run()
+    supervisor = Supervisor(config_path, config, log_level=log_level, inheritance=inheritance)
+    return supervisor.run()

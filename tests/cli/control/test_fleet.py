@@ -122,18 +122,23 @@ def test_a_daemon_behind_the_database_says_what_it_cannot_honour(
 def test_reload_all_refuses_plainly_across_pipe_protocols(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any, groups: dict[str, Any]
 ) -> None:
-    """A running parent of another pipe protocol (as a daemon of an older release is)
-    cannot take children of the installed code: `reload --all` says to restart, and
-    changes nothing."""
+    """A running parent of another pipe protocol cannot take children of the installed
+    code: `reload --all` says to upgrade (a release that can) or restart (one that
+    cannot), and changes nothing."""
     daemon = daemon_factory(control_config(tmp_path, "sqlite", sqlite_path, groups)).start()
     state = daemon.state()
     assert state["version"] == __version__ and state["pipe_protocol"] == PROTOCOL_VERSION
     children = daemon.children()
     (path,) = (daemon.tmp / "run").glob("cairnqd-*.json")
-    path.write_text(json.dumps({**state, "version": "0.1.0", "pipe_protocol": 1}))
+    path.write_text(json.dumps({**state, "version": "0.1.9", "pipe_protocol": 1}))
     refused = daemon.cli("reload", "--all", "--wait", "10s")
     assert refused.returncode == 78, refused.stdout
-    assert "pipe protocol 1" in refused.stderr and "Restart the daemon instead" in refused.stderr
+    assert "pipe protocol 1" in refused.stderr and "upgrade --wait 2m" in refused.stderr
     assert f"cairnqd {__version__} (pipe protocol {PROTOCOL_VERSION})" in refused.stderr
+    older = {k: v for k, v in state.items() if k != "upgrade"}
+    path.write_text(json.dumps({**older, "version": "0.1.0", "pipe_protocol": 1}))
+    refused = daemon.cli("reload", "--all", "--wait", "10s")
+    assert refused.returncode == 78, refused.stdout
+    assert "restart the daemon instead (systemctl restart cairnqd)" in refused.stderr
     assert daemon.children() == children and daemon.state()["generation"] == 1
     assert daemon.stop() == 0

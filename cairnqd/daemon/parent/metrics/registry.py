@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -291,22 +292,38 @@ class Metrics(Families):
 
     # -- serving ------------------------------------------------------------------------
 
-    def serve(self, listen_host: str, port: int, health: Callable[[], Health] | None = None) -> int:
+    def serve(
+        self,
+        listen_host: str,
+        port: int,
+        health: Callable[[], Health] | None = None,
+        adopted: socket.socket | None = None,
+    ) -> int:
         """Serve `/metrics` and `/healthz` (200 or 503 as `health()` says, with its JSON
-        body) on a daemon thread; returns the bound port (`port=0` picks a free one)."""
+        body) on a daemon thread; returns the bound port (`port=0` picks a free one).
+        `adopted`: a listening socket inherited in a binary upgrade, served instead."""
         if self._server is not None:
             raise RuntimeError(f"metrics already served on port {self._server.port}")
         check = health or (lambda: (True, {"status": "ok"}))
-        self._server = HttpServer(self.registry, listen_host, port, check)
+        self._server = HttpServer(self.registry, listen_host, port, check, adopted)
         return self._server.port
 
     @property
     def port(self) -> int | None:
         return None if self._server is None else self._server.port
 
-    def close(self) -> None:
-        """Stop the HTTP server and the database collector. Idempotent."""
+    @property
+    def listening_socket(self) -> socket.socket | None:
+        """The socket `/metrics` is served on, for a successor to adopt."""
+        return None if self._server is None else self._server.socket
+
+    def stop_serving(self) -> None:
+        """Stop the HTTP server (a successor serves on its socket now). Idempotent."""
         server, self._server = self._server, None
         if server is not None:
             server.close()
+
+    def close(self) -> None:
+        """Stop the HTTP server and the database collector. Idempotent."""
+        self.stop_serving()
         self.database.close()

@@ -12,11 +12,13 @@ import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from wsgiref.types import StartResponse, WSGIEnvironment
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
+
+from cairnqd.daemon.listening import serve_on
 
 # One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
@@ -52,14 +54,17 @@ class HttpServer:
         host: str,
         port: int,
         health: Callable[[], Health],
+        adopted: socket.socket | None = None,
     ) -> None:
+        """Bind `host:port`, or serve on `adopted`, a socket a running parent passed
+        to its successor in a binary upgrade (`cairnqd.daemon.listening`)."""
         self._metrics_app = make_wsgi_app(registry)
         self._health = health
         try:
             server_class, address = _server_class(host, port)
-            self._httpd = make_server(
-                address, port, self._app, server_class=server_class, handler_class=_QuietHandler
-            )
+            self._httpd = server_class((address, port), _QuietHandler, bind_and_activate=False)
+            serve_on(self._httpd, adopted)
+            self._httpd.set_app(self._app)
         except OSError as exc:  # socket.gaierror included: a host name that does not resolve
             reason = _BIND_REASONS.get(exc.errno or 0, exc.strerror or str(exc))
             raise MetricsBindError(f"cannot serve metrics on {host}:{port}: {reason}") from exc
@@ -92,6 +97,11 @@ class HttpServer:
         except Exception as exc:
             log.exception("health check failed")
             return False, {"status": "unhealthy", "problems": [f"health check failed: {exc}"]}
+
+    @property
+    def socket(self) -> socket.socket:
+        """The listening socket, for a successor to adopt."""
+        return self._httpd.socket
 
     def close(self) -> None:
         self._httpd.shutdown()
