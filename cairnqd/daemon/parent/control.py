@@ -121,6 +121,11 @@ class ControlServer:
 
     def stop(self) -> None:
         self._stopping.set()
+        if self._sock is not None:
+            # Wakes the thread's accept() now rather than at its next timeout: a binary
+            # upgrade's handover waits for this on the supervisor's loop.
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._sock is not None:
