@@ -37,36 +37,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import fresh_target, main_entry, percentile, print_table
+from bench.common import fresh_target, logging_handlers, main_entry, percentile, print_table
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = {"a": 2, "b": 1}
 
-HANDLERS = """
-import os
-import time
-
-from cairnqd.daemon.wire.messages import PROTOCOL_VERSION
-from cairnqd.registry import TaskRegistry
-
-registry = TaskRegistry()
-LOG = os.environ["INPLACE_PROBE_LOG"]
+HANDLERS = logging_handlers(
+    "INPLACE_PROBE_LOG",
+    "{ctx.task.id} {PROTOCOL_VERSION} {time.monotonic():.6f}",
+    imports="import time\n\nfrom cairnqd.daemon.wire.messages import PROTOCOL_VERSION",
+)
 
 
-@registry.task("probe.run")
-async def run(ctx, payload):
-    line = f"{ctx.task.id} {PROTOCOL_VERSION} {time.monotonic():.6f}\\n"
-    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-    return {"ok": True}
-"""
-
-
-def _release(root: Path, name: str, version: str, pipe_protocol: int) -> Path:
-    """A copy of this tree's package that reports `version` and speaks `pipe_protocol`."""
+def make_release(root: Path, name: str, version: str, pipe_protocol: int) -> Path:
+    """A copy of this tree's package (and the protocol's SQL beside it) that reports
+    `version` and speaks `pipe_protocol`: what a `pip install -U` of another release
+    would put on disk. tests/daemon/test_upgrade.py uses it too."""
     tree = root / name
     skip = shutil.ignore_patterns("__pycache__")
     shutil.copytree(REPO / "cairnqd", tree / "cairnqd", ignore=skip)
@@ -82,7 +68,8 @@ def _release(root: Path, name: str, version: str, pipe_protocol: int) -> Path:
     return tree
 
 
-def _install(current: Path, release: Path) -> None:
+def install(current: Path, release: Path) -> None:
+    """Point `current` at `release` at once, as a deploy swaps what is installed."""
     staged = current.with_name(current.name + ".new")
     staged.symlink_to(release)
     os.replace(staged, current)
@@ -216,10 +203,10 @@ async def probe(backend: str, n: int, rate: float) -> tuple[bool, list[str]]:
         folder = Path(tmp)
         (folder / "probe_handlers.py").write_text(HANDLERS)
         log = folder / "executions.log"
-        running = _release(folder, "running", "0.0.1", PROTOCOL_VERSION)
-        following = _release(folder, "next", "0.0.2", PROTOCOL_VERSION + 1)
+        running = make_release(folder, "running", "0.0.1", PROTOCOL_VERSION)
+        following = make_release(folder, "next", "0.0.2", PROTOCOL_VERSION + 1)
         current = folder / "installed"
-        _install(current, running)
+        install(current, running)
         env = {**os.environ, "PYTHONPATH": str(current), "INPLACE_PROBE_LOG": str(log)}
         async with fresh_target(backend, "inplace") as target:  # type: ignore[arg-type]
             config = _config(folder, backend, target)
@@ -229,7 +216,7 @@ async def probe(backend: str, n: int, rate: float) -> tuple[bool, list[str]]:
                 third = asyncio.Event()
                 submitting = asyncio.create_task(_submit(backend, target, n, rate, third))
                 await third.wait()
-                _install(current, following)
+                install(current, following)
                 with ReadyWatch(config) as watch:
                     began = time.monotonic()
                     done = await asyncio.to_thread(_cli, config, env, "upgrade", "--wait", "2m")

@@ -35,32 +35,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import fresh_target, main_entry
+from bench.common import fresh_target, logging_handlers, main_entry
 
 REPO = Path(__file__).resolve().parents[1]
 #: The commit before the fleet registry and the first release: a daemon that knows
 #: nothing of either, as an operator's running fleet would be.
 DEFAULT_FROM = "8d77624"
 
-HANDLERS = """
-import os
-
-from cairnqd.registry import TaskRegistry
-
-registry = TaskRegistry()
-LOG = os.environ["UPGRADE_PROBE_LOG"]
-
-
-@registry.task("probe.run")
-async def run(ctx, payload):
-    line = f"{ctx.task.id} {os.getpid()} {os.environ['UPGRADE_PROBE_SIDE']}\\n"
-    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-    return {"ok": True}
-"""
+HANDLERS = logging_handlers(
+    "UPGRADE_PROBE_LOG", "{ctx.task.id} {os.getpid()} {os.environ['UPGRADE_PROBE_SIDE']}"
+)
 
 
 def _old_python(rev: str, cache: Path) -> Path:

@@ -491,13 +491,7 @@ def _add_reload(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
         "reload changed, or why it was refused (exit 78). A reload that changes nothing keeps "
         "the generation.",
     )
-    p.add_argument("--pid", type=int, help="the daemon's pid (default: from its state file)")
-    p.add_argument(
-        "--wait",
-        type=duration,
-        metavar="DURATION",
-        help="wait up to DURATION for the outcome (rolls included) and print it",
-    )
+    _daemon_options(p, "wait up to DURATION for the outcome (rolls included) and print it")
     p.add_argument("--all", action="store_true", help="SIGUSR2: also roll unchanged groups")
     p.set_defaults(func=cmd_reload)
 
@@ -515,14 +509,14 @@ def _add_upgrade(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> Non
         "within reload.upgrade_timeout, the running one carries on unchanged. With --wait, "
         "print the outcome (exit 78 on failure, with the reasons).",
     )
-    p.add_argument("--pid", type=int, help="the daemon's pid (default: from its state file)")
-    p.add_argument(
-        "--wait",
-        type=duration,
-        metavar="DURATION",
-        help="wait up to DURATION for the new parent to take over, and print the outcome",
-    )
+    _daemon_options(p, "wait up to DURATION for the new parent to take over, and print it")
     p.set_defaults(func=cmd_upgrade)
+
+
+def _daemon_options(p: argparse.ArgumentParser, wait_help: str) -> None:
+    """--pid and --wait: which daemon to signal, and how long to wait for the outcome."""
+    p.add_argument("--pid", type=int, help="the daemon's pid (default: from its state file)")
+    p.add_argument("--wait", type=duration, metavar="DURATION", help=wait_help)
 
 
 def _add_dashboard(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from bench.inplace_upgrade import install, make_release
 from cairnqd import CairnQ
 from tests.support.cli import REPO
 from tests.support.daemon import base_config, gone
@@ -138,6 +138,17 @@ def successor_pid(daemon: Any) -> int:
     return int(text.split()[0])
 
 
+def upgrade_slowly(daemon: Any, config: dict[str, Any]) -> int:
+    """Start an upgrade whose group `a` takes a second to boot (a window to interfere
+    in), without waiting for it; returns the new parent's pid once it runs."""
+    config["groups"]["a"]["handlers"] = [SLOW_BOOT]
+    daemon.write_config(config)
+    sent = daemon.cli("upgrade")
+    assert sent.returncode == 0 and "sent URG" in sent.stdout
+    wait_for("the new parent to start", lambda: "taking over from pid" in daemon.output())
+    return successor_pid(daemon)
+
+
 def all_succeeded(dialect: str, target: str, ids: set[str]) -> bool:
     async def statuses(client: CairnQ) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -200,40 +211,11 @@ def test_an_upgrade_under_load_loses_no_task_runs_none_twice_and_keeps_every_gro
     assert gone(new)
 
 
-def make_release(root: Path, version: str, pipe_protocol: int) -> Path:
-    """A copy of the package that reports `version` and speaks `pipe_protocol`: what a
-    `pip install -U` of another release would put on disk."""
-    tree = root / f"release-{version}"
-    skip = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(REPO / "cairnqd", tree / "cairnqd", ignore=skip)
-    shutil.copytree(REPO / "protocol", tree / "protocol")  # its SQL, found beside the package
-    messages = tree / "cairnqd" / "daemon" / "wire" / "messages.py"
-    text = messages.read_text()
-    assert "PROTOCOL_VERSION = " in text
-    lines = [
-        f"PROTOCOL_VERSION = {pipe_protocol}" if line.startswith("PROTOCOL_VERSION = ") else line
-        for line in text.splitlines()
-    ]
-    messages.write_text("\n".join(lines) + "\n")
-    init = tree / "cairnqd" / "__init__.py"
-    text = init.read_text()
-    assert 'return version("cairnqd")' in text
-    init.write_text(text.replace('return version("cairnqd")', f"return {version!r}"))
-    return tree
-
-
-def install(current: Path, release: Path) -> None:
-    """Point `current` at `release` at once, as a deploy swaps what is installed."""
-    staged = current.with_name(current.name + ".new")
-    staged.symlink_to(release)
-    os.replace(staged, current)
-
-
 def test_an_upgrade_loads_a_release_with_another_pipe_protocol_that_reload_cannot(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any
 ) -> None:
-    old_release = make_release(tmp_path, "0.2.0", 2)
-    new_release = make_release(tmp_path, "9.9.9", 3)
+    old_release = make_release(tmp_path, "old", "0.2.0", 2)
+    new_release = make_release(tmp_path, "new", "9.9.9", 3)
     current = tmp_path / "installed"
     install(current, old_release)
     env = {"PYTHONPATH": f"{current}:{REPO}"}
@@ -319,14 +301,8 @@ def test_a_new_parent_whose_groups_are_not_ready_in_time_gives_up(
 def test_stopping_the_running_parent_during_an_upgrade_stops_its_successor_too(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any
 ) -> None:
-    config = upgrade_config(tmp_path, "sqlite", sqlite_path)
-    daemon = daemon_factory(config).start()
-    config["groups"]["a"]["handlers"] = [SLOW_BOOT]
-    daemon.write_config(config)
-    sent = daemon.cli("upgrade")
-    assert sent.returncode == 0 and "sent URG" in sent.stdout
-    wait_for("the successor to start", lambda: "taking over from pid" in daemon.output())
-    successor = successor_pid(daemon)
+    daemon = daemon_factory(upgrade_config(tmp_path, "sqlite", sqlite_path)).start()
+    successor = upgrade_slowly(daemon, upgrade_config(tmp_path, "sqlite", sqlite_path))
     # `cairnqd status` still asks the running parent, which shows the upgrade under way.
     wait_for(
         "status to show the upgrade",
@@ -344,14 +320,9 @@ def test_stopping_the_running_parent_during_an_upgrade_stops_its_successor_too(
 def test_a_successor_killed_while_it_starts_fails_the_upgrade_and_nothing_else(
     tmp_path: Path, sqlite_path: str, daemon_factory: Any
 ) -> None:
-    config = upgrade_config(tmp_path, "sqlite", sqlite_path)
-    daemon = daemon_factory(config).start()
+    daemon = daemon_factory(upgrade_config(tmp_path, "sqlite", sqlite_path)).start()
     children = set(daemon.children())
-    config["groups"]["a"]["handlers"] = [SLOW_BOOT]
-    daemon.write_config(config)
-    assert daemon.cli("upgrade").returncode == 0
-    wait_for("the successor to start", lambda: "taking over from pid" in daemon.output())
-    successor = successor_pid(daemon)
+    successor = upgrade_slowly(daemon, upgrade_config(tmp_path, "sqlite", sqlite_path))
     os.kill(successor, signal.SIGKILL)
     wait_for("the failure", lambda: "was killed by SIGKILL" in daemon.output())
     state = daemon.state()

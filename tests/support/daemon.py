@@ -155,23 +155,13 @@ class Daemon:
 
     def children(self, group: str | None = None) -> dict[int, str]:
         """pid -> process title of the daemon's live worker children."""
-        found: dict[int, str] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid != self.pid or not title.startswith("cairnqd: worker"):
-                continue
-            if " Z " in stat.rsplit(")", 1)[1][:3]:
-                continue
-            if group is None or f"[{group}]" in title:
-                found[int(entry.name)] = title
-        return found
+        return {
+            pid: title
+            for pid, title in _processes().items()
+            if title.startswith("cairnqd: worker")
+            and _parent(pid) == self.pid
+            and (group is None or f"[{group}]" in title)
+        }
 
     def title(self) -> str:
         return Path(f"/proc/{self.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -247,6 +237,7 @@ class Daemon:
 
 
 def _processes() -> dict[int, str]:
+    """pid -> title of every live process (zombies have no title and are left out)."""
     found: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -255,7 +246,8 @@ def _processes() -> dict[int, str]:
             raw = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        found[int(entry.name)] = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        if raw:
+            found[int(entry.name)] = raw.replace(b"\0", b" ").decode(errors="replace").strip()
     return found
 
 

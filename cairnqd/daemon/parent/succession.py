@@ -24,6 +24,7 @@ from cairnqd.daemon.parent.upgrade_link import (
     Inheritance,
     InheritanceError,
     LinkMessage,
+    decode_lines,
     send,
 )
 from cairnqd.daemon.wire.pipes import MessageReader, PipeError
@@ -122,12 +123,7 @@ class Succession:
         except PipeError:
             lines = []
             self.reader.closed = True
-        for line in lines:
-            try:
-                message = LinkMessage.decode(line)
-            except ValueError as exc:
-                log.warning("upgrade: the running parent sent a line we do not read: %s", exc)
-                continue
+        for message in decode_lines(lines, "the running parent"):
             if message.kind == "yours" and self.state in ("starting", "ready"):
                 self.state = "promoted"
                 return "yours"

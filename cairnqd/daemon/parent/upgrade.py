@@ -25,7 +25,13 @@ from typing import Any
 
 from cairnqd.daemon import exitcodes
 from cairnqd.daemon.handler_probe import child_argv_prefix
-from cairnqd.daemon.parent.upgrade_link import ENV_VAR, Inheritance, LinkMessage, send
+from cairnqd.daemon.parent.upgrade_link import (
+    ENV_VAR,
+    Inheritance,
+    LinkMessage,
+    decode_lines,
+    send,
+)
 from cairnqd.daemon.systemd import SYSTEMD_ONLY_VARS
 from cairnqd.daemon.wire.pipes import MessageReader, PipeError
 
@@ -82,15 +88,9 @@ class Upgrade:
         except PipeError as exc:
             lines = []
             self.fail([f"the new parent (pid {self.pid}) broke the upgrade link: {exc}"])
-        messages = []
-        for line in lines:
-            try:
-                message = LinkMessage.decode(line)
-            except ValueError as exc:
-                log.warning("upgrade: the new parent sent a line we do not read: %s", exc)
-                continue
+        messages = decode_lines(lines, "the new parent")
+        for message in messages:
             self._note(message)
-            messages.append(message)
         return messages
 
     def _note(self, message: LinkMessage) -> None:

@@ -11,12 +11,15 @@ protocol of its own: a release reads every earlier `LINK_VERSION` (docs/releasin
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cairnqd.errors import CairnQError
+
+log = logging.getLogger("cairnqd.supervisor")
 
 #: Bumped when `Inheritance` or a link message changes incompatibly.
 LINK_VERSION = 1
@@ -139,6 +142,18 @@ class LinkMessage:
             raise ValueError(f"not a link message: {line[:80]!r}")
         kind = data.pop("t")
         return cls(kind, data)
+
+
+def decode_lines(lines: list[bytes], sender: str) -> list[LinkMessage]:
+    """The messages among `lines` from the link; a line this release cannot read is
+    logged, naming `sender` (the two sides run different releases), and skipped."""
+    messages = []
+    for line in lines:
+        try:
+            messages.append(LinkMessage.decode(line))
+        except ValueError as exc:
+            log.warning("upgrade: %s sent a line we do not read: %s", sender, exc)
+    return messages
 
 
 def send(fd: int, message: LinkMessage) -> bool:
