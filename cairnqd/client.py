@@ -16,6 +16,7 @@ from cairnqd.errors import TaskCanceled, TaskFailed, TaskTimeout
 from cairnqd.models import Task, TaskDef, TaskRef, task_name
 from cairnqd.retention import Retention, RetentionSweeper
 from cairnqd.store.base import TaskStore
+from cairnqd.store.callers import complete_now, is_async_shape
 
 
 class CairnQ:
@@ -98,7 +99,11 @@ class CairnQ:
         priority: int = 0,
         metadata: Any = None,
         delay_ms: int = 0,
+        tx: Any = None,
     ) -> Task:
+        """Queue a task. `tx`: your own open transaction on the same database (a
+        psycopg connection, or a sqlite3.Connection on the store's file): the task then
+        exists exactly when your transaction commits (docs/transactions.md)."""
         return await self._store.submit(
             name=task_name(name),
             payload=payload,
@@ -109,16 +114,56 @@ class CairnQ:
             priority=priority,
             metadata=metadata,
             delay_ms=delay_ms,
+            tx=tx,
         )
 
-    async def submit_many(self, tasks: Sequence[Mapping[str, Any]]) -> list[Task]:
+    def submit_sync(
+        self,
+        name: str | TaskDef[Any, Any],
+        payload: Any = None,
+        *,
+        tx: Any,
+        key: str | None = None,
+        queue: str = "default",
+        conflict: str = "reuse",
+        max_attempts: int = 3,
+        priority: int = 0,
+        metadata: Any = None,
+        delay_ms: int = 0,
+    ) -> Task:
+        """`submit` for sync code (Django views, scripts, a SQLAlchemy `Session`),
+        through your open transaction `tx`: a psycopg `Connection`, a sqlite3
+        `Connection`, a SQLAlchemy `Session` or `Connection`, or Django's connection.
+        Runs in the calling thread, with no event loop; the client need not be
+        connected (docs/transactions.md)."""
+        _check_sync(tx, "submit_sync")
+        return complete_now(
+            self.submit(
+                name, payload, key=key, queue=queue, conflict=conflict,
+                max_attempts=max_attempts, priority=priority, metadata=metadata,
+                delay_ms=delay_ms, tx=tx,
+            )
+        )  # fmt: skip
+
+    def submit_many_sync(self, tasks: Sequence[Mapping[str, Any]], *, tx: Any) -> list[Task]:
+        """`submit_many` for sync code, through your open transaction `tx`, as
+        `submit_sync`."""
+        _check_sync(tx, "submit_many_sync")
+        if not tasks:
+            return []
+        return complete_now(self.submit_many(tasks, tx=tx))
+
+    async def submit_many(
+        self, tasks: Sequence[Mapping[str, Any]], *, tx: Any = None
+    ) -> list[Task]:
         """Submit a list of tasks in one transaction (all or nothing), in order.
 
         Each item is a mapping of `submit` arguments: `name` (a string or TaskDef)
         plus any of payload, key, queue, conflict, max_attempts, priority, metadata,
         delay_ms. A bad item raises ValueError naming its index; nothing is written.
+        `tx`: your own open transaction, as for `submit`.
         """
-        return await self._store.submit_many(tasks)
+        return await self._store.submit_many(tasks, tx=tx)
 
     # -- reads and control ---------------------------------------------------------------
 
@@ -283,3 +328,17 @@ async def wait_for_task(
         else:
             await asyncio.sleep(sleep_ms / 1000)
         interval = next_poll_ms(interval, max_poll_ms)
+
+
+def _check_sync(tx: Any, method: str) -> None:
+    """A sync submit needs a sync transaction to write through."""
+    if tx is None:
+        raise TypeError(
+            f"{method} needs tx=: your open transaction (without one, use `await submit`)"
+        )
+    kind = type(tx).__module__
+    if is_async_shape(tx) or (kind.startswith("psycopg") and "Async" in type(tx).__name__):
+        raise TypeError(
+            f"{method}: tx= is an asyncio connection ({kind}.{type(tx).__name__}); "
+            "use `await submit(..., tx=...)` from async code"
+        )

@@ -48,6 +48,7 @@ from cairnqd.store.arguments import (
     require_str,
     submit_params,
 )
+from cairnqd.store.callers import driver_connection
 from cairnqd.store.clockstep import WallClockWatch
 from cairnqd.store.executor import Row, Session, UserWrite
 from cairnqd.store.leadership import SOLE_HOST, Leadership
@@ -380,10 +381,15 @@ class TaskStore(ABC):
         root_id: str | None = None,
         correlation_id: str | None = None,
         delay_ms: int = 0,
+        tx: object = None,
     ) -> Task:
         """Queue one task. A bad argument raises ValueError (or SerializationError for
         a payload or metadata) naming it, before anything is written; the limits are
-        Postgres's on both dialects (store/arguments.py lists them)."""
+        Postgres's on both dialects (store/arguments.py lists them).
+
+        `tx`: the caller's open transaction on this store's database (docs/transactions.md):
+        the task is written through it and commits, or rolls back, with the caller's
+        work; the store never commits, rolls back or closes it."""
         params = submit_params(
             {
                 "name": name,
@@ -403,10 +409,29 @@ class TaskStore(ABC):
         with self._operation():
             if self._gate is not None:
                 await self._gate.admit(queue)
+            if tx is not None:
+                tx = await driver_connection(tx)
+                if key is None:  # one statement, atomic by itself
+                    session = await self._caller_session(tx)
+                    return (await self._insert_run(session.fetch, [params]))[0]
+                async with self._in_caller_tx(tx) as session:
+                    return await self._submit_keyed(session, params)
             if key is None:
                 return await self._insert_keyless(params)
             async with self._transaction() as session:
                 return await self._submit_keyed(session, params)
+
+    async def _caller_session(self, tx: object) -> Session:
+        """The caller's open transaction `tx` (a driver connection) as a session for
+        one statement, atomic by itself, once it is found to be one this dialect can
+        write through, on this store's database. TypeError for an object this dialect
+        cannot use, ValueError for a closed or failed transaction or another database."""
+        raise TypeError(f"{self.barrier.describe} cannot write through tx=")
+
+    def _in_caller_tx(self, tx: object) -> AbstractAsyncContextManager[Session]:
+        """`_caller_session` for statements that must land all or none: a savepoint in
+        the caller's transaction, undone alone if they fail."""
+        raise TypeError(f"{self.barrier.describe} cannot write through tx=")
 
     async def _insert_keyless(self, params: Params) -> Task:
         """One keyless submit. A dialect may queue it with concurrent ones (see
@@ -460,12 +485,15 @@ class TaskStore(ABC):
         await session.fetch("upsert_key", {"key": key, "task_id": params["id"]})
         return self._task(rows[0])
 
-    async def submit_many(self, tasks: Sequence[Mapping[str, Any]]) -> list[Task]:
+    async def submit_many(
+        self, tasks: Sequence[Mapping[str, Any]], *, tx: object = None
+    ) -> list[Task]:
         """Submit many tasks in one transaction; all or nothing.
 
         Each item takes `submit`'s keyword arguments. Keys and conflict strategies are
         honoured in list order, so two items with one key behave as two submits in a
-        row. A bad item raises (naming its index) and nothing is written.
+        row. A bad item raises (naming its index) and nothing is written. `tx`: the
+        caller's open transaction, as for `submit`.
         """
         items = tasks if isinstance(tasks, list | tuple) else list(tasks)
         prepared = prepare_items(items, new_task_ids(len(items)), 0, len(items))
@@ -476,6 +504,10 @@ class TaskStore(ABC):
             if self._gate is not None:
                 for params in prepared:
                     await self._gate.admit(params["queue"])
+            if tx is not None:
+                tx = await driver_connection(tx)
+                async with self._in_caller_tx(tx) as session:
+                    return await self._insert_prepared(session, prepared)
             async with self._transaction() as session:
                 return await self._insert_prepared(session, prepared)
 

@@ -95,3 +95,12 @@ UserWrite = Callable[[UserSession], Awaitable[Any]]
 """The caller's writes in a shared transaction; what it returns becomes the result."""
 
 __all__ = ["Executor", "Row", "Session", "UserSession", "UserWrite"]
+
+
+def unsupported_tx(tx: object, wanted: str) -> TypeError:
+    """The error for a `tx=` this dialect cannot write through, naming what was given."""
+    kind = f"{type(tx).__module__}.{type(tx).__qualname__}"
+    return TypeError(
+        f"tx= must be {wanted}; got a {kind}. Pass the connection (or transaction) your "
+        "own writes go through, on this store's database (docs/transactions.md)"
+    )

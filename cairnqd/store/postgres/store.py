@@ -12,7 +12,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
 import psycopg
@@ -33,10 +33,18 @@ from cairnqd.errors import (
 )
 from cairnqd.models import Task
 from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
+from cairnqd.store.callers import in_sync_submit
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.executor import UserWrite
 from cairnqd.store.migrate import check_protocol_version
 from cairnqd.store.postgres.bulk import STREAM_FROM, stream_tasks
+from cairnqd.store.postgres.callertx import (
+    Identity,
+    caller_session,
+    identity_now,
+    plain_session,
+    store_identity,
+)
 from cairnqd.store.postgres.connect import (
     AsyncConn,
     Reachability,
@@ -164,6 +172,8 @@ class PostgresStore(TaskStore):
         self.reachability = Reachability()
         # The VACUUM `after_purge` started in the background, while it runs.
         self._vacuum: asyncio.Task[None] | None = None
+        #: Names the database install, for checking a caller's `tx=` (callertx.py).
+        self._database_identity: Identity | None = None
 
     # -- connect / close ---------------------------------------------------------------
 
@@ -330,14 +340,36 @@ class PostgresStore(TaskStore):
             raise
         self.reachability.succeeded()
 
+    async def _caller_session(self, tx: object) -> Session:
+        return await plain_session(tx, self._identity, self.clock)
+
+    def _in_caller_tx(self, tx: object) -> AbstractAsyncContextManager[Session]:
+        return caller_session(tx, self._identity, self.clock)
+
+    async def _identity(self) -> Identity:
+        """What names this store's database install, read once (`callertx.py`): on a
+        pool connection, or, for a sync submit (which may not wait on the loop), on a short-lived
+        connection of its own."""
+        if self._database_identity is None:
+            if in_sync_submit():
+                self._database_identity = identity_now(
+                    self.dsn, schema=self.schema, **self._connect_kwargs
+                )
+            else:
+                async with self._borrow() as conn:
+                    self._database_identity = await store_identity(conn)
+        return self._database_identity
+
     async def _insert_keyless(self, params: Params) -> Task:
         return await self.submits.submit(params)
 
-    async def submit_many(self, tasks: Sequence[Mapping[str, Any]]) -> list[Task]:
+    async def submit_many(
+        self, tasks: Sequence[Mapping[str, Any]], *, tx: object = None
+    ) -> list[Task]:
         items = tasks if isinstance(tasks, list | tuple) else list(tasks)
-        if self._gate is None and len(items) > STREAM_FROM:
+        if tx is None and self._gate is None and len(items) > STREAM_FROM:
             return await self._submit_many_streamed(items)
-        return await super().submit_many(items)
+        return await super().submit_many(items, tx=tx)
 
     async def _submit_many_streamed(self, items: Sequence[Mapping[str, Any]]) -> list[Task]:
         """`submit_many` of a long list: its keyless runs streamed by COPY while the

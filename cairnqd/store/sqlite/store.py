@@ -12,7 +12,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,7 +31,9 @@ from cairnqd.store.base import (
 from cairnqd.store.bulk import insert_in_runs
 from cairnqd.store.clockstep import WallClockWatch
 from cairnqd.store.coalesce import SubmitCoalescer
+from cairnqd.store.executor import unsupported_tx
 from cairnqd.store.sqlite.bulk import PIPELINE_FROM, insert_steps
+from cairnqd.store.sqlite.callertx import caller_session, plain_session
 from cairnqd.store.sqlite.errors import is_sqlite_busy
 from cairnqd.store.sqlite.files import is_memory, open_database, refresh_statistics
 from cairnqd.store.sqlite.statements import (
@@ -180,6 +182,17 @@ class SQLiteStore(TaskStore):
 
     # -- primitives --------------------------------------------------------------------
 
+    async def _caller_session(self, tx: object) -> Session:
+        return plain_session(self._caller_connection(tx), self.path, self.now_ms)
+
+    def _in_caller_tx(self, tx: object) -> AbstractAsyncContextManager[Session]:
+        return caller_session(self._caller_connection(tx), self.path, self.now_ms)
+
+    def _caller_connection(self, tx: object) -> sqlite3.Connection:
+        if not isinstance(tx, sqlite3.Connection):
+            raise unsupported_tx(tx, f"a sqlite3.Connection on {self.path}")
+        return tx
+
     async def _insert_keyless(self, params: Params) -> Task:
         return await self.submits.submit(params)
 
@@ -193,13 +206,16 @@ class SQLiteStore(TaskStore):
         await fetch("insert_many", {"values": insert_rows(run, now)})
         return [new_task(p, now + p["delay_ms"], now) for p in run]
 
-    async def submit_many(self, tasks: Sequence[Mapping[str, Any]]) -> list[Task]:
+    async def submit_many(
+        self, tasks: Sequence[Mapping[str, Any]], *, tx: object = None
+    ) -> list[Task]:
         """A long list is checked a step at a time inside its write transaction while
         the helper thread inserts the step before (store/sqlite/bulk.py): still all or
-        nothing, a bad item late in the list rolls back the rows before it."""
+        nothing, a bad item late in the list rolls back the rows before it. Through
+        the caller's transaction (`tx`) it is the plain path."""
         items = tasks if isinstance(tasks, list | tuple) else list(tasks)
-        if self._gate is not None or len(items) < PIPELINE_FROM:
-            return await super().submit_many(items)
+        if tx is not None or self._gate is not None or len(items) < PIPELINE_FROM:
+            return await super().submit_many(items, tx=tx)
         ids = new_task_ids(len(items))
         async with self._write_locked() as conn:
             session = SQLiteSession(conn, self.now_ms)
