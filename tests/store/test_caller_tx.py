@@ -148,11 +148,14 @@ async def test_keys_inside_a_transaction_behave_as_standalone_submits(
     assert task is not None and task.id == first.id
 
 
+@pytest.mark.timing
 async def test_a_worker_runs_the_task_after_the_commit_and_not_before(
     store: TaskStore, client: CairnQ, caller: Caller
 ) -> None:
     started = asyncio.Event()
-    worker = Worker(store, ["default"], poll_interval_ms=50)
+    # A poll this slow would start the task seconds late: a start within a second of the
+    # commit is the commit's wake-up (NOTIFY on Postgres, data_version on SQLite).
+    worker = Worker(store, ["default"], poll_interval_ms=10_000)
 
     @worker.task("receipt.send")
     async def send(ctx: Any, payload: Any) -> str:
@@ -163,8 +166,9 @@ async def test_a_worker_runs_the_task_after_the_commit_and_not_before(
         task = await client.submit("receipt.send", {"order": 3}, tx=caller.conn)
         await asyncio.sleep(0.5)  # ten polls: a task visible early would start now
         assert not started.is_set(), "a worker ran a task its caller had not committed"
+        await asyncio.sleep(0.2)  # let the worker settle into its long wait
         await caller.commit()
-        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.wait_for(started.wait(), 1.5)
         done = await wait_for_async(
             "the task to succeed",
             lambda: client.get(task.id),
