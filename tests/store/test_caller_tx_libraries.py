@@ -224,3 +224,19 @@ async def test_django_atomic_blocks_carry_the_task(
     assert count(dialect, db_target, "orders") == 1
     keys = {row for (row,) in query(dialect, db_target, "select key from cairnq_task_keys")}
     assert keys == {"django-1"}
+
+
+async def test_aiosqlite_under_sqlalchemy_is_refused_by_name(tmp_path: Any) -> None:
+    target = str(tmp_path / "tasks.db")
+    store = make_store("sqlite", target)
+    await store.connect()
+    engine = create_async_engine(f"sqlite+aiosqlite:///{target}")
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            await session.execute(sa.text("select 1"))
+            with pytest.raises(TypeError, match=r"sqlite3\.Connection on .*; got a aiosqlite"):
+                await CairnQ(store).submit("receipt.send", tx=session)
+    finally:
+        await engine.dispose()
+        await store.close()
+    assert count("sqlite", target) == 0
