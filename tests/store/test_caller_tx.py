@@ -20,6 +20,7 @@ import pytest
 
 from cairnqd import AlreadyExists, CairnQ
 from cairnqd.store.base import TaskStore
+from cairnqd.store.postgres import PostgresStore
 from cairnqd.worker import Worker
 from tests.support.databases import PgDatabases, make_store
 from tests.support.store import scalar
@@ -281,8 +282,9 @@ async def test_a_handler_completes_its_step_and_enqueues_the_next_atomically(
     pg_databases: PgDatabases,
 ) -> None:
     """`ctx.succeed_in` with `ctx.submit(..., tx=session)`: the next step exists if and
-    only if this one's settlement committed."""
-    store = make_store("postgres", pg_databases.new())
+    only if this one's settlement committed. A pool of one connection, as a daemon
+    child's: the write's own connection is the only one there is."""
+    store = PostgresStore(pg_databases.new(), max_size=1)
     await store.connect()
     client = CairnQ(store)
     worker = Worker(store, ["default"], poll_interval_ms=50, retry_backoff_ms=10)

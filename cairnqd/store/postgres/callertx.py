@@ -89,10 +89,12 @@ def _state(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> None
 
 
 async def plain_session(
-    tx: object, identity: Callable[[], Awaitable[Identity]], clock: Clock | None
+    tx: object, identity: Callable[[], Awaitable[Identity]] | None, clock: Clock | None
 ) -> _AsyncSession | _SyncSession:
     """`tx` as a session for one statement, atomic by itself (in autocommit mode outside
-    a transaction it commits on its own), once `tx` is found fit to write through."""
+    a transaction it commits on its own), once `tx` is found fit to write through.
+    `identity` None: `tx` is one of the store's own connections (`succeed_in`'s), whose
+    database needs no check (nor another pool connection to make it with)."""
     if isinstance(tx, psycopg.AsyncConnection):
         session: _AsyncSession | _SyncSession = _AsyncSession(tx, clock)
     elif isinstance(tx, psycopg.Connection):
@@ -100,13 +102,14 @@ async def plain_session(
     else:
         raise unsupported_tx(tx, "a psycopg AsyncConnection or Connection")
     _state(tx)
-    await _check_database(tx, session, identity)
+    if identity is not None:
+        await _check_database(tx, session, identity)
     return session
 
 
 @asynccontextmanager
 async def caller_session(
-    tx: object, identity: Callable[[], Awaitable[Identity]], clock: Clock | None
+    tx: object, identity: Callable[[], Awaitable[Identity]] | None, clock: Clock | None
 ) -> AsyncIterator[Session]:
     """`tx` as a session for statements that must land together: under a savepoint in
     the caller's transaction (psycopg opens one before the first statement of a

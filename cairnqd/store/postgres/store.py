@@ -11,7 +11,8 @@ import functools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
@@ -174,6 +175,8 @@ class PostgresStore(TaskStore):
         self._vacuum: asyncio.Task[None] | None = None
         #: Names the database install, for checking a caller's `tx=` (callertx.py).
         self._database_identity: Identity | None = None
+        #: Our connections a `succeed_in` write holds now (its `tx=` needs no check).
+        self._lent_to_writes: weakref.WeakSet[AsyncConn] = weakref.WeakSet()
 
     # -- connect / close ---------------------------------------------------------------
 
@@ -341,10 +344,16 @@ class PostgresStore(TaskStore):
         self.reachability.succeeded()
 
     async def _caller_session(self, tx: object) -> Session:
-        return await plain_session(tx, self._identity, self.clock)
+        return await plain_session(tx, self._identity_of(tx), self.clock)
 
     def _in_caller_tx(self, tx: object) -> AbstractAsyncContextManager[Session]:
-        return caller_session(tx, self._identity, self.clock)
+        return caller_session(tx, self._identity_of(tx), self.clock)
+
+    def _identity_of(self, tx: object) -> Callable[[], Awaitable[Identity]] | None:
+        """How to check `tx`'s database; None for a connection of our own that a
+        handler's `succeed_in` write holds: checking it would borrow a second pool
+        connection, which a pool of one (a daemon child's default) does not have."""
+        return None if tx in self._lent_to_writes else self._identity
 
     async def _identity(self) -> Identity:
         """What names this store's database install, read once (`callertx.py`): on a
@@ -570,7 +579,11 @@ class PostgresStore(TaskStore):
     ) -> tuple[Task, Any]:
         if self._local_timeout_ms is not None:
             await conn.execute(f"set local statement_timeout = {int(self._local_timeout_ms)}")
-        value = await write(UserSession(conn))
+        self._lent_to_writes.add(conn)
+        try:
+            value = await write(UserSession(conn))
+        finally:
+            self._lent_to_writes.discard(conn)
         encoded = None if value is None else dump_json(value, what="result")
         rows = await run(
             conn,
