@@ -27,6 +27,11 @@ class DriverErrors(Protocol):
         reached, locked or written."""
         ...
 
+    def refused_login(self, exc: BaseException) -> str | None:
+        """The server's reason when it refused the connection for a cause no retry can
+        fix (authentication, a database or role that does not exist), else None."""
+        ...
+
 
 _readers: list[DriverErrors] = []
 
@@ -57,6 +62,19 @@ def classify(exc: BaseException) -> ErrorKind:
     return "other"
 
 
+def refused_login(exc: BaseException) -> str | None:
+    """Why the server refused to let us in, for good (see `DriverErrors`), looking
+    through the causes of `exc` (a DatabaseUnavailable wraps the driver's error)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        for reader in _readers:
+            reason = reader.refused_login(seen)
+            if reason is not None:
+                return reason
+        seen = seen.__cause__
+    return None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether the same call may succeed if simply tried again: the database was busy,
     unreachable or slow, and the request itself was fine."""
@@ -69,4 +87,12 @@ def is_operational(exc: BaseException) -> bool:
     return any(reader.is_operational(exc) for reader in _readers)
 
 
-__all__ = ["DriverErrors", "ErrorKind", "classify", "is_operational", "is_transient", "register"]
+__all__ = [
+    "DriverErrors",
+    "ErrorKind",
+    "classify",
+    "is_operational",
+    "is_transient",
+    "refused_login",
+    "register",
+]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.support.cli import GROUPS, Run, cli_env, database_line, write_config
@@ -41,6 +42,26 @@ def test_unmigrated_postgres_is_one_line_and_exit_78(tmp_path: Path, pg_dsn: str
     assert "migrations: database has" in lines[0] and "pending migration(s)" in lines[0]
     assert f"run `cairnqd -c {config} migrate`" in lines[0]
     assert "CRITICAL" not in "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"dbname": "cairnqd_no_such_db"}, 'database "cairnqd_no_such_db" does not exist'),
+        ({"user": "cairnqd_no_such_role"}, 'role "cairnqd_no_such_role" does not exist'),
+    ],
+)
+def test_a_login_the_server_refuses_for_good_is_one_line_and_exit_78(
+    tmp_path: Path, pg_dsn: str, change: dict[str, str], reason: str
+) -> None:
+    """No retry can fix a missing database or role: the daemon says so at once rather
+    than waiting for the server as it does for one it cannot reach."""
+    dsn = psycopg.conninfo.make_conninfo(pg_dsn, **change)
+    config = write_config(tmp_path, database_line("postgres", dsn))
+    lines = refused(start(config, tmp_path))
+    assert len(lines) == 1, lines
+    assert f"refused the connection: {reason}; no retry can fix that" in lines[0]
+    assert "correct database.dsn at " in lines[0] and "cairnq.yaml:" in lines[0]
 
 
 def test_sqlite_without_auto_migrate_and_no_file(tmp_path: Path) -> None:

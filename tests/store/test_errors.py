@@ -14,7 +14,7 @@ import psycopg_pool
 import pytest
 
 from cairnqd.errors import DatabaseUnavailable, LostLease, StoreClosed
-from cairnqd.store.errors import classify, is_transient
+from cairnqd.store.errors import classify, is_transient, refused_login
 from cairnqd.store.sqlite.errors import is_sqlite_busy
 from tests.support.databases import require_postgres
 
@@ -115,3 +115,35 @@ async def test_a_refused_postgres_connection_is_connect() -> None:
         # Port 1 on loopback: nothing listens, the kernel refuses at once.
         await psycopg.AsyncConnection.connect("host=127.0.0.1 port=1", connect_timeout=3)
     assert classify(info.value) == "connect"
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (
+            'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
+            'FATAL:  database "shop" does not exist',
+            'database "shop" does not exist',
+        ),
+        (
+            'connection failed: ...: FATAL:  password authentication failed for user "app"',
+            'password authentication failed for user "app"',
+        ),
+        (
+            'connection failed: ...: FATAL:  no pg_hba.conf entry for host "10.0.0.9", '
+            'user "app", database "shop", no encryption',
+            'no pg_hba.conf entry for host "10.0.0.9", user "app", database "shop", no encryption',
+        ),
+        ("connection failed: ...: Connection refused\n\tIs the server running?", None),
+        ("connection failed: ...: FATAL:  the database system is starting up", None),
+        ("connection failed: ...: FATAL:  la base de données « shop » n'existe pas", None),
+    ],
+)
+def test_a_login_refused_for_good_is_told_from_one_worth_retrying(
+    message: str, reason: str | None
+) -> None:
+    """A missing database or role, or a failed authentication, fails the same way on
+    every try; a server starting up or not listening may answer the next one."""
+    wrapped = DatabaseUnavailable("cannot connect to Postgres")
+    wrapped.__cause__ = psycopg.OperationalError(message)
+    assert refused_login(wrapped) == reason

@@ -9,7 +9,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Literal
 
-from cairnqd.config import Config, redact_dsn
+from cairnqd.config import Config, redact_dsn, setting_position
 from cairnqd.daemon.handler_probe import probe_handlers
 from cairnqd.daemon.parent.connection_budget import describe_budget, over_budget
 from cairnqd.errors import (
@@ -19,7 +19,7 @@ from cairnqd.errors import (
     ProtocolVersionMismatch,
     SchemaMismatch,
 )
-from cairnqd.store.errors import is_transient
+from cairnqd.store.errors import is_transient, refused_login
 from cairnqd.store.factory import missing_sqlite_file, store_for
 
 Level = Literal["ok", "warning", "problem"]
@@ -71,6 +71,14 @@ def _where(config: Config) -> str:
     return f"sqlite {db.path}" if db.path is not None else f"postgres {redact_dsn(db.dsn or '')}"
 
 
+def _dsn_key(config: Config) -> str:
+    """Where the DSN was configured: its key (database.dsn or database.dsn_file) and,
+    when the file says, its position there."""
+    key = "dsn_file" if config.database.dsn_file else "dsn"
+    where = setting_position(config.source, ("database", key)) if config.source else None
+    return f"database.{key}" + (f" at {where}" if where else "")
+
+
 def _migrate_hint(config: Config) -> str:
     return f"run `cairnqd -c {config.source or 'FILE'} migrate`"
 
@@ -91,6 +99,14 @@ def _check_database(config: Config, report: Preflight) -> None:
     except Exception as exc:
         if not (isinstance(exc, DatabaseUnavailable) or is_transient(exc)):
             raise
+        if (reason := refused_login(exc)) is not None:
+            report.add(
+                "problem",
+                "database",
+                f"{_where(config)} refused the connection: {reason}; no retry can fix "
+                f"that: correct {_dsn_key(config)}",
+            )
+            return
         report.unreachable = True
         text = f"{_where(config)} cannot be reached: {_one_line(exc)}"
         report.add("warning", "database", text)

@@ -37,6 +37,10 @@ class SQLiteErrors:
             return "full"
         return "other"
 
+    def refused_login(self, exc: BaseException) -> str | None:
+        del exc
+        return None  # a file has no login to refuse: its errors are other kinds
+
     def is_operational(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError)
 
