@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import difflib
 import json
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -409,6 +410,38 @@ def _payload(args: argparse.Namespace) -> Any:
         raise CliError(exitcodes.DATAERR, f"{source}: invalid JSON at {where}: {exc.msg}") from None
 
 
+def unserved_task(config: Config, name: str, queue: str) -> str | None:
+    """Why no group of `config` would run task `name` from `queue`, or None when one
+    would (or the config runs no groups to judge by). Imports the groups' handlers as
+    a child would, in a probe process."""
+    if not config.groups:
+        return None
+    groups = [g for g in config.groups.values() if queue in g.queues]
+    if not groups:
+        queues = sorted({q for g in config.groups.values() for q in g.queues})
+        return (
+            f"no group in {config.source or 'the config'} claims queue {queue!r} (they claim "
+            f"{', '.join(queues)}): the task would wait until one does"
+        )
+    from cairnqd.daemon.handler_probe import probe_handlers
+
+    lists = list(dict.fromkeys(g.handlers for g in groups))
+    timeout = config.supervisor.boot_timeout.total_seconds()
+    results = probe_handlers(config.python_path, lists, timeout)
+    if any(name in r.names for r in results):
+        return None
+    if not any(r.ok for r in results):
+        return f"cannot tell whether task {name!r} is handled: {results[0].error}"
+    known = sorted({n for r in results for n in r.names})
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    served_by = ", ".join(g.name for g in groups)
+    return (
+        f"no handler for task {name!r} in the groups claiming queue {queue!r} "
+        f"({served_by}){hint}: the task would wait, unclaimed"
+    )
+
+
 async def _submit(store: TaskStore, args: argparse.Namespace, payload: Any) -> tuple[Task, Task]:
     task = await store.submit(
         name=args.name,
@@ -437,6 +470,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     args.timeout = args.timeout or timedelta(seconds=30)
     payload = _payload(args)
     config = load(args.config)
+    unserved = unserved_task(config, args.name, args.queue)
+    if unserved is not None:
+        if args.strict:
+            raise CliError(exitcodes.DATAERR, f"submit: {unserved}; nothing was submitted")
+        print(f"cairnqd: warning: {unserved} (--strict refuses)", file=sys.stderr)
     try:
         task, done = with_store(config, lambda store: _submit(store, args, payload))
     except AlreadyExists as exc:
@@ -570,6 +608,12 @@ def add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--wait", action="store_true", help="wait for the outcome; print the result")
     p.add_argument("--timeout", type=duration, metavar="DURATION", help="with --wait (30s)")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse (exit 65) a task no group of the config would run: a name no handler "
+        "registers, or a queue no group claims (without it: a warning)",
+    )
     p.set_defaults(func=cmd_submit)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import socket
+import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,19 @@ def _check_queues(command: str, queues: list[str] | None) -> list[str]:
     return list(dict.fromkeys(queues))
 
 
+async def _warn_unknown(store: TaskStore, queues: list[str], source: str | None) -> None:
+    """A queue no group of the config claims and no task names is most likely a typo:
+    say so (it is paused all the same: a queue may be paused before its first task)."""
+    for queue in queues:
+        if not any((await store.stats(queue)).get(queue, {}).values()):
+            print(
+                f"cairnqd: warning: queue {queue!r} is claimed by no group in "
+                f"{source or 'the config'} and holds no task: is the name right? "
+                "(paused anyway)",
+                file=sys.stderr,
+            )
+
+
 async def _pause(
     store: TaskStore, queues: list[str], reason: str | None, *, strict: bool
 ) -> tuple[list[QueuePause], list[QueuePause]]:
@@ -66,9 +80,14 @@ def cmd_pause(args: argparse.Namespace) -> int:
     queues = _check_queues("pause", args.queue)
     if args.reason is not None and len(args.reason) > 1000:
         raise CliError(exitcodes.USAGE, "pause: --reason: at most 1000 characters")
-    made, earlier = with_store(
-        load(args.config), lambda store: _pause(store, queues, args.reason, strict=args.strict)
-    )
+    config = load(args.config)
+    claimed = {q for g in config.groups.values() for q in g.queues}
+
+    async def act(store: TaskStore) -> tuple[list[QueuePause], list[QueuePause]]:
+        await _warn_unknown(store, [q for q in queues if q not in claimed], config.source)
+        return await _pause(store, queues, args.reason, strict=args.strict)
+
+    made, earlier = with_store(config, act)
     for pause in made:
         print(f"paused {describe_pause(pause)}")
     for pause in earlier:

@@ -546,3 +546,34 @@ def test_run_starts_reloads_and_stops(sqlite_config: Path, tmp_path: Path, run: 
             daemon.send_signal(signal.SIGTERM)
             assert daemon.wait(timeout=60) == 0
     assert statefile.read() is None
+
+
+def test_submit_warns_of_a_task_no_group_would_run_and_strict_refuses_it(
+    sqlite_db: Path, run: Run
+) -> None:
+    misspelled = run("submit", "demo.ech")
+    assert misspelled.returncode == 0, misspelled.stderr
+    assert (
+        "warning: no handler for task 'demo.ech' in the groups claiming queue 'default' "
+        "(default) (did you mean 'demo.echo'?)" in misspelled.stderr
+    )
+    nowhere = run("submit", "demo.echo", "--queue", "mial")
+    assert nowhere.returncode == 0
+    assert "no group in" in nowhere.stderr and "claims queue 'mial'" in nowhere.stderr
+    assert "(they claim default, mail)" in nowhere.stderr
+    refused = run("submit", "demo.ech", "--strict")
+    assert refused.returncode == 65
+    assert "nothing was submitted" in refused.stderr and not refused.stdout
+    served = run("submit", "demo.echo", "--queue", "mail", "--strict")
+    assert served.returncode == 0 and served.stderr == ""
+    listed = json.loads(run("list", "--json").stdout)
+    assert sorted(t["name"] for t in listed) == ["demo.ech", "demo.echo", "demo.echo"]
+
+
+def test_pausing_a_queue_nothing_knows_warns_but_pauses(sqlite_db: Path, run: Run) -> None:
+    typo = run("pause", "--queue", "mial")
+    assert typo.returncode == 0 and "paused mial" in typo.stdout
+    assert "queue 'mial' is claimed by no group" in typo.stderr
+    known = run("pause", "--queue", "mail")
+    assert known.returncode == 0 and known.stderr == ""
+    assert run("resume", "--queue", "mial", "--queue", "mail").returncode == 0
