@@ -40,3 +40,21 @@ def test_unreachable_database_at_boot_extends_the_start_timeout(tmp_path: Path) 
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.stop() == 0
+
+
+def test_a_stop_while_children_wait_for_the_database_is_quiet_and_clean(tmp_path: Path) -> None:
+    """A child told to drain while it waits for the database at boot holds no task: it
+    leaves without being reported as a crash, and nothing is handed back (a write the
+    absent database would refuse)."""
+    dsn = f"postgresql://postgres@127.0.0.1:{closed_port()}/postgres?connect_timeout=1"
+    groups = {"g": {"queues": ["q"], "processes": 2, "concurrency": 1}}
+    config = base_config(tmp_path, {"dsn": dsn, "connect_timeout": "1s"}, groups)
+    config["database"]["connection_check"] = "off"
+    daemon = Daemon(tmp_path, config).start(wait_ready=False)
+    daemon.wait_notify("EXTEND_TIMEOUT_USEC=", timeout=60)  # the children wait for it
+    daemon.signal(signal.SIGTERM)
+    assert daemon.stop() == 0
+    log = daemon.output()
+    assert log.count("left before it was ready (drain)") == 2, log
+    assert "died while booting" not in log
+    assert "hand-back" not in log

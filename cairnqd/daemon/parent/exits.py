@@ -68,7 +68,10 @@ class ChildExits:
         self._forget_slot_series(child)
         planned = code == OK and child.bye is not None
         unstarted, returned = child.spared()  # read (and closed) whatever the exit
-        if not planned:
+        # A child claims only after `ready` (read from its pipe before it is reaped): one
+        # that never said it holds no task, and a hand-back would only queue a write
+        # that fails when the database is what kept it from being ready.
+        if not planned and child.ready_at is not None:
             self._fail_overruns(child)
             reason = _handback_reason(child, stopping)
             spared = unstarted + self._restores.allow(returned)
@@ -83,6 +86,9 @@ class ChildExits:
                 self._metrics.child_restart(group.name, str(child.bye))
         elif child.quit_sent_at is not None:
             log.info("child %d of %s stopped (%s)", child.pid, group.name, described)
+        elif code == OK and child.drain_deadline is not None and child.ready_at is None:
+            # Told to drain while it booted (waiting for the database, say): it left.
+            log.info("child %d of %s left before it was ready (drain)", child.pid, group.name)
         elif where.role == "successor" and where.slot is not None:
             self._failed_successor(group, where.slot, child, described)
         elif code == CONFIG or child.fatal is not None:
