@@ -324,10 +324,10 @@ def test_a_successor_killed_while_it_starts_fails_the_upgrade_and_nothing_else(
     children = set(daemon.children())
     successor = upgrade_slowly(daemon, upgrade_config(tmp_path, "sqlite", sqlite_path))
     os.kill(successor, signal.SIGKILL)
-    wait_for("the failure", lambda: "was killed by SIGKILL" in daemon.output())
+    wait_for("the failure", lambda: "ended (signal SIGKILL)" in daemon.output())
     state = daemon.state()
     assert state["pid"] == daemon.pid and state["upgrade"]["ok"] is False
-    assert "was killed by SIGKILL" in state["upgrade"]["errors"][0]
+    assert "ended (signal SIGKILL)" in state["upgrade"]["errors"][0]
     assert set(daemon.children()) == children
     wait_for("the successor's children to go", lambda: not [
         t for t in daemon.workers().values() if "gen=2" in t

@@ -24,7 +24,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from cairnqd.daemon.listening import AlreadyBound, adopt, serve_on
 from cairnqd.daemon.parent.statefile import StateFile, StateFileError, initial_state
 from cairnqd.daemon.parent.succession import Succession
-from cairnqd.daemon.parent.upgrade import describe_exit
 from cairnqd.daemon.parent.upgrade_link import (
     ENV_VAR,
     LINK_VERSION,
@@ -80,12 +79,6 @@ def test_link_messages_round_trip_and_garbage_is_refused() -> None:
     assert LinkMessage.decode(message.encode().strip()) == message
     with pytest.raises(ValueError):
         LinkMessage.decode(b'{"no": "kind"}')
-
-
-def test_an_exit_is_described_by_its_code_or_signal() -> None:
-    assert describe_exit(78) == "exited with code 78 (a configuration error)"
-    assert describe_exit(3) == "exited with code 3"
-    assert describe_exit(-9) == "was killed by SIGKILL"
 
 
 def test_the_lock_passes_to_a_successor_without_ever_lapsing(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from cairnqd.daemon.parent.control import (
     restarts_by_group,
 )
 from cairnqd.daemon.parent.deadlines import PARENT_STALL_S, check_deadlines, forgive_silence
-from cairnqd.daemon.parent.exits import ChildExits
+from cairnqd.daemon.parent.exits import ChildExits, describe_exit
 from cairnqd.daemon.parent.fleet import Fleet, Retiring
 from cairnqd.daemon.parent.leftovers import Leftovers
 from cairnqd.daemon.parent.maintenance import Maintenance
@@ -63,7 +63,7 @@ from cairnqd.daemon.parent.statefile import (
 )
 from cairnqd.daemon.parent.status import StatusReport, status_dump
 from cairnqd.daemon.parent.succession import Succession, report_failed_start
-from cairnqd.daemon.parent.upgrade import Relaunch, Upgrade, describe_exit, start_successor
+from cairnqd.daemon.parent.upgrade import Relaunch, Upgrade, start_successor
 from cairnqd.daemon.parent.upgrade_link import Inheritance, InheritanceError, take_inheritance
 from cairnqd.daemon.parent.wakerelay import WakeRelay, backed_up
 from cairnqd.daemon.systemd import SYSTEMD_ONLY_VARS
@@ -693,10 +693,11 @@ class Supervisor:
         if was == "starting":
             self._upgrade_failed(upgrade.errors)
         elif was == "handed_over":
-            log.warning("upgrade: our successor (pid %d) %s", upgrade.pid, describe_exit(code))
+            ended = describe_exit(code)
+            log.warning("upgrade: our successor (pid %d) ended (%s)", upgrade.pid, ended)
         else:
-            log.info("upgrade: the abandoned new parent (pid %d) %s", upgrade.pid,
-                     describe_exit(code))  # fmt: skip
+            ended = describe_exit(code)
+            log.info("upgrade: the abandoned new parent (pid %d) ended (%s)", upgrade.pid, ended)
 
     def _hand_over(self) -> None:
         """The successor has every group ready: it serves from now on, we retire."""

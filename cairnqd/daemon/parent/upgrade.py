@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -23,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cairnqd.daemon import exitcodes
 from cairnqd.daemon.handler_probe import child_argv_prefix
+from cairnqd.daemon.parent.exits import describe_exit
 from cairnqd.daemon.parent.upgrade_link import (
     ENV_VAR,
     Inheritance,
@@ -123,8 +122,8 @@ class Upgrade:
         self.proc.returncode = code
         if self.state == "starting":
             self.fail(
-                [f"the new parent (pid {self.pid}) {describe_exit(code)} before its "
-                 "children were ready; its log lines say why"]
+                [f"the new parent (pid {self.pid}) ended ({describe_exit(code)}) before "
+                 "its children were ready; its log lines say why"]
             )  # fmt: skip
 
     def hand_over(self) -> bool:
@@ -148,26 +147,6 @@ class Upgrade:
             "groups": {name: {"ready": r, "of": n} for name, (r, n) in self.progress.items()},
             "for_s": round(time.monotonic() - self.started, 1),
         }
-
-
-_MEANINGS = {
-    exitcodes.USAGE: "a usage error",
-    exitcodes.UNAVAILABLE: "the database cannot be reached",
-    exitcodes.SOFTWARE: "an internal error",
-    exitcodes.TEMPFAIL: "it gave up",
-    exitcodes.CONFIG: "a configuration error",
-}
-
-
-def describe_exit(code: int) -> str:
-    """How a process ended, from its `Popen.returncode` (-N: killed by signal N)."""
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    meaning = _MEANINGS.get(code)
-    return f"exited with code {code}" + (f" ({meaning})" if meaning else "")
 
 
 def start_successor(
