@@ -25,6 +25,7 @@ from cairnqd.store.arguments import SubmitRequest
 from cairnqd.store.base import TaskStore
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.leadership import LeaderLock
+from cairnqd.store.reachability import is_unreachable
 from cairnqd.store.tables.schedules import ScheduleRow, ScheduleTable, host_label, rule_of, slot_key
 
 if TYPE_CHECKING:
@@ -101,6 +102,8 @@ class Scheduler:
         self._serving: concurrent.futures.Future[None] | None = None
         self._wake: asyncio.Event | None = None
         self._problem: str | None = None
+        #: While the database cannot be reached: since when, and failed passes not logged.
+        self._outage: tuple[float, int] | None = None
         self._marked_at = 0.0
         self._first_seen: dict[str, float] = {}
         self._failures: dict[str, str] = {}
@@ -165,6 +168,7 @@ class Scheduler:
                 try:
                     delay = await self.run_once()
                     self._problem = None
+                    self._answered()
                 except Exception as exc:
                     delay = _ERROR_BACKOFF_S
                     self._count_db_error(exc)
@@ -174,10 +178,38 @@ class Scheduler:
             await self.aclose()
 
     def _count_db_error(self, exc: BaseException) -> None:
+        """Counted every time; logged once per outage when the database cannot be
+        reached (a pass a second would otherwise log a line a second), always when it
+        answered with an error."""
         kind = db_error_kind(exc)
         self._metrics.db_error("scheduler", kind)
-        log.warning("scheduler pass failed (%s): %s", kind, exc or type(exc).__name__)
         self._problem = f"scheduler: pass failed ({kind}): {exc or type(exc).__name__}"
+        if not is_unreachable(exc):
+            log.warning("scheduler pass failed (%s): %s", kind, exc or type(exc).__name__)
+            return
+        if self._outage is None:
+            self._outage = (time.monotonic(), 0)
+            log.warning(
+                "scheduler pass failed (%s): %s; retrying every %gs, quietly until the "
+                "database answers",
+                kind, exc or type(exc).__name__, _ERROR_BACKOFF_S,
+            )  # fmt: skip
+            return
+        self._outage = (self._outage[0], self._outage[1] + 1)
+        log.debug("scheduler pass failed (%s): %s", kind, exc or type(exc).__name__)
+
+    def _answered(self) -> None:
+        """A pass went through: an outage logged is over; say how long it lasted. A
+        pass with nothing to do (paused, no schedules) proves nothing: it asked nobody."""
+        if self._outage is None or self._paused.is_set() or not self._config.schedules:
+            return
+        began, quiet = self._outage
+        self._outage = None
+        log.info(
+            "scheduler: the database answers again after %.0fs (%d more failed passes "
+            "not logged)",
+            time.monotonic() - began, quiet,
+        )  # fmt: skip
 
     async def run_once(self) -> float:
         """One pass; returns how long to sleep before the next."""
