@@ -8,8 +8,10 @@ The whole upgrade, with real processes, is tests/daemon/test_upgrade.py.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
+import time
 import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -24,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from cairnqd.daemon.listening import AlreadyBound, adopt, serve_on
 from cairnqd.daemon.parent.statefile import StateFile, StateFileError, initial_state
 from cairnqd.daemon.parent.succession import Succession
+from cairnqd.daemon.parent.upgrade import Relaunch, Upgrade
 from cairnqd.daemon.parent.upgrade_link import (
     ENV_VAR,
     LINK_VERSION,
@@ -297,3 +300,77 @@ class SuccessionMachine(RuleBasedStateMachine):
 
 TestSuccession = SuccessionMachine.TestCase
 TestSuccession.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class _FakeProc:
+    """The successor's process as `Upgrade` sees it: a pid and a return code."""
+
+    def __init__(self) -> None:
+        self.pid = 4242
+        self.returncode: int | None = None
+
+
+def test_the_running_parent_follows_its_successor_from_hello_to_handover() -> None:
+    ours, theirs = socket.socketpair()
+    upgrade = Upgrade(cast(Any, _FakeProc()), ours.detach(), time.monotonic())
+    try:
+        for message in (
+            LinkMessage("hello", {"version": "9.9.9", "pipe_protocol": 3, "generation": 4}),
+            LinkMessage("progress", {"group": "a", "ready": 1, "of": 2}),
+            LinkMessage("ready"),
+        ):
+            theirs.sendall(message.encode())
+        theirs.sendall(b"not json\n")  # logged and skipped, not fatal
+        kinds = [m.kind for m in wait_read(upgrade, 3)]
+        assert kinds == ["hello", "progress", "ready"]
+        assert (upgrade.version, upgrade.pipe_protocol, upgrade.generation) == ("9.9.9", 3, 4)
+        assert upgrade.state == "handing_over"
+        assert upgrade.describe()["groups"] == {"a": {"ready": 1, "of": 2}}
+        assert upgrade.hand_over() and upgrade.state == "handed_over"
+        assert LinkMessage.decode(theirs.recv(100).strip()).kind == "yours"
+        upgrade.exited(0)  # the successor's exit after the handover fails nothing
+        assert upgrade.state == "handed_over" and not upgrade.active
+    finally:
+        upgrade.close_link()
+        theirs.close()
+
+
+def test_a_successor_that_aborts_or_dies_fails_the_upgrade_with_its_reasons() -> None:
+    ours, theirs = socket.socketpair()
+    upgrade = Upgrade(cast(Any, _FakeProc()), ours.detach(), time.monotonic())
+    theirs.sendall(LinkMessage("abort", {"errors": ["group a cannot start"]}).encode())
+    wait_read(upgrade, 1)
+    assert upgrade.state == "failed" and upgrade.errors == ["group a cannot start"]
+    upgrade.fail(["a later reason"])  # the first failure's reasons stand
+    assert upgrade.errors == ["group a cannot start"]
+    upgrade.close_link()
+    theirs.close()
+
+    dying = Upgrade(cast(Any, _FakeProc()), os.open(os.devnull, os.O_RDONLY), time.monotonic())
+    dying.exited(-9)
+    assert dying.state == "failed" and not dying.active
+    assert "ended (signal SIGKILL) before its children were ready" in dying.errors[0]
+    dying.close_link()
+
+
+def wait_read(upgrade: Upgrade, count: int) -> list[LinkMessage]:
+    """The successor's messages, read as the supervisor's selector would deliver them."""
+    got: list[LinkMessage] = []
+    deadline = time.monotonic() + 10
+    while len(got) < count and time.monotonic() < deadline:
+        select.select([upgrade.link_fd], [], [], 1.0)
+        got += upgrade.read()
+    return got
+
+
+def test_a_relaunch_keeps_the_config_and_the_log_level() -> None:
+    argv = Relaunch("/etc/cairnq/cairnq.yaml", "debug").argv()
+    assert argv[-6:] == [
+        "cairnqd.cli",
+        "-c",
+        "/etc/cairnq/cairnq.yaml",
+        "--log-level",
+        "debug",
+        "run",
+    ]
+    assert "-P" in argv
