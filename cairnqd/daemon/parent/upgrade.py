@@ -69,7 +69,6 @@ class Upgrade:
         self.errors: list[str] = []
         #: Groups the successor reported ready, of how many.
         self.progress: dict[str, tuple[int, int]] = {}
-        self.exit_code: int | None = None
 
     @property
     def pid(self) -> int:
@@ -78,7 +77,7 @@ class Upgrade:
     @property
     def active(self) -> bool:
         """The successor's process has not been reaped."""
-        return self.exit_code is None
+        return self.proc.returncode is None
 
     def read(self) -> list[LinkMessage]:
         """The successor's messages now readable; a closed link reads as nothing."""
@@ -118,7 +117,6 @@ class Upgrade:
         self.errors = list(errors)
 
     def exited(self, code: int) -> None:
-        self.exit_code = code
         self.proc.returncode = code
         if self.state == "starting":
             self.fail(
