@@ -138,14 +138,15 @@ def successor_pid(daemon: Any) -> int:
     return int(text.split()[0])
 
 
-def upgrade_slowly(daemon: Any, config: dict[str, Any]) -> int:
-    """Start an upgrade whose group `a` takes a second to boot (a window to interfere
-    in), without waiting for it; returns the new parent's pid once it runs."""
+def upgrade_slowly(daemon: Any, config: dict[str, Any], until: str = "taking over from pid") -> int:
+    """Start an upgrade whose group `a` takes a second to import, in the new parent's
+    preflight and again in each child (a window to interfere in), without waiting for
+    it; returns the new parent's pid once the log says `until`."""
     config["groups"]["a"]["handlers"] = [SLOW_BOOT]
     daemon.write_config(config)
     sent = daemon.cli("upgrade")
     assert sent.returncode == 0 and "sent URG" in sent.stdout
-    wait_for("the new parent to start", lambda: "taking over from pid" in daemon.output())
+    wait_for("the new parent to start", lambda: until in daemon.output())
     return successor_pid(daemon)
 
 
@@ -322,7 +323,10 @@ def test_a_successor_killed_while_it_starts_fails_the_upgrade_and_nothing_else(
 ) -> None:
     daemon = daemon_factory(upgrade_config(tmp_path, "sqlite", sqlite_path)).start()
     children = set(daemon.children())
-    successor = upgrade_slowly(daemon, upgrade_config(tmp_path, "sqlite", sqlite_path))
+    # Killed as soon as it is spawned: its preflight and its children's boot (a second
+    # each) are still ahead of it, however slow the machine.
+    config = upgrade_config(tmp_path, "sqlite", sqlite_path)
+    successor = upgrade_slowly(daemon, config, until="started the installed cairnqd as pid")
     os.kill(successor, signal.SIGKILL)
     wait_for("the failure", lambda: "ended (signal SIGKILL)" in daemon.output())
     state = daemon.state()
