@@ -10,13 +10,16 @@ import asyncio
 import builtins
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairnqd.errors import TaskCanceled, TaskFailed, TaskTimeout
 from cairnqd.models import Task, TaskDef, TaskRef, task_name
 from cairnqd.retention import Retention, RetentionSweeper
 from cairnqd.store.base import TaskStore
 from cairnqd.store.callers import complete_now, is_async_shape
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
 
 
 class CairnQ:
@@ -46,7 +49,7 @@ class CairnQ:
     @classmethod
     def postgres(
         cls,
-        source: str,
+        source: str | AsyncConnectionPool[Any],
         *,
         min_size: int = 1,
         max_size: int = 10,
@@ -55,6 +58,10 @@ class CairnQ:
         direct_dsn: str | None = None,
         **client_kwargs: Any,
     ) -> CairnQ:
+        """`source`: a libpq DSN (the store opens and closes a pool of its own), or a
+        psycopg_pool `AsyncConnectionPool` your application owns: the store borrows
+        its connections, hands each back as it came, and never opens or closes it
+        (docs/transactions.md, "Sharing your connection pool")."""
         from cairnqd.store.postgres import PostgresStore
 
         store = PostgresStore(

@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from cairnqd._ids import new_task_ids
 from cairnqd._jsoncodec import dump_json, load_json_or_marker
-from cairnqd._protocol import on_demand, statement
+from cairnqd._protocol import Statement, on_demand, statement
 from cairnqd.config import redact_dsn
 from cairnqd.errors import (
     DatabaseUnavailable,
@@ -39,6 +39,7 @@ from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.executor import UserWrite
 from cairnqd.store.migrate import check_protocol_version
 from cairnqd.store.postgres.bulk import STREAM_FROM, stream_tasks
+from cairnqd.store.postgres.callerpool import CallerPool, caller_pool, check_open, lent, pool_dsn
 from cairnqd.store.postgres.callertx import (
     Identity,
     caller_session,
@@ -80,7 +81,7 @@ class PostgresStore(TaskStore):
 
     def __init__(
         self,
-        dsn: str,
+        dsn: str | CallerPool,
         *,
         min_size: int = 1,
         max_size: int = 10,
@@ -104,8 +105,21 @@ class PostgresStore(TaskStore):
         "session" or "transaction" mode. `direct_dsn`: behind a pooler, a DSN that
         reaches Postgres directly, used for LISTEN, leadership and migrations.
         `relayed`: queued-work wake-ups come from `relay_wake` (a daemon child's
-        parent passes them on) instead of a LISTEN of this store's own."""
-        super().__init__(clock=clock, describe=f"Postgres store {redact_dsn(dsn)}")
+        parent passes them on) instead of a LISTEN of this store's own.
+
+        `dsn` may instead be a psycopg_pool `AsyncConnectionPool` the caller owns: the
+        store borrows its connections and never opens or closes it; its own sessions
+        are opened from the pool's connection parameters (callerpool.py)."""
+        #: The caller's pool, when one was given: used, never opened or closed here.
+        self._provided = caller_pool(dsn)
+        if self._provided is not None:
+            given = self._provided.conninfo
+            dsn = given if isinstance(given, str) else ""
+            describe = f"Postgres store on your pool {self._provided.name!r} {redact_dsn(dsn)}"
+        else:
+            assert isinstance(dsn, str)
+            describe = f"Postgres store {redact_dsn(dsn)}"
+        super().__init__(clock=clock, describe=describe.rstrip())
         self.pooler = check_pooler(pooler)
         if schema is not None and pooler == "transaction":
             raise ValueError(
@@ -123,34 +137,16 @@ class PostgresStore(TaskStore):
             raise ValueError(f"schema must match {_SCHEMA_NAME.pattern}, got {schema!r}")
         if min_size < 1 or max_size < min_size:
             raise ValueError(f"need 1 <= min_size <= max_size, got {min_size}, {max_size}")
-        self.dsn = dsn
-        # What the connections are opened with: the DSN plus our session settings.
-        self.conninfo = session_conninfo(
-            dsn,
-            statement_timeout_ms=statement_timeout_ms,
-            connect_timeout_s=connect_timeout_s,
-            pooler=pooler,
-        )
-        self._connect_kwargs = connect_kwargs(pooler)
-        # Behind a pooler the statement timeout is set per transaction (SET LOCAL).
-        self._local_timeout_ms = statement_timeout_ms if pooler != "none" else None
-        # Where sessions of our own go (LISTEN, session locks, migrations): the direct
-        # DSN, else the pooled one unless a transaction pooler would lose their state.
-        self.session_conninfo: str | None = None
-        self._session_kwargs: dict[str, Any] = {}
-        if direct_dsn is not None:
-            self.session_conninfo = session_conninfo(
-                direct_dsn,
-                statement_timeout_ms=statement_timeout_ms,
-                connect_timeout_s=connect_timeout_s,
-            )
-        elif pooler != "transaction":
-            self.session_conninfo = self.conninfo
-            self._session_kwargs = self._connect_kwargs
+        self.statement_timeout_ms = statement_timeout_ms
+        self.connect_timeout_s = connect_timeout_s
+        self._address(dsn)
+        # Behind a pooler, or on the caller's connections (whose session settings are
+        # theirs), the statement timeout is set per transaction (SET LOCAL).
+        local = pooler != "none" or self._provided is not None
+        self._local_timeout_ms = statement_timeout_ms if local else None
         self.schema = schema
         self.min_size = min_size
         self.max_size = max_size
-        self.connect_timeout_s = connect_timeout_s
         if call_timeout_s is not None and call_timeout_s <= 0:
             raise ValueError(f"call_timeout_s must be positive or None, got {call_timeout_s}")
         self.call_timeout_s = call_timeout_s
@@ -179,6 +175,31 @@ class PostgresStore(TaskStore):
         self._lent_to_writes: weakref.WeakSet[AsyncConn] = weakref.WeakSet()
 
     # -- connect / close ---------------------------------------------------------------
+
+    def _address(self, dsn: str, **options: Any) -> None:
+        """Where the store's connections go: `dsn` plus our session settings, and
+        where sessions of our own go (LISTEN, session locks, migrations): the direct
+        DSN, else the pooled one unless a transaction pooler would lose their state.
+        `options`: connection options beyond the pooler's (a caller's pool's)."""
+        self.dsn = dsn
+        self.conninfo = session_conninfo(
+            dsn,
+            statement_timeout_ms=self.statement_timeout_ms,
+            connect_timeout_s=self.connect_timeout_s,
+            pooler=self.pooler,
+        )
+        self._connect_kwargs = {**connect_kwargs(self.pooler), **options}
+        self.session_conninfo: str | None = None
+        self._session_kwargs: dict[str, Any] = {}
+        if self.direct_dsn is not None:
+            self.session_conninfo = session_conninfo(
+                self.direct_dsn,
+                statement_timeout_ms=self.statement_timeout_ms,
+                connect_timeout_s=self.connect_timeout_s,
+            )
+        elif self.pooler != "transaction":
+            self.session_conninfo = self.conninfo
+            self._session_kwargs = self._connect_kwargs
 
     async def _configure(self, conn: AsyncConn) -> None:
         # The stdlib's json.loads spends a good part of a small document's decode on
@@ -227,6 +248,10 @@ class PostgresStore(TaskStore):
             await self._opener.run(self._connect_now)
 
     async def _connect_now(self) -> None:
+        if self._provided is not None:
+            check_open(self._provided)
+            conninfo, options = await pool_dsn(self._provided)
+            self._address(conninfo, **options)
         async with await self.dedicated_connection(direct=True) as conn:
             await self._check_installation(conn)
             if self.migrate:
@@ -241,6 +266,13 @@ class PostgresStore(TaskStore):
             probe = await conn.execute("""select '"cairnq"'::jsonb as probe""")
             row = await probe.fetchone()
             self.json_is_text = row is not None and row["probe"] == '"cairnq"'
+        if self._provided is not None:
+            # The caller's connections must reach the installation just checked.
+            async with lent(self._provided) as conn:
+                await self._check_installation(conn)
+            self._pool = self._provided
+            self._opened()
+            return
         pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
             self.conninfo,
             min_size=self.min_size,
@@ -299,7 +331,7 @@ class PostgresStore(TaskStore):
         if self._relay is not None:
             await self._relay.stop()
         pool, self._pool = self._pool, None
-        if pool is not None:
+        if pool is not None and pool is not self._provided:
             await pool.close()
 
     async def _pool_now(self) -> AsyncConnectionPool[AsyncConn]:
@@ -309,6 +341,12 @@ class PostgresStore(TaskStore):
         return self._pool
 
     # -- primitives --------------------------------------------------------------------
+
+    async def _connection(self) -> AbstractAsyncContextManager[AsyncConn]:
+        """A connection of the pool, opened first when needed: ours as it is, or the
+        caller's set up for the store while it is lent (callerpool.py)."""
+        pool = await self._pool_now()
+        return pool.connection() if self._provided is None else lent(self._provided)
 
     @asynccontextmanager
     async def _borrow(self) -> AsyncIterator[AsyncConn]:
@@ -324,8 +362,7 @@ class PostgresStore(TaskStore):
         began = time.monotonic()
         try:
             with self._operation():
-                pool = await self._pool_now()
-                async with pool.connection() as conn:
+                async with await self._connection() as conn:
                     try:
                         async with asyncio.timeout(self.call_timeout_s):
                             yield conn
@@ -570,8 +607,7 @@ class PostgresStore(TaskStore):
         No call deadline here: how long the caller's own writes may take is theirs to
         say (the connection's keepalives still catch a dead peer)."""
         with self._operation():
-            pool = await self._pool_now()
-            async with pool.connection() as conn, conn.transaction():
+            async with await self._connection() as conn, conn.transaction():
                 return await self._complete_in(conn, task_id, worker_id, write)
 
     async def _complete_in(
@@ -692,6 +728,9 @@ class _PgSession:
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
         return await run(self.connection, statement("postgres", op, supplied), params, self._clock)
+
+    async def fetch_statement(self, stmt: Statement, params: Params) -> list[Row]:
+        return await run(self.connection, stmt, params, self._clock)
 
 
 class UserSession:
