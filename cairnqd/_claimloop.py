@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
 from cairnqd._calls import Call, CallRunner
@@ -175,6 +176,9 @@ class ClaimLoop:
         if self.pauses is not None:
             queues = [q for q in queues if q not in self.pauses.paused]
             wait_ms = self.pauses.wait_cap_ms(wait_ms)
+        room_ms = self._store.room_wait_ms(time.monotonic())
+        if room_ms is not None:
+            wait_ms = min(wait_ms, room_ms)  # a limit held work back: look again then
         wake = asyncio.ensure_future(
             self._store.claim_wake(queues, wait_ms) if queues else asyncio.sleep(wait_ms / 1000)
         )

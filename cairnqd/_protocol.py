@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -118,6 +119,22 @@ def statement(dialect: Dialect, name: str, supplied: frozenset[str] = frozenset(
     # Postgres reads `?` as a jsonb operator; only SQLite's statements mean a placeholder.
     row_width = sql.count("?") if dialect == "sqlite" and not params else 0
     return Statement(name=name, text=text, params=params, row_width=row_width)
+
+
+def composed(dialect: Dialect, name: str, parts: Mapping[str, str]) -> Statement:
+    """Statement `name` with each `{part}` its text holds replaced by `parts[part]`:
+    for the few statements whose shape follows the caller's configuration (a limited
+    claim's partitions and exclusions). What is put in must be SQL the caller built
+    from checked names; values still travel as `:name` parameters."""
+    sql = raw_sql(dialect, name)
+    for part, text in parts.items():
+        marker = "{" + part + "}"
+        if marker not in sql:
+            raise ValueError(f"statement {name!r} has no {marker} to fill")
+        sql = sql.replace(marker, text)
+    params = tuple(dict.fromkeys(_PARAM.findall(sql)))
+    text = to_psycopg(sql) if dialect == "postgres" else sql
+    return Statement(name=name, text=text, params=params)
 
 
 @functools.lru_cache(maxsize=64)

@@ -12,7 +12,7 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairnqd._calls import CallRunner
 from cairnqd._claimloop import ClaimLoop
@@ -30,8 +30,12 @@ from cairnqd._leaseguard import LeaseGuard, OverrunHook
 from cairnqd._pauses import PausedQueues
 from cairnqd._prefetch import PrefetchSetting, PrefetchSizer
 from cairnqd._settlement import Settlement, backoff_delay_ms
+from cairnqd.limits import Limit, parse_limits
 from cairnqd.models import TaskDef, task_name
 from cairnqd.store.base import TaskStore
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
 
 __all__ = [
     "Handler",
@@ -63,6 +67,7 @@ class Worker:
         on_error: OnError | None = None,
         prefetch: PrefetchSetting = "auto",
         honour_pauses: bool = False,
+        limits: Mapping[str, Any] | Sequence[Limit] | None = None,
     ) -> None:
         """`prefetch` (cairnqd only): how many tasks to claim beyond the free call
         slots, for handlers without `batch` or `resource`. They wait in the worker with
@@ -74,7 +79,11 @@ class Worker:
 
         `honour_pauses` (cairnqd only): skip queues an operator paused with `cairnqd
         pause` (read about twice a second, `_pauses`). Off by default, so a bare worker
-        claims as the public SDK does; every daemon child turns it on."""
+        claims as the public SDK does; every daemon child turns it on.
+
+        `limits` (cairnqd only): flow-control limits this worker's claims keep, shared
+        with every cairnqd worker on the database: `{name: {queues, names, concurrency,
+        rate, partition_by}}` as in the daemon's `limits:` section (docs/limits.md)."""
         if isinstance(queues, str):
             queues = [queues]
         self.queues = list(queues)
@@ -104,6 +113,9 @@ class Worker:
         self.prefetch = prefetch_sizer.setting
         if max_queue_depth is not None:
             store.use_backpressure(max_queue_depth, max_queue_wait_ms=max_queue_wait_ms)
+        self.limits = parse_limits(limits)
+        if self.limits:
+            store.use_limits(self.limits)
         self._handlers: dict[str, RegisteredHandler] = {}
         self._owns_store = False
         self._executor: ThreadPoolExecutor | None = None
@@ -241,7 +253,7 @@ class Worker:
     @classmethod
     def postgres(
         cls,
-        source: str,
+        source: str | AsyncConnectionPool[Any],
         *,
         queues: Sequence[str] = ("default",),
         concurrency: int = 1,

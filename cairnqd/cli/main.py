@@ -29,6 +29,7 @@ from cairnqd.cli import bulk as cli_bulk
 from cairnqd.cli import check as cli_check
 from cairnqd.cli import fleet as cli_fleet
 from cairnqd.cli import init as cli_init
+from cairnqd.cli import limits as cli_limits
 from cairnqd.cli import purge as cli_purge
 from cairnqd.cli import queues as cli_queues
 from cairnqd.cli import schedules as cli_schedules
@@ -563,6 +564,7 @@ COMMANDS: tuple[Register, ...] = (
     cli_purge.add_parser,
     cli_queues.add_parsers,
     cli_fleet.add_parser,
+    cli_limits.add_parser,
     cli_status.add_parsers,
     cli_top.add_parsers,
     cli_schedules.add_parsers,

@@ -17,6 +17,7 @@ from cairnqd.config.sections import (
     DashboardConfig,
     DatabaseConfig,
     GroupConfig,
+    LimitConfig,
     LoggingConfig,
     MetricsConfig,
     ReaperConfig,
@@ -34,6 +35,7 @@ class Config:
     handlers: tuple[str, ...]
     groups: Mapping[str, GroupConfig]
     schedules: Mapping[str, ScheduleConfig]
+    limits: Mapping[str, LimitConfig]
     shutdown_timeout: timedelta
     metrics: MetricsConfig
     dashboard: DashboardConfig

@@ -41,6 +41,7 @@ from cairnqd.config.kinds import (
     VersionKind,
     show_node,
 )
+from cairnqd.config.limit_kinds import NAME_GLOB, FieldKind, RateKind, finish_limit
 from cairnqd.config.schedule_kinds import (
     CronKind,
     MisfireKind,
@@ -52,6 +53,7 @@ from cairnqd.config.sections import (
     DashboardConfig,
     DatabaseConfig,
     GroupConfig,
+    LimitConfig,
     LoggingConfig,
     MetricsConfig,
     PurgeRule,
@@ -62,6 +64,7 @@ from cairnqd.config.sections import (
     SupervisorConfig,
 )
 from cairnqd.config.yamlload import YamlMapping, YamlNode, YamlPath, YamlScalar, YamlSequence
+from cairnqd.limits import MAX_CAPACITY
 
 
 class Reload(enum.Enum):
@@ -213,6 +216,9 @@ _EXAMPLE_SCHEDULES = {
         "cron": "0 3 * * *", "every": "1h", "timezone": "Europe/Berlin",
     },
 }  # fmt: skip
+_EXAMPLE_LIMITS = {
+    "smtp": {"queues": ["email"], "concurrency": 3, "rate": "100/10s"},
+}
 _EXAMPLE_GROUPS = {
     "default": {"queues": ["default"]},
     "slow": {"queues": ["slow"], "concurrency": 2, "lease": "1m", "max_run": "30s"},
@@ -341,6 +347,25 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("schedules.*.enabled", BoolKind(), True, _H,
             "false keeps the schedule configured but never fires it."),
     # -- end of schedules --
+    # -- limits: flow control across hosts (docs/limits.md) --
+    Setting("limits", GroupsKind(LimitConfig, finish_limit, noun="limit", required=False), {},
+            None, example=_EXAMPLE_LIMITS, doc=
+            "Flow-control limits, by name (^[a-z][a-z0-9_-]*$): how many of the tasks "
+            "each covers may execute at once and how often they may start, across every "
+            "cairnqd worker on the database (docs/limits.md)."),
+    Setting("limits.*.queues", ListKind(_QUEUE, non_empty=True), None, _L, nullable=True, doc=
+            "The queues whose tasks it covers; with names, a task must match both."),
+    Setting("limits.*.names", ListKind(NAME_GLOB, non_empty=True), None, _L, nullable=True,
+            doc=
+            "Task names (globs with * and ?) it covers; set queues, names, or both."),
+    Setting("limits.*.concurrency", IntKind(1, MAX_CAPACITY), None, _L, nullable=True, doc=
+            "At most this many of its tasks claimed and not yet settled at once."),
+    Setting("limits.*.rate", RateKind(), None, _L, nullable=True, doc=
+            "At most COUNT starts in any window of DURATION, e.g. 100/10s."),
+    Setting("limits.*.partition_by", FieldKind(), None, _L, nullable=True, doc=
+            "A payload field (payload.tenant): each of its values gets a budget of its "
+            "own; tasks without it share the partition (none)."),
+    # -- end of limits --
     Setting("shutdown_timeout", DurationKind(), "30s", _H,
             "On TERM, how long children may finish in-flight tasks before they are stopped "
             "and their tasks handed back."),

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from cairnqd.config.units import format_duration
+from cairnqd.limits import Limit, parse_limit
 from cairnqd.schedules import CronSlots, EverySlots, Misfire, Slots
 
 
@@ -199,3 +200,31 @@ class ScheduleConfig:
         if self.every is not None:
             return f"every {format_duration(self.every)}"
         return f"cron {self.cron} {self.timezone or 'UTC'}"
+
+
+# -- limits (flow control; docs/limits.md) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LimitConfig:
+    #: The limit's name: its key under `limits:`.
+    name: str
+    queues: tuple[str, ...] | None
+    names: tuple[str, ...] | None
+    concurrency: int | None
+    #: COUNT/DURATION, checked by `cairnqd.limits.parse_rate`.
+    rate: str | None
+    #: A payload field's dotted path, checked by `cairnqd.limits.parse_field`.
+    partition_by: str | None
+
+    def spec(self) -> dict[str, Any]:
+        """The keys that are set, as `Worker(limits={name: spec})` takes them."""
+        return {
+            key: list(value) if isinstance(value, tuple) else value
+            for key in ("queues", "names", "concurrency", "rate", "partition_by")
+            if (value := getattr(self, key)) is not None
+        }
+
+    def limit(self) -> Limit:
+        """The limit the workers keep."""
+        return parse_limit(self.name, self.spec())

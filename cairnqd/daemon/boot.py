@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from cairnqd.config import Config, DatabaseConfig, GroupConfig, to_ms
@@ -78,6 +78,9 @@ class Boot:
     #: The config's `python_path`, absolute: put first on sys.path before the handlers
     #: are imported (`handler_probe.use_python_path`), as `cairnqd check` does.
     python_path: tuple[str, ...]
+    #: The config's `limits:`, as `Worker(limits=...)` takes them: every child keeps
+    #: every limit (one that covers no queue of its group never comes into play).
+    limits: Mapping[str, Any] = field(default_factory=dict)
 
 
 def boot_for(
@@ -104,7 +107,13 @@ def boot_for(
         database=_database(config),
         group_config=_worker_settings(group),
         python_path=config.python_path,
+        limits=limit_specs(config),
     )
+
+
+def limit_specs(config: Config) -> dict[str, Any]:
+    """`limits:` as plain data for the wire: each limit's keys that are set."""
+    return {name: limit.spec() for name, limit in config.limits.items()}
 
 
 def heartbeat_interval_s(config: Config, group: GroupConfig) -> float:

@@ -70,7 +70,10 @@ from cairnqd.store.tables.pauses import QueuePauses
 from cairnqd.store.tables.reports import DaemonReports
 
 if TYPE_CHECKING:
+    from cairnqd.limits import Limit
     from cairnqd.store.backpressure import QueueDepthGate
+    from cairnqd.store.limits import LimitedClaims
+    from cairnqd.store.tables.limits import LimitTable
 
 T = TypeVar("T")
 
@@ -230,6 +233,9 @@ class TaskStore(ABC):
         self.clock = clock
         self.now_ms: Clock = clock if clock is not None else wall_clock_ms
         self._gate: QueueDepthGate | None = None
+        #: Flow-control limits this store's claims keep (store/limits.py); None: the
+        #: protocol's claim statements, as they are.
+        self.limited: LimitedClaims | None = None
         self._retention: Sweeper | None = None
         self._claim_recovered_at = -math.inf
         #: Rows claims took and could not decode, each failed at once without running
@@ -327,6 +333,19 @@ class TaskStore(ABC):
         from cairnqd.store.backpressure import QueueDepthGate
 
         self._gate = QueueDepthGate(self, max_queue_depth, max_queue_wait_ms=max_queue_wait_ms)
+
+    def use_limits(self, limits: Sequence[Limit]) -> None:
+        """Claim only tasks whose flow-control limits have room (docs/limits.md); an
+        empty sequence goes back to the protocol's claim statements."""
+        from cairnqd.store.limits import LimitedClaims
+
+        self.limited = LimitedClaims(self.dialect, limits) if limits else None
+
+    def room_wait_ms(self, now: float) -> int | None:
+        """How long (ms, from monotonic `now`) until the last claim's limits may have
+        room again; None when no limit held that claim back."""
+        at = None if self.limited is None else self.limited.room_at
+        return None if at is None else max(1, int((at - now) * 1000))
 
     def use_retention(self, sweeper: Sweeper) -> None:
         """Run `sweeper` for as long as the store is open (see `_opened`, `_closing`)."""
@@ -710,6 +729,13 @@ class TaskStore(ABC):
         return DaemonReports(self.executor)
 
     @functools.cached_property
+    def limit_table(self) -> LimitTable:
+        """What the flow-control limits hold now, and the operator's overrides."""
+        from cairnqd.store.tables.limits import LimitTable
+
+        return LimitTable(self.executor)
+
+    @functools.cached_property
     def fleet(self) -> FleetRegistry:
         """The daemons on this database, their versions and the features they honour."""
         return FleetRegistry(self.executor)
@@ -838,18 +864,24 @@ class TaskStore(ABC):
             await self._recover_in(session)
             recovered = True
 
+        limited = self.limited
+
+        async def take(draw_names: Sequence[str] | None, limit: int) -> list[Row]:
+            if limited is not None:
+                return await limited.draw(session, queues, draw_names, limit, base)
+            op, params = claim_variant(queues, draw_names)
+            return await session.fetch(op, {**base, **params, "limit": limit})
+
         async def draw(draw_names: Sequence[str] | None, limit: int) -> list[Row]:
             nonlocal recovered
             if limit <= 0 or (draw_names is not None and len(draw_names) == 0):
                 return []
-            op, params = claim_variant(queues, draw_names)
-            rows = await session.fetch(op, {**base, **params, "limit": limit})
+            rows = await take(draw_names, limit)
             if len(rows) < limit and not recovered:
                 # Short of work: tasks with expired leases may be what is missing.
                 recovered = True
                 if await self._recover_in(session):
-                    more = await session.fetch(op, {**base, **params, "limit": limit - len(rows)})
-                    rows = [*rows, *more]
+                    rows = [*rows, *await take(draw_names, limit - len(rows))]
             return rows
 
         return await plan(draw), settled

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from cairnqd._protocol import Dialect
+from cairnqd._protocol import Dialect, Statement
 from cairnqd.store.arguments import Params
 
 if TYPE_CHECKING:
@@ -32,6 +32,11 @@ class Session(Protocol):
         """Run statement `op` (a protocol/ file name, `extensions/...` for ours) with
         `params`; its rows. `supplied` names the optional filters the caller bound;
         a filter left out of it is dropped from the statement."""
+        ...
+
+    async def fetch_statement(self, stmt: Statement, params: Params) -> list[Row]:
+        """Run `stmt`, a statement the caller composed from a protocol/ file
+        (`_protocol.composed`); its rows."""
         ...
 
 

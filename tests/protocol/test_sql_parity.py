@@ -98,6 +98,10 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "sqlite_autoindex_cairnqd_fleet_1",
         "cairnqd_features",
         "sqlite_autoindex_cairnqd_features_1",
+        "cairnqd_limit_slots",
+        "sqlite_autoindex_cairnqd_limit_slots_1",
+        "cairnqd_limit_overrides",
+        "sqlite_autoindex_cairnqd_limit_overrides_1",
     }
     assert sqlite_ledger(ours, "cairnqd_migrations") == {
         "cairnqd_0001_task_keys_task_idx.sql",
@@ -106,6 +110,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_0004_dashboard.sql",
         "cairnqd_0006_dashboard_indexes_on_demand.sql",
         "cairnqd_0007_fleet.sql",
+        "cairnqd_0008_limits.sql",
     }
 
 
@@ -134,6 +139,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0005_leases.sql",
             "cairnqd_0006_dashboard_indexes_on_demand.sql",
             "cairnqd_0007_fleet.sql",
+            "cairnqd_0008_limits.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
@@ -147,6 +153,8 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_leases_pkey",
             "cairnqd_fleet_pkey",
             "cairnqd_features_pkey",
+            "cairnqd_limit_slots_pkey",
+            "cairnqd_limit_overrides_pkey",
         }
 
 

@@ -140,6 +140,7 @@ def test_schema_matches_the_dataclasses() -> None:
         "Config": {"source", "warnings"},
         "GroupConfig": {"name"},
         "ScheduleConfig": {"schedule"},
+        "LimitConfig": {"name"},
         "DashboardConfig": {"token"},
     }
     sections: dict[str, type] = {"": Config}

@@ -245,6 +245,7 @@ class Child:
             on_error=self._on_error,
             # A daemon child honours `cairnqd pause --queue`, on every host.
             honour_pauses=True,
+            limits=dict(self.boot.limits) or None,
         )
         for spec in handlers.values():
             worker.register(spec.name, spec.fn, batch=spec.batch, resource=spec.resource)

@@ -58,7 +58,18 @@ class MaxRunFailure:
         return f"max_run failure of task {self.task_id}"
 
 
-Job = HandBack | MaxRunFailure
+@dataclass
+class ClearLimitOverrides:
+    """A reload of the config: the operator's overrides of its limits end (docs/limits.md)."""
+
+    names: tuple[str, ...]
+    attempts: int = 0
+
+    def describe(self) -> str:
+        return f"clearing the overrides of limits {', '.join(self.names)}"
+
+
+Job = HandBack | MaxRunFailure | ClearLimitOverrides
 
 
 class JobQueue:

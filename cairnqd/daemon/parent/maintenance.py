@@ -148,8 +148,11 @@ class Maintenance:
 
     def reconfigure(self, config: Config) -> None:
         """Apply parent-hot `retention.*` and `reaper.*`: rules and batch sizes from the
-        next sweep, new intervals once the current wait has run out."""
+        next sweep, new intervals once the current wait has run out. A reload also ends
+        the operator's overrides of the config's limits (`cairnqd limits set`)."""
         self._config = config
+        if config.limits:
+            self._enqueue(handback.ClearLimitOverrides(tuple(config.limits)))
         self._thread.call_soon(self._set_wake)
 
     def database_problem(self) -> str | None:
@@ -248,6 +251,8 @@ class Maintenance:
             try:
                 if isinstance(job, HandBack):
                     await self.release_worker(job.worker_id, job.reason, job.unstarted)
+                elif isinstance(job, handback.ClearLimitOverrides):
+                    await self.clear_limit_overrides(job.names)
                 else:
                     await self.fail_max_run(job.task_id, job.worker_id, job.max_run_s, job.delay_ms)
                 self._outage.answered()
@@ -264,6 +269,14 @@ class Maintenance:
         """Hand back every task `worker_id` holds now (handback.py)."""
         store = await self._store.get()
         return await handback.release_worker(store, self._metrics, worker_id, reason, unstarted)
+
+    async def clear_limit_overrides(self, names: Sequence[str]) -> list[str]:
+        """End the operator's overrides of `names` (`cairnqd limits set`)."""
+        store = await self._store.get()
+        cleared = await store.limit_table.clear(names)
+        for name in cleared:
+            log.info("limit %s: the reload ends the operator's override; back to the config", name)
+        return cleared
 
     async def fail_max_run(
         self, task_id: str, worker_id: str, max_run_s: float, delay_ms: int = 0

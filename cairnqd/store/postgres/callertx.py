@@ -26,7 +26,7 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 
-from cairnqd._protocol import statement
+from cairnqd._protocol import Statement, statement
 from cairnqd.store.base import Clock, Params, Row
 from cairnqd.store.executor import Session, unsupported_tx
 from cairnqd.store.postgres.connect import bind
@@ -50,7 +50,9 @@ class _AsyncSession:
     async def fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
-        stmt = statement("postgres", op, supplied)
+        return await self.fetch_statement(statement("postgres", op, supplied), params)
+
+    async def fetch_statement(self, stmt: Statement, params: Params) -> list[Row]:
         async with self._conn.cursor(row_factory=dict_row) as cursor:
             await cursor.execute(stmt.text, bind(stmt, params, self._clock))
             return [] if cursor.description is None else list(await cursor.fetchall())
@@ -66,7 +68,9 @@ class _SyncSession:
     async def fetch(
         self, op: str, params: Params, supplied: frozenset[str] = frozenset()
     ) -> list[Row]:
-        stmt = statement("postgres", op, supplied)
+        return await self.fetch_statement(statement("postgres", op, supplied), params)
+
+    async def fetch_statement(self, stmt: Statement, params: Params) -> list[Row]:
         with self._conn.cursor(row_factory=dict_row) as cursor:
             cursor.execute(stmt.text, bind(stmt, params, self._clock))
             return [] if cursor.description is None else list(cursor.fetchall())

@@ -151,6 +151,9 @@ class SQLiteSession:
     ) -> list[Row]:
         return run(self._conn, statement("sqlite", op, supplied), params, self._clock)
 
+    async def fetch_statement(self, stmt: Statement, params: Params) -> list[Row]:
+        return run(self._conn, stmt, params, self._clock)
+
 
 class Backoff:
     """Jittered exponential waits for SQLITE_BUSY within a total budget.

@@ -1,0 +1,323 @@
+"""The limited claim: starting only tasks whose limits have room (docs/limits.md).
+
+A store given limits (`TaskStore.use_limits`) claims through `LimitedClaims.draw`
+instead of the protocol's claim statement. In the claim's transaction it reads the
+next claimable tasks in claim order, and for each task a limit covers takes a slot of
+every budget the task needs (`cairnqd_limit_slots`: one row per slot, per partition
+and kind); a task that got them all is claimed by id, one that did not is stepped
+over, and its budget is left out of the rest of the draw, so a full limit never holds
+up the work behind it.
+
+The count is airtight because a slot is a row: taking one locks it, and a slot is
+free or taken by its own columns alone (never by what a snapshot of another table
+says), so two claims racing for the last slot cannot both win. A concurrency slot is
+given back by whichever claim next finds its budget full: it frees the slots whose
+task no longer runs under the claim that took them, however that claim ended (settled
+by us, recovered by any worker, handed back, purged). A rate slot frees itself when
+its start leaves the window.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cairnqd._protocol import Dialect, Statement, composed
+from cairnqd.limits import NO_PARTITION, Limit, Override, like_pattern, overridden
+from cairnqd.store.arguments import Params
+from cairnqd.store.executor import Row, Session
+
+log = logging.getLogger("cairnqd.limits")
+
+#: How often a worker reads the operator's overrides (within a claim's transaction).
+OVERRIDES_EVERY_S = 0.5
+#: A taken concurrency slot's until_ms: later than any clock.
+HELD = 1 << 62
+#: How many candidates a draw reads per pass, at least and at most.
+_PASS_MIN, _PASS_MAX = 32, 512
+#: Passes a draw makes over the queue before it settles for what it found.
+_PASSES = 4
+#: How long a worker that found a concurrency budget full waits at most before it
+#: looks again (room freed by another process is not announced).
+ROOM_POLL_MS = 250
+#: Budgets whose slots this process made already (ensure once, not per claim).
+_ENSURED_MAX = 10_000
+
+
+class LimitedClaims:
+    """The limits one store enforces and the state of its claims' draws."""
+
+    def __init__(self, dialect: Dialect, limits: Sequence[Limit]) -> None:
+        self.dialect = dialect
+        #: The limits as configured, and as kept: with the operator's overrides.
+        self.configured = tuple(limits)
+        self.limits = self.configured
+        self._overrides: dict[str, Override] = {}
+        self._overrides_read_at = -math.inf
+        # Each distinct partition field, in order: its column in the draw's rows.
+        paths = dict.fromkeys(limit.partition_by for limit in self.limits if limit.partition_by)
+        self._columns = {path: f"part_{i}" for i, path in enumerate(paths)}
+        self._ensured: set[tuple[str, str, str, int]] = set()
+        self._statements: dict[tuple[tuple[str, bool], ...], Statement] = {}
+        #: When the last draw that came up short could find room again (monotonic
+        #: seconds); None when nothing it stepped over waits on a limit.
+        self.room_at: float | None = None
+
+    # -- the draw ------------------------------------------------------------------------
+
+    async def draw(
+        self,
+        session: Session,
+        queues: Sequence[str],
+        names: Sequence[str] | None,
+        limit: int,
+        base: Params,
+    ) -> list[Row]:
+        """Claim up to `limit` tasks that have room, in claim order; their rows."""
+        worker_id = str(base["worker_id"])
+        await self._read_overrides(session)
+        claimed: list[Row] = []
+        blocked: dict[tuple[str, str], Limit] = {}
+        opens: list[float] = []
+        self.room_at = None
+        for _ in range(_PASSES):
+            want = limit - len(claimed)
+            if want <= 0:
+                break
+            size = min(max(2 * want, _PASS_MIN), _PASS_MAX)
+            stmt, params = self._candidates(blocked, queues, names, size)
+            rows = await session.fetch_statement(stmt, params)
+            chosen: list[str] = []
+            for row in rows:
+                if len(chosen) == want:
+                    break
+                needs = self._needs(row)
+                if any((lim.name, part) in blocked for lim, part in needs):
+                    continue
+                full = await self._take(session, row, needs, worker_id, chosen)
+                if full is None:
+                    chosen.append(str(row["id"]))
+                    continue
+                blocked[(full[0].name, full[1])] = full[0]
+                if full[2] is not None:
+                    opens.append(full[2])
+            if chosen:
+                claimed += await session.fetch(
+                    "extensions/limit_claim_ids", {**base, "ids": chosen}
+                )
+            if len(rows) < size:
+                break  # nothing more behind these
+        if blocked and len(claimed) < limit:
+            now = time.monotonic()
+            waits = [*opens] if len(opens) == len(blocked) else [*opens, ROOM_POLL_MS]
+            self.room_at = now + max(1.0, min(waits)) / 1000
+        return claimed
+
+    async def _read_overrides(self, session: Session) -> None:
+        """Apply the operator's overrides (`cairnqd limits set`), read at most every
+        `OVERRIDES_EVERY_S` inside a claim's transaction; each change is logged."""
+        now = time.monotonic()
+        if now - self._overrides_read_at < OVERRIDES_EVERY_S:
+            return
+        self._overrides_read_at = now
+        ours = {limit.name for limit in self.configured}
+        rows = await session.fetch("extensions/limit_overrides", {})
+        found = {o.name: o for o in map(Override.from_row, rows) if o.name in ours}
+        if found == self._overrides:
+            return
+        for name in sorted(ours):
+            before, after = self._overrides.get(name), found.get(name)
+            if before == after:
+                continue
+            if after is None:
+                log.info("limit %s: the operator's override is gone; back to the config", name)
+            else:
+                log.info(
+                    "limit %s: overridden by %s%s: concurrency %s, rate %s",
+                    name,
+                    after.set_by,
+                    f" ({after.reason})" if after.reason else "",
+                    after.concurrency if after.concurrency is not None else "as configured",
+                    after.rate if after.rate is not None else "as configured",
+                )
+        self._overrides = found
+        self.limits = overridden(self.configured, found.values())
+
+    def _needs(self, row: Row) -> list[tuple[Limit, str]]:
+        """(limit, partition) of every limit that covers the task in `row`."""
+        queue, name = str(row["queue"]), str(row["name"])
+        needs = []
+        for limit in self.limits:
+            if limit.covers(queue, name):
+                part = NO_PARTITION
+                if limit.partition_by is not None:
+                    part = str(row[self._columns[limit.partition_by]])
+                needs.append((limit, part))
+        return needs
+
+    async def _take(
+        self,
+        session: Session,
+        row: Row,
+        needs: Sequence[tuple[Limit, str]],
+        worker_id: str,
+        pending: Sequence[str],
+    ) -> tuple[Limit, str, float | None] | None:
+        """Take a slot of every budget the task needs; None when all were taken.
+        Otherwise the first budget without room, after giving back what this task took,
+        with how long (ms) until a full rate budget opens again (None for concurrency)."""
+        now_ms = int(row["now_ms"])
+        took: list[Params] = []
+        for limit, part in needs:
+            for kind, capacity in limit.budgets:
+                until = HELD if kind == "concurrency" else now_ms + _window_ms(limit)
+                slot: Params = {
+                    "limit_name": limit.name,
+                    "part": part,
+                    "kind": kind,
+                    "capacity": capacity,
+                    "now_ms": now_ms,
+                }
+                taken = await self._take_slot(session, slot, row, until, worker_id, pending)
+                if taken is None:
+                    for done in took:
+                        await session.fetch("extensions/limit_slot_untake", done)
+                    opens = None
+                    if kind == "rate":
+                        opens = await self._opens_in(session, slot)
+                    return limit, part, opens
+                took.append({**slot, "slot": taken})
+        return None
+
+    async def _take_slot(
+        self,
+        session: Session,
+        slot: Params,
+        row: Row,
+        until: int,
+        worker_id: str,
+        pending: Sequence[str],
+    ) -> int | None:
+        holder = {
+            **slot,
+            "until_ms": until,
+            "task_id": row["id"],
+            "worker_id": worker_id,
+            "attempt": int(row["attempt"]) + 1,
+        }
+        got = await session.fetch("extensions/limit_slot_take", holder)
+        if got:
+            return int(got[0]["slot"])
+        again = False
+        if slot["kind"] == "concurrency":
+            # Claims that ended since the slots were taken left them taken: free those.
+            # Not the slots this claim took for tasks it has yet to claim.
+            freed = await session.fetch(
+                "extensions/limit_slots_reclaim", {**slot, "pending": [*pending, row["id"]]}
+            )
+            again = bool(freed)
+        key = (str(slot["limit_name"]), str(slot["part"]), str(slot["kind"]), int(slot["capacity"]))
+        if key not in self._ensured:
+            # The budget's slots may not exist yet (a new partition, a raised limit).
+            if len(self._ensured) >= _ENSURED_MAX:
+                self._ensured.clear()
+            await session.fetch("extensions/limit_slots_ensure", slot)
+            self._ensured.add(key)
+            again = True
+        if not again:
+            return None
+        got = await session.fetch("extensions/limit_slot_take", holder)
+        return int(got[0]["slot"]) if got else None
+
+    async def _opens_in(self, session: Session, slot: Params) -> float:
+        rows = await session.fetch("extensions/limit_rate_opens", slot)
+        opens_at = rows[0]["opens_at_ms"] if rows else None
+        if opens_at is None:
+            return float(ROOM_POLL_MS)
+        return float(max(0, int(opens_at) - int(slot["now_ms"])))
+
+    # -- the draw's statement ----------------------------------------------------------
+
+    def _candidates(
+        self,
+        blocked: Mapping[tuple[str, str], Limit],
+        queues: Sequence[str],
+        names: Sequence[str] | None,
+        size: int,
+    ) -> tuple[Statement, Params]:
+        """The draw's statement for this set of full budgets, and its parameters."""
+        ordered = sorted(blocked.items())
+        shape = tuple((key[0], limit.partition_by is not None) for key, limit in ordered)
+        params: dict[str, Any] = {
+            "queues": list(queues),
+            "names": None if names is None else list(names),
+            "limit": size,
+        }
+        stmt = self._statements.get(shape)
+        if stmt is None or len(self._statements) > 256:
+            if len(self._statements) > 256:
+                self._statements.clear()
+            stmt = self._statements[shape] = self._compose(ordered)
+        for i, ((_, part), limit) in enumerate(ordered):
+            params.update(self._cover_params(i, limit))
+            if limit.partition_by is not None:
+                params[f"x{i}_part"] = part
+        return stmt, params
+
+    def _compose(self, ordered: Sequence[tuple[tuple[str, str], Limit]]) -> Statement:
+        columns = "".join(
+            f", {self._partition_sql(path)} as {column}" for path, column in self._columns.items()
+        )
+        terms = []
+        for i, ((_, _part), limit) in enumerate(ordered):
+            term = self._cover_sql(i, limit)
+            if limit.partition_by is not None:
+                term += f" and {self._partition_sql(limit.partition_by)} = :x{i}_part"
+            terms.append(f"({term})")
+        excluded = " or ".join(terms) if terms else "false"
+        if self.dialect == "sqlite" and not terms:
+            excluded = "0"
+        return composed(
+            self.dialect,
+            "extensions/limit_candidates",
+            {"partitions": columns, "excluded": excluded},
+        )
+
+    def _partition_sql(self, path: tuple[str, ...]) -> str:
+        # Every key matched _FIELD (letters, digits, _) when the limit was parsed.
+        if self.dialect == "postgres":
+            return f"coalesce(payload #>> '{{{','.join(path)}}}', '{NO_PARTITION}')"
+        json_path = "$." + ".".join(path)
+        return (
+            f"coalesce(case when json_valid(payload) then "
+            f"cast(json_extract(payload, '{json_path}') as text) end, '{NO_PARTITION}')"
+        )
+
+    def _cover_sql(self, i: int, limit: Limit) -> str:
+        parts = []
+        if limit.queues:
+            if self.dialect == "postgres":
+                parts.append(f"queue = any(:x{i}_queues::text[])")
+            else:
+                parts.append(f"queue in (select value from json_each(:x{i}_queues))")
+        if limit.names:
+            op = "like" if self.dialect == "postgres" else "glob"
+            globs = " or ".join(f"name {op} :x{i}_name{j}" for j in range(len(limit.names)))
+            parts.append(f"({globs})")
+        return " and ".join(parts)
+
+    def _cover_params(self, i: int, limit: Limit) -> Params:
+        params: dict[str, Any] = {}
+        if limit.queues:
+            params[f"x{i}_queues"] = list(limit.queues)
+        for j, glob in enumerate(limit.names):
+            params[f"x{i}_name{j}"] = like_pattern(glob) if self.dialect == "postgres" else glob
+        return params
+
+
+def _window_ms(limit: Limit) -> int:
+    assert limit.rate is not None
+    return limit.rate.window_ms

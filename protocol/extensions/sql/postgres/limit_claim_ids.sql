@@ -1,0 +1,15 @@
+-- A limited claim takes the tasks its draw chose, by id, as claim.sql takes its own:
+-- running under this worker, the lease measured from now, the attempt counted. The
+-- draw locked them, so each is still queued.
+with clock as (
+    select (extract(epoch from clock_timestamp()) * 1000)::bigint as now_ms
+)
+update cairnq_tasks
+set status = 'running',
+    worker_id = :worker_id,
+    lease_until_ms = (select now_ms from clock) + :lease_ms,
+    attempt = attempt + 1,
+    updated_at_ms = (select now_ms from clock)
+where id = any(:ids::text[])
+  and status = 'queued'
+returning *

@@ -1,0 +1,191 @@
+"""A stateful property test of flow-control limits on a real SQLite database: whatever
+the interleaving of submits, claims by two workers, settlements, crashes, lease expiry
+and a limit lowered or raised, no claim ever starts a task past a limit.
+
+Two stores (two workers) share one database file and one simulated clock, which every
+statement reads (leases, recovery, rate windows). Hypothesis interleaves:
+
+- submits of tasks covered by a partitioned concurrency limit (a budget per tenant,
+  tasks without a tenant share "(none)"), by a rate limit, by both, or by neither;
+- claims of any size by either worker;
+- settlements (success, a failure that retries), a worker crashing (its tasks stay
+  running until their leases run out and a claim recovers them), time passing;
+- the concurrency limit changed on both workers at once.
+
+The invariants, checked at every claim:
+- concurrency: a task starts only while fewer than the limit's tasks of its partition
+  are running under a live lease (a lowered limit starts nothing until below it);
+- rate: no window of the rate's length holds more starts than its count.
+Time never runs backwards, and the Postgres half of the guarantee (two claims racing
+for the last slot) is tests/store/test_limits.py's race test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from cairnqd.errors import LostLease
+from cairnqd.limits import Limit, parse_limits
+from cairnqd.models import Task
+from cairnqd.store.sqlite import SQLiteStore
+
+LEASE_MS = 5_000
+WINDOW_MS = 1_000
+RATE = 3
+WORKERS = ("w0", "w1")
+TENANTS = ("a", "b", None)
+
+
+def limits(concurrency: int) -> tuple[Limit, ...]:
+    return parse_limits(
+        {
+            "conc": {"queues": ["q"], "concurrency": concurrency, "partition_by": "payload.t"},
+            "api": {"names": ["api*"], "rate": f"{RATE}/{WINDOW_MS}ms"},
+        }
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class LimitsModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.clock = Clock()
+        self.cap = 2
+        self.held: dict[str, list[Task]] = {w: [] for w in WORKERS}
+        self.api_starts: list[int] = []
+        self.stores: dict[str, SQLiteStore] = {}
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    @initialize(path=st.just(None))
+    def open(self, path: None) -> None:
+        folder = Path(self.run(asyncio.to_thread(_tempdir)))
+        self.folder = folder
+        for w in WORKERS:
+            store = SQLiteStore(str(folder / "model.db"), clock=self.clock)
+            self.run(store.connect())
+            store.use_limits(limits(self.cap))
+            self.stores[w] = store
+
+    def teardown(self) -> None:
+        for store in self.stores.values():
+            self.run(store.close())
+        self.loop.close()
+        if hasattr(self, "folder"):
+            _remove(self.folder)
+
+    # -- rules ---------------------------------------------------------------------------
+
+    @rule(
+        name=st.sampled_from(["plain", "api"]),
+        queue=st.sampled_from(["q", "other"]),
+        tenant=st.sampled_from(TENANTS),
+    )
+    def submit(self, name: str, queue: str, tenant: str | None) -> None:
+        payload = {} if tenant is None else {"t": tenant}
+        self.run(self.stores["w0"].submit(name=name, queue=queue, payload=payload))
+
+    @rule(worker=st.sampled_from(WORKERS), n=st.integers(1, 4))
+    def claim(self, worker: str, n: int) -> None:
+        store = self.stores[worker]
+        claimed = self.run(
+            store.claim(queues=["q", "other"], worker_id=worker, limit=n, lease_ms=LEASE_MS)
+        )
+        self.held[worker] += claimed
+        for task in claimed:
+            if task.name.startswith("api"):
+                self.api_starts.append(self.clock.now)
+        self.check_concurrency(claimed)
+        self.check_rate()
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data(), succeed=st.booleans())
+    def settle(self, data: st.DataObject, succeed: bool) -> None:
+        worker = data.draw(st.sampled_from([w for w in WORKERS if self.held[w]]))
+        task = data.draw(st.sampled_from(self.held[worker]))
+        self.held[worker].remove(task)
+        store = self.stores[worker]
+        try:
+            if succeed:
+                self.run(store.complete(task_id=task.id, worker_id=worker, result=None))
+            else:
+                error = {"message": "boom"}
+                self.run(store.fail(task_id=task.id, worker_id=worker, error=error))
+        except LostLease:
+            pass  # its lease ran out and another claim recovered it
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def crash(self, worker: str) -> None:
+        self.held[worker] = []  # its tasks stay running until their leases run out
+
+    @rule(ms=st.sampled_from([1, 200, 999, 1_000, 2_500, LEASE_MS + 1]))
+    def time_passes(self, ms: int) -> None:
+        self.clock.now += ms
+
+    @rule(cap=st.integers(1, 3))
+    def change_the_limit(self, cap: int) -> None:
+        self.cap = cap
+        for store in self.stores.values():
+            store.use_limits(limits(cap))
+
+    # -- invariants ----------------------------------------------------------------------
+
+    def check_concurrency(self, claimed: list[Task]) -> None:
+        started = {_tenant(t) for t in claimed if t.queue == "q"}
+        if not started:
+            return
+        rows = self.run(self.stores["w0"].list(status="running", queue="q", limit=1000))
+        live = [t for t in rows if (t.lease_until_ms or 0) > self.clock.now]
+        for tenant in started:
+            count = sum(1 for t in live if _tenant(t) == tenant)
+            assert count <= self.cap, (
+                f"{count} tasks of partition {tenant} run under live leases after a start "
+                f"with the limit at {self.cap}"
+            )
+
+    def check_rate(self) -> None:
+        for start in self.api_starts:
+            window = [s for s in self.api_starts if start - WINDOW_MS < s <= start]
+            assert len(window) <= RATE, f"{len(window)} starts in {WINDOW_MS} ms"
+
+
+def _tenant(task: Task) -> str:
+    payload = task.payload if isinstance(task.payload, dict) else {}
+    value = payload.get("t")
+    return "(none)" if value is None else str(value)
+
+
+def _tempdir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="cairnqd-limits-model-")
+
+
+def _remove(folder: Path) -> None:
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+LimitsModel.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_limits_hold_under_any_interleaving = LimitsModel.TestCase
