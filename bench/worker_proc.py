@@ -96,18 +96,25 @@ async def serve_sdk(args: argparse.Namespace) -> None:
         if "prefetch" not in inspect.signature(worker_cls.__init__).parameters:
             sys.exit(f"{args.impl} Worker takes no prefetch= argument")
         options["prefetch"] = args.prefetch if args.prefetch == "auto" else int(args.prefetch)
+    if args.limits is not None:
+        options["limits"] = json.loads(args.limits)
     worker = worker_cls(store, [QUEUE], **options)
+    pause = args.sleep_ms / 1000
 
     if args.stamp:
 
         async def handler(ctx: Any) -> Any:
             started = time.time()
             Stats.handled += 1
+            if pause:
+                await asyncio.sleep(pause)
             return {"t": started}
     else:
 
         async def handler(ctx: Any) -> Any:
             Stats.handled += 1
+            if pause:
+                await asyncio.sleep(pause)
             return None
 
     worker.task(NOOP)(handler)
@@ -253,7 +260,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--pgq-max-in-flight", type=int, default=None, help="pgqueuer max_concurrent_tasks"
     )
+    parser.add_argument("--limits", default=None, help="ours: Worker(limits=) as JSON")
+    parser.add_argument("--sleep-ms", type=float, default=0.0, help="the handler sleeps this")
     args = parser.parse_args(argv)
+    if args.limits is not None and args.impl != "ours":
+        parser.error("--limits is for ours only")
     if args.impl in ("procrastinate", "pgqueuer") and args.backend != "postgres":
         parser.error(f"{args.impl} runs on Postgres only")
     if args.impl == "huey" and args.backend != "sqlite":

@@ -25,6 +25,9 @@ from cairnqd.context import TaskContext
 from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
 
+#: The least time between two claims of a worker that a limit holds back (docs/limits.md).
+ROOM_GAP_MS = 20
+
 
 def claim_order(task: Task) -> tuple[int, int, str]:
     """The order the claim statements pick in: priority first, then due time, then id.
@@ -177,11 +180,15 @@ class ClaimLoop:
             queues = [q for q in queues if q not in self.pauses.paused]
             wait_ms = self.pauses.wait_cap_ms(wait_ms)
         room_ms = self._store.room_wait_ms(time.monotonic())
+        gap_ms = 0
         if room_ms is not None:
-            wait_ms = min(wait_ms, room_ms)  # a limit held work back: look again then
-        wake = asyncio.ensure_future(
-            self._store.claim_wake(queues, wait_ms) if queues else asyncio.sleep(wait_ms / 1000)
-        )
+            # A limit held work back: look again when it may have room. Wake-ups
+            # (a commit, a task settling anywhere) come no sooner than ROOM_GAP_MS
+            # apart, or a busy database would have every held-back worker claim at
+            # its pace; this worker's own task settling still ends the wait at once.
+            wait_ms = min(wait_ms, room_ms)
+            gap_ms = min(ROOM_GAP_MS, wait_ms)
+        wake = asyncio.ensure_future(self._wake(queues, wait_ms, gap_ms))
         freed = asyncio.ensure_future(state.freed.wait())
         try:
             await asyncio.wait({wake, freed}, return_when=asyncio.FIRST_COMPLETED)
@@ -189,6 +196,14 @@ class ClaimLoop:
             state.idling = False
             for fut in (wake, freed):
                 fut.cancel()
+
+    async def _wake(self, queues: Sequence[str], wait_ms: int, gap_ms: int) -> None:
+        if gap_ms:
+            await asyncio.sleep(gap_ms / 1000)
+        if queues:
+            await self._store.claim_wake(queues, wait_ms - gap_ms)
+        else:
+            await asyncio.sleep((wait_ms - gap_ms) / 1000)
 
     async def _hold_for_space(self, seconds: float) -> None:
         """Claim nothing for up to `seconds`: results cannot be written for want of

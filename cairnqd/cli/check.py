@@ -132,6 +132,10 @@ def _print_fleet(config: Config, report: Preflight) -> None:
     print("fleet (the daemons on this database now):")
     for line in fleet_lines(with_store(config, lambda store: store.fleet.live())):
         print(f"  {line}")
+    limits = config.flow_limits()
+    if limits:
+        for bypass in with_store(config, lambda store: store.limit_table.bypassing(limits)):
+            print(f"warning: {bypass.describe()}", file=sys.stderr)
 
 
 def _print_details(

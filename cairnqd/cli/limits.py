@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -18,14 +19,10 @@ from cairnqd.config.units import format_duration
 from cairnqd.daemon import exitcodes
 from cairnqd.limits import MAX_CAPACITY, Limit, Override, Rate, overridden, parse_rate
 from cairnqd.store.base import TaskStore
-from cairnqd.store.tables.limits import LimitUsage
+from cairnqd.store.tables.limits import Bypass, LimitUsage
 
 if TYPE_CHECKING:
     from cairnqd.cli.admin import Subparsers
-
-
-def configured(config: Config) -> tuple[Limit, ...]:
-    return tuple(lc.limit() for lc in config.limits.values())
 
 
 def _ms(ms: int) -> str:
@@ -81,14 +78,19 @@ def usage_lines(usages: list[LimitUsage], overrides: dict[str, Override]) -> lis
 
 def cmd_limits(args: argparse.Namespace) -> int:
     config = load(args.config)
-    limits = configured(config)
+    limits = config.flow_limits()
 
-    async def read(store: TaskStore) -> tuple[list[LimitUsage], dict[str, Override]]:
-        overrides = {o.name: o for o in await store.limit_table.overrides()}
+    async def read(
+        store: TaskStore,
+    ) -> tuple[list[LimitUsage], dict[str, Override], list[Bypass]]:
+        table = store.limit_table
+        overrides = {o.name: o for o in await table.overrides()}
         kept = overridden(limits, overrides.values())
-        return await store.limit_table.usage(kept), overrides
+        return await table.usage(kept), overrides, await table.bypassing(kept)
 
-    usages, overrides = with_store(config, read)
+    usages, overrides, bypasses = with_store(config, read)
+    for bypass in bypasses:
+        print(f"warning: {bypass.describe()}", file=sys.stderr)
     if args.json:
         out = []
         for usage in usages:
@@ -104,7 +106,7 @@ def cmd_limits(args: argparse.Namespace) -> int:
 
 
 def _known(config: Config, name: str, command: str) -> Limit:
-    for limit in configured(config):
+    for limit in config.flow_limits():
         if limit.name == name:
             return limit
     names = ", ".join(config.limits) or "none"

@@ -26,6 +26,7 @@ from cairnqd.config.sections import (
     ScheduleConfig,
     SupervisorConfig,
 )
+from cairnqd.limits import Limit
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class Config:
     source: str = field(default="", compare=False)
     #: Suspicious but usable settings, for `check` and the startup log.
     warnings: tuple[ConfigProblem, ...] = field(default=(), compare=False)
+
+    def flow_limits(self) -> tuple[Limit, ...]:
+        """`limits:` as the workers keep them (docs/limits.md)."""
+        return tuple(section.limit() for section in self.limits.values())
 
     def shutdown_timeout_for(self, group: str) -> timedelta:
         return self.groups[group].shutdown_timeout or self.shutdown_timeout

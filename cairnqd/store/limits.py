@@ -19,6 +19,7 @@ its start leaves the window.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -65,6 +66,9 @@ class LimitedClaims:
         #: When the last draw that came up short could find room again (monotonic
         #: seconds); None when nothing it stepped over waits on a limit.
         self.room_at: float | None = None
+        #: Whether the last draw came up short for a full concurrency budget, which
+        #: any task's settling may free (a Postgres store then listens for those).
+        self.waiting_for_room = False
 
     # -- the draw ------------------------------------------------------------------------
 
@@ -83,6 +87,7 @@ class LimitedClaims:
         blocked: dict[tuple[str, str], Limit] = {}
         opens: list[float] = []
         self.room_at = None
+        self.waiting_for_room = False
         for _ in range(_PASSES):
             want = limit - len(claimed)
             if want <= 0:
@@ -91,19 +96,29 @@ class LimitedClaims:
             stmt, params = self._candidates(blocked, queues, names, size)
             rows = await session.fetch_statement(stmt, params)
             chosen: list[str] = []
-            for row in rows:
-                if len(chosen) == want:
+            # (task, attempt) of each claim this transaction makes (`chosen`).
+            making: list[dict[str, Any]] = []
+            at = 0
+            retry: list[tuple[Row, list[tuple[Limit, str]]]] = []
+            while len(chosen) < want and (at < len(rows) or retry):
+                # The tasks a budget's room went to in vain first (they come earlier in
+                # claim order), then the next ones up to what is still wanted, each
+                # stepping over the budgets found full.
+                batch = [(r, n) for r, n in retry if not any(k in blocked for k in _keys(n))]
+                while at < len(rows) and len(batch) < want - len(chosen):
+                    row, at = rows[at], at + 1
+                    needs = self._needs(row)
+                    if not any(key in blocked for key in _keys(needs)):
+                        batch.append((row, needs))
+                if not batch:
                     break
-                needs = self._needs(row)
-                if any((lim.name, part) in blocked for lim, part in needs):
-                    continue
-                full = await self._take(session, row, needs, worker_id, chosen)
-                if full is None:
-                    chosen.append(str(row["id"]))
-                    continue
-                blocked[(full[0].name, full[1])] = full[0]
-                if full[2] is not None:
-                    opens.append(full[2])
+                got, full, retry = await self._grant(session, batch, worker_id, making)
+                chosen += got
+                making += [_claim_of(row) for row, _ in batch if str(row["id"]) in got]
+                for (name, part), (lim, opening) in full.items():
+                    blocked[(name, part)] = lim
+                    if opening is not None:
+                        opens.append(opening)
             if chosen:
                 claimed += await session.fetch(
                     "extensions/limit_claim_ids", {**base, "ids": chosen}
@@ -112,7 +127,8 @@ class LimitedClaims:
                 break  # nothing more behind these
         if blocked and len(claimed) < limit:
             now = time.monotonic()
-            waits = [*opens] if len(opens) == len(blocked) else [*opens, ROOM_POLL_MS]
+            self.waiting_for_room = len(opens) < len(blocked)
+            waits = [*opens] if not self.waiting_for_room else [*opens, ROOM_POLL_MS]
             self.room_at = now + max(1.0, min(waits)) / 1000
         return claimed
 
@@ -158,65 +174,90 @@ class LimitedClaims:
                 needs.append((limit, part))
         return needs
 
-    async def _take(
+    async def _grant(
         self,
         session: Session,
-        row: Row,
-        needs: Sequence[tuple[Limit, str]],
+        batch: Sequence[tuple[Row, list[tuple[Limit, str]]]],
         worker_id: str,
-        pending: Sequence[str],
-    ) -> tuple[Limit, str, float | None] | None:
-        """Take a slot of every budget the task needs; None when all were taken.
-        Otherwise the first budget without room, after giving back what this task took,
-        with how long (ms) until a full rate budget opens again (None for concurrency)."""
-        now_ms = int(row["now_ms"])
-        took: list[Params] = []
-        for limit, part in needs:
-            for kind, capacity in limit.budgets:
-                until = HELD if kind == "concurrency" else now_ms + _window_ms(limit)
-                slot: Params = {
-                    "limit_name": limit.name,
-                    "part": part,
-                    "kind": kind,
-                    "capacity": capacity,
-                    "now_ms": now_ms,
-                }
-                taken = await self._take_slot(session, slot, row, until, worker_id, pending)
-                if taken is None:
-                    for done in took:
-                        await session.fetch("extensions/limit_slot_untake", done)
-                    opens = None
-                    if kind == "rate":
-                        opens = await self._opens_in(session, slot)
-                    return limit, part, opens
-                took.append({**slot, "slot": taken})
-        return None
+        making: Sequence[dict[str, Any]],
+    ) -> tuple[
+        list[str],
+        dict[tuple[str, str], tuple[Limit, float | None]],
+        list[tuple[Row, list[tuple[Limit, str]]]],
+    ]:
+        """Take room for `batch`, one statement per budget it needs: the ids (in claim
+        order) that got a slot of every budget they need, and the budgets found full,
+        each with how long (ms) until a full rate window opens (None: concurrency). A
+        task that got some of its slots but not all gives them back; a budget that got
+        slots back that way is not full, and the tasks it turned away are returned to
+        be asked again (the third value)."""
+        if not batch:
+            return [], {}, []
+        now_ms = int(batch[0][0]["now_ms"])
+        # Each budget the batch needs, in the order first asked: (limit, capacity, rows).
+        asks: dict[tuple[str, str, str], tuple[Limit, int, list[Row]]] = {}
+        for row, needs in batch:
+            for lim, part in needs:
+                for kind, capacity in lim.budgets:
+                    asks.setdefault((lim.name, part, kind), (lim, capacity, []))[2].append(row)
+        # Claims not made yet, so their slots would look stale to a reclaim: spare them.
+        unclaimed = json.dumps([*making, *(_claim_of(row) for row, _ in batch)])
+        granted: dict[str, set[tuple[str, str, str]]] = {}
+        short: dict[tuple[str, str, str], tuple[Limit, Params]] = {}
+        for (name, part, kind), (lim, capacity, asking) in asks.items():
+            slot: Params = {
+                "limit_name": name,
+                "part": part,
+                "kind": kind,
+                "capacity": capacity,
+                "now_ms": now_ms,
+                "worker_id": worker_id,
+                "until_ms": HELD if kind == "concurrency" else now_ms + _window_ms(lim),
+            }
+            got = await self._take_slots(session, slot, asking, unclaimed)
+            for task_id in got:
+                granted.setdefault(task_id, set()).add((name, part, kind))
+            if len(got) < len(asking):
+                short[(name, part, kind)] = (lim, slot)
+        chosen, partial, given_back = [], [], set()
+        for row, needs in batch:
+            task_id = str(row["id"])
+            have = granted.get(task_id, set())
+            if len(have) == sum(len(lim.budgets) for lim, _ in needs):
+                chosen.append(task_id)
+            elif have:
+                partial.append(_claim_of(row))
+                given_back |= have
+        if partial:
+            held = {"worker_id": worker_id, "held": json.dumps(partial)}
+            await session.fetch("extensions/limit_slots_untake", held)
+        full: dict[tuple[str, str], tuple[Limit, float | None]] = {}
+        for (name, part, kind), (lim, slot) in short.items():
+            if (name, part, kind) in given_back:
+                continue  # it has room again: what it turned away may ask once more
+            opening = await self._opens_in(session, slot) if kind == "rate" else None
+            full[(name, part)] = (lim, opening)
+        retry = [
+            (row, needs)
+            for row, needs in batch
+            if str(row["id"]) not in chosen and not any(k in full for k in _keys(needs))
+        ]
+        return chosen, full, retry
 
-    async def _take_slot(
-        self,
-        session: Session,
-        slot: Params,
-        row: Row,
-        until: int,
-        worker_id: str,
-        pending: Sequence[str],
-    ) -> int | None:
-        holder = {
-            **slot,
-            "until_ms": until,
-            "task_id": row["id"],
-            "worker_id": worker_id,
-            "attempt": int(row["attempt"]) + 1,
-        }
-        got = await session.fetch("extensions/limit_slot_take", holder)
-        if got:
-            return int(got[0]["slot"])
+    async def _take_slots(
+        self, session: Session, slot: Params, asking: Sequence[Row], unclaimed: str
+    ) -> list[str]:
+        """Slots of one budget for `asking` (in claim order): the ids that got one.
+        Short of slots, frees the stale ones (concurrency) and makes the budget's rows
+        where this process has not yet, then tries once more for the rest."""
+        got = await self._take_in_order(session, slot, asking)
+        if len(got) == len(asking):
+            return got
         again = False
         if slot["kind"] == "concurrency":
             # Claims that ended since the slots were taken left them taken: free those.
-            # Not the slots this claim took for tasks it has yet to claim.
             freed = await session.fetch(
-                "extensions/limit_slots_reclaim", {**slot, "pending": [*pending, row["id"]]}
+                "extensions/limit_slots_reclaim", {**slot, "pending": unclaimed}
             )
             again = bool(freed)
         key = (str(slot["limit_name"]), str(slot["part"]), str(slot["kind"]), int(slot["capacity"]))
@@ -228,9 +269,20 @@ class LimitedClaims:
             self._ensured.add(key)
             again = True
         if not again:
-            return None
-        got = await session.fetch("extensions/limit_slot_take", holder)
-        return int(got[0]["slot"]) if got else None
+            return got
+        taken = set(got)
+        rest = [row for row in asking if str(row["id"]) not in taken]
+        return got + await self._take_in_order(session, slot, rest)
+
+    async def _take_in_order(
+        self, session: Session, slot: Params, asking: Sequence[Row]
+    ) -> list[str]:
+        holders = [{"rn": i, **_claim_of(row)} for i, row in enumerate(asking, start=1)]
+        rows = await session.fetch(
+            "extensions/limit_slots_take",
+            {**slot, "holders": json.dumps(holders), "n": len(holders)},
+        )
+        return [str(r["task_id"]) for r in rows]
 
     async def _opens_in(self, session: Session, slot: Params) -> float:
         rows = await session.fetch("extensions/limit_rate_opens", slot)
@@ -316,6 +368,16 @@ class LimitedClaims:
         for j, glob in enumerate(limit.names):
             params[f"x{i}_name{j}"] = like_pattern(glob) if self.dialect == "postgres" else glob
         return params
+
+
+def _keys(needs: Sequence[tuple[Limit, str]]) -> list[tuple[str, str]]:
+    """The (limit, partition) budgets a task needs, as `blocked` names them."""
+    return [(limit.name, part) for limit, part in needs]
+
+
+def _claim_of(row: Row) -> dict[str, Any]:
+    """The claim a candidate row becomes: its task and the attempt the claim counts."""
+    return {"task_id": str(row["id"]), "attempt": int(row["attempt"]) + 1}
 
 
 def _window_ms(limit: Limit) -> int:

@@ -60,6 +60,21 @@ async def test_concurrency_is_shared_between_stores(stores: list[TaskStore]) -> 
     assert await claim(a, "wa") == []
 
 
+async def test_a_claim_by_a_worker_without_the_limit_shows_as_outside_it(
+    stores: list[TaskStore],
+) -> None:
+    a, b = stores
+    a.use_limits(SMTP)
+    await submit(a, 3)
+    (_mine,) = await claim(a, "wa", n=1)
+    (theirs,) = await claim(b, "sdk", n=1)  # no limits: the protocol's claim statement
+    found = await a.limit_table.bypassing(SMTP)
+    assert [(x.limit, x.task_id, x.worker_id) for x in found] == [("smtp", theirs.id, "sdk")]
+    assert "runs outside it, claimed by worker sdk" in found[0].describe()
+    (usage,) = await a.limit_table.usage(SMTP)
+    assert (usage.in_use, usage.waiting) == (1, 1)
+
+
 async def test_a_failure_and_a_recovered_lease_give_the_room_back(stores: list[TaskStore]) -> None:
     a, b = stores
     for store in stores:
@@ -212,3 +227,34 @@ def test_rates_and_limits_parse_with_the_key_named() -> None:
     for spec, said in bad:
         with pytest.raises(ValueError, match=said):
             parse_limits(spec)
+
+
+async def test_many_claimers_at_once_never_pass_the_limit(dialect: str, db_target: str) -> None:
+    """Four stores (four hosts' workers) claim and settle as fast as they can; after every
+    claim, the tasks running under the limit are counted in the database."""
+    stores = [make_store(dialect, db_target) for _ in range(4)]
+    for store in stores:
+        await store.connect()
+        store.use_limits([Limit("three", queues=("email",), concurrency=3)])
+    try:
+        await stores[0].submit_many([{"name": "send", "queue": "email"}] * 120)
+        seen: list[int] = []
+
+        async def work(store: TaskStore, worker: str) -> None:
+            for _ in range(40):
+                got = await claim(store, worker, n=2)
+                if got:
+                    running = await store.list(status="running", queue="email", limit=500)
+                    seen.append(len(running))
+                    await asyncio.sleep(0.005)
+                for task in got:
+                    await store.complete(task_id=task.id, worker_id=worker, result=None)
+                if not got:
+                    await asyncio.sleep(0.005)
+
+        await asyncio.gather(*(work(s, f"w{i}") for i, s in enumerate(stores)))
+        assert seen and max(seen) <= 3
+        assert max(seen) == 3  # the budget was used in full at some point
+    finally:
+        for store in stores:
+            await store.close()

@@ -53,6 +53,7 @@ DASHBOARD_ROWS = [
     "Maintenance",
     "Config and DB",
     "Schedules",
+    "Limits",
 ]
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range"}
 

@@ -48,6 +48,10 @@ class ReturnedRestores:
         return allowed
 
 
+#: How a child told to drain before it was ready may end without having crashed.
+_LEFT = (OK, -signal.SIGTERM)
+
+
 class ChildExits:
     def __init__(
         self,
@@ -86,8 +90,10 @@ class ChildExits:
                 self._metrics.child_restart(group.name, str(child.bye))
         elif child.quit_sent_at is not None:
             log.info("child %d of %s stopped (%s)", child.pid, group.name, described)
-        elif code == OK and child.drain_deadline is not None and child.ready_at is None:
-            # Told to drain while it booted (waiting for the database, say): it left.
+        elif code in _LEFT and child.drain_deadline is not None and child.ready_at is None:
+            # Told to drain while it booted (waiting for the database, say): it left,
+            # or the SIGTERM came before its handler was in (still importing). Either
+            # way it held no task.
             log.info("child %d of %s left before it was ready (drain)", child.pid, group.name)
         elif where.role == "successor" and where.slot is not None:
             self._failed_successor(group, where.slot, child, described)

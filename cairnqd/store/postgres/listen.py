@@ -33,6 +33,10 @@ class _Deaf(Exception):
     """The LISTEN was accepted but its self-addressed NOTIFY never came back."""
 
 
+#: The sticky key set by every notification on the channel, whatever its payload.
+ANY = "\x00any"
+
+
 class Listener:
     """One LISTEN connection for one channel, of its own (never a pool connection).
 
@@ -280,6 +284,9 @@ class Listener:
         event = self._events.get(payload)
         if event is not None:
             event.set()
+        heard = self._events.get(ANY)
+        if heard is not None:
+            heard.set()
         for waiter in self._waiters.get(payload, ()):
             waiter.set()
 

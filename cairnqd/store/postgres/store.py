@@ -59,7 +59,7 @@ from cairnqd.store.postgres.connect import (
 )
 from cairnqd.store.postgres.leadership import PostgresLeadership
 from cairnqd.store.postgres.lease import new_holder
-from cairnqd.store.postgres.listen import PROBE_EVERY_S, Listener, RelayedWakes
+from cairnqd.store.postgres.listen import ANY, PROBE_EVERY_S, Listener, RelayedWakes
 from cairnqd.store.postgres.migrate import apply_postgres, drop_invalid_index, pending_postgres
 
 T = TypeVar("T")
@@ -568,6 +568,9 @@ class PostgresStore(TaskStore):
             await asyncio.sleep(timeout_s)
             return
         events = listener.sticky(queues)
+        room = self._room_wakes()
+        if room is not None:
+            events = [*events, room]
         if not await listener.until_listening(timeout_s):
             return
         if not any(e.is_set() for e in events):
@@ -582,6 +585,17 @@ class PostgresStore(TaskStore):
         self._push_hint = any(e.is_set() for e in events) and listener.connected.is_set()
         for event in events:
             event.clear()
+
+    def _room_wakes(self) -> asyncio.Event | None:
+        """While a limit holds this store's claims back for want of room: a flag that
+        any task's settling sets (the `cairnq_done` LISTEN), since that may be the room
+        (docs/limits.md). None otherwise, or without a LISTEN of our own."""
+        if self.limited is None or not self.limited.waiting_for_room:
+            return None
+        done = self._push("cairnq_done")
+        if not isinstance(done, Listener):
+            return None
+        return done.sticky([ANY])[0]
 
     def _take_push_hint(self) -> bool:
         hint, self._push_hint = self._push_hint, False

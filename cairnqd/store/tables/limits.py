@@ -58,6 +58,23 @@ class LimitUsage:
         }
 
 
+@dataclass(frozen=True)
+class Bypass:
+    """A running task a limit covers that does not count in it, and who claimed it."""
+
+    limit: str
+    task_id: str
+    name: str
+    worker_id: str
+
+    def describe(self) -> str:
+        return (
+            f"limit {self.limit}: task {self.task_id} ({self.name}) runs outside it, "
+            f"claimed by worker {self.worker_id}, which does not keep this limit "
+            "(a public SDK worker, or a cairnqd worker configured without it)"
+        )
+
+
 class LimitTable:
     def __init__(self, executor: Executor) -> None:
         self._db = executor
@@ -94,6 +111,21 @@ class LimitTable:
             path = list(limit.partition_by) if postgres else "$." + ".".join(limit.partition_by)
         globs = [like_pattern(g) for g in limit.names] if postgres else list(limit.names)
         return {"queues": list(limit.queues), "globs": globs, "path": path}
+
+    async def bypassing(self, limits: Sequence[Limit], *, most: int = 20) -> list[Bypass]:
+        """Running tasks that a concurrency limit covers but whose claim holds none of
+        its room: claimed by a worker that does not know the limit (docs/limits.md,
+        "What stays outside the guarantee"). At most `most` per limit, oldest first."""
+        found = []
+        for limit in limits:
+            if limit.concurrency is None:
+                continue  # a rate slot is reused once its window passes: no record left
+            params = {**self._cover(limit), "limit_name": limit.name, "limit": most}
+            for row in await self._db.fetch("extensions/limit_bypass", params):
+                found.append(
+                    Bypass(limit.name, str(row["id"]), str(row["name"]), str(row["worker_id"]))
+                )
+        return found
 
     async def overrides(self) -> list[Override]:
         rows = await self._db.fetch("extensions/limit_overrides", {})
@@ -132,4 +164,4 @@ class LimitTable:
         return sorted(str(r["limit_name"]) for r in rows)
 
 
-__all__ = ["NO_PARTITION", "LimitTable", "LimitUsage", "PartitionUsage"]
+__all__ = ["NO_PARTITION", "Bypass", "LimitTable", "LimitUsage", "PartitionUsage"]

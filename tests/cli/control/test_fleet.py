@@ -104,17 +104,17 @@ def test_a_daemon_behind_the_database_says_what_it_cannot_honour(
         "sqlite",
         sqlite_path,
         "insert into cairnqd_features (feature, since) "
-        "values ('limits', 'cairnqd_0099_limits.sql')",
+        "values ('workflows', 'cairnqd_0099_workflows.sql')",
     )
     (tmp_path / "again").mkdir()
     daemon = Daemon(tmp_path / "again", config)
     try:
         daemon.start()
-        wait_for("the warning", lambda: "does not honour: limits" in daemon.output())
+        wait_for("the warning", lambda: "does not honour: workflows" in daemon.output())
         line = next(x for x in daemon.output().splitlines() if "does not honour" in x)
-        assert "limits (since cairnqd_0099_limits.sql)" in line and __version__ in line
+        assert "workflows (since cairnqd_0099_workflows.sql)" in line and __version__ in line
         wait_for("a stamp after the join", lambda: _stamped_since_start(daemon), 30)
-        assert daemon.output().count("does not honour: limits") == 1
+        assert daemon.output().count("does not honour: workflows") == 1
     finally:
         assert daemon.stop() == 0
 

@@ -18,11 +18,13 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from cairnqd.daemon.parent.dbthread import LoopThread
 from cairnqd.daemon.parent.metrics.labels import QueueLabels
+from cairnqd.limits import Limit, overridden
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.leadership import LeaderLock
 from cairnqd.store.tables.fleet import versions
+from cairnqd.store.tables.limits import LimitUsage
 
 # One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
@@ -41,6 +43,18 @@ _TASKS_HELP = (
 )
 _PAUSED_HELP = "1 while the queue is paused (cairnqd pause --queue); 0 otherwise."
 _FLEET_HELP = "Daemons live on the database, by version (cairnqd fleet); several: mid-upgrade."
+_LIMIT_IN_USE_HELP = (
+    "Tasks running under a concurrency limit, every partition and host together (cairnqd limits)."
+)
+_LIMIT_CAPACITY_HELP = (
+    "A concurrency limit's value, per partition when partitioned, as kept now (an "
+    "operator's limits set included)."
+)
+_LIMIT_WAITING_HELP = "Due tasks a limit covers that wait to be claimed (every partition)."
+_LIMIT_BYPASSED_HELP = (
+    "Running tasks a concurrency limit covers that do not count in it: claimed by a "
+    "worker that does not keep the limit (a public SDK worker); counted up to 100."
+)
 _OLDEST_HELP = "Age of the oldest claimable queued task, database clock; 0 if none."
 _EXPIRED_HELP = "Running tasks whose lease expired and that await recovery."
 _UP_HELP = (
@@ -62,6 +76,10 @@ class DatabaseSnapshot:
     paused: frozenset[str] = frozenset()
     #: Live daemons on the database by version (the fleet registry).
     fleet: Mapping[str, int] = field(default_factory=dict)
+    #: What each configured limit holds now (cairnqd limits).
+    limits: tuple[LimitUsage, ...] = ()
+    #: Running tasks outside each limit (claimed by workers that do not keep it).
+    bypassed: Mapping[str, int] = field(default_factory=dict)
     #: False on a `queue_stats: leader` host that is not the leader: the refresh
     #: succeeded, but the per-queue families are left to the leader.
     exported: bool = True
@@ -70,8 +88,18 @@ class DatabaseSnapshot:
 _NOT_LEADER = DatabaseSnapshot(tasks={}, oldest_queued_age_ms={}, leases_expired={}, exported=False)
 
 
-async def _query_snapshot(store: TaskStore) -> DatabaseSnapshot:
+async def _query_snapshot(store: TaskStore, limits: tuple[Limit, ...] = ()) -> DatabaseSnapshot:
+    usage: tuple[LimitUsage, ...] = ()
+    bypassed: dict[str, int] = {}
+    if limits:
+        table = store.limit_table
+        kept = overridden(limits, await table.overrides())
+        usage = tuple(await table.usage(kept))
+        for bypass in await table.bypassing(kept, most=100):
+            bypassed[bypass.limit] = bypassed.get(bypass.limit, 0) + 1
     return DatabaseSnapshot(
+        limits=usage,
+        bypassed=bypassed,
         tasks=await store.stats(),
         oldest_queued_age_ms=await store.oldest_queued_age_ms(),
         leases_expired=await store.expired_leases(),
@@ -109,6 +137,7 @@ class DatabaseCollector:
         # Read on the collector's loop, replaced whole from the supervisor's thread.
         self._queue_stats = queue_stats
         self._lock_namespace = lock_namespace
+        self._limits: tuple[Limit, ...] = ()
         self._leader_lock: LeaderLock | None = None
         self._leading: bool | None = None  # for logging changes only
         self._labels = queue_labels
@@ -129,6 +158,10 @@ class DatabaseCollector:
         self._closed = False
         #: Statistics queries started; tests count them to prove the cache works.
         self.queries = 0
+
+    def set_limits(self, limits: tuple[Limit, ...]) -> None:
+        """The config's flow-control limits, whose gauges the next refresh reads."""
+        self._limits = limits
 
     def set_ttl(self, ttl_s: float) -> None:
         self._ttl_s = ttl_s
@@ -237,7 +270,7 @@ class DatabaseCollector:
     async def _query(self, store: TaskStore) -> DatabaseSnapshot:
         if not await self._leads(store):
             return _NOT_LEADER
-        return await _query_snapshot(store)
+        return await _query_snapshot(store, self._limits)
 
     async def _leads(self, store: TaskStore) -> bool:
         """Whether this host exports the per-queue families; with `leader` on Postgres,
@@ -321,12 +354,14 @@ class DatabaseCollector:
         expired = GaugeMetricFamily("cairnq_leases_expired", _EXPIRED_HELP, labels=["queue"])
         paused = GaugeMetricFamily("cairnq_queue_paused", _PAUSED_HELP, labels=["queue"])
         fleet = GaugeMetricFamily("cairnq_fleet_daemons", _FLEET_HELP, labels=["version"])
+        limits = _limit_families()
         if snapshot is not None:
             self._fill(snapshot, tasks, oldest, expired)
             self._fill_paused(snapshot, paused)
             for version, count in snapshot.fleet.items():
                 fleet.add_metric([version], float(count))
-        return [tasks, oldest, expired, paused, fleet]
+            _fill_limits(snapshot.limits, snapshot.bypassed, *limits)
+        return [tasks, oldest, expired, paused, fleet, *limits]
 
     def _fill_paused(self, snapshot: DatabaseSnapshot, paused: GaugeMetricFamily) -> None:
         # Configured queues show 0 when running, so an alert can tell "not paused"
@@ -365,3 +400,33 @@ class DatabaseCollector:
                 tasks.add_metric([queue, status], n)
             oldest.add_metric([queue], ages_ms[queue] / 1000)
             expired.add_metric([queue], leases[queue])
+
+
+def _limit_families() -> list[GaugeMetricFamily]:
+    # Labelled by limit only: partitions (one per tenant, say) would be unbounded series.
+    return [
+        GaugeMetricFamily(name, text, labels=["limit"])
+        for name, text in (
+            ("cairnq_limit_in_use", _LIMIT_IN_USE_HELP),
+            ("cairnq_limit_capacity", _LIMIT_CAPACITY_HELP),
+            ("cairnq_limit_waiting", _LIMIT_WAITING_HELP),
+            ("cairnq_limit_bypassed", _LIMIT_BYPASSED_HELP),
+        )
+    ]
+
+
+def _fill_limits(
+    usages: Iterable[LimitUsage],
+    bypassed: Mapping[str, int],
+    in_use: GaugeMetricFamily,
+    capacity: GaugeMetricFamily,
+    waiting: GaugeMetricFamily,
+    outside: GaugeMetricFamily,
+) -> None:
+    for usage in usages:
+        name = usage.limit.name
+        if usage.limit.concurrency is not None:
+            in_use.add_metric([name], float(usage.in_use))
+            capacity.add_metric([name], float(usage.limit.concurrency))
+            outside.add_metric([name], float(bypassed.get(name, 0)))
+        waiting.add_metric([name], float(usage.waiting))

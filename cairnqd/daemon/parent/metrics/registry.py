@@ -88,6 +88,7 @@ class Metrics(Families):
             queue_stats=config.metrics.queue_stats,
             lock_namespace=config.database.lock_namespace,
         )
+        self.database.set_limits(config.flow_limits())
         self.registry.register(self.database)
         self.build_info.labels(
             __version__,
@@ -158,6 +159,7 @@ class Metrics(Families):
         self.queue_labels.configure(configured_queues(config))
         self.database.set_ttl(settings.stats_ttl.total_seconds())
         self.database.set_queue_stats(settings.queue_stats, config.database.lock_namespace)
+        self.database.set_limits(config.flow_limits())
         groups = set(config.groups)
         rules = {str(i) for i in range(len(config.retention.rules))}
         self._series.remove_where("queue", lambda queue: queue not in dropped_queues)

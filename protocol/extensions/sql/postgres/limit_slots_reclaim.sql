@@ -6,13 +6,17 @@
 -- claim that took it always appear together (one transaction wrote both). The update
 -- then frees a slot only if it still names that same claim: a slot taken again
 -- meanwhile is re-read in its newest version, names another claim, and is kept.
--- :pending lists the tasks this claim took slots for and has not claimed yet.
+-- :pending lists, as a JSON array of {task_id, attempt}, the claims this transaction
+-- is making: slots taken for them a moment ago, whose tasks are not running yet.
 with stale as (
     select s.slot, s.task_id, s.worker_id, s.attempt
     from cairnqd_limit_slots s
     where s.limit_name = :limit_name and s.part = :part and s.kind = 'concurrency'
       and s.until_ms > 0
-      and not (s.task_id = any(:pending::text[]))
+      and (s.task_id, s.attempt) not in (
+          select p.task_id, p.attempt
+          from json_to_recordset(:pending::json) as p(task_id text, attempt integer)
+      )
       and not exists (
           select 1 from cairnq_tasks t
           where t.id = s.task_id and t.status = 'running'
