@@ -67,7 +67,7 @@ class ClaimPlan:
                 quota = min(quota, headroom)
             if quota <= 0:
                 continue
-            rows = await draw(source.names, source.batch * quota)
+            rows = await draw(source.names, source.batch * quota, source.batch * remaining)
             calls = -(-len(rows) // source.batch)
             remaining = max(0, remaining - calls)
             if source.resource is not None:

@@ -52,6 +52,7 @@ from cairnqd.store.callers import driver_connection
 from cairnqd.store.clockstep import WallClockWatch
 from cairnqd.store.executor import Row, Session, UserWrite
 from cairnqd.store.leadership import SOLE_HOST, Leadership
+from cairnqd.store.limits import RECLAIM_EVERY_S
 from cairnqd.store.statement_params import (
     INSERT_MANY_CHUNK,
     LEASE_EXPIRED,
@@ -151,9 +152,19 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
-ClaimDraw = Callable[[Sequence[str] | None, int], Awaitable[list[Row]]]
-"""One draw of a claim session: (names or None for any, limit) -> the claimed rows.
-Rows, not tasks: decoding them waits until the transaction has committed."""
+class ClaimDraw(Protocol):
+    """One draw of a claim session: the claimed rows (rows, not tasks: decoding them
+    waits until the transaction has committed)."""
+
+    async def __call__(
+        self, names: Sequence[str] | None, limit: int, ready: int | None = None
+    ) -> list[Row]:
+        """Up to `limit` tasks named `names` (None: any). `ready`: how many of them can
+        start at once (the worker's free slots; the rest wait, prefetched); a task a
+        flow-control limit covers is claimed only to start at once. None: all."""
+        ...
+
+
 ClaimPlanFn = Callable[[ClaimDraw], Awaitable[Sequence[Row]]]
 
 
@@ -859,29 +870,43 @@ class TaskStore(ABC):
         if settle_params is not None:
             rows = await session.fetch("complete_many", settle_params)
             settled = {r["id"]: r["status"] for r in rows}
+            if self.limited is not None:
+                # Their room is back for the draw below, without waiting for a reclaim.
+                await session.fetch("extensions/limit_slots_release", settle_params)
         recovered = False
+        limited = self.limited
         if time.monotonic() - self._claim_recovered_at >= CLAIM_RECOVERY_EVERY_S:
-            await self._recover_in(session)
+            if await self._recover_in(session) and limited is not None:
+                limited.recovered()
             recovered = True
 
-        limited = self.limited
-
-        async def take(draw_names: Sequence[str] | None, limit: int) -> list[Row]:
+        async def take(names: Sequence[str] | None, limit: int, ready: int) -> list[Row]:
             if limited is not None:
-                return await limited.draw(session, queues, draw_names, limit, base)
-            op, params = claim_variant(queues, draw_names)
+                return await limited.draw(session, queues, names, limit, base, ready)
+            op, params = claim_variant(queues, names)
             return await session.fetch(op, {**base, **params, "limit": limit})
 
-        async def draw(draw_names: Sequence[str] | None, limit: int) -> list[Row]:
+        async def draw(
+            names: Sequence[str] | None, limit: int, ready: int | None = None
+        ) -> list[Row]:
             nonlocal recovered
-            if limit <= 0 or (draw_names is not None and len(draw_names) == 0):
+            if limit <= 0 or (names is not None and len(names) == 0):
                 return []
-            rows = await take(draw_names, limit)
-            if len(rows) < limit and not recovered:
+            ready = limit if ready is None else ready
+            rows = await take(names, limit, ready)
+            # Short because a limit has no room is mostly not short of work: recovery
+            # then runs at the pace the limit's stale room is looked for, not each time.
+            short = len(rows) < limit
+            if short and limited is not None and limited.room_at is not None:
+                short = time.monotonic() - self._claim_recovered_at >= RECLAIM_EVERY_S
+            if short and not recovered:
                 # Short of work: tasks with expired leases may be what is missing.
                 recovered = True
                 if await self._recover_in(session):
-                    rows = [*rows, *await take(draw_names, limit - len(rows))]
+                    if limited is not None:
+                        limited.recovered()  # their slots are stale now: look at once
+                    more = await take(names, limit - len(rows), max(0, ready - len(rows)))
+                    rows = [*rows, *more]
             return rows
 
         return await plan(draw), settled
@@ -1056,6 +1081,20 @@ class TaskStore(ABC):
             raise LostLease(task_id)
         return self._task(rows[0])
 
+    async def _settle_owned(self, op: str, task_id: str, params: Params) -> Task:
+        """`_owned` for a statement that ends the claim (complete, succeed, fail): with
+        limits, the claim's concurrency room is given back in the same transaction."""
+        if self.limited is None:
+            return await self._owned(op, task_id, params)
+        async with self._transaction() as session:
+            rows = await session.fetch(op, {**params, "id": task_id})
+            if not rows:
+                raise LostLease(task_id)
+            items = dump_json([{"id": task_id, "a": rows[0]["attempt"]}], check=False)
+            release = {"worker_id": params["worker_id"], "items": items}
+            await session.fetch("extensions/limit_slots_release", release)
+        return self._task(rows[0])
+
     async def heartbeat(self, *, task_id: str, worker_id: str, lease_ms: int = 30_000) -> Task:
         return await self._owned(
             "heartbeat", task_id, {"worker_id": worker_id, "lease_ms": lease_ms}
@@ -1108,14 +1147,16 @@ class TaskStore(ABC):
 
     async def complete(self, *, task_id: str, worker_id: str, result: Any) -> Task:
         encoded = None if result is None else dump_json(result, what="result")
-        return await self._owned("complete", task_id, {"worker_id": worker_id, "result": encoded})
+        return await self._settle_owned(
+            "complete", task_id, {"worker_id": worker_id, "result": encoded}
+        )
 
     async def succeed(
         self, *, task_id: str, worker_id: str, result: Any, message: str | None = None
     ) -> Task:
         _check_message(message)
         encoded = None if result is None else dump_json(result, what="result")
-        return await self._owned(
+        return await self._settle_owned(
             "succeed", task_id, {"worker_id": worker_id, "result": encoded, "message": message}
         )
 
@@ -1129,7 +1170,7 @@ class TaskStore(ABC):
         delay_ms: int = 0,
     ) -> Task:
         require_duration(delay_ms, "delay_ms")
-        return await self._owned(
+        return await self._settle_owned(
             "fail",
             task_id,
             {
@@ -1151,7 +1192,14 @@ class TaskStore(ABC):
         if not items:
             await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return {}
-        rows = await self._fetch("complete_many", complete_many_params(worker_id, items))
+        params = complete_many_params(worker_id, items)
+        if self.limited is None:
+            rows = await self._fetch("complete_many", params)
+        else:
+            async with self._transaction() as session:
+                rows = await session.fetch("complete_many", params)
+                # Their room is back at once, not at the next claim that finds it full.
+                await session.fetch("extensions/limit_slots_release", params)
         return {r["id"]: r["status"] for r in rows}
 
     async def complete_in(

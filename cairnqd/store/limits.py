@@ -19,6 +19,7 @@ its start leaves the window.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -35,6 +36,8 @@ log = logging.getLogger("cairnqd.limits")
 
 #: How often a worker reads the operator's overrides (within a claim's transaction).
 OVERRIDES_EVERY_S = 0.5
+#: How often a claim frees a budget's stale concurrency slots, at most.
+RECLAIM_EVERY_S = 0.25
 #: A taken concurrency slot's until_ms: later than any clock.
 HELD = 1 << 62
 #: How many candidates a draw reads per pass, at least and at most.
@@ -62,7 +65,9 @@ class LimitedClaims:
         paths = dict.fromkeys(limit.partition_by for limit in self.limits if limit.partition_by)
         self._columns = {path: f"part_{i}" for i, path in enumerate(paths)}
         self._ensured: set[tuple[str, str, str, int]] = set()
-        self._statements: dict[tuple[tuple[str, bool], ...], Statement] = {}
+        #: When each budget's stale slots were last freed (monotonic seconds).
+        self._reclaimed: dict[tuple[str, str], float] = {}
+        self._statements: dict[tuple[object, ...], Statement] = {}
         #: When the last draw that came up short could find room again (monotonic
         #: seconds); None when nothing it stepped over waits on a limit.
         self.room_at: float | None = None
@@ -79,21 +84,37 @@ class LimitedClaims:
         names: Sequence[str] | None,
         limit: int,
         base: Params,
+        ready: int | None = None,
     ) -> list[Row]:
-        """Claim up to `limit` tasks that have room, in claim order; their rows."""
+        """Claim up to `limit` tasks that have room, in claim order; their rows. Of the
+        tasks a rate covers, at most `ready` (None: `limit`): the worker's free slots.
+        Such a task is never claimed ahead to wait in the worker (prefetch): it would
+        start later than its start was counted, and starts bunched up that way could
+        pass the rate. A task under concurrency limits alone may be claimed ahead,
+        holding its room while it waits (auto prefetch claims only what starts within
+        about 50 ms)."""
         worker_id = str(base["worker_id"])
         await self._read_overrides(session)
         claimed: list[Row] = []
         blocked: dict[tuple[str, str], Limit] = {}
         opens: list[float] = []
+        room_for = limit if ready is None else ready
+        # Whether rate-limited tasks were passed over for want of free slots: later
+        # passes then look past every one of them, for the work behind.
+        held_back = False
         self.room_at = None
         self.waiting_for_room = False
         for _ in range(_PASSES):
             want = limit - len(claimed)
-            if want <= 0:
+            open_queues = self._open_queues(queues, blocked, held_back)
+            if want <= 0 or not open_queues:
                 break
-            size = min(max(2 * want, _PASS_MIN), _PASS_MAX)
-            stmt, params = self._candidates(blocked, queues, names, size)
+            # Before limited tasks are passed over, the rows past the free slots' worth
+            # are mostly limited ones this claim will not take: read fewer.
+            expected = want if held_back else min(want, room_for + _PASS_MIN)
+            size = min(max(2 * expected, _PASS_MIN), _PASS_MAX)
+            was_held_back = held_back
+            stmt, params = self._candidates(blocked, held_back, open_queues, names, size)
             rows = await session.fetch_statement(stmt, params)
             chosen: list[str] = []
             # (task, attempt) of each claim this transaction makes (`chosen`).
@@ -103,18 +124,40 @@ class LimitedClaims:
             while len(chosen) < want and (at < len(rows) or retry):
                 # The tasks a budget's room went to in vain first (they come earlier in
                 # claim order), then the next ones up to what is still wanted, each
-                # stepping over the budgets found full.
-                batch = [(r, n) for r, n in retry if not any(k in blocked for k in _keys(n))]
+                # stepping over the budgets found full and, past the free slots, over
+                # every limited task.
+                batch: list[tuple[Row, list[tuple[Limit, str]]]] = []
+                asked = 0
+                for row, needs in retry:
+                    if any(k in blocked for k in _keys(needs)):
+                        continue
+                    if _paced(needs):
+                        if asked >= room_for:
+                            continue
+                        asked += 1
+                    batch.append((row, needs))
                 while at < len(rows) and len(batch) < want - len(chosen):
                     row, at = rows[at], at + 1
                     needs = self._needs(row)
-                    if not any(key in blocked for key in _keys(needs)):
-                        batch.append((row, needs))
+                    if any(key in blocked for key in _keys(needs)):
+                        continue
+                    if _paced(needs):
+                        if asked >= room_for:
+                            # No free slot left for a rate-limited task: the next pass
+                            # leaves them all out in its statement, cheaper than
+                            # stepping over them here.
+                            held_back = True
+                            at = len(rows)
+                            break
+                        asked += 1
+                    batch.append((row, needs))
                 if not batch:
                     break
                 got, full, retry = await self._grant(session, batch, worker_id, making)
                 chosen += got
-                making += [_claim_of(row) for row, _ in batch if str(row["id"]) in got]
+                won = [(row, needs) for row, needs in batch if str(row["id"]) in got]
+                making += [_claim_of(row) for row, _ in won]
+                room_for -= sum(1 for _, needs in won if _paced(needs))
                 for (name, part), (lim, opening) in full.items():
                     blocked[(name, part)] = lim
                     if opening is not None:
@@ -123,7 +166,7 @@ class LimitedClaims:
                 claimed += await session.fetch(
                     "extensions/limit_claim_ids", {**base, "ids": chosen}
                 )
-            if len(rows) < size:
+            if len(rows) < size and held_back == was_held_back:
                 break  # nothing more behind these
         if blocked and len(claimed) < limit:
             now = time.monotonic()
@@ -131,6 +174,23 @@ class LimitedClaims:
             waits = [*opens] if not self.waiting_for_room else [*opens, ROOM_POLL_MS]
             self.room_at = now + max(1.0, min(waits)) / 1000
         return claimed
+
+    def _open_queues(
+        self, queues: Sequence[str], blocked: Mapping[tuple[str, str], Limit], held_back: bool
+    ) -> list[str]:
+        """The claim's queues less those whose every task needs a budget that has no
+        room: left out of the draw's statement, they cost its index nothing."""
+        if held_back:  # every rate-limited task is passed over, whatever its partition
+            covers = [*_whole_rates(self.limits), *blocked.values()]
+        else:
+            covers = list(blocked.values())
+        shut = {queue for limit in covers if _whole_queues(limit) for queue in limit.queues}
+        return [q for q in queues if q not in shut]
+
+    def recovered(self) -> None:
+        """Expired leases were just recovered: the room their claims held is stale, so
+        the next claim that finds a budget short frees it without waiting its turn."""
+        self._reclaimed.clear()
 
     async def _read_overrides(self, session: Session) -> None:
         """Apply the operator's overrides (`cairnqd limits set`), read at most every
@@ -254,8 +314,18 @@ class LimitedClaims:
         if len(got) == len(asking):
             return got
         again = False
-        if slot["kind"] == "concurrency":
-            # Claims that ended since the slots were taken left them taken: free those.
+        budget = (str(slot["limit_name"]), str(slot["part"]))
+        now = time.monotonic()
+        if slot["kind"] == "concurrency" and now - self._reclaimed.get(budget, -math.inf) >= (
+            RECLAIM_EVERY_S
+        ):
+            # Claims that ended without giving their room back (a lease recovered, a
+            # worker that died, a failure settled on its own) left slots taken: free
+            # those. Settlements give theirs back at once, so a budget that is short
+            # is mostly just full: looked at no more often than this.
+            if len(self._reclaimed) >= _ENSURED_MAX:
+                self._reclaimed.clear()
+            self._reclaimed[budget] = now
             freed = await session.fetch(
                 "extensions/limit_slots_reclaim", {**slot, "pending": unclaimed}
             )
@@ -296,30 +366,46 @@ class LimitedClaims:
     def _candidates(
         self,
         blocked: Mapping[tuple[str, str], Limit],
+        held_back: bool,
         queues: Sequence[str],
         names: Sequence[str] | None,
         size: int,
     ) -> tuple[Statement, Params]:
-        """The draw's statement for this set of full budgets, and its parameters."""
-        ordered = sorted(blocked.items())
-        shape = tuple((key[0], limit.partition_by is not None) for key, limit in ordered)
-        params: dict[str, Any] = {
-            "queues": list(queues),
-            "names": None if names is None else list(names),
-            "limit": size,
-        }
+        """The draw's statement for this set of full budgets (every limit's tasks when
+        `held_back`), and its parameters. A budget that covers whole queues needs no
+        condition: its queues are left out of `queues` (`_open_queues`)."""
+        excluded = dict(blocked)
+        if held_back:
+            # Every partition of every rate: one term per limit, on its cover alone.
+            excluded.update({(lim.name, ""): lim for lim in _whole_rates(self.limits)})
+        ordered = sorted((k, lim) for k, lim in excluded.items() if not _whole_queues(lim))
+        one_queue, name_count = len(queues) == 1, None if names is None else len(names)
+        params: dict[str, Any] = {"limit": size}
+        if one_queue:
+            params["queue"] = queues[0]
+        else:
+            params["queues"] = list(queues)
+        if names is not None:
+            if len(names) == 1:
+                params["name"] = names[0]
+            else:
+                params["names"] = list(names)
+        scope = (one_queue, None if name_count is None else name_count == 1)
+        shape = (scope, tuple((k[0], lim.partition_by is not None) for k, lim in ordered))
         stmt = self._statements.get(shape)
         if stmt is None or len(self._statements) > 256:
             if len(self._statements) > 256:
                 self._statements.clear()
-            stmt = self._statements[shape] = self._compose(ordered)
+            stmt = self._statements[shape] = self._compose(scope, ordered)
         for i, ((_, part), limit) in enumerate(ordered):
             params.update(self._cover_params(i, limit))
             if limit.partition_by is not None:
                 params[f"x{i}_part"] = part
         return stmt, params
 
-    def _compose(self, ordered: Sequence[tuple[tuple[str, str], Limit]]) -> Statement:
+    def _compose(
+        self, scope: tuple[bool, bool | None], ordered: Sequence[tuple[tuple[str, str], Limit]]
+    ) -> Statement:
         columns = "".join(
             f", {self._partition_sql(path)} as {column}" for path, column in self._columns.items()
         )
@@ -335,8 +421,28 @@ class LimitedClaims:
         return composed(
             self.dialect,
             "extensions/limit_candidates",
-            {"partitions": columns, "excluded": excluded},
+            {"scope": self._scope_sql(*scope), "partitions": columns, "excluded": excluded},
         )
+
+    def _scope_sql(self, one_queue: bool, one_name: bool | None) -> str:
+        """The claim's queues and names: plain equalities for one of each, so the claim
+        index is walked in claim order (as the protocol's claim variants do)."""
+        postgres = self.dialect == "postgres"
+        if one_queue:
+            where = "queue = :queue"
+        elif postgres:
+            where = "queue = any(:queues::text[])"
+        else:
+            where = "queue in (select value from json_each(:queues))"
+        if one_name:
+            where += " and name = :name"
+        elif one_name is not None:
+            where += (
+                " and name = any(:names::text[])"
+                if postgres
+                else " and name in (select value from json_each(:names))"
+            )
+        return where
 
     def _partition_sql(self, path: tuple[str, ...]) -> str:
         # Every key matched _FIELD (letters, digits, _) when the limit was parsed.
@@ -368,6 +474,22 @@ class LimitedClaims:
         for j, glob in enumerate(limit.names):
             params[f"x{i}_name{j}"] = like_pattern(glob) if self.dialect == "postgres" else glob
         return params
+
+
+def _whole_queues(limit: Limit) -> bool:
+    """Whether `limit` has one budget for every task of its queues (no name globs, no
+    partitions): when that budget is full, so are the queues."""
+    return bool(limit.queues) and not limit.names and limit.partition_by is None
+
+
+def _paced(needs: Sequence[tuple[Limit, str]]) -> bool:
+    """Whether a task needs room in a rate (then it is claimed only to start at once)."""
+    return any(limit.rate is not None for limit, _ in needs)
+
+
+def _whole_rates(limits: Sequence[Limit]) -> list[Limit]:
+    """The limits with a rate, each as covering all its partitions at once."""
+    return [dataclasses.replace(lim, partition_by=None) for lim in limits if lim.rate]
 
 
 def _keys(needs: Sequence[tuple[Limit, str]]) -> list[tuple[str, str]]:

@@ -282,6 +282,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/limit_claim_ids": ({}, 0),
     "extensions/limit_slots_take": ({}, 0),
     "extensions/limit_slots_untake": ({}, None),
+    "extensions/limit_slots_release": ({}, None),
     "extensions/limit_slots_ensure": ({}, None),
     "extensions/limit_slots_reclaim": ({}, 0),
     "extensions/limit_rate_opens": ({}, 1),
@@ -295,7 +296,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
 
 #: What the store fills into a composed statement's `{part}`s for a draw that meets
 #: no limit yet (store/limits.py).
-_FILLED = {"{partitions}": "", "{excluded}": "false"}
+_FILLED = {"{scope}": "queue = :queue", "{partitions}": "", "{excluded}": "false"}
 
 
 def _filled(text: str) -> str:
@@ -413,7 +414,7 @@ def test_postgres_statements_execute(pg: PgDatabases) -> None:
         for op, path in statement_files("postgres").items():
             overrides, expected = _STATEMENT_CASES[op]
             params = {**_params("postgres"), **overrides}
-            text = _filled(to_psycopg(path.read_text()))
+            text = to_psycopg(_filled(path.read_text()))
             try:
                 if normalize(text).startswith("copy "):
                     rows = None

@@ -16,6 +16,7 @@ import pytest
 from cairnqd.limits import Limit, Rate, parse_limits
 from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
+from cairnqd.store.limits import RECLAIM_EVERY_S
 from tests.support.databases import make_store
 
 SMTP = parse_limits({"smtp": {"queues": ["email"], "concurrency": 2}})
@@ -83,9 +84,10 @@ async def test_a_failure_and_a_recovered_lease_give_the_room_back(stores: list[T
     (held,) = await claim(a, "wa")
     await a.fail(task_id=held.id, worker_id="wa", error={"message": "boom"}, retryable=True)
     (again,) = await claim(b, "wb")
-    # A lease that runs out frees the room for the claim that recovers it.
+    # A lease that runs out frees the room for the claim that recovers it, once the
+    # store looks for stale room again (at most every RECLAIM_EVERY_S).
     await b.heartbeat(task_id=again.id, worker_id="wb", lease_ms=1)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(RECLAIM_EVERY_S + 0.05)
     retaken = await claim(a, "wa")
     assert len(retaken) == 1
 
@@ -258,3 +260,19 @@ async def test_many_claimers_at_once_never_pass_the_limit(dialect: str, db_targe
     finally:
         for store in stores:
             await store.close()
+
+
+async def test_a_limited_task_is_claimed_only_for_a_free_slot(stores: list[TaskStore]) -> None:
+    """Prefetch: of a claim for 6 with 2 free slots, at most 2 are rate-limited tasks;
+    the unlimited work behind them fills the rest."""
+    (a, _) = stores
+    a.use_limits(parse_limits({"paced": {"queues": ["email"], "rate": "50/1s"}}))
+    await a.submit_many([{"name": "send", "queue": "email", "priority": 5}] * 6)
+    await a.submit_many([{"name": "report", "queue": "other"}] * 6)
+
+    async def plan(draw: Any) -> Any:
+        return await draw(None, 6, 2)
+
+    got = await a.claim_session(queues=["email", "other"], worker_id="wa", names=None, plan=plan)
+    assert got is not None
+    assert sorted(t.queue for t in got) == ["email", "email", "other", "other", "other", "other"]

@@ -8,10 +8,9 @@ update cairnqd_limit_slots
 set until_ms = 0, task_id = null, worker_id = null, attempt = null
 where limit_name = :limit_name and part = :part and kind = 'concurrency'
   and until_ms > 0
-  and not exists (
-      select 1 from json_each(:pending) as p
-      where json_extract(p.value, '$.task_id') = cairnqd_limit_slots.task_id
-        and json_extract(p.value, '$.attempt') = cairnqd_limit_slots.attempt
+  and task_id || ' ' || attempt not in (
+      select json_extract(value, '$.task_id') || ' ' || json_extract(value, '$.attempt')
+      from json_each(:pending)
   )
   and not exists (
       select 1 from cairnq_tasks t

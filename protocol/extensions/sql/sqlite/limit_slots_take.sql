@@ -12,7 +12,7 @@ with free as (
     order by slot
     limit :n
 ),
-holders as (
+holders as materialized (
     select json_extract(value, '$.rn') as rn,
            json_extract(value, '$.task_id') as task_id,
            json_extract(value, '$.attempt') as attempt

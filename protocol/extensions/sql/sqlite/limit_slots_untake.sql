@@ -4,8 +4,7 @@
 update cairnqd_limit_slots
 set until_ms = 0, task_id = null, worker_id = null, attempt = null
 where worker_id = :worker_id
-  and exists (
-      select 1 from json_each(:held) as h
-      where json_extract(h.value, '$.task_id') = cairnqd_limit_slots.task_id
-        and json_extract(h.value, '$.attempt') = cairnqd_limit_slots.attempt
+  and task_id || ' ' || attempt in (
+      select json_extract(value, '$.task_id') || ' ' || json_extract(value, '$.attempt')
+      from json_each(:held)
   )
