@@ -108,7 +108,12 @@ async def serve_sdk(args: argparse.Namespace) -> None:
             Stats.handled += 1
             if pause:
                 await asyncio.sleep(pause)
-            return {"t": started}
+            # When the claim was made, by the database's clock: the lease it set, less
+            # the lease's length (ours only: the public SDK's context has no task).
+            task = getattr(ctx, "task", None)
+            lease = getattr(task, "lease_until_ms", None)
+            claimed = None if lease is None else (lease - worker.lease_ms) / 1000
+            return {"t": started, "claimed": claimed}
     else:
 
         async def handler(ctx: Any) -> Any:

@@ -235,7 +235,8 @@ class ClaimLoop:
         plan = ClaimPlan(ordered, free, ahead, self._resources, self._inflight.in_use)
         settlement = self._settlement
         settle = settlement.take()
-        if settle and ahead > 0 and not self._store.brief_transactions:
+        limited = self._store.limited is not None
+        if settle and ahead > 0 and not self._store.brief_transactions and not limited:
             # Claiming ahead takes a bigger batch, so the claim transaction stays open
             # longer (on Postgres, a round trip per statement and the server's work on
             # hundreds of rows); a result riding in it is lost if the process dies
@@ -245,7 +246,8 @@ class ClaimLoop:
             # the claim adds a few milliseconds to results that already waited up to a
             # settle interval in memory, while the second commit, with its lock hand-off
             # and fsync, cost a sixth of the drain (bench/RESULTS.md,
-            # "The claim cycle, change by change").
+            # "The claim cycle, change by change"). Under flow-control limits the results
+            # ride in the claim all the same: they give back the room it then takes.
             await self._settle_alone(settle)
             settle = []
         # The lease deadline of what this claim takes counts from before it is sent.
