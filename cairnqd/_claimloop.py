@@ -64,6 +64,10 @@ class ClaimLoop:
         self._rotation = 0
         self._slots = 1
         self._claim_sent_at = 0.0
+        # The last claim came up short because a flow-control limit had no room.
+        self._held_back = False
+        #: Tasks held when that claim ended: fewer now means some room came back.
+        self._held = 0
         # Hooks for a host process that retires a worker (see `Worker`).
         self.claim_budget: int | None = None
         self.before_claim: Callable[[], bool] | None = None
@@ -145,6 +149,16 @@ class ClaimLoop:
             if not queues:
                 await self._idle()  # every queue of ours is paused
                 continue
+            if self._held_back:
+                if self._settlement.pending or len(self._inflight) < self._held:
+                    self._held_back = False  # ours settled since: its room is back
+                else:
+                    # The last claim found a limit full, and nothing of ours settled
+                    # since: a claim now would find it full again. Wait for room: a
+                    # call of ours ending, a task settling elsewhere, the rate window.
+                    if await self._idle():
+                        self._held_back = False
+                    continue
             if not self._may_claim():
                 state.stop.set()
                 break
@@ -161,27 +175,40 @@ class ClaimLoop:
                 continue
             if self.claim_budget is not None:
                 self.claim_budget -= len(claimed)
+            self._held_back = self._store.room_wait_ms(time.monotonic()) is not None
             if not claimed:
+                if self._held_back:
+                    self._held = len(self._inflight)
+                    continue  # waits for room above
                 if not settle_only and (free > 0 or len(backlog) < ahead):
                     await self._idle()  # asked for tasks and found none
                 # else: a cycle only to write due results; nothing was asked for
                 continue
             self._dispatch(claimed, free)
+            self._held = len(self._inflight)
             # Let the new calls start before the next claim.
             await asyncio.sleep(0)
 
-    async def _idle(self) -> None:
-        """Wait for a wake-up from the store, a freed resource, stop, or the poll."""
+    async def _idle(self) -> bool:
+        """Wait for a wake-up from the store, a freed resource, stop, or the poll.
+        True when the store's wake-up or the poll ended it."""
         state = self._state
-        state.idling = True
-        self._settlement.put_back([])  # nothing will claim soon: write any results now
+        room_ms = self._store.room_wait_ms(time.monotonic())
+        # Waiting for a limit's room, the claim that ends the wait comes as soon as one
+        # of our calls ends, and the result it carries gives its room back in the same
+        # transaction; written apart, the claim could run before that commit, find the
+        # limit still full and wait for another wake-up (docs/limits.md, "How it is
+        # kept"). Otherwise nothing will claim soon: write any results now.
+        state.idling = room_ms is None
+        if state.idling:
+            self._settlement.put_back([])
         queues, wait_ms = self._queues, self._poll_interval_ms
         if self.pauses is not None:
             queues = [q for q in queues if q not in self.pauses.paused]
             wait_ms = self.pauses.wait_cap_ms(wait_ms)
-        room_ms = self._store.room_wait_ms(time.monotonic())
         gap_ms = 0
         if room_ms is not None:
+            self._store.wake_from_now()
             # A limit held work back: look again when it may have room. Wake-ups
             # (a commit, a task settling anywhere) come no sooner than ROOM_GAP_MS
             # apart, or a busy database would have every held-back worker claim at
@@ -196,6 +223,7 @@ class ClaimLoop:
             state.idling = False
             for fut in (wake, freed):
                 fut.cancel()
+        return wake.done() and not wake.cancelled()
 
     async def _wake(self, queues: Sequence[str], wait_ms: int, gap_ms: int) -> None:
         if gap_ms:

@@ -762,6 +762,10 @@ class TaskStore(ABC):
     def _register_wakeable(self, queues: Sequence[str]) -> None:
         """Push-capable dialects start buffering wake-ups for these queues."""
 
+    def wake_from_now(self) -> None:
+        """The next `claim_wake` counts only what commits from now on. For a worker
+        waiting for a limit's room: its own claim's commit is no sign of room."""
+
     async def claim(
         self,
         *,

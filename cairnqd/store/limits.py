@@ -95,6 +95,11 @@ class LimitedClaims:
         about 50 ms)."""
         worker_id = str(base["worker_id"])
         await self._read_overrides(session)
+        self.room_at = None
+        self.waiting_for_room = False
+        one = self._one_budget(queues) if self.dialect == "postgres" else None
+        if one is not None:
+            return await self._draw_one_budget(session, one, queues, names, limit, base, ready)
         claimed: list[Row] = []
         blocked: dict[tuple[str, str], Limit] = {}
         opens: list[float] = []
@@ -102,8 +107,6 @@ class LimitedClaims:
         # Whether rate-limited tasks were passed over for want of free slots: later
         # passes then look past every one of them, for the work behind.
         held_back = False
-        self.room_at = None
-        self.waiting_for_room = False
         for _ in range(_PASSES):
             want = limit - len(claimed)
             open_queues = self._open_queues(queues, blocked, held_back)
@@ -174,6 +177,117 @@ class LimitedClaims:
             waits = [*opens] if not self.waiting_for_room else [*opens, ROOM_POLL_MS]
             self.room_at = now + max(1.0, min(waits)) / 1000
         return claimed
+
+    def _one_budget(self, queues: Sequence[str]) -> tuple[Limit, str, int] | None:
+        """The one budget every task of `queues` needs, when that is so: one limit
+        covers them all, whole (no names, no partitions), with one kind of room, and no
+        other limit covers any of them. Such a claim takes its room in one statement."""
+        covering = [lim for lim in self.limits if not lim.queues or set(queues) & set(lim.queues)]
+        if len(covering) != 1:
+            return None
+        limit = covering[0]
+        if not _whole_queues(limit) or len(limit.budgets) != 1:
+            return None
+        if not set(queues) <= set(limit.queues):
+            return None
+        kind, capacity = limit.budgets[0]
+        return limit, kind, capacity
+
+    async def _draw_one_budget(
+        self,
+        session: Session,
+        budget: tuple[Limit, str, int],
+        queues: Sequence[str],
+        names: Sequence[str] | None,
+        limit: int,
+        base: Params,
+        ready: int | None,
+    ) -> list[Row]:
+        """`draw` where one budget decides (`_one_budget`): slots and tasks taken
+        together by protocol/extensions/sql/postgres/limit_claim_room.sql. Short of
+        room, it frees the budget's stale slots as the general draw does and tries
+        once more; still short, it says when to look again (`room_at`)."""
+        lim, kind, capacity = budget
+        want = limit if kind == "concurrency" or ready is None else min(limit, ready)
+        if want <= 0:
+            return []
+        slot: Params = {
+            "limit_name": lim.name,
+            "part": NO_PARTITION,
+            "kind": kind,
+            "capacity": capacity,
+            "worker_id": base["worker_id"],
+            "now_ms": None,
+        }
+        key = (lim.name, NO_PARTITION, kind, capacity)
+        if key not in self._ensured:
+            if len(self._ensured) >= _ENSURED_MAX:
+                self._ensured.clear()
+            await session.fetch("extensions/limit_slots_ensure", slot)
+            self._ensured.add(key)
+        claimed, room, now_ms = await self._claim_room(
+            session, slot, lim, queues, names, want, base
+        )
+        if len(claimed) >= want or room > len(claimed):
+            return claimed  # all it wanted, or all the work there was
+        budget_key = (lim.name, NO_PARTITION)
+        now = time.monotonic()
+        if kind == "concurrency" and now - self._reclaimed.get(budget_key, -math.inf) >= (
+            RECLAIM_EVERY_S
+        ):
+            self._reclaimed[budget_key] = now
+            freed = await session.fetch("extensions/limit_slots_reclaim", {**slot, "pending": "[]"})
+            if freed:
+                more, room, now_ms = await self._claim_room(
+                    session, slot, lim, queues, names, want - len(claimed), base
+                )
+                claimed += more
+                if len(claimed) >= want or room > len(more):
+                    return claimed
+        if kind == "rate":
+            opening = await self._opens_in(session, {**slot, "now_ms": now_ms})
+        else:
+            opening, self.waiting_for_room = ROOM_POLL_MS, True
+        self.room_at = time.monotonic() + max(1.0, opening) / 1000
+        return claimed
+
+    async def _claim_room(
+        self,
+        session: Session,
+        slot: Params,
+        limit: Limit,
+        queues: Sequence[str],
+        names: Sequence[str] | None,
+        want: int,
+        base: Params,
+    ) -> tuple[list[Row], int, int]:
+        """One run of limit_claim_room.sql: the rows claimed, the free slots found and
+        the clock (ms) it took them by."""
+        one_queue, name_count = len(queues) == 1, None if names is None else len(names)
+        scope = (one_queue, None if name_count is None else name_count == 1)
+        shape = ("room", scope)
+        stmt = self._statements.get(shape)
+        if stmt is None:
+            stmt = self._statements[shape] = composed(
+                self.dialect, "extensions/limit_claim_room", {"scope": self._scope_sql(*scope)}
+            )
+        params: dict[str, Any] = {
+            **slot,
+            **_scope_params(queues, names),
+            "n": want,
+            "lease_ms": base["lease_ms"],
+            "held_ms": HELD if slot["kind"] == "concurrency" else None,
+            "window_ms": 0 if limit.rate is None else limit.rate.window_ms,
+        }
+        rows = await session.fetch_statement(stmt, params)
+        room, now_ms = int(rows[0]["room"]), int(rows[0]["room_now_ms"])
+        claimed: list[Row] = []
+        for row in rows:
+            if row["id"] is not None:
+                task = dict(row)
+                del task["room"], task["room_now_ms"]
+                claimed.append(task)
+        return claimed, room, now_ms
 
     def _open_queues(
         self, queues: Sequence[str], blocked: Mapping[tuple[str, str], Limit], held_back: bool
@@ -380,16 +494,7 @@ class LimitedClaims:
             excluded.update({(lim.name, ""): lim for lim in _whole_rates(self.limits)})
         ordered = sorted((k, lim) for k, lim in excluded.items() if not _whole_queues(lim))
         one_queue, name_count = len(queues) == 1, None if names is None else len(names)
-        params: dict[str, Any] = {"limit": size}
-        if one_queue:
-            params["queue"] = queues[0]
-        else:
-            params["queues"] = list(queues)
-        if names is not None:
-            if len(names) == 1:
-                params["name"] = names[0]
-            else:
-                params["names"] = list(names)
+        params: dict[str, Any] = {"limit": size, **_scope_params(queues, names)}
         scope = (one_queue, None if name_count is None else name_count == 1)
         shape = (scope, tuple((k[0], lim.partition_by is not None) for k, lim in ordered))
         stmt = self._statements.get(shape)
@@ -474,6 +579,21 @@ class LimitedClaims:
         for j, glob in enumerate(limit.names):
             params[f"x{i}_name{j}"] = like_pattern(glob) if self.dialect == "postgres" else glob
         return params
+
+
+def _scope_params(queues: Sequence[str], names: Sequence[str] | None) -> dict[str, Any]:
+    """The parameters of `LimitedClaims._scope_sql`'s condition."""
+    params: dict[str, Any] = {}
+    if len(queues) == 1:
+        params["queue"] = queues[0]
+    else:
+        params["queues"] = list(queues)
+    if names is not None:
+        if len(names) == 1:
+            params["name"] = names[0]
+        else:
+            params["names"] = list(names)
+    return params
 
 
 def _whole_queues(limit: Limit) -> bool:

@@ -93,6 +93,8 @@ def _params(dialect: str) -> dict[str, Any]:
         "holders": json.dumps([{"rn": 1, "task_id": "task_q", "attempt": 1}]),
         "held": json.dumps([{"task_id": "task_q", "attempt": 1}]),
         "n": 1,
+        "held_ms": 1 << 62,
+        "window_ms": 1000,
         "path": None,
         "globs": lst([]),
         "concurrency": 2,
@@ -280,6 +282,8 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     # Limits: the draw finds the one queued task; the slot table starts empty.
     "extensions/limit_candidates": ({}, 1),
     "extensions/limit_claim_ids": ({}, 0),
+    # No slot exists: nothing is claimed, and the one row says so (room 0).
+    "extensions/limit_claim_room": ({}, 1),
     "extensions/limit_slots_take": ({}, 0),
     "extensions/limit_slots_untake": ({}, None),
     "extensions/limit_slots_release": ({}, None),
@@ -306,6 +310,7 @@ def _filled(text: str) -> str:
 
 
 _PG_ONLY = {
+    "extensions/limit_claim_room",
     "extensions/insert_copy",
     "extensions/clock_ms",
     "extensions/connection_limits",

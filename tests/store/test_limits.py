@@ -7,19 +7,23 @@ real databases, several stores (each its own connection, as two hosts would have
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 
+from cairnqd.context import TaskContext
 from cairnqd.limits import Limit, Rate, parse_limits
 from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
 from cairnqd.store.limits import RECLAIM_EVERY_S
+from cairnqd.worker import Worker
 from tests.support.databases import make_store
 
 SMTP = parse_limits({"smtp": {"queues": ["email"], "concurrency": 2}})
+SERIAL = parse_limits({"one": {"queues": ["email"], "concurrency": 1}})
 
 
 @pytest.fixture
@@ -276,3 +280,48 @@ async def test_a_limited_task_is_claimed_only_for_a_free_slot(stores: list[TaskS
     got = await a.claim_session(queues=["email", "other"], worker_id="wa", names=None, plan=plan)
     assert got is not None
     assert sorted(t.queue for t in got) == ["email", "email", "other", "other", "other", "other"]
+
+
+async def test_a_worker_waiting_for_room_claims_once_per_task(dialect: str, db_target: str) -> None:
+    """A worker with free slots under `concurrency: 1`: the result of each task rides
+    in the claim that starts the next (that claim gives the room back and takes it
+    again), and while the one task runs the worker claims nothing: a claim then could
+    only find the limit full."""
+    store = make_store(dialect, db_target)
+    await store.connect()
+    try:
+        await store.submit_many([{"name": "send", "queue": "email"}] * 12)
+        worker = Worker(store, ["email"], concurrency=4, limits=SERIAL)
+        starts: list[float] = []
+        all_started = asyncio.Event()
+
+        @worker.task("send")
+        async def send(ctx: TaskContext) -> None:
+            starts.append(time.monotonic())
+            if len(starts) == 12:
+                all_started.set()
+            await asyncio.sleep(0.03)
+
+        claims: list[tuple[int, int]] = []  # (results carried, tasks claimed)
+        original = store.claim_session
+
+        async def counted(**kw: Any) -> list[Task] | None:
+            got = await original(**kw)
+            claims.append((len(kw.get("settle", ())), len(got or [])))
+            return got
+
+        store.claim_session = counted  # type: ignore[method-assign]
+        runner = asyncio.create_task(worker.run())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_started.wait(), 60)
+        worker.stop()
+        await runner
+    finally:
+        await store.close()
+    assert len(starts) == 12
+    taking = [c for c in claims if c[1]]
+    assert all(took == 1 for _, took in taking)
+    # Every task after the first started from a claim carrying the one before it.
+    assert sum(1 for carried, took in taking if carried and took) >= 10, claims
+    # Empty claims are the rare wake-ups from outside (a poll): never one per task.
+    assert sum(1 for _, took in claims if not took) <= 4, claims

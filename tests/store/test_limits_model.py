@@ -27,14 +27,23 @@ import math
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from cairnqd.errors import LostLease
 from cairnqd.limits import Limit, parse_limits
 from cairnqd.models import Task
 from cairnqd.store import base as store_base
+from cairnqd.store.base import TaskStore
+from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
 
 LEASE_MS = 5_000
@@ -74,19 +83,32 @@ class LimitsModel(RuleBasedStateMachine):
         self.cap = 2
         self.held: dict[str, list[Task]] = {w: [] for w in WORKERS}
         self.api_starts: list[int] = []
-        self.stores: dict[str, SQLiteStore] = {}
+        self.stores: dict[str, TaskStore] = {}
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
 
+    def limits(self, concurrency: int) -> tuple[Limit, ...]:
+        return limits(concurrency)
+
+    def partition(self, task: Task) -> str | None:
+        """The concurrency budget `task` takes from; None: it takes from none."""
+        return _tenant(task) if task.queue == "q" else None
+
+    def rated(self, task: Task) -> bool:
+        return task.name.startswith("api")
+
+    def new_store(self) -> TaskStore:
+        if not hasattr(self, "folder"):
+            self.folder = Path(self.run(asyncio.to_thread(_tempdir)))
+        return SQLiteStore(str(self.folder / "model.db"), clock=self.clock)
+
     @initialize(path=st.just(None))
     def open(self, path: None) -> None:
-        folder = Path(self.run(asyncio.to_thread(_tempdir)))
-        self.folder = folder
         for w in WORKERS:
-            store = SQLiteStore(str(folder / "model.db"), clock=self.clock)
+            store = self.new_store()
             self.run(store.connect())
-            store.use_limits(limits(self.cap))
+            store.use_limits(self.limits(self.cap))
             self.stores[w] = store
 
     def teardown(self) -> None:
@@ -110,13 +132,14 @@ class LimitsModel(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS), n=st.integers(1, 4))
     def claim(self, worker: str, n: int) -> None:
+        self.claim_from(worker, n, ["q", "other"])
+
+    def claim_from(self, worker: str, n: int, queues: list[str]) -> None:
         store = self.stores[worker]
-        claimed = self.run(
-            store.claim(queues=["q", "other"], worker_id=worker, limit=n, lease_ms=LEASE_MS)
-        )
+        claimed = self.run(store.claim(queues=queues, worker_id=worker, limit=n, lease_ms=LEASE_MS))
         self.held[worker] += claimed
         for task in claimed:
-            if task.name.startswith("api"):
+            if self.rated(task):
                 self.api_starts.append(self.clock.now)
         self.check_concurrency(claimed)
         self.check_rate()
@@ -153,18 +176,18 @@ class LimitsModel(RuleBasedStateMachine):
     def change_the_limit(self, cap: int) -> None:
         self.cap = cap
         for store in self.stores.values():
-            store.use_limits(limits(cap))
+            store.use_limits(self.limits(cap))
 
     # -- invariants ----------------------------------------------------------------------
 
     def check_concurrency(self, claimed: list[Task]) -> None:
-        started = {_tenant(t) for t in claimed if t.queue == "q"}
+        started = {self.partition(t) for t in claimed} - {None}
         if not started:
             return
         rows = self.run(self.stores["w0"].list(status="running", queue="q", limit=1000))
         live = [t for t in rows if (t.lease_until_ms or 0) > self.clock.now]
         for tenant in started:
-            count = sum(1 for t in live if _tenant(t) == tenant)
+            count = sum(1 for t in live if self.partition(t) == tenant)
             assert count <= self.cap, (
                 f"{count} tasks of partition {tenant} run under live leases after a start "
                 f"with the limit at {self.cap}"
@@ -201,3 +224,60 @@ LimitsModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_limits_hold_under_any_interleaving = LimitsModel.TestCase
+
+
+class OneBudgetModel(LimitsModel):
+    """The same model on Postgres, with limits that each cover a queue whole with one
+    kind of room: a claim of one queue then takes its room in one statement
+    (protocol/extensions/sql/postgres/limit_claim_room.sql), while a claim of both
+    goes the general way, on the same slots."""
+
+    dsn = ""
+
+    def limits(self, concurrency: int) -> tuple[Limit, ...]:
+        return parse_limits(
+            {
+                "conc": {"queues": ["q"], "concurrency": concurrency},
+                "api": {"queues": ["other"], "rate": f"{RATE}/{WINDOW_MS}ms"},
+            }
+        )
+
+    def partition(self, task: Task) -> str | None:
+        return "(none)" if task.queue == "q" else None
+
+    def rated(self, task: Task) -> bool:
+        return task.queue == "other"
+
+    def new_store(self) -> TaskStore:
+        return PostgresStore(self.dsn, clock=self.clock)
+
+    @initialize(path=st.just(None))
+    def open(self, path: None) -> None:
+        super().open(path)
+        # One database serves every example: each starts from empty tables.
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(_EMPTY_TABLES)
+
+    @rule(
+        worker=st.sampled_from(WORKERS), n=st.integers(1, 4), queue=st.sampled_from(["q", "other"])
+    )
+    def claim_one_queue(self, worker: str, n: int, queue: str) -> None:
+        self.claim_from(worker, n, [queue])
+
+
+_EMPTY_TABLES = (
+    "truncate cairnq_tasks, cairnq_task_keys, cairnqd_limit_slots, cairnqd_limit_overrides"
+)
+
+
+def test_one_budget_limits_hold_on_postgres(pg_dsn: str) -> None:
+    OneBudgetModel.dsn = pg_dsn
+    run_state_machine_as_test(
+        OneBudgetModel,
+        settings=settings(
+            max_examples=40,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )

@@ -498,6 +498,9 @@ class SQLiteStore(TaskStore):
     def _register_wakeable(self, queues: Sequence[str]) -> None:
         self._wake_baseline = (self._data_version(), self._local_commits)
 
+    def wake_from_now(self) -> None:
+        self._register_wakeable(())
+
     def _data_version(self) -> int:
         conn = self._conn
         if conn is None or self._lock.locked():
