@@ -46,6 +46,7 @@ from cairnqd.store.base import TaskStore, wall_clock_ms
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import missing_sqlite_file, store_for
 from cairnqd.store.tables.fleet import FleetMember
+from cairnqd.store.tables.limits import RoomWait
 
 __all__ = [
     "CliError",
@@ -351,16 +352,30 @@ def _missing(task_id: str | None, key: str | None) -> CliError:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     task_id, key = _one_target(args)
+    config = load(args.config)
     if args.follow:
-        return _follow(load(args.config), task_id, key)
-    task = with_store(load(args.config), lambda store: _fetch(store, task_id, key))
+        return _follow(config, task_id, key)
+    limits = config.flow_limits()
+
+    async def read(store: TaskStore) -> tuple[Task | None, list[RoomWait]]:
+        task = await _fetch(store, task_id, key)
+        if task is None or not limits:
+            return task, []
+        # A queued, due task that a full limit holds back says so (docs/limits.md).
+        return task, await store.limit_table.waiting_for(task, limits)
+
+    task, waits = with_store(config, read)
     if task is None:
         raise _missing(task_id, key)
     if args.json:
-        print(_json(dataclasses.asdict(task)))
+        data = dataclasses.asdict(task)
+        data["waiting_for"] = [w.to_json() for w in waits]
+        print(_json(data))
         return exitcodes.OK
     for field, value in dataclasses.asdict(task).items():
         print(f"{field}:{_shown(field, value)}")
+    for wait in waits:
+        print(wait.describe())
     return exitcodes.OK
 
 
@@ -652,7 +667,8 @@ def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         parents=parents,
         help="show one task in full",
         description="Show every field of one task: payload, result, error envelope (with "
-        "the handler's traceback), times in UTC.",
+        "the handler's traceback), times in UTC; for a due task that a full flow-control "
+        "limit of the config holds back, which budget it waits for (--json: waiting_for).",
     )
     _add_target(p)
     p.add_argument("--json", action="store_true", help="print JSON")

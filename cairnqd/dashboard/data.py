@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from cairnqd.config import Config
 from cairnqd.daemon.parent.dbthread import LoopThread
+from cairnqd.limits import Limit, Override, overridden
 from cairnqd.models import STATUSES, Task
 from cairnqd.store.base import TaskStore
 from cairnqd.store.browse import (
@@ -36,6 +37,13 @@ from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.operator import QueuePause
 from cairnqd.store.tables.fleet import FleetMember
+from cairnqd.store.tables.limits import (
+    Bypass,
+    LimitUsage,
+    PartitionUsage,
+    RoomWait,
+    full_budgets,
+)
 from cairnqd.store.tables.schedules import ScheduleRow, ScheduleTable
 
 log = logging.getLogger("cairnqd.dashboard")
@@ -54,6 +62,10 @@ INDEX_RETRY_S = 60
 #: A report older than this is shown as silent; one older than an hour is dropped.
 REPORT_SILENT_S = 30.0
 _REPORT_KEEP_MS = 3_600_000
+#: The partitions of one limit the overview lists: the busiest by tasks waiting.
+TOP_PARTITIONS = 5
+#: The running tasks outside a limit the overview names, per limit.
+BYPASSES_SHOWN = 10
 
 #: What the daemon's control snapshot looks like (cairnqd/daemon/parent/control.py), or None.
 DaemonView = Callable[[], "dict[str, Any] | None"]
@@ -71,6 +83,44 @@ class QueueRow:
     pause: QueuePause | None
     #: (succeeded, failed) per minute of the last hour, oldest first.
     per_minute: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class LimitRow:
+    """One configured limit as the overview shows it (docs/limits.md): its budgets as in
+    force (an operator's override applied), totals over its partitions, and the busiest
+    few partitions, never all of them."""
+
+    limit: Limit
+    #: The limit as the config has it (`limit` differs under an override).
+    configured: Limit
+    override: Override | None
+    in_use: int
+    starts: int
+    waiting: int
+    #: The busiest partitions (at most `TOP_PARTITIONS`), by tasks waiting.
+    top: tuple[PartitionUsage, ...]
+    #: Partitions that hold or wait for anything, shown or not.
+    partitions: int
+    #: Partitions with no room now in some budget (`full_budgets`).
+    full: int
+
+    @classmethod
+    def of(cls, usage: LimitUsage, configured: Limit, override: Override | None) -> LimitRow:
+        parts = usage.partitions
+        busiest = sorted(parts, key=lambda p: (-p.waiting, -p.in_use, -p.starts, p.part))
+        lim = usage.limit
+        return cls(
+            limit=lim,
+            configured=configured,
+            override=override,
+            in_use=usage.in_use,
+            starts=sum(p.starts for p in parts),
+            waiting=usage.waiting,
+            top=tuple(busiest[:TOP_PARTITIONS]),
+            partitions=len(parts),
+            full=sum(1 for p in parts if full_budgets(lim, p)),
+        )
 
 
 @dataclass(frozen=True)
@@ -108,6 +158,12 @@ class Overview:
     hosts: list[HostView] = field(default_factory=list)
     #: The daemons live on the database (the fleet registry), reporting or not.
     fleet: list[FleetMember] = field(default_factory=list)
+    #: Each limit of the config (empty: none configured, and no Limits section).
+    limits: list[LimitRow] = field(default_factory=list)
+    #: Running tasks a limit covers that do not count in it (at most a few per limit).
+    bypasses: list[Bypass] = field(default_factory=list)
+    #: Per queue, the limits holding back its due tasks now.
+    throttled: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _per_minute(counts: Sequence[FinishedCount], now_minute: int) -> dict[str, list[list[int]]]:
@@ -362,6 +418,9 @@ class DashboardData:
             totals=old.totals if old else {},
             serial=old.serial if old else 0,
             hosts=_hosts(daemon, []) + [h for h in (old.hosts if old else []) if h.age_s],
+            limits=old.limits if old else [],
+            bypasses=old.bypasses if old else [],
+            throttled=old.throttled if old else {},
         )
 
     def _daemon(self) -> tuple[dict[str, Any] | None, str | None]:
@@ -387,6 +446,7 @@ class DashboardData:
             schedules = await ScheduleTable(store).rows() if self.config.schedules else {}
             reports = await store.reports.all()
             fleet = await store.fleet.live()
+            limits, bypasses, throttled = await self._read_limits(store)
         except Exception:
             await self._store.close()
             raise
@@ -421,7 +481,32 @@ class DashboardData:
             serial=self.refreshes,
             hosts=_hosts(daemon, reports),
             fleet=fleet,
+            limits=limits,
+            bypasses=bypasses,
+            throttled=throttled,
         )
+
+    async def _read_limits(
+        self, store: TaskStore
+    ) -> tuple[list[LimitRow], list[Bypass], dict[str, list[str]]]:
+        """The config's limits as `cairnqd limits` reads them, the tasks running outside
+        them, and the queues they hold back; nothing when the config has none. The
+        dashboard takes its limits from the config it was started with, as it takes
+        the groups and schedules (the daemon's, or the file `cairnqd dashboard` reads)."""
+        configured = self.config.flow_limits()
+        if not configured:
+            return [], [], {}
+        table = store.limit_table
+        overrides = {o.name: o for o in await table.overrides()}
+        kept = overridden(configured, overrides.values())
+        usages = await table.usage(kept)
+        bypasses = await table.bypassing(kept, most=BYPASSES_SHOWN)
+        throttled = await table.holding_back(usages)
+        rows = [
+            LimitRow.of(usage, written, overrides.get(written.name))
+            for usage, written in zip(usages, configured, strict=True)
+        ]
+        return rows, bypasses, throttled
 
     def _configured_queues(self) -> set[str]:
         found: set[str] = set()
@@ -452,6 +537,18 @@ class DashboardData:
             return task, key
 
         return self._run(read, f"task {task_id}")
+
+    def waiting_for(self, task: Task) -> list[RoomWait]:
+        """Why `task` waits for room in a limit of the config, if it does (a queued,
+        due task whose budget is full); empty without limits."""
+        limits = self.config.flow_limits()
+        if not limits or task.status != "queued":
+            return []
+
+        async def read(store: TaskStore) -> list[RoomWait]:
+            return await store.limit_table.waiting_for(task, limits)
+
+        return self._run(read, f"the limits of task {task.id}")
 
     # -- writes (actions) -----------------------------------------------------------------
 
@@ -486,6 +583,7 @@ __all__ = [
     "DashboardData",
     "DatabaseError",
     "HostView",
+    "LimitRow",
     "Overview",
     "QueueRow",
     "bulk_failed",

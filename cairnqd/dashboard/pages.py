@@ -13,20 +13,22 @@ import json
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cairnqd._jsoncodec import shown
 from cairnqd.config import Config, ScheduleConfig
-from cairnqd.config.units import elapsed_text
+from cairnqd.config.units import elapsed_text, format_duration
 from cairnqd.dashboard.auth import Session
-from cairnqd.dashboard.data import HOUR_MINUTES, HostView, Overview, QueueRow
+from cairnqd.dashboard.data import HOUR_MINUTES, HostView, LimitRow, Overview, QueueRow
 from cairnqd.dashboard.markup import Markup, join, render
 from cairnqd.dashboard.params import encode_cursor, with_params
+from cairnqd.limits import NO_PARTITION, Limit
 from cairnqd.models import STATUSES, Task
 from cairnqd.schedules import from_ms
 from cairnqd.store.browse import SORTS, TaskQuery, TaskSummary
 from cairnqd.store.tables.fleet import versions
+from cairnqd.store.tables.limits import PartitionUsage, RoomWait, full_budgets, span_text
 from cairnqd.store.tables.schedules import ScheduleRow
 
 NAV = (
@@ -265,6 +267,14 @@ def overview_page(overview: Overview, viewer: Viewer) -> Markup:
                     '<input name="reason" placeholder="reason (optional)" maxlength="1000">'
                 ),
             )
+        throttled = overview.throttled.get(q.queue)
+        if throttled:
+            # A limit covering the queue has a full budget with due tasks of it waiting.
+            paused = render(
+                '{paused} <span class="throttled">throttled by {names}</span>',
+                paused=paused,
+                names=", ".join(throttled),
+            )
         rows.append(render(
             '<tr><th scope="row"><a href="{href}">{queue}</a></th>{counts}'
             '<td class="num">{oldest}</td><td class="spark">{chart}</td>'
@@ -288,12 +298,168 @@ def overview_page(overview: Overview, viewer: Viewer) -> Markup:
     )
     return render(
         '{problem}<div class="totals">{totals}</div><h2>Queues</h2>{queues}'
-        "<h2>Groups</h2>{groups}{note}",
+        "{limits}<h2>Groups</h2>{groups}{note}",
         problem=problem_note(overview),
         totals=totals,
         queues=queues,
+        limits=limits_section(overview),
         groups=groups_table(overview),
         note=snapshot_note(overview),
+    )
+
+
+# -- limits ----------------------------------------------------------------------------------
+
+
+def _window(ms: int) -> str:
+    return format_duration(timedelta(milliseconds=ms))
+
+
+def _covers(limit: Limit) -> str:
+    """What a limit covers, as the config says it."""
+    said = []
+    if limit.queues:
+        said.append("queues " + ", ".join(limit.queues))
+    if limit.names:
+        said.append("names " + ", ".join(limit.names))
+    if limit.partition_field is not None:
+        said.append(f"a budget per {limit.partition_field}")
+    return "; ".join(said)
+
+
+def _budgets_text(limit: Limit) -> str:
+    said = []
+    if limit.concurrency is not None:
+        said.append(f"concurrency {limit.concurrency}")
+    if limit.rate is not None:
+        said.append(f"rate {limit.rate.count}/{_window(limit.rate.window_ms)}")
+    return ", ".join(said)
+
+
+def _room_state(waits: Sequence[RoomWait]) -> Markup:
+    if not waits:
+        return Markup('<span class="running">room</span>')
+    return render(
+        '<span class="throttled">full</span> <small>{kinds}</small>',
+        kinds=", ".join(w.kind for w in waits),
+    )
+
+
+def _budget_cells(limit: Limit, part: PartitionUsage) -> Markup:
+    """Running, starts, waiting and when the window opens, for one budget's partition."""
+    rate = limit.rate
+    full_rate = rate is not None and part.starts >= rate.count
+    return render(
+        '<td class="num">{running}</td><td class="num">{starts}</td>'
+        '<td class="num">{waiting}</td><td class="num">{opens}</td><td>{state}</td>',
+        running="-" if limit.concurrency is None else f"{part.in_use}/{limit.concurrency}",
+        starts="-" if rate is None else f"{part.starts}/{rate.count} per {_window(rate.window_ms)}",
+        waiting=part.waiting,
+        opens=span_text(part.window_frees_in_ms or 0) if full_rate else "-",
+        state=_room_state(full_budgets(limit, part)),
+    )
+
+
+def _limit_rows(row: LimitRow) -> list[Markup]:
+    lim = row.limit
+    name = render("{name}", name=lim.name)
+    if row.override is not None:
+        o = row.override
+        name = render(
+            '{name}<br><small class="warn">overridden by {by} at {at}{why}; the config '
+            "says {config}</small>",
+            name=name,
+            by=o.set_by,
+            at=when(o.set_at_ms),
+            why=f": {o.reason}" if o.reason else "",
+            config=_budgets_text(row.configured),
+        )
+    head = render(
+        '<tr><th scope="row">{name}</th><td>{covers}</td>', name=name, covers=_covers(lim)
+    )
+    if lim.partition_by is None:
+        part = row.top[0] if row.top else PartitionUsage(NO_PARTITION)
+        return [render("{head}{cells}</tr>", head=head, cells=_budget_cells(lim, part))]
+    rate = lim.rate
+    rows = [
+        render(
+            '{head}<td class="num">{running}</td><td class="num">{starts}</td>'
+            '<td class="num">{waiting}</td><td class="num">-</td><td>{state}</td></tr>',
+            head=head,
+            running="-"
+            if lim.concurrency is None
+            else f"{row.in_use} ({lim.concurrency} per partition)",
+            starts="-"
+            if rate is None
+            else f"{row.starts} ({rate.count} per {_window(rate.window_ms)} per partition)",
+            waiting=row.waiting,
+            state=render(
+                '<span class="throttled">{n} of {of} partitions full</span>',
+                n=row.full,
+                of=row.partitions,
+            )
+            if row.full
+            else Markup('<span class="running">room</span>'),
+        )
+    ]
+    for part in row.top:
+        rows.append(
+            render(
+                '<tr class="part"><th scope="row"><small>partition</small> {part}</th>'
+                "<td></td>{cells}</tr>",
+                part=part.part,
+                cells=_budget_cells(lim, part),
+            )
+        )
+    hidden = row.partitions - len(row.top)
+    if hidden > 0:
+        rows.append(
+            render(
+                '<tr class="part"><td colspan="7" class="note">and {n} more partitions '
+                "({waiting} tasks waiting)</td></tr>",
+                n=hidden,
+                waiting=row.waiting - sum(p.waiting for p in row.top),
+            )
+        )
+    return rows
+
+
+def limits_section(overview: Overview) -> Markup:
+    """Each flow-control limit of the config and what it holds now (docs/limits.md);
+    nothing when the config has none."""
+    if not overview.limits:
+        return Markup("")
+    bypasses = join(
+        render(
+            '<li>limit {limit}: task <a class="mono" href="/task/{id}">{id}</a> ({name}) '
+            "runs outside it, claimed by worker {worker}, which does not keep this limit "
+            "(a public SDK worker, or a cairnqd worker configured without it)</li>",
+            limit=b.limit,
+            id=b.task_id,
+            name=b.name,
+            worker=b.worker_id,
+        )
+        for b in overview.bypasses
+    )
+    warning = (
+        render(
+            '<div class="warn" role="alert"><p>Tasks running outside a limit: they do not '
+            "count in its budget.</p><ul>{items}</ul></div>",
+            items=bypasses,
+        )
+        if overview.bypasses
+        else Markup("")
+    )
+    rows = [r for row in overview.limits for r in _limit_rows(row)]
+    return render(
+        '<section class="limits"><h2>Limits</h2>{warning}<table class="grid"><thead><tr>'
+        '<th scope="col">limit</th><th scope="col">covers</th>'
+        '<th scope="col" class="num">running</th><th scope="col" class="num">starts</th>'
+        '<th scope="col" class="num">waiting</th>'
+        '<th scope="col" class="num">window opens in</th><th scope="col">room</th>'
+        "</tr></thead><tbody>{rows}</tbody></table></section>",
+        warning=warning,
+        rows=join(rows),
     )
 
 
@@ -419,7 +585,10 @@ def tasks_page(
     )  # fmt: skip
 
 
-def task_page(task: Task, key: str | None, viewer: Viewer) -> Markup:
+def task_page(
+    task: Task, key: str | None, viewer: Viewer, waits: Sequence[RoomWait] = ()
+) -> Markup:
+    """One task in full; `waits` are the budgets of limits it waits for room in."""
     back = f"/task/{task.id}"
     controls = []
     if task.status in ("failed", "canceled"):
@@ -479,11 +648,20 @@ def task_page(task: Task, key: str | None, viewer: Viewer) -> Markup:
         if task.status == "succeeded" or task.result is not None
         else Markup("")
     )
+    waiting = (
+        render(
+            '<div class="waiting" role="status"><h2>Waiting for room</h2><ul>{items}</ul></div>',
+            items=join(render('<li class="throttled">{w}</li>', w=w.describe()) for w in waits),
+        )
+        if waits
+        else Markup("")
+    )
     return render(
-        '<div class="controls">{controls}</div><dl class="facts">{dl}</dl>{progress}'
+        '<div class="controls">{controls}</div>{waiting}<dl class="facts">{dl}</dl>{progress}'
         "<h2>Payload</h2><pre>{payload}</pre>{result}{error}"
         "<h2>Metadata</h2><pre>{metadata}</pre>",
         controls=join(controls),
+        waiting=waiting,
         dl=dl,
         progress=progress,
         payload=pretty(task.payload),
@@ -742,6 +920,7 @@ __all__ = [
     "Viewer",
     "failed_page",
     "layout",
+    "limits_section",
     "login_page",
     "message_page",
     "overview_page",

@@ -37,6 +37,7 @@ def test_every_page_renders_with_tasks_in_every_status(dash: Dash) -> None:
     assert ">work</a>" in overview.text and ">parked</a>" in overview.text
     assert f"pid {dash.daemon.pid}, this host, live" in overview.text
     assert '<th scope="row">w</th>' in overview.text
+    assert "<h2>Limits</h2>" not in overview.text  # the config has no limits
 
     tasks = http.get("/tasks")
     assert tasks.status == 200

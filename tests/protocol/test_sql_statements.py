@@ -97,6 +97,7 @@ def _params(dialect: str) -> dict[str, Any]:
         "window_ms": 1000,
         "path": None,
         "globs": lst([]),
+        "parts": lst(["(none)"]),
         "concurrency": 2,
         "rate_count": None,
         "rate_window_ms": None,
@@ -296,6 +297,10 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/limit_override_set": ({}, 1),
     "extensions/limit_overrides": ({}, 0),
     "extensions/limit_overrides_clear": ({}, 0),
+    # Why a task waits: task_q is queued and due and its partition has no slots yet
+    # (one row, kind null); its queue holds one due task in the partition '(none)'.
+    "extensions/limit_room_task": ({"id": "task_q"}, 1),
+    "extensions/limit_room_queues": ({}, 1),
 }
 
 #: What the store fills into a composed statement's `{part}`s for a draw that meets

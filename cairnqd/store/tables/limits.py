@@ -1,5 +1,6 @@
-"""`LimitTable`: what the flow-control limits hold now (`cairnqd limits`, the metrics)
-and the operator's overrides (`cairnqd limits set`), in cairnqd's own tables
+"""`LimitTable`: what the flow-control limits hold now (`cairnqd limits`, the metrics,
+the dashboard), why a due task waits for room (`cairnqd inspect`, the dashboard's task
+page), and the operator's overrides (`cairnqd limits set`), in cairnqd's own tables
 (`cairnqd_limit_slots`, `cairnqd_limit_overrides`); the claim itself lives in
 store/limits.py."""
 
@@ -9,12 +10,17 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
-from cairnqd.limits import NO_PARTITION, Limit, Override, Rate, like_pattern
+from cairnqd.config.units import elapsed_text, format_duration
+from cairnqd.limits import NO_PARTITION, Limit, Override, Rate, like_pattern, overridden
 from cairnqd.store.arguments import require_str
 from cairnqd.store.executor import Executor
 from cairnqd.store.operator import check_reason
+
+if TYPE_CHECKING:
+    from cairnqd.models import Task
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,88 @@ class LimitUsage:
         }
 
 
+def span_text(ms: int) -> str:
+    """A short wait as people read it: 120 ms, 1.5s, 4m 10s."""
+    return f"{ms} ms" if ms < 1000 else elapsed_text(ms / 1000, " ")
+
+
+@dataclass(frozen=True)
+class RoomWait:
+    """One budget with no room now: a due task that needs it is not claimed until
+    room comes back (docs/limits.md, "Seeing and changing them")."""
+
+    limit: str
+    partition: str
+    #: "concurrency" or "rate".
+    kind: str
+    #: Tasks running under it (concurrency) or starts in the window (rate).
+    in_use: int
+    capacity: int
+    #: Rate: milliseconds until the earliest start leaves the window; None otherwise.
+    opens_in_ms: int | None = None
+    #: Rate: the window's length, for the description.
+    window_ms: int | None = None
+    #: Whether the limit has partitions (`partition_by`): the description names it.
+    partitioned: bool = False
+
+    def describe(self) -> str:
+        where = f"limit {self.limit}"
+        if self.partitioned:
+            where += f" (partition {self.partition})"
+        if self.kind == "concurrency":
+            what = f"{self.in_use}/{self.capacity} running"
+        else:
+            window = format_duration(timedelta(milliseconds=self.window_ms or 0))
+            what = f"rate {self.capacity}/{window} full"
+            if self.opens_in_ms is not None:
+                what += f"; opens in {span_text(self.opens_in_ms)}"
+        return f"waiting for room in {where}: {what}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "limit": self.limit,
+            "partition": self.partition,
+            "kind": self.kind,
+            "in_use": self.in_use,
+            "capacity": self.capacity,
+            "opens_in_ms": self.opens_in_ms,
+        }
+
+
+def full_budgets(limit: Limit, part: PartitionUsage) -> list[RoomWait]:
+    """The budgets of `limit` in which partition `part` has no room now: concurrency
+    when as many of its tasks run as the limit allows (or more, after it was lowered),
+    rate when its window holds as many starts as the rate allows. The one test of
+    "full" behind the dashboard's marks and `cairnqd inspect`."""
+    full = []
+    partitioned = limit.partition_by is not None
+    if limit.concurrency is not None and part.in_use >= limit.concurrency:
+        full.append(
+            RoomWait(
+                limit.name,
+                part.part,
+                "concurrency",
+                part.in_use,
+                limit.concurrency,
+                partitioned=partitioned,
+            )
+        )
+    if limit.rate is not None and part.starts >= limit.rate.count:
+        full.append(
+            RoomWait(
+                limit.name,
+                part.part,
+                "rate",
+                part.starts,
+                limit.rate.count,
+                opens_in_ms=part.window_frees_in_ms or 0,
+                window_ms=limit.rate.window_ms,
+                partitioned=partitioned,
+            )
+        )
+    return full
+
+
 @dataclass(frozen=True)
 class Bypass:
     """A running task a limit covers that does not count in it, and who claimed it."""
@@ -75,6 +163,20 @@ class Bypass:
         )
 
 
+def _held(rows: Sequence[Any], parts: dict[str, dict[str, Any]]) -> None:
+    """What limit_usage.sql (or limit_room_task.sql) rows say each partition holds, as
+    `PartitionUsage` fields into `parts`."""
+    for row in rows:
+        part = parts[str(row["part"])]
+        if row["kind"] == "concurrency":
+            part["in_use"] = int(row["used"] or 0)
+        else:
+            part["starts"] = int(row["used"] or 0)
+            if row["frees_at_ms"] is not None:
+                frees = int(row["frees_at_ms"]) - int(row["now_ms"])
+                part["window_frees_in_ms"] = max(0, frees)
+
+
 class LimitTable:
     def __init__(self, executor: Executor) -> None:
         self._db = executor
@@ -85,15 +187,7 @@ class LimitTable:
         for limit in limits:
             parts: dict[str, dict[str, Any]] = defaultdict(dict)
             rows = await self._db.fetch("extensions/limit_usage", {"limit_name": limit.name})
-            for row in rows:
-                part = parts[str(row["part"])]
-                if row["kind"] == "concurrency":
-                    part["in_use"] = int(row["used"] or 0)
-                else:
-                    part["starts"] = int(row["used"] or 0)
-                    if row["frees_at_ms"] is not None:
-                        frees = int(row["frees_at_ms"]) - int(row["now_ms"])
-                        part["window_frees_in_ms"] = max(0, frees)
+            _held(rows, parts)
             for row in await self._db.fetch("extensions/limit_waiting", self._cover(limit)):
                 parts[str(row["part"])]["waiting"] = int(row["waiting"])
             shown = [
@@ -103,6 +197,44 @@ class LimitTable:
             ]
             out.append(LimitUsage(limit, tuple(shown)))
         return out
+
+    async def waiting_for(self, task: Task, limits: Sequence[Limit]) -> list[RoomWait]:
+        """Why `task` is not claimed yet, if a limit holds it back: each budget it needs
+        (its partition's, by the limit's `partition_by`) that has no room now, when the
+        task is queued and due. `limits` as configured: the operator's overrides are
+        applied here. Empty when nothing holds it back."""
+        if task.status != "queued":
+            return []
+        covering = [lim for lim in limits if lim.covers(task.queue, task.name)]
+        if not covering:
+            return []
+        waits = []
+        for limit in overridden(covering, await self.overrides()):
+            params = {"id": task.id, "limit_name": limit.name, "path": self._cover(limit)["path"]}
+            rows = await self._db.fetch("extensions/limit_room_task", params)
+            if not rows:
+                return []  # not queued or not due (any more): nothing waits for room
+            part = str(rows[0]["part"])
+            parts: dict[str, dict[str, Any]] = defaultdict(dict)
+            _held([r for r in rows if r["kind"] is not None], parts)
+            waits += full_budgets(limit, PartitionUsage(part=part, **parts[part]))
+        return waits
+
+    async def holding_back(self, usages: Sequence[LimitUsage]) -> dict[str, list[str]]:
+        """Per queue, the names of the limits that hold back due tasks on it now: a
+        budget of the limit is full (`full_budgets`) in a partition that has due tasks
+        on that queue. `usages` as `usage` read them; queues held back by nothing are
+        left out."""
+        found: dict[str, list[str]] = defaultdict(list)
+        for usage in usages:
+            full = [p.part for p in usage.partitions if p.waiting and full_budgets(usage.limit, p)]
+            if not full:
+                continue
+            params = {**self._cover(usage.limit), "parts": full}
+            for row in await self._db.fetch("extensions/limit_room_queues", params):
+                if int(row["waiting"]):
+                    found[str(row["queue"])].append(usage.limit.name)
+        return {queue: sorted(names) for queue, names in sorted(found.items())}
 
     def _cover(self, limit: Limit) -> dict[str, Any]:
         postgres = self._db.dialect == "postgres"
@@ -164,4 +296,13 @@ class LimitTable:
         return sorted(str(r["limit_name"]) for r in rows)
 
 
-__all__ = ["NO_PARTITION", "Bypass", "LimitTable", "LimitUsage", "PartitionUsage"]
+__all__ = [
+    "NO_PARTITION",
+    "Bypass",
+    "LimitTable",
+    "LimitUsage",
+    "PartitionUsage",
+    "RoomWait",
+    "full_budgets",
+    "span_text",
+]

@@ -141,3 +141,41 @@ def test_an_override_reaches_the_children_and_a_reload_ends_it(
 
     wait_for("the reload to end the override", lambda: override() is None, timeout=30)
     assert daemon.stop() == 0
+
+
+def test_inspect_says_which_limit_a_due_task_waits_for(
+    tmp_path: Path, dialect: str, db_target: str
+) -> None:
+    config = control_config(tmp_path, dialect, db_target, {"g": {"queues": ["a", "b"]}})
+    config["limits"] = LIMITS
+    path = write_config(tmp_path, config)
+    assert cli(path, "migrate").returncode == 0
+    _hold(dialect, db_target)
+    queued = json.loads(cli(path, "list", "--status", "queued", "--json").stdout)
+    running = json.loads(cli(path, "list", "--status", "running", "--json").stdout)
+    mail = next(t["id"] for t in queued if t["queue"] == "a")
+    tenant = next(t["id"] for t in queued if t["queue"] == "b")
+
+    shown = cli(path, "inspect", mail)
+    assert shown.returncode == 0, shown.stderr
+    assert "waiting for room in limit smtp: 3/3 running" in shown.stdout.splitlines()
+    data = json.loads(cli(path, "inspect", mail, "--json").stdout)
+    assert data["waiting_for"] == [
+        {
+            "limit": "smtp",
+            "partition": "(none)",
+            "kind": "concurrency",
+            "in_use": 3,
+            "capacity": 3,
+            "opens_in_ms": None,
+        }
+    ]
+    partitioned = cli(path, "inspect", tenant).stdout
+    assert "waiting for room in limit tenant (partition x): 1/1 running" in partitioned
+    busy = json.loads(cli(path, "inspect", running[0]["id"], "--json").stdout)
+    assert busy["waiting_for"] == []
+
+    # Room for more (an operator's change): nothing holds the task back any more.
+    assert cli(path, "limits", "set", "smtp", "--concurrency", "5").returncode == 0
+    assert json.loads(cli(path, "inspect", mail, "--json").stdout)["waiting_for"] == []
+    assert "waiting for room" not in cli(path, "inspect", mail).stdout
