@@ -762,6 +762,10 @@ class TaskStore(ABC):
     def _register_wakeable(self, queues: Sequence[str]) -> None:
         """Push-capable dialects start buffering wake-ups for these queues."""
 
+    def _settling(self, task_ids: Sequence[str]) -> None:
+        """A claim is about to settle these tasks: push-capable dialects know their
+        `cairnq_done` notifications for their own, no sign of room elsewhere."""
+
     def wake_from_now(self) -> None:
         """The next `claim_wake` counts only what commits from now on. For a worker
         waiting for a limit's room: its own claim's commit is no sign of room."""
@@ -846,6 +850,8 @@ class TaskStore(ABC):
         base: Params = {"worker_id": worker_id, "lease_ms": lease_ms}
         # Encoded before the transaction opens (see claim_session on what waits for it).
         settle_params = complete_many_params(worker_id, settle) if settle else None
+        if settle and self.limited is not None:
+            self._settling([item[0] for item in settle])
         marks = markers_made()
         # A row holding text the driver refuses to decode fails the fetch of every row
         # with it and rolls the transaction back; `_replayable` then runs it once more,

@@ -35,6 +35,8 @@ class _Deaf(Exception):
 
 #: The sticky key set by every notification on the channel, whatever its payload.
 ANY = "\x00any"
+#: The most own notifications a listener expects at once (`Listener.expect_own`).
+_OWN_MAX = 4096
 
 
 class Listener:
@@ -90,6 +92,8 @@ class Listener:
         # wake that arrives while nobody waits stays set until the next wait.
         self._events: dict[str, asyncio.Event] = {}
         self._waiters: dict[str, list[asyncio.Event]] = {}
+        # Payloads whose next notification is our own doing: it sets no ANY flag.
+        self._own: dict[str, None] = {}
         self._task: asyncio.Task[None] | None = None
         self.disabled = False
         self.connected = asyncio.Event()
@@ -122,6 +126,17 @@ class Listener:
     def sticky(self, keys: Sequence[str]) -> list[asyncio.Event]:
         """Wake flags for `keys` that stay set until cleared (claim wake-ups)."""
         return [self._events.setdefault(k, asyncio.Event()) for k in keys]
+
+    def expect_own(self, payloads: Sequence[str]) -> None:
+        """The next notification of each of `payloads` comes from this process's own
+        commit (a task it is settling): it does not set the ANY flag, which is for
+        news from elsewhere. Registered before the commit, so a notification that
+        arrives before the committing call returns is recognised too. Bounded: the
+        oldest expectations go first."""
+        for payload in payloads:
+            self._own[payload] = None
+        while len(self._own) > _OWN_MAX:
+            del self._own[next(iter(self._own))]
 
     async def wait_once(self, key: str, timeout_s: float) -> None:
         """Wait for one notification with payload `key` (a task finishing)."""
@@ -285,7 +300,9 @@ class Listener:
         if event is not None:
             event.set()
         heard = self._events.get(ANY)
-        if heard is not None:
+        if payload in self._own:
+            del self._own[payload]
+        elif heard is not None:
             heard.set()
         for waiter in self._waiters.get(payload, ()):
             waiter.set()
