@@ -324,6 +324,14 @@ class Worker:
         self._handlers[handler.name] = handler
         self._state.has_handlers = True
 
+    def set_limits(self, limits: Mapping[str, Any] | Sequence[Limit] | None) -> None:
+        """Keep these flow-control limits from the next claim on (a reloaded config):
+        the same forms as `limits=`; None or empty: no limits. The tasks running now
+        keep the room they hold, and a lowered limit starts nothing new until below it
+        (docs/limits.md, "Seeing and changing them")."""
+        self.limits = parse_limits(limits)
+        self.store.use_limits(self.limits)
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def stop(self) -> None:

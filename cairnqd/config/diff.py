@@ -32,7 +32,7 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, A
 
 
 #: Top-level sections of named entries, and what adding or removing an entry does.
-_NAMED = {"groups": Reload.ROLL, "schedules": Reload.HOT, "limits": Reload.ROLL}
+_NAMED = {"groups": Reload.ROLL, "schedules": Reload.HOT, "limits": Reload.HOT}
 
 
 def _reload_of(path: str) -> Reload:

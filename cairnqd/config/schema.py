@@ -353,16 +353,16 @@ SCHEMA: tuple[Setting, ...] = (
             "Flow-control limits, by name (^[a-z][a-z0-9_-]*$): how many of the tasks "
             "each covers may execute at once and how often they may start, across every "
             "cairnqd worker on the database (docs/limits.md)."),
-    Setting("limits.*.queues", ListKind(_QUEUE, non_empty=True), None, _L, nullable=True, doc=
+    Setting("limits.*.queues", ListKind(_QUEUE, non_empty=True), None, _H, nullable=True, doc=
             "The queues whose tasks it covers; with names, a task must match both."),
-    Setting("limits.*.names", ListKind(NAME_GLOB, non_empty=True), None, _L, nullable=True,
+    Setting("limits.*.names", ListKind(NAME_GLOB, non_empty=True), None, _H, nullable=True,
             doc=
             "Task names (globs with * and ?) it covers; set queues, names, or both."),
-    Setting("limits.*.concurrency", IntKind(1, MAX_CAPACITY), None, _L, nullable=True, doc=
+    Setting("limits.*.concurrency", IntKind(1, MAX_CAPACITY), None, _H, nullable=True, doc=
             "At most this many of its tasks claimed and not yet settled at once."),
-    Setting("limits.*.rate", RateKind(), None, _L, nullable=True, doc=
+    Setting("limits.*.rate", RateKind(), None, _H, nullable=True, doc=
             "At most COUNT starts in any window of DURATION, e.g. 100/10s."),
-    Setting("limits.*.partition_by", FieldKind(), None, _L, nullable=True, doc=
+    Setting("limits.*.partition_by", FieldKind(), None, _H, nullable=True, doc=
             "A payload field (payload.tenant): each of its values gets a budget of its "
             "own; tasks without it share the partition (none)."),
     # -- end of limits --

@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from setproctitle import setproctitle
@@ -42,6 +42,7 @@ from cairnqd.daemon.wire.messages import (
     MessageError,
     Ready,
     ReopenLogs,
+    SetLimits,
     SetLogging,
     Wake,
     decode_control,
@@ -476,10 +477,26 @@ class Child:
                 store = self._postgres_store()
                 if store is not None:
                     store.relay_wake(message.queues)
+            elif isinstance(message, SetLimits):
+                self._set_limits(message.limits)
         if self._control.closed:
             assert self.loop is not None
             self.loop.remove_reader(self.control_fd)
             self._orphaned()
+
+    def _set_limits(self, specs: Mapping[str, Any]) -> None:
+        """A reload changed `limits:`: keep the new ones from the next claim on. The
+        parent checked them when it read the config; a child that cannot parse them
+        (never expected) keeps the old ones and says so."""
+        if self.worker is None:
+            return  # still booting: it was spawned with the new config's limits
+        try:
+            self.worker.set_limits(dict(specs) or None)
+        except ValueError as exc:
+            log.error("kept the previous limits: the reloaded ones are invalid: %s", exc)
+            return
+        names = ", ".join(sorted(specs)) or "none"
+        log.info("limits reloaded: %s", names)
 
     def _orphaned(self) -> None:
         """The parent is gone: finish what we hold, then leave; leases left over

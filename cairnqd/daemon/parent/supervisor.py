@@ -22,7 +22,7 @@ from setproctitle import setproctitle
 from cairnqd import __version__
 from cairnqd.config import Config, GroupConfig, setting_position
 from cairnqd.daemon import systemd
-from cairnqd.daemon.boot import child_push
+from cairnqd.daemon.boot import child_push, limit_specs
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.listening import adopt
 from cairnqd.daemon.logs import (
@@ -71,6 +71,7 @@ from cairnqd.daemon.wire.messages import (
     PROTOCOL_VERSION,
     Claiming,
     ReopenLogs,
+    SetLimits,
     SetLogging,
     Wake,
     encode,
@@ -523,10 +524,16 @@ class Supervisor:
 
     def apply_reload(self, plan: ReloadPlan) -> None:
         """Switch to `plan.config`: parent-hot settings in place, then the pools."""
+        before = self.config
         config = self.config = plan.config
         if plan.new_generation:
             self.generation += 1
         self._forward_logging()
+        self._forward_limits(before)
+        if self.dashboard is not None:
+            # Its groups, schedules and limits as reloaded; its address and database
+            # are restart-only.
+            self.dashboard.data.config = config
         self._end_quiet()
         self.maintenance.reconfigure(config)
         self.metrics.apply_config(config)
@@ -549,6 +556,17 @@ class Supervisor:
         line = encode(SetLogging(logging_settings(self.config.logging)))
         for child in self.all_children():
             child.control.send_whole(line)
+
+    def _forward_limits(self, before: Config) -> None:
+        """Children keep reloaded `limits:` from their next claim on (no roll);
+        children spawned later get them in their boot message."""
+        specs = limit_specs(self.config)
+        if specs == limit_specs(before):
+            return
+        line = encode(SetLimits(specs))
+        for child in self.all_children():
+            child.control.send_whole(line)
+        log.info("limits reloaded: %s", ", ".join(sorted(specs)) or "none")
 
     def _advance_rolls(self) -> None:
         surge = self.config.reload.max_surge

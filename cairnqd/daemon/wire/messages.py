@@ -191,13 +191,22 @@ class Wake:
     queues: tuple[str, ...]
 
 
-ControlMessage = SetLogging | ReopenLogs | Claiming | Wake
+@dataclass(frozen=True)
+class SetLimits:
+    """Reloaded flow-control limits (`limits:`, as `Worker(limits=...)` takes them),
+    kept from the next claim on without a restart (docs/limits.md)."""
+
+    kind: ClassVar[Literal["limits"]] = "limits"
+    limits: Mapping[str, Any]
+
+
+ControlMessage = SetLogging | ReopenLogs | Claiming | Wake | SetLimits
 
 _CHILD_KINDS: dict[str, type[Any]] = {
     cls.kind: cls for cls in (Ready, Heartbeat, Tally, DatabaseTrouble, Goodbye, Fatal)
 }
 _CONTROL_KINDS: dict[str, type[Any]] = {
-    cls.kind: cls for cls in (SetLogging, ReopenLogs, Claiming, Wake)
+    cls.kind: cls for cls in (SetLogging, ReopenLogs, Claiming, Wake, SetLimits)
 }
 # Wire names that differ from the field's: `kind` is the class tag in Python.
 _WIRE_NAMES = {(DatabaseTrouble, "error_kind"): "kind"}
