@@ -432,19 +432,20 @@ def limits_section(overview: Overview) -> Markup:
     bypasses = join(
         render(
             '<li>limit {limit}: task <a class="mono" href="/task/{id}">{id}</a> ({name}) '
-            "runs outside it, claimed by worker {worker}, which does not keep this limit "
+            "{when}, claimed by worker {worker}, which does not keep this limit "
             "(a public SDK worker, or a cairnqd worker configured without it)</li>",
             limit=b.limit,
             id=b.task_id,
             name=b.name,
+            when=b.when(),
             worker=b.worker_id,
         )
         for b in overview.bypasses
     )
     warning = (
         render(
-            '<div class="warn" role="alert"><p>Tasks running outside a limit: they do not '
-            "count in its budget.</p><ul>{items}</ul></div>",
+            '<div class="warn" role="alert"><p>Tasks running outside a limit, now or in '
+            "the last hour: they do not count in its budget.</p><ul>{items}</ul></div>",
             items=bypasses,
         )
         if overview.bypasses

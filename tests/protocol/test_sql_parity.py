@@ -102,6 +102,8 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "sqlite_autoindex_cairnqd_limit_slots_1",
         "cairnqd_limit_overrides",
         "sqlite_autoindex_cairnqd_limit_overrides_1",
+        "cairnqd_limit_bypasses",
+        "sqlite_autoindex_cairnqd_limit_bypasses_1",
     }
     assert sqlite_ledger(ours, "cairnqd_migrations") == {
         "cairnqd_0001_task_keys_task_idx.sql",
@@ -111,6 +113,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_0006_dashboard_indexes_on_demand.sql",
         "cairnqd_0007_fleet.sql",
         "cairnqd_0008_limits.sql",
+        "cairnqd_0009_limit_bypasses.sql",
     }
 
 
@@ -140,6 +143,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0006_dashboard_indexes_on_demand.sql",
             "cairnqd_0007_fleet.sql",
             "cairnqd_0008_limits.sql",
+            "cairnqd_0009_limit_bypasses.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
@@ -155,6 +159,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_features_pkey",
             "cairnqd_limit_slots_pkey",
             "cairnqd_limit_overrides_pkey",
+            "cairnqd_limit_bypasses_pkey",
         }
 
 

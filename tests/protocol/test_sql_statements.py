@@ -94,6 +94,10 @@ def _params(dialect: str) -> dict[str, Any]:
         "held": json.dumps([{"task_id": "task_q", "attempt": 1}]),
         "n": 1,
         "held_ms": 1 << 62,
+        "forget_before_ms": now - 3_600_000,
+        "seen": json.dumps(
+            [{"id": "task_run", "worker_id": "w1", "name": "n", "queue": "default"}]
+        ),
         "window_ms": 1000,
         "path": None,
         "globs": lst([]),
@@ -294,6 +298,9 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/limit_usage": ({}, 0),
     "extensions/limit_waiting": ({}, 1),
     "extensions/limit_bypass": ({}, 2),  # the two running seeds hold no slot
+    "extensions/limit_bypass_note": ({}, None),
+    "extensions/limit_bypass_seen": ({}, 0),
+    "extensions/limit_bypass_prune": ({"forget_before_ms": 0}, None),
     "extensions/limit_override_set": ({}, 1),
     "extensions/limit_overrides": ({}, 0),
     "extensions/limit_overrides_clear": ({}, 0),

@@ -78,6 +78,16 @@ async def test_a_claim_by_a_worker_without_the_limit_shows_as_outside_it(
     assert "runs outside it, claimed by worker sdk" in found[0].describe()
     (usage,) = await a.limit_table.usage(SMTP)
     assert (usage.in_use, usage.waiting) == (1, 1)
+    # A daemon notes it (maintenance, every few seconds): the warning outlives the task.
+    assert await a.limit_table.note_bypasses(SMTP) == 1
+    await b.complete(task_id=theirs.id, worker_id="sdk", result=None)
+    assert await a.limit_table.bypassing(SMTP, running_only=True) == []
+    (seen,) = await a.limit_table.bypassing(SMTP)
+    assert (seen.task_id, seen.worker_id, seen.running) == (theirs.id, "sdk", False)
+    assert "ran outside it (seen " in seen.describe()
+    # Forgotten an hour after it was last seen.
+    await a.limit_table.forget_bypasses_before(int(time.time() * 1000) + 1)
+    assert await a.limit_table.bypassing(SMTP) == []
 
 
 async def test_a_failure_and_a_recovered_lease_give_the_room_back(stores: list[TaskStore]) -> None:

@@ -34,6 +34,10 @@ __all__ = ["HAND_BACK_REASONS", "PURGE_LOCK_ID", "Maintenance"]
 
 log = logging.getLogger("cairnqd.maintenance")
 
+#: How often the claims running outside a limit are looked for and noted: a task of an
+#: SDK worker that runs at least this long is seen (docs/limits.md).
+BYPASS_WATCH_S = 5.0
+
 
 class Maintenance:
     """The parent's maintenance thread; see the module docstring.
@@ -78,6 +82,7 @@ class Maintenance:
         self._next_purge = 0.0
         self._next_probe = 0.0
         self._next_beat = 0.0
+        self._next_bypass_watch = 0.0
 
     # -- control, from any thread ----------------------------------------------------------
 
@@ -184,6 +189,7 @@ class Maintenance:
         self._wake = asyncio.Event()
         started = self._clock()
         self._next_reap = self._next_probe = self._next_beat = started
+        self._next_bypass_watch = started
         self._next_purge = started + self._config.retention.interval.total_seconds()
         try:
             while not self._stopping.is_set():
@@ -201,7 +207,7 @@ class Maintenance:
         if self._outage.file_lost():
             # Nothing more to do on that file; look again (and wake) once per probe.
             self._next_reap = self._next_purge = self._next_probe = now + PROBE_INTERVAL_S
-            self._next_beat = self._next_probe
+            self._next_beat = self._next_bypass_watch = self._next_probe
             return
         retention, reaper_config = self._config.retention, self._config.reaper
         if now >= self._next_reap and not self._stopping.is_set():
@@ -216,10 +222,20 @@ class Maintenance:
         if self._clock() >= self._next_beat and not self._stopping.is_set():
             self._next_beat = self._clock() + BEAT_S
             await self._tick("fleet", self.fleet_beat)
+        if self._clock() >= self._next_bypass_watch and not self._stopping.is_set():
+            self._next_bypass_watch = self._clock() + BYPASS_WATCH_S
+            if self._config.limits:
+                await self._tick("limits", self.note_limit_bypasses)
 
     async def _sleep_until_due(self) -> None:
         assert self._wake is not None
-        due = min(self._next_reap, self._next_purge, self._next_probe, self._next_beat)
+        due = min(
+            self._next_reap,
+            self._next_purge,
+            self._next_probe,
+            self._next_beat,
+            self._next_bypass_watch,
+        )
         if self.pending_jobs():
             due = min(due, self._jobs.retry_at)
         timeout = max(0.0, due - self._clock())
@@ -277,6 +293,12 @@ class Maintenance:
         for name in cleared:
             log.info("limit %s: the reload ends the operator's override; back to the config", name)
         return cleared
+
+    async def note_limit_bypasses(self) -> int:
+        """Note the tasks running outside the config's limits now, so that warnings
+        name their workers for an hour (`LimitTable.note_bypasses`)."""
+        store = await self._store.get()
+        return await store.limit_table.note_bypasses(self._config.flow_limits())
 
     async def fail_max_run(
         self, task_id: str, worker_id: str, max_run_s: float, delay_ms: int = 0

@@ -7,6 +7,8 @@ store/limits.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +23,11 @@ from cairnqd.store.operator import check_reason
 
 if TYPE_CHECKING:
     from cairnqd.models import Task
+
+#: How long a claim seen running outside a limit is remembered (`note_bypasses`).
+BYPASS_MEMORY = timedelta(hours=1)
+#: At most this many running bypasses of one limit are noted per look.
+_NOTED_MOST = 100
 
 
 @dataclass(frozen=True)
@@ -148,19 +155,47 @@ def full_budgets(limit: Limit, part: PartitionUsage) -> list[RoomWait]:
 
 @dataclass(frozen=True)
 class Bypass:
-    """A running task a limit covers that does not count in it, and who claimed it."""
+    """A task a limit covers that ran outside it, and who claimed it: running now, or
+    seen running within `BYPASS_MEMORY` (`seen_ago_ms`)."""
 
     limit: str
     task_id: str
     name: str
     worker_id: str
+    #: None: running now; else how long ago a daemon last saw it running.
+    seen_ago_ms: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.seen_ago_ms is None
+
+    def when(self) -> str:
+        """ "runs outside it", or when it was last seen doing so."""
+        if self.seen_ago_ms is None:
+            return "runs outside it"
+        return f"ran outside it (seen {elapsed_text(self.seen_ago_ms / 1000)} ago)"
 
     def describe(self) -> str:
         return (
-            f"limit {self.limit}: task {self.task_id} ({self.name}) runs outside it, "
+            f"limit {self.limit}: task {self.task_id} ({self.name}) {self.when()}, "
             f"claimed by worker {self.worker_id}, which does not keep this limit "
             "(a public SDK worker, or a cairnqd worker configured without it)"
         )
+
+
+@dataclass(frozen=True)
+class _Running(Bypass):
+    """A bypass running now, with its queue (what `note_bypasses` records)."""
+
+    queue: str = ""
+
+
+def _bypass(limit: str, row: Any, ago: int) -> Bypass:
+    return Bypass(limit, str(row["id"]), str(row["name"]), str(row["worker_id"]), ago)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _held(rows: Sequence[Any], parts: dict[str, dict[str, Any]]) -> None:
@@ -244,20 +279,64 @@ class LimitTable:
         globs = [like_pattern(g) for g in limit.names] if postgres else list(limit.names)
         return {"queues": list(limit.queues), "globs": globs, "path": path}
 
-    async def bypassing(self, limits: Sequence[Limit], *, most: int = 20) -> list[Bypass]:
-        """Running tasks that a concurrency limit covers but whose claim holds none of
-        its room: claimed by a worker that does not know the limit (docs/limits.md,
-        "What stays outside the guarantee"). At most `most` per limit, oldest first."""
-        found = []
+    async def bypassing(
+        self, limits: Sequence[Limit], *, most: int = 20, running_only: bool = False
+    ) -> list[Bypass]:
+        """Tasks that a concurrency limit covers but whose claim took none of its room:
+        claimed by a worker that does not know the limit (docs/limits.md, "What stays
+        outside the guarantee"). Those running now, oldest first, then (unless
+        `running_only`) those a daemon saw running within `BYPASS_MEMORY`
+        (`note_bypasses`), latest first; at most `most` of each per limit."""
+        found: list[Bypass] = []
         for limit in limits:
-            if limit.concurrency is None:
-                continue  # a rate slot is reused once its window passes: no record left
-            params = {**self._cover(limit), "limit_name": limit.name, "limit": most}
-            for row in await self._db.fetch("extensions/limit_bypass", params):
-                found.append(
-                    Bypass(limit.name, str(row["id"]), str(row["name"]), str(row["worker_id"]))
-                )
+            running = await self._running_bypasses(limit, most)
+            found += running
+            if running_only or limit.concurrency is None:
+                continue
+            since = _now_ms() - int(BYPASS_MEMORY.total_seconds() * 1000)
+            params = {"limit_name": limit.name, "since_ms": since, "limit": most}
+            now_running = {(b.task_id, b.worker_id) for b in running}
+            for row in await self._db.fetch("extensions/limit_bypass_seen", params):
+                if (str(row["id"]), str(row["worker_id"])) in now_running:
+                    continue
+                ago = max(0, _now_ms() - int(row["seen_at_ms"]))
+                found.append(_bypass(limit.name, row, ago))
         return found
+
+    async def note_bypasses(self, limits: Sequence[Limit]) -> int:
+        """Remember the claims running outside `limits` now, and forget those last seen
+        before `BYPASS_MEMORY` ago: a daemon's maintenance calls this every few seconds,
+        so a warning names a worker that passed a limit by after its task has ended.
+        How many run outside a limit now."""
+        count = 0
+        for limit in limits:
+            running = await self._running_bypasses(limit, _NOTED_MOST)
+            count += len(running)
+            if running:
+                seen = [
+                    {"id": b.task_id, "worker_id": b.worker_id, "name": b.name, "queue": b.queue}
+                    for b in running
+                ]
+                params = {"limit_name": limit.name, "seen": json.dumps(seen)}
+                await self._db.fetch("extensions/limit_bypass_note", params)
+        await self.forget_bypasses_before(_now_ms() - int(BYPASS_MEMORY.total_seconds() * 1000))
+        return count
+
+    async def forget_bypasses_before(self, before_ms: int) -> None:
+        """Forget the claims past limits last seen before `before_ms` (epoch ms)."""
+        await self._db.fetch("extensions/limit_bypass_prune", {"forget_before_ms": before_ms})
+
+    async def _running_bypasses(self, limit: Limit, most: int) -> list[_Running]:
+        if limit.concurrency is None:
+            return []  # a rate slot is reused once its window passes: no record left
+        params = {**self._cover(limit), "limit_name": limit.name, "limit": most}
+        rows = await self._db.fetch("extensions/limit_bypass", params)
+        return [
+            _Running(
+                limit.name, str(r["id"]), str(r["name"]), str(r["worker_id"]), queue=str(r["queue"])
+            )
+            for r in rows
+        ]
 
     async def overrides(self) -> list[Override]:
         rows = await self._db.fetch("extensions/limit_overrides", {})

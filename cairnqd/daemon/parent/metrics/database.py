@@ -95,7 +95,7 @@ async def _query_snapshot(store: TaskStore, limits: tuple[Limit, ...] = ()) -> D
         table = store.limit_table
         kept = overridden(limits, await table.overrides())
         usage = tuple(await table.usage(kept))
-        for bypass in await table.bypassing(kept, most=100):
+        for bypass in await table.bypassing(kept, most=100, running_only=True):
             bypassed[bypass.limit] = bypassed.get(bypass.limit, 0) + 1
     return DatabaseSnapshot(
         limits=usage,
