@@ -4,13 +4,17 @@ the limit, and an unlimited queue served by the same children drains meanwhile."
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cairnqd import CairnQ
-from tests.support.daemon import base_config
+from tests.support.daemon import Daemon, base_config
+from tests.support.daemon_faults import all_terminal, fault_config, submit
 from tests.support.executions import Execution, executions
 from tests.support.harness import client_call, database_section, gauge, scrape
 from tests.support.waiting import wait_for
@@ -73,3 +77,118 @@ def test_two_groups_share_one_concurrency_budget(
     last_free = max(r.ended or 0.0 for r in executions(free))
     last_limited = max(r.ended or 0.0 for r in runs)
     assert last_free < last_limited
+
+
+def _gated(tmp_path: Path, dialect: str, db_target: str, n: int, queue: str = "email") -> Any:
+    """`n` tasks that each run until the file `release` exists; their log, the file."""
+    log, release = tmp_path / "gated.log", tmp_path / "release"
+    payload = {"log": str(log), "release": str(release)}
+    ids = submit(dialect, db_target, "f.gate", [payload] * n, queue=queue)
+    return ids, log, release
+
+
+def test_a_reload_changes_a_limit_without_restarting_a_child(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
+) -> None:
+    groups = {"g": {"queues": ["email"], "processes": 2, "concurrency": 4, "prefetch": 0}}
+    config = fault_config(tmp_path, dialect, db_target, groups)
+    config["limits"] = {"smtp": {"queues": ["email"], "concurrency": 1}}
+    daemon = daemon_factory(config).start()
+    children = set(daemon.children("g"))
+    ids, log, release = _gated(tmp_path, dialect, db_target, 6)
+    port = daemon.metrics_port()
+    wait_for(
+        "one task running and five waiting for room",
+        lambda: (
+            len(executions(log)) == 1
+            and gauge(scrape(port), "cairnq_limit_waiting", limit="smtp") == 5.0
+        ),
+        timeout=60,
+    )
+    config["limits"]["smtp"]["concurrency"] = 3
+    daemon.write_config(config)
+    done = daemon.cli("reload", "--wait", "30s")
+    assert done.returncode == 0, done.stderr
+    assert "limits.smtp.concurrency" in daemon.output()
+    wait_for("three tasks running", lambda: len(executions(log)) == 3, timeout=30)
+    assert set(daemon.children("g")) == children  # applied in place: no child rolled
+    wait_for(
+        "the capacity gauge to follow",
+        lambda: gauge(scrape(port), "cairnq_limit_capacity", limit="smtp") == 3.0,
+    )
+    release.touch()
+    wait_for("every task to finish", lambda: all_terminal(dialect, db_target, ids), timeout=60)
+    assert most_at_once(executions(log)) == 3
+    assert daemon.output().count("limits reloaded: smtp") >= 3  # the parent and both children
+    assert daemon.stop() == 0
+
+
+def test_a_killed_child_gives_its_room_back_at_once(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
+) -> None:
+    """Not after its lease (a minute here): the parent hands the dead child's task back
+    as it reaps it, and the next claim that finds the budget short frees the slot."""
+    groups = {
+        "g": {"queues": ["email"], "processes": 2, "concurrency": 2, "prefetch": 0, "lease": "60s"}
+    }
+    config = fault_config(tmp_path, dialect, db_target, groups)
+    config["limits"] = {"smtp": {"queues": ["email"], "concurrency": 1}}
+    daemon = daemon_factory(config).start()
+    ids, log, release = _gated(tmp_path, dialect, db_target, 2)
+    wait_for("the first task to start", lambda: len(executions(log)) == 1, timeout=60)
+    (holder,) = executions(log)
+    os.kill(holder.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    release.touch()  # from now on every run ends at once: only the room holds them back
+    wait_for("both tasks to succeed", lambda: all_terminal(dialect, db_target, ids), timeout=60)
+    later = [r for r in executions(log) if r.started > killed_at]
+    assert later, "nothing ran after the kill"
+    # Well inside the 60 s lease: the room came back with the hand-back.
+    assert min(r.started for r in later) - killed_at < 20
+    assert most_at_once([r for r in executions(log) if r.ended is not None]) == 1
+    assert daemon.stop() == 0
+
+
+def test_a_crashed_host_gives_its_room_back_within_its_leases(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
+) -> None:
+    """SIGKILL of the whole daemon, parent and children, mid-task: no hand-back runs.
+    Another daemon on the database starts the limited work once the dead claim's lease
+    has passed and it recovered the task: the room is back within the lease."""
+    groups = {
+        "g": {"queues": ["email"], "processes": 1, "concurrency": 2, "prefetch": 0, "lease": "4s"}
+    }
+    config = fault_config(tmp_path, dialect, db_target, groups)
+    config["limits"] = {"smtp": {"queues": ["email"], "concurrency": 1}}
+    first = daemon_factory(config).start()
+    ids, log, release = _gated(tmp_path, dialect, db_target, 1)
+    wait_for("the task to start", lambda: len(executions(log)) == 1, timeout=60)
+    # The parent first, so that it hands nothing back; its children at once after, as
+    # they begin to drain (they run in process groups of their own).
+    children = list(first.children())
+    os.kill(first.pid, signal.SIGKILL)
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    quick = tmp_path / "quick.log"
+    (other,) = submit(dialect, db_target, "f.quick", [{"log": str(quick)}], queue="email")
+    release.touch()
+    (tmp_path / "two").mkdir()
+    second_config = fault_config(tmp_path / "two", dialect, db_target, groups)
+    second_config["limits"] = config["limits"]
+    second = Daemon(tmp_path / "two", second_config).start()
+    try:
+        wait_for(
+            "both tasks to succeed",
+            lambda: all_terminal(dialect, db_target, [*ids, other]),
+            timeout=60,
+        )
+        (ran,) = executions(quick)
+        waited = ran.started - killed_at
+        # Not before the dead claim's lease ran out (renewed every third of it, so it
+        # ends 2.7 to 4 s after the kill), and not long after.
+        assert 2.0 < waited < 4.0 + 15.0, waited
+        finished = [r for r in executions(log) + executions(quick) if r.ended is not None]
+        assert most_at_once(finished) == 1
+    finally:
+        assert second.stop() == 0

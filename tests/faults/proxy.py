@@ -275,8 +275,14 @@ class FaultProxy:
         self._stats.accepted += 1
         sock = client.get_extra_info("socket")
         if self.client_keepalive and sock is not None:
-            for level, option, value in _CLIENT_KEEPALIVE:
-                sock.setsockopt(level, option, value)
+            try:
+                for level, option, value in _CLIENT_KEEPALIVE:
+                    sock.setsockopt(level, option, value)
+            except OSError:
+                # The client is gone already (reset while it was being accepted): an
+                # exception here would leave its transport to the garbage collector.
+                _reset(client)
+                return
         self._accepted.add(client)
         task = asyncio.get_running_loop().create_task(self._serve(client_in, client))
         self._serving.add(task)

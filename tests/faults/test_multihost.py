@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -244,6 +245,66 @@ def test_a_host_cut_off_past_its_lease_loses_its_work_and_leadership_and_nothing
         # No task ran in two places at once.
         runs = executions(a_log) + executions(b_log)
         assert overlapping(runs) == []
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+
+
+def most_at_once(runs: list[Execution]) -> tuple[int, float]:
+    """The most executions running at one instant, and the first instant it was reached
+    (an execution without an end counts until the last recorded instant)."""
+    last = max([r.started for r in runs] + [r.ended for r in runs if r.ended is not None])
+    events = sorted(
+        [(r.started, 1) for r in runs] + [(last if r.ended is None else r.ended, -1) for r in runs]
+    )
+    most, now, at = 0, 0, 0.0
+    for when, step in events:  # an end at the same instant as a start sorts first
+        now += step
+        if now > most:
+            most, at = now, when
+    return most, at
+
+
+def test_a_limit_holds_across_hosts_and_a_cut_off_host_gives_its_room_back(
+    netns_hosts: Hosts, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Two hosts keep one `concurrency: 3` budget between them. Host A takes all of it
+    (a worker whose task ends takes the room again in the same transaction, so A keeps
+    it while it has work); cut off, A holds it until its leases pass, and not longer:
+    B then runs three at once. The limit is never exceeded, A's runs included."""
+    a, b = netns_hosts(2, server_keepalive=True)
+    log = tmp_path / "executions.log"
+    limits = {"smtp": {"queues": ["default"], "concurrency": 3}}
+    daemons: list[HostDaemon] = []
+
+    def start(host: Host, label: str) -> HostDaemon:
+        config = host_config(tmp_path / label, host, pg_dsn, label)
+        config["limits"] = limits
+        daemon = HostDaemon(tmp_path / label, config, host, label)
+        daemons.append(daemon)
+        return daemon.start()
+
+    try:
+        start(a, "A")
+        ids = submit(pg_dsn, 40, seconds=1, log=str(log))
+        a_log, b_log = Path(f"{log}.A"), Path(f"{log}.B")
+        wait_for("A to use the whole budget", lambda: len(executions(a_log)) >= 3, timeout=60)
+        start(b, "B")
+        a.cut()
+        cut_at = time.monotonic()
+        done = wait_for("every task to end on B", lambda: all_terminal(pg_dsn, ids), timeout=180)
+        assert [t.status for t in done] == ["succeeded"] * len(ids)
+        # Never more than 3 at once over both hosts, A's runs cut short included.
+        runs = executions(a_log) + executions(b_log)
+        assert most_at_once(runs)[0] <= 3
+        assert overlapping(runs) == []
+        # B started nothing while A's claims held the room: their leases (6 s, renewed
+        # every 2 s) end 4 to 6 s after the cut; then B had the room within seconds.
+        first = min(r.started for r in executions(b_log)) - cut_at
+        assert LEASE_S * 2 / 3 - 1 < first < LEASE_S + 15, first
+        # From then on B alone used the whole budget.
+        assert most_at_once(executions(b_log))[0] == 3
+        a.restore()
     finally:
         for daemon in daemons:
             daemon.stop()
