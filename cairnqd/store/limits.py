@@ -166,8 +166,10 @@ class LimitedClaims:
                     if opening is not None:
                         opens.append(opening)
             if chosen:
+                # The lease from the clock the slots were taken by (`now_ms`).
+                now_ms = rows[0]["now_ms"]
                 claimed += await session.fetch(
-                    "extensions/limit_claim_ids", {**base, "ids": chosen}
+                    "extensions/limit_claim_ids", {**base, "ids": chosen, "now_ms": now_ms}
                 )
             if len(rows) < size and held_back == was_held_back:
                 break  # nothing more behind these

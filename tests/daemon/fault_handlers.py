@@ -105,3 +105,16 @@ async def patient(ctx: Any, payload: Any) -> str:
     finally:
         record(payload, "end", ctx)
     return f"attempt {ctx.attempt}"
+
+
+@registry.task("f.claim_time")
+async def claim_time(ctx: Any, payload: Any) -> str:
+    """Appends when its claim was made, by the database's clock (the lease it set, less
+    the lease's length in `lease_ms`), in ms, to the file named in `claims`."""
+    claimed = int(ctx.task.lease_until_ms) - int(payload["lease_ms"])
+    fd = os.open(payload["claims"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{claimed}\n".encode())
+    finally:
+        os.close(fd)
+    return "ok"

@@ -192,3 +192,61 @@ def test_a_crashed_host_gives_its_room_back_within_its_leases(
         assert most_at_once(finished) == 1
     finally:
         assert second.stop() == 0
+
+
+def test_two_groups_keep_one_rate(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
+) -> None:
+    """`rate: 10/1s` over two groups (separate processes): no second holds more than 10
+    claims, by the database's clock (docs/limits.md: a start counts when it is
+    claimed), and the claims are spread at the rate rather than bunched. A claim's
+    time is read from its lease, which SQLite's draw sets a moment after it counted
+    the start: windows of 950 ms leave room for that moment on a loaded machine."""
+    groups = {
+        name: {"queues": ["api"], "processes": 1, "concurrency": 2, "prefetch": 0}
+        for name in ("a", "b")
+    }
+    config = fault_config(tmp_path, dialect, db_target, groups)
+    config["limits"] = {"partner": {"queues": ["api"], "rate": "10/1s"}}
+    daemon = daemon_factory(config).start()
+    claims = tmp_path / "claims.log"
+    payload = {"claims": str(claims), "lease_ms": 30_000}  # the groups' default lease
+    ids = submit(dialect, db_target, "f.claim_time", [payload] * 30, queue="api")
+    wait_for("every task to succeed", lambda: all_terminal(dialect, db_target, ids), timeout=90)
+    at = sorted(int(line) for line in claims.read_text().split())
+    assert len(at) == 30
+    most = max(sum(1 for t in at if s <= t < s + 950) for s in at)
+    assert most <= 10, most
+    # 30 claims at 10 per second: the last at least 2 s after the first.
+    assert at[-1] - at[0] >= 2000, at[-1] - at[0]
+    assert daemon.stop() == 0
+
+
+def test_each_partition_has_its_budget_across_groups(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
+) -> None:
+    """`concurrency: 1` per `payload.tenant`, kept by two groups: one task of a tenant
+    at a time, two tenants at once."""
+    groups = {
+        name: {"queues": ["jobs"], "processes": 1, "concurrency": 3, "prefetch": 0}
+        for name in ("a", "b")
+    }
+    config = fault_config(tmp_path, dialect, db_target, groups)
+    config["limits"] = {
+        "tenant": {"queues": ["jobs"], "concurrency": 1, "partition_by": "payload.tenant"}
+    }
+    daemon = daemon_factory(config).start()
+    logs = {tenant: tmp_path / f"{tenant}.log" for tenant in ("acme", "globex")}
+    payloads = [
+        {"log": str(logs[tenant]), "seconds": 0.2, "tenant": tenant}
+        for _ in range(6)
+        for tenant in logs
+    ]
+    ids = submit(dialect, db_target, "f.quick", payloads, queue="jobs")
+    wait_for("every task to succeed", lambda: all_terminal(dialect, db_target, ids), timeout=90)
+    for log in logs.values():
+        runs = executions(log)
+        assert len(runs) == 6
+        assert most_at_once(runs) == 1
+    assert most_at_once([r for log in logs.values() for r in executions(log)]) == 2
+    assert daemon.stop() == 0

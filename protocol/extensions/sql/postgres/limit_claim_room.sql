@@ -3,7 +3,8 @@
 -- and the same budget, one limit covering the claim's queues whole, with one kind of
 -- room (concurrency or rate) and no partitions. It takes as many of that budget's free
 -- slots as it can, at most :n, the next claimable tasks up to that count, pairs them
--- in order (the task claimed k-th holds the k-th lowest free slot) and claims them,
+-- in order (the task claimed k-th holds the k-th lowest free slot) and claims them
+-- (the lease measured from the instant the slots count the start, as claim.sql does),
 -- sparing the round trips of the general draw (candidates, slots, claim by id).
 -- Both reads lock what they return (skip locked), so two claims never take the same
 -- slot or task; a slot is free by its own columns alone, never by what a snapshot of
@@ -66,9 +67,9 @@ claimed as (
     update cairnq_tasks as t
     set status = 'running',
         worker_id = :worker_id,
-        lease_until_ms = (extract(epoch from clock_timestamp()) * 1000)::bigint + :lease_ms,
+        lease_until_ms = (select now_ms from clock) + :lease_ms,
         attempt = paired.attempt,
-        updated_at_ms = (extract(epoch from clock_timestamp()) * 1000)::bigint
+        updated_at_ms = (select now_ms from clock)
     from paired
     where t.id = paired.id
     returning t.*
