@@ -125,14 +125,17 @@ async def rate(backend: Backend, seconds: float) -> Run:
     first = starts[0]
     within = [s for s in starts if s < first + seconds]
     most = max(bisect.bisect_left(within, s + 1.0) - i for i, s in enumerate(within))
-    counted = [c for c in claims if c < claims[0] + seconds] if claims else []
+    # In whole milliseconds, the clock's own unit: a start counted exactly when a window
+    # reopens (at +1000 ms) belongs to the next window, which float seconds can blur.
+    counted = [round(c * 1000) for c in claims if c < claims[0] + seconds] if claims else []
     most_claims = max(
-        (bisect.bisect_left(counted, c + 1.0) - i for i, c in enumerate(counted)), default=0
+        (bisect.bisect_left(counted, c + 1000) - i for i, c in enumerate(counted)), default=0
     )
-    # The stamp is the claim's commit side (its lease), a few ms after the instant the
-    # start was counted at: a window that much shorter shows whether an excess is that.
+    # The stamp is the claim's lease, measured from the instant the start was counted
+    # (on SQLite a moment after it): a window that much shorter shows whether an excess
+    # is that.
     most_claims_short = max(
-        (bisect.bisect_left(counted, c + 0.99) - i for i, c in enumerate(counted)), default=0
+        (bisect.bisect_left(counted, c + 990) - i for i, c in enumerate(counted)), default=0
     )
     return Run(
         {
