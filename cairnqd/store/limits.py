@@ -221,31 +221,19 @@ class LimitedClaims:
             "worker_id": base["worker_id"],
             "now_ms": None,
         }
-        key = (lim.name, NO_PARTITION, kind, capacity)
-        if key not in self._ensured:
-            if len(self._ensured) >= _ENSURED_MAX:
-                self._ensured.clear()
-            await session.fetch("extensions/limit_slots_ensure", slot)
-            self._ensured.add(key)
+        await self._ensure(session, slot)
         claimed, room, now_ms = await self._claim_room(
             session, slot, lim, queues, names, want, base
         )
         if len(claimed) >= want or room > len(claimed):
             return claimed  # all it wanted, or all the work there was
-        budget_key = (lim.name, NO_PARTITION)
-        now = time.monotonic()
-        if kind == "concurrency" and now - self._reclaimed.get(budget_key, -math.inf) >= (
-            RECLAIM_EVERY_S
-        ):
-            self._reclaimed[budget_key] = now
-            freed = await session.fetch("extensions/limit_slots_reclaim", {**slot, "pending": "[]"})
-            if freed:
-                more, room, now_ms = await self._claim_room(
-                    session, slot, lim, queues, names, want - len(claimed), base
-                )
-                claimed += more
-                if len(claimed) >= want or room > len(more):
-                    return claimed
+        if await self._reclaim(session, slot, "[]"):
+            more, room, now_ms = await self._claim_room(
+                session, slot, lim, queues, names, want - len(claimed), base
+            )
+            claimed += more
+            if len(claimed) >= want or room > len(more):
+                return claimed
         if kind == "rate":
             opening = await self._opens_in(session, {**slot, "now_ms": now_ms})
         else:
@@ -429,36 +417,45 @@ class LimitedClaims:
         got = await self._take_in_order(session, slot, asking)
         if len(got) == len(asking):
             return got
-        again = False
-        budget = (str(slot["limit_name"]), str(slot["part"]))
-        now = time.monotonic()
-        if slot["kind"] == "concurrency" and now - self._reclaimed.get(budget, -math.inf) >= (
-            RECLAIM_EVERY_S
-        ):
-            # Claims that ended without giving their room back (a lease recovered, a
-            # worker that died, a failure settled on its own) left slots taken: free
-            # those. Settlements give theirs back at once, so a budget that is short
-            # is mostly just full: looked at no more often than this.
-            if len(self._reclaimed) >= _ENSURED_MAX:
-                self._reclaimed.clear()
-            self._reclaimed[budget] = now
-            freed = await session.fetch(
-                "extensions/limit_slots_reclaim", {**slot, "pending": unclaimed}
-            )
-            again = bool(freed)
-        key = (str(slot["limit_name"]), str(slot["part"]), str(slot["kind"]), int(slot["capacity"]))
-        if key not in self._ensured:
-            # The budget's slots may not exist yet (a new partition, a raised limit).
-            if len(self._ensured) >= _ENSURED_MAX:
-                self._ensured.clear()
-            await session.fetch("extensions/limit_slots_ensure", slot)
-            self._ensured.add(key)
-            again = True
+        again = await self._reclaim(session, slot, unclaimed)
+        again = await self._ensure(session, slot) or again
         if not again:
             return got
         taken = set(got)
         rest = [row for row in asking if str(row["id"]) not in taken]
         return got + await self._take_in_order(session, slot, rest)
+
+    async def _reclaim(self, session: Session, slot: Params, pending: str) -> bool:
+        """Free the stale concurrency slots of `slot`'s budget, at most every
+        `RECLAIM_EVERY_S` (at once after `recovered`); whether any were freed. Claims
+        that ended without giving their room back (a lease recovered, a worker that
+        died, a failure settled on its own) left them taken. Settlements give theirs
+        back at once, so a budget that is short is mostly just full. `pending`: the
+        claims this transaction is making (a JSON array, as limit_slots_reclaim.sql
+        takes it), whose slots are not stale."""
+        if slot["kind"] != "concurrency":
+            return False
+        budget = (str(slot["limit_name"]), str(slot["part"]))
+        now = time.monotonic()
+        if now - self._reclaimed.get(budget, -math.inf) < RECLAIM_EVERY_S:
+            return False
+        if len(self._reclaimed) >= _ENSURED_MAX:
+            self._reclaimed.clear()
+        self._reclaimed[budget] = now
+        freed = await session.fetch("extensions/limit_slots_reclaim", {**slot, "pending": pending})
+        return bool(freed)
+
+    async def _ensure(self, session: Session, slot: Params) -> bool:
+        """Make `slot`'s budget's rows, once per process and capacity (a new partition,
+        a raised limit); whether this call made them."""
+        key = (str(slot["limit_name"]), str(slot["part"]), str(slot["kind"]), int(slot["capacity"]))
+        if key in self._ensured:
+            return False
+        if len(self._ensured) >= _ENSURED_MAX:
+            self._ensured.clear()
+        await session.fetch("extensions/limit_slots_ensure", slot)
+        self._ensured.add(key)
+        return True
 
     async def _take_in_order(
         self, session: Session, slot: Params, asking: Sequence[Row]

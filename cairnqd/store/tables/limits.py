@@ -164,6 +164,7 @@ class Bypass:
     worker_id: str
     #: None: running now; else how long ago a daemon last saw it running.
     seen_ago_ms: int | None = None
+    queue: str = ""
 
     @property
     def running(self) -> bool:
@@ -183,15 +184,10 @@ class Bypass:
         )
 
 
-@dataclass(frozen=True)
-class _Running(Bypass):
-    """A bypass running now, with its queue (what `note_bypasses` records)."""
-
-    queue: str = ""
-
-
-def _bypass(limit: str, row: Any, ago: int) -> Bypass:
-    return Bypass(limit, str(row["id"]), str(row["name"]), str(row["worker_id"]), ago)
+def _bypass(limit: str, row: Any, ago: int | None = None) -> Bypass:
+    """A limit_bypass.sql or limit_bypass_seen.sql row as a `Bypass`."""
+    fields = (str(row["id"]), str(row["name"]), str(row["worker_id"]))
+    return Bypass(limit, *fields, seen_ago_ms=ago, queue=str(row["queue"]))
 
 
 def _now_ms() -> int:
@@ -326,17 +322,12 @@ class LimitTable:
         """Forget the claims past limits last seen before `before_ms` (epoch ms)."""
         await self._db.fetch("extensions/limit_bypass_prune", {"forget_before_ms": before_ms})
 
-    async def _running_bypasses(self, limit: Limit, most: int) -> list[_Running]:
+    async def _running_bypasses(self, limit: Limit, most: int) -> list[Bypass]:
         if limit.concurrency is None:
             return []  # a rate slot is reused once its window passes: no record left
         params = {**self._cover(limit), "limit_name": limit.name, "limit": most}
         rows = await self._db.fetch("extensions/limit_bypass", params)
-        return [
-            _Running(
-                limit.name, str(r["id"]), str(r["name"]), str(r["worker_id"]), queue=str(r["queue"])
-            )
-            for r in rows
-        ]
+        return [_bypass(limit.name, row) for row in rows]
 
     async def overrides(self) -> list[Override]:
         rows = await self._db.fetch("extensions/limit_overrides", {})
