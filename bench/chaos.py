@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from bench.daemon import ENV, HANDLERS, REPO, Database, children_of
+from bench.daemon import ENV, HANDLERS, REPO, Database, children_of, process_title
 
 
 def run_once(backend: str, dsn: str, tmp: Path, prefetch: str, n: int) -> dict[str, float]:
@@ -65,7 +65,7 @@ def run_once(backend: str, dsn: str, tmp: Path, prefetch: str, n: int) -> dict[s
         started = time.monotonic()
         kills = 0
         while db.scalar("select count(*) from cairnq_tasks where status in ('queued','running')"):
-            ready = [p for p in children_of(daemon.pid) if _title(p).endswith(" ready")]
+            ready = [p for p in children_of(daemon.pid) if process_title(p).endswith(" ready")]
             if ready:
                 os.kill(ready[kills % len(ready)], signal.SIGKILL)
                 kills += 1
@@ -101,13 +101,6 @@ def _ids(db: Database, status: str) -> list[str]:
     with psycopg.connect(db.dsn) as conn:
         rows = conn.execute("select id from cairnq_tasks where status = %s", (status,))
         return [r[0] for r in rows]
-
-
-def _title(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
 
 
 def _submit(target: dict[str, Any], log: str, n: int) -> None:

@@ -227,7 +227,7 @@ class Daemon:
         return children_of(self.proc.pid)
 
     def ready(self) -> int:
-        return sum(1 for pid in self.children() if _title(pid).endswith(" ready"))
+        return sum(1 for pid in self.children() if process_title(pid).endswith(" ready"))
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -367,7 +367,7 @@ def recovery_once(backend: str, dsn: str, tmp: Path) -> dict[str, float]:
         db.drop()
 
 
-def _title(pid: int) -> str:
+def process_title(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     except OSError:
@@ -376,7 +376,7 @@ def _title(pid: int) -> str:
 
 def _slot_of(pid: int) -> int | None:
     """The slot in a child's process title (`cairnqd: worker [group] 2/4 ...`)."""
-    match = re.search(r"\] (\d+)/\d+", _title(pid))
+    match = re.search(r"\] (\d+)/\d+", process_title(pid))
     return int(match.group(1)) - 1 if match else None
 
 

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import cairnqd
@@ -23,6 +24,12 @@ registry = TaskRegistry()
 @registry.task("bench.noop")
 async def noop(ctx: Any, payload: Any) -> None:
     return None
+
+
+@registry.task("bench.stamp")
+async def stamp(ctx: Any, payload: Any) -> dict[str, float]:
+    """The wall clock as the handler starts: bench/idle.py times pickups by it."""
+    return {"t": time.time()}
 
 
 @registry.task("bench.record")
