@@ -36,6 +36,7 @@ from cairnqd.store.sqlite.bulk import PIPELINE_FROM, insert_steps
 from cairnqd.store.sqlite.callertx import caller_session, plain_session
 from cairnqd.store.sqlite.errors import is_sqlite_busy
 from cairnqd.store.sqlite.files import is_memory, open_database, refresh_statistics
+from cairnqd.store.sqlite.filewatch import FileWatch
 from cairnqd.store.sqlite.statements import (
     Backoff,
     SQLiteSession,
@@ -51,8 +52,12 @@ T = TypeVar("T")
 A = TypeVar("A")
 
 _OPTIMIZE_EVERY_S = 60.0
-# How often an idle waiter looks at `pragma data_version` (a shared-memory read).
+# How often an idle waiter looks at `pragma data_version` (a shared-memory read) where
+# the kernel does not report writes to the database's files (store/sqlite/filewatch.py).
 _WAKE_POLL_S = 0.002
+# After the kernel reports a write, how long a waiter polls for the commit to show.
+_PUBLISH_WAIT_S = 0.1
+_PUBLISH_POLL_S = 0.0005
 # Rows a scan hands to the loop at once: ~2 ms of decoding for a typical task row.
 _SCAN_CHUNK = 128
 
@@ -113,6 +118,10 @@ class SQLiteStore(TaskStore):
         # Bumped after each of our own commits; wakes this process's idle waiters.
         self._local_commits = 0
         self._wake_baseline: tuple[int, int] | None = None
+        # Made on the first wait (never before a fork: a daemon's parent waits for
+        # nothing); None where the kernel cannot watch the files: waiters poll.
+        self._watch: FileWatch | None = None
+        self._watch_tried = False
         # Concurrent keyless submits share one insert_many (store/coalesce.py). Its
         # writer writes on behalf of callers that were admitted and are waiting, so its
         # statements pass while the store closes (a submit queued before close lands).
@@ -168,6 +177,9 @@ class SQLiteStore(TaskStore):
                 conn, self._conn = self._conn, None
                 if conn is not None:
                     conn.close()
+            if self._watch is not None:
+                self._watch.close()
+            self._watch, self._watch_tried = None, False
             if is_memory(self.path):
                 self._closed_memory = True
         finally:
@@ -472,24 +484,60 @@ class SQLiteStore(TaskStore):
         """Return early once any *other* connection commits to the file.
 
         `pragma data_version` changes when another connection (any process, any SDK)
-        commits; reading it touches only the WAL index in shared memory, so an idle
-        worker can look every couple of milliseconds without a write or a file read.
-        Our own commits do not change it, so local writes wake waiters directly.
+        commits; reading it touches only the WAL index in shared memory. It is read
+        each time the kernel reports a write to the database's files, or every couple
+        of milliseconds where it cannot (store/sqlite/filewatch.py). Our own commits
+        do not change it, so local writes wake waiters directly.
         """
         deadline = time.monotonic() + max(0, timeout_ms) / 1000
         # The baseline taken before the claim's probe, if there was one: a commit that
         # lands between the probe and this wait must still wake us.
         baseline, self._wake_baseline = self._wake_baseline, None
         start_version, local = baseline or (self._data_version(), self._local_commits)
+        watch = self._file_watch()
+        polling_until = 0.0
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            await asyncio.sleep(min(_WAKE_POLL_S, remaining))
+            # Read before the look below: a write after it is still counted, so the
+            # wait that follows ends at once (filewatch.FileWatch.next_write).
+            writes = watch.writes if watch is not None else 0
             if self._local_commits != local or self._conn is None:
                 return
-            if self._data_version() != start_version:
+            version = self._data_version()  # -1: unknown while our transaction runs
+            if version != start_version and version != -1:
                 return
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining <= 0:
+                return
+            if now < polling_until:
+                await asyncio.sleep(min(_PUBLISH_POLL_S, remaining))
+                continue
+            if watch is None or not watch.usable or version == -1:
+                await asyncio.sleep(min(_WAKE_POLL_S, remaining))
+                continue
+            await watch.next_write(writes, remaining)
+            if watch.writes != writes:
+                # A commit writes its frames before it publishes them (the fsync, then
+                # the WAL index in shared memory, which no write(2) reports): until
+                # `data_version` shows it, look often (a few looks: it is under way).
+                polling_until = time.monotonic() + _PUBLISH_WAIT_S
+
+    def _file_watch(self) -> FileWatch | None:
+        """The watch on the database's files; a new one in a forked child, whose copy
+        of its parent's is not its own to read."""
+        watch = self._watch
+        if watch is not None and not watch.mine:
+            watch.close()
+            watch, self._watch_tried = None, False
+        if not self._watch_tried and self._conn is not None:
+            self._watch_tried = True
+            # The file as SQLite opened it (a URI or a relative path resolved); ""
+            # for a database in memory, which no other process can write.
+            rows = self._conn.execute("pragma database_list").fetchall()
+            file = next((str(r[2]) for r in rows if r[1] == "main"), "")
+            watch = FileWatch.open(file) if file else None
+        self._watch = watch
+        return watch
 
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
         self._wake_baseline = None
