@@ -7,13 +7,13 @@ import threading
 
 import pytest
 
-from cairnqd.daemon.child.loopwatch import LoopWatch
+from cairnqd.daemon.child.loopwatch import MAX_TICK_S, MIN_TICK_S, LoopWatch, tick_for
 from tests.support.waiting import wait_for
 
 
 @pytest.mark.timing
 def test_a_blocked_loop_shows_its_lag_to_another_thread() -> None:
-    watch = LoopWatch()
+    watch = LoopWatch(tick_for(10.0))
     blocked = threading.Event()
     release = threading.Event()
 
@@ -40,7 +40,7 @@ def test_a_blocked_loop_shows_its_lag_to_another_thread() -> None:
 
 @pytest.mark.timing
 def test_a_running_loop_has_no_lag() -> None:
-    watch = LoopWatch()
+    watch = LoopWatch(tick_for(10.0))
     lags: list[float] = []
 
     async def main() -> None:
@@ -52,3 +52,10 @@ def test_a_running_loop_has_no_lag() -> None:
 
     asyncio.run(main())
     assert max(lags) < 0.5, lags
+
+
+def test_the_tick_follows_the_stall_bound_within_its_limits() -> None:
+    # The default bound (lease 30 s / 3): two wake-ups a second, a stall seen within 5%.
+    assert tick_for(10.0) == 0.5
+    assert tick_for(0.1) == MIN_TICK_S  # a tight bound is honoured, at a cost
+    assert tick_for(3600.0) == MAX_TICK_S  # never blind for long

@@ -24,7 +24,7 @@ from setproctitle import setproctitle
 
 from cairnqd._lograte import Repeats
 from cairnqd.daemon.boot import Boot, BootVersionMismatch, decode_boot
-from cairnqd.daemon.child.loopwatch import LoopWatch
+from cairnqd.daemon.child.loopwatch import LoopWatch, tick_for
 from cairnqd.daemon.child.outbox import Outbox
 from cairnqd.daemon.child.reporter import ChildReporter
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
@@ -278,6 +278,8 @@ class Child:
 
     async def _serve(self, worker: Worker) -> int:
         self.loop = loop = asyncio.get_running_loop()
+        # Ticks often enough for the stall bound, and no more: each wakes an idle loop.
+        self.loop_watch.tick_s = tick_for(self.boot.stall_timeout_s)
         self.loop_watch.start(loop)
         if self.reporter is not None:
             self.reporter.start(loop)
