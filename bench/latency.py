@@ -14,12 +14,24 @@ Rows: each SDK with its default `poll_interval_ms` (500) and tuned to 25 ms; on
 Postgres also procrastinate and pgqueuer with their defaults (both LISTEN). The peers
 keep no result, so their handler appends `<i> <time>` to a stamp file the driver
 watches, and they are submitted through their own enqueue call.
+
+Stream mode (`--rate R`): the driver submits one task every 1/R s on a fixed schedule
+(open loop: a submit that runs late does not push the schedule back) for `--seconds`,
+while one worker process runs them; pickup is each task's handler start minus the
+moment its submit returned. Rows: ours, the public SDK (25 ms poll: at its default of
+500 ms it cannot keep up) and, on Postgres, pgqueuer. Besides the whole run's
+percentiles (the first second, the warm-up, left out) it reports p50/p95/p99/max per
+second of the run, so a stall shows where it happened:
+
+    python -m bench.latency --rate 800 --seconds 20 [--backend ...] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import random
 import statistics
 import tempfile
@@ -49,6 +61,7 @@ from bench.common import (
     save,
     worker_argv,
 )
+from bench.drain import Table
 
 VARIANTS: tuple[tuple[str, int | None], ...] = (
     ("ours", None),
@@ -156,6 +169,160 @@ async def latency_once(
     )
 
 
+STREAM_VARIANTS: tuple[tuple[str, int | None], ...] = (
+    ("ours", None),
+    ("cairnq", 25),
+    ("pgqueuer", None),
+)
+
+
+async def read_sdk_starts(
+    backend: Backend, target: str, n: int, timeout_s: float
+) -> dict[int, float]:
+    """Task number -> handler start, from the results once all `n` tasks succeeded."""
+    async with Table(backend, target) as table:
+        deadline = time.monotonic() + timeout_s
+        while await table.scalar(DONE) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not all {n} tasks succeeded within {timeout_s:.0f}s")
+            await asyncio.sleep(0.1)
+        rows = await table.rows(RESULTS)
+    starts: dict[int, float] = {}
+    for payload, result in rows:
+        payload = json.loads(payload) if isinstance(payload, str) else payload
+        result = json.loads(result) if isinstance(result, str) else result
+        starts[int(payload["i"])] = float(result["t"])
+    return starts
+
+
+async def read_stamps(stamps: Path, n: int, timeout_s: float) -> dict[int, float]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = (await asyncio.to_thread(stamps.read_text)).splitlines()
+        complete = [line.split() for line in lines if line.count(" ") == 1]
+        if len(complete) >= n:
+            return {int(i): float(t) for i, t in complete}
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(complete)} of {n} jobs started within {timeout_s:.0f}s")
+        await asyncio.sleep(0.1)
+
+
+DONE = "select count(*) from cairnq_tasks where status = 'succeeded'"
+RESULTS = "select payload, result from cairnq_tasks where status = 'succeeded'"
+
+
+def per_second(submitted: Sequence[float], pickups: Sequence[float]) -> list[dict[str, float]]:
+    """p50/p95/p99/max of the pickups of the tasks submitted in each second of the run."""
+    first = submitted[0]
+    buckets: dict[int, list[float]] = {}
+    for at, pickup in zip(submitted, pickups, strict=True):
+        buckets.setdefault(int(at - first), []).append(pickup)
+    return [
+        {
+            "second": k,
+            "n": len(v),
+            "p50": percentile(v, 50),
+            "p95": percentile(v, 95),
+            "p99": percentile(v, 99),
+            "max": max(v),
+        }
+        for k, v in sorted(buckets.items())
+    ]
+
+
+async def stream_once(
+    backend: Backend, impl: str, poll_ms: int | None, args: argparse.Namespace
+) -> Run:
+    n = int(args.rate * args.seconds)
+    gap = 1.0 / args.rate
+    submitted = [0.0] * n
+    with tempfile.TemporaryDirectory(prefix="latency-") as scratch:
+        stamps = Path(scratch) / "stamps"
+        stamps.touch()
+        peer = impl in peers.PEERS
+        async with fresh_target(backend, "latency") as target:
+            argv = worker_argv(
+                impl,
+                backend,
+                target,
+                poll_interval_ms=poll_ms,
+                stamp=not peer,
+                stamp_file=str(stamps) if peer else None,
+            )
+            async with contextlib.AsyncExitStack() as stack:
+                if peer:
+                    one, _ = await stack.enter_async_context(peers.enqueuer(impl, target))
+                else:
+                    client = await stack.enter_async_context(ours_client(backend, target))
+
+                    async def one(i: int) -> None:
+                        await client.submit(NOOP, {"i": i})
+
+                workers = await stack.enter_async_context(children([(f"{impl}-stream", argv)]))
+                await release(workers)
+                await asyncio.sleep(1.0)  # the worker settles into its idle wait
+                start = time.perf_counter()
+                for i in range(n):
+                    late = start + i * gap - time.perf_counter()
+                    if late > 0:
+                        await asyncio.sleep(late)
+                    await one(i)
+                    submitted[i] = time.time()
+                took = time.perf_counter() - start
+                timeout = args.seconds + 60
+                starts = (
+                    await read_stamps(stamps, n, timeout)
+                    if peer
+                    else await read_sdk_starts(backend, target, n, timeout)
+                )
+    pickups = [(starts[i] - submitted[i]) * 1000 for i in range(n)]
+    seconds = per_second(submitted, pickups)
+    counted = [p for p, at in zip(pickups, submitted, strict=True) if at - submitted[0] >= 1.0]
+    return Run(
+        {
+            "p50_ms": percentile(counted, 50),
+            "p95_ms": percentile(counted, 95),
+            "p99_ms": percentile(counted, 99),
+            "max_ms": max(counted),
+            "submitted_per_s": n / took,
+        },
+        {"per_second": seconds},
+    )
+
+
+def report_stream(points: Sequence[Point]) -> None:
+    rows = [
+        [
+            p.labels["backend"],
+            p.labels["impl"],
+            p.labels["poll"],
+            fmt(p.median("submitted_per_s")),
+            fmt(p.median("p50_ms"), 1),
+            fmt(p.median("p95_ms"), 1),
+            fmt(p.median("p99_ms"), 1),
+            fmt(p.median("max_ms"), 1),
+        ]
+        for p in points
+    ]
+    print_table(
+        "pickup latency under a stream, ms (median of runs; the first second left out)",
+        ["backend", "impl", "poll", "submitted/s", "p50", "p95", "p99", "max"],
+        rows,
+    )
+    for p in points:
+        # The run whose p99 is the median's: its seconds, one line each.
+        run = sorted(p.runs, key=lambda r: r.metrics["p99_ms"])[len(p.runs) // 2]
+        print_table(
+            f"per second: {p.labels['backend']} {p.labels['impl']} (the median run by p99)",
+            ["second", "tasks", "p50", "p95", "p99", "max"],
+            [
+                [str(s["second"]), str(s["n"])]
+                + [fmt(s[k], 1) for k in ("p50", "p95", "p99", "max")]
+                for s in run.detail["per_second"]
+            ],
+        )
+
+
 def report(points: Sequence[Point]) -> None:
     rows = [
         [
@@ -185,11 +352,15 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--impl", action="append", choices=["ours", "cairnq", "procrastinate", "pgqueuer"]
     )
-    parser.add_argument("--out", default="latency")
+    parser.add_argument("--rate", type=float, help="stream mode: tasks submitted a second")
+    parser.add_argument("--seconds", type=float, default=20.0, help="stream mode: its length")
+    parser.add_argument("--out", default=None, help="bench/out/<name>.json")
     args = parser.parse_args(argv)
+    stream = args.rate is not None
+    out = args.out or ("latency-stream" if stream else "latency")
     cases: list[Case] = []
     for backend in chosen_backends(args):
-        for impl, poll_ms in VARIANTS:
+        for impl, poll_ms in STREAM_VARIANTS if stream else VARIANTS:
             if args.impl and impl not in args.impl:
                 continue
             if impl in peers.PEERS and (backend != "postgres" or not peers.available(impl)):
@@ -203,12 +374,14 @@ async def main(argv: Sequence[str] | None = None) -> None:
             async def once(
                 run: int, impl: str = impl, poll_ms: int | None = poll_ms, b: Backend = backend
             ) -> Run:
+                if stream:
+                    return await stream_once(b, impl, poll_ms, args)
                 return await latency_once(b, impl, poll_ms, args, seed=run + 1)
 
             cases.append(Case(labels, once))
     config = {k: v for k, v in vars(args).items() if k != "backend"}
-    points = await run_cases(cases, args.repeats, lambda pts: save(args.out, config, pts))
-    report(points)
+    points = await run_cases(cases, args.repeats, lambda pts: save(out, config, pts))
+    (report_stream if stream else report)(points)
 
 
 if __name__ == "__main__":
