@@ -68,6 +68,8 @@ class ClaimLoop:
         self._held_back = False
         #: Tasks held when that claim ended: fewer now means some room came back.
         self._held = 0
+        # The last claim left the results due for a write of their own after it.
+        self._write_after_claim = False
         # Hooks for a host process that retires a worker (see `Worker`).
         self.claim_budget: int | None = None
         self.before_claim: Callable[[], bool] | None = None
@@ -171,12 +173,14 @@ class ClaimLoop:
                 claimed = await self._claim(queues, free, len(backlog) if settle_only else ahead)
             except Exception as exc:
                 self._inflight.report(exc, {"phase": "claim"})
+                await self._write_results_after_claim()
                 await self._sleep_unless_stopped(0.25)
                 continue
             if self.claim_budget is not None:
                 self.claim_budget -= len(claimed)
             self._held_back = self._store.room_wait_ms(time.monotonic()) is not None
             if not claimed:
+                await self._write_results_after_claim()
                 if self._held_back:
                     self._held = len(self._inflight)
                     continue  # waits for room above
@@ -186,8 +190,9 @@ class ClaimLoop:
                 continue
             self._dispatch(claimed, free)
             self._held = len(self._inflight)
-            # Let the new calls start before the next claim.
+            # Let the new calls start before the next claim (or the results' write).
             await asyncio.sleep(0)
+            await self._write_results_after_claim()
 
     async def _idle(self) -> bool:
         """Wait for a wake-up from the store, a freed resource, stop, or the poll.
@@ -262,22 +267,25 @@ class ClaimLoop:
 
         plan = ClaimPlan(ordered, free, ahead, self._resources, self._inflight.in_use)
         settlement = self._settlement
-        settle = settlement.take()
         limited = self._store.limited is not None
-        if settle and ahead > 0 and not self._store.brief_transactions and not limited:
+        if settlement.pending and ahead > 0 and not self._store.brief_transactions and not limited:
             # Claiming ahead takes a bigger batch, so the claim transaction stays open
             # longer (on Postgres, a round trip per statement and the server's work on
             # hundreds of rows); a result riding in it is lost if the process dies
-            # meanwhile, and its task runs again. Commit the results first in a short
-            # transaction of their own (one more commit per cycle, spread over a large
-            # batch). Where a transaction runs straight through to its commit (SQLite),
-            # the claim adds a few milliseconds to results that already waited up to a
-            # settle interval in memory, while the second commit, with its lock hand-off
-            # and fsync, cost a sixth of the drain (bench/RESULTS.md,
-            # "The claim cycle, change by change"). Under flow-control limits the results
-            # ride in the claim all the same: they give back the room it then takes.
-            await self._settle_alone(settle)
+            # meanwhile, and its task runs again. The results go in a short transaction
+            # of their own (one more commit per cycle, spread over a large batch), right
+            # after the claim's tasks have started (`_cycles`): a task that came while a
+            # slot was free does not wait for the results' commit. Where a transaction
+            # runs straight through to its commit (SQLite), the claim adds a few
+            # milliseconds to results that already waited up to a settle interval in
+            # memory, while the second commit, with its lock hand-off and fsync, cost a
+            # sixth of the drain (bench/RESULTS.md, "The claim cycle, change by change").
+            # Under flow-control limits the results ride in the claim all the same: they
+            # give back the room it then takes.
+            self._write_after_claim = True
             settle = []
+        else:
+            settle = settlement.take()
         # The lease deadline of what this claim takes counts from before it is sent.
         self._claim_sent_at = self._inflight.clock()
         with self._writing(settle):
@@ -292,13 +300,17 @@ class ClaimLoop:
             )
         return result or []
 
-    async def _settle_alone(self, settle: list[Pending]) -> None:
-        items = [(ctx.task_id, encoded, ctx.attempt) for ctx, encoded in settle]
-        with self._writing(settle):
-            statuses = await self._store.complete_many(
-                worker_id=self._inflight.worker_id, items=items
-            )
-        self._settlement.finish(settle, statuses)
+    async def _write_results_after_claim(self) -> None:
+        """Write the results a claim left for after its tasks started (`_claim`), by
+        the settlement's writer (its retries and one-by-one fallback included); the
+        next claim waits for it, as it waited for the results riding in it."""
+        if self._write_after_claim:
+            self._write_after_claim = False
+            # Not before they are due: a worker keeping up with a stream claims every
+            # few milliseconds, and a write per claim would hold each next claim back.
+            # Due, the settlement's timer wakes the loop, and the next claim writes them.
+            if self._settlement.due():
+                await self._settlement.drain()
 
     @contextlib.contextmanager
     def _writing(self, settle: list[Pending]) -> Iterator[None]:

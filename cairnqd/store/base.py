@@ -184,11 +184,11 @@ class QuarantinedRow:
     failed: bool
 
 
-#: A claim that finds all the work it asked for recovers expired leases at most this
-#: often; one that comes up short recovers at once and draws again. The protocol has
-#: every claim recover first; doing it on every cycle of a busy worker cost a statement
-#: per cycle for a scan that almost always finds nothing (the daemon's reaper and idle
-#: claims still recover within a second of need).
+#: A claim that finds work recovers expired leases at most this often; one that finds
+#: none recovers at once and draws again. The protocol has every claim recover first;
+#: doing it on every cycle of a busy worker, or of one keeping up with a steady stream
+#: a few tasks a claim, cost a statement per cycle for a scan that almost always finds
+#: nothing (the daemon's reaper and idle claims still recover within a second of need).
 CLAIM_RECOVERY_EVERY_S = 1.0
 
 
@@ -840,7 +840,7 @@ class TaskStore(ABC):
     ) -> builtins.list[Task] | None:
         self._register_wakeable(queues)
         # Taken on every claim, so a hint never outlives the wake-up that set it.
-        pushed = self._take_push_hint()
+        pushed = self._take_push_hint(queues)
         if not settle and not pushed:
             probe = await self._fetch("claimable_probe", {"queues": queues, "names": names})
             if not probe or not probe[0]["has_work"]:
@@ -857,7 +857,8 @@ class TaskStore(ABC):
         # with it and rolls the transaction back; `_replayable` then runs it once more,
         # reading such text as markers, so that row alone is failed (`_quarantine`).
         drawn, settled = await self._replayable(
-            lambda session: self._claim_in(session, queues, base, plan, settle_params)
+            lambda session: self._claim_in(session, queues, base, plan, settle_params),
+            self._claim_unit(writes_results=settle_params is not None),
         )
         if on_settled is not None and settle:
             on_settled(settled)
@@ -904,11 +905,21 @@ class TaskStore(ABC):
                 return []
             ready = limit if ready is None else ready
             rows = await take(names, limit, ready)
-            # Short because a limit has no room is mostly not short of work: recovery
-            # then runs at the pace the limit's stale room is looked for, not each time.
-            short = len(rows) < limit
-            if short and limited is not None and limited.room_at is not None:
-                short = time.monotonic() - self._claim_recovered_at >= RECLAIM_EVERY_S
+            if limited is not None:
+                # Recovery also gives back the room of expired tasks (`recovered`).
+                # Short because a limit has no room is mostly not short of work: it then
+                # runs at the pace the limit's stale room is looked for, not each time.
+                short = len(rows) < limit
+                if short and limited.room_at is not None:
+                    short = time.monotonic() - self._claim_recovered_at >= RECLAIM_EVERY_S
+            else:
+                # Short but not empty, the worker keeps up with what arrives (a steady
+                # stream claims a few tasks a cycle): recovery keeps its once-a-second
+                # pace (above) rather than adding a statement to every claim on the way
+                # to the handler. Empty, expired leases may be all the work there is
+                # (what the probe saw, or what a claim without one must look for: a
+                # notification may announce a task the claim before already took).
+                short = not rows
             if short and not recovered:
                 # Short of work: tasks with expired leases may be what is missing.
                 recovered = True
@@ -1028,11 +1039,22 @@ class TaskStore(ABC):
 
         return await self._replayable(recover)
 
-    async def _replayable(self, work: Callable[[Session], Awaitable[T]]) -> T:
-        """`work` in a write transaction; run once more in `_replay_transaction` when a
-        row it reads back holds text the driver refuses (its rows then hold markers)."""
+    def _claim_unit(self, *, writes_results: bool) -> AbstractAsyncContextManager[Session]:
+        """Where a claim's statements run: one write transaction. A dialect may run a
+        claim that writes no results statement by statement (each its own transaction)
+        where that spares round trips and nothing read back needs the replay."""
+        return self._transaction()
+
+    async def _replayable(
+        self,
+        work: Callable[[Session], Awaitable[T]],
+        unit: AbstractAsyncContextManager[Session] | None = None,
+    ) -> T:
+        """`work` in a write transaction (or `unit`); run once more in
+        `_replay_transaction` when a row it reads back holds text the driver refuses
+        (its rows then hold markers)."""
         try:
-            async with self._transaction() as session:
+            async with unit if unit is not None else self._transaction() as session:
                 return await work(session)
         except Exception as exc:
             if not self._is_undecodable_text(exc):
@@ -1225,9 +1247,10 @@ class TaskStore(ABC):
     async def claim_wake(self, queues: Sequence[str], timeout_ms: int) -> None:
         await _sleep_ms(timeout_ms)
 
-    def _take_push_hint(self) -> bool:
-        """True (once) when the last `claim_wake` ended on a notification that work
-        was queued, so the next claim may skip its read-only probe."""
+    def _take_push_hint(self, queues: Sequence[str]) -> bool:
+        """True (once) when a notification that work was queued in `queues` came since
+        the last claim began (the last `claim_wake` ended on one, or a claim follows
+        another under a stream), so this claim may skip its read-only probe."""
         return False
 
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:

@@ -329,8 +329,12 @@ def test_a_successor_killed_while_it_starts_fails_the_upgrade_and_nothing_else(
     successor = upgrade_slowly(daemon, config, until="started the installed cairnqd as pid")
     os.kill(successor, signal.SIGKILL)
     wait_for("the failure", lambda: "ended (signal SIGKILL)" in daemon.output())
-    state = daemon.state()
-    assert state["pid"] == daemon.pid and state["upgrade"]["ok"] is False
+    # The log line and the state file are two writes: wait for the second as well.
+    state = wait_for(
+        "the state file to record the failed upgrade",
+        lambda: (s := daemon.state()).get("upgrade", {}).get("ok") is False and s,
+    )
+    assert state["pid"] == daemon.pid
     assert "ended (signal SIGKILL)" in state["upgrade"]["errors"][0]
     assert set(daemon.children()) == children
     wait_for("the successor's children to go", lambda: not [

@@ -469,6 +469,24 @@ class PostgresStore(TaskStore):
         async with self._begun() as conn:
             yield _PgSession(conn, self.clock)
 
+    def _claim_unit(self, *, writes_results: bool) -> AbstractAsyncContextManager[Session]:
+        """A claim that writes no results runs each statement in autocommit: a claim
+        statement, a recovery, is whole alone, and psycopg never refuses a row's text
+        (a JSON value it cannot decode is a marker), so no replay needs a rollback.
+        BEGIN and COMMIT were two of its three round trips, on the way from a task's
+        commit to its handler (bench/RESULTS.md, "Pickup latency"). Results keep the
+        transaction they ride in; so do the draws of flow-control limits, which take a
+        budget's slots and the tasks together, and a pooler's statement timeout, set
+        per transaction."""
+        if writes_results or self.limited is not None or self._local_timeout_ms is not None:
+            return self._transaction()
+        return self._autocommit()
+
+    @asynccontextmanager
+    async def _autocommit(self) -> AsyncIterator[Session]:
+        async with self._borrow() as conn:
+            yield _PgSession(conn, self.clock)
+
     @asynccontextmanager
     async def _begun(self) -> AsyncIterator[AsyncConn]:
         """A pool connection inside a transaction, committed when the block ends."""
@@ -602,8 +620,18 @@ class PostgresStore(TaskStore):
         if done is not None:
             done.expect_own(task_ids)
 
-    def _take_push_hint(self) -> bool:
+    def _take_push_hint(self, queues: Sequence[str]) -> bool:
         hint, self._push_hint = self._push_hint, False
+        listener = self._push("cairnq_queued")
+        if listener is None or not listener.connected.is_set():
+            return hint
+        # Claims back to back (a worker keeping up with a stream) never wait in
+        # claim_wake, which clears the flags: a flag set since the last claim began is
+        # a task that claim may not have seen. Cleared now, before this claim's
+        # snapshot: what is set from here on is news for the next one.
+        for event in listener.sticky(queues):
+            hint = hint or event.is_set()
+            event.clear()
         return hint
 
     async def task_done_wake(self, task_id: str, timeout_ms: int) -> None:
