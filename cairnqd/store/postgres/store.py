@@ -474,7 +474,7 @@ class PostgresStore(TaskStore):
         statement, a recovery, is whole alone, and psycopg never refuses a row's text
         (a JSON value it cannot decode is a marker), so no replay needs a rollback.
         BEGIN and COMMIT were two of its three round trips, on the way from a task's
-        commit to its handler (bench/RESULTS.md, "Pickup latency"). Results keep the
+        commit to its handler (bench/RESULTS.md, "Under a steady stream"). Results keep the
         transaction they ride in; so do the draws of flow-control limits, which take a
         budget's slots and the tasks together, and a pooler's statement timeout, set
         per transaction."""
