@@ -18,7 +18,9 @@ watches, and they are submitted through their own enqueue call.
 Stream mode (`--rate R`): the driver submits one task every 1/R s on a fixed schedule
 (open loop: a submit that runs late does not push the schedule back) for `--seconds`,
 while one worker process runs them; pickup is each task's handler start minus the
-moment its submit returned. Rows: ours, the public SDK (25 ms poll: at its default of
+moment its submit returned. Rows: ours (a bare worker process), the daemon (`cairnqd`
+with one group of two children, `bench.stamp` from bench/daemon_handlers.py), the public
+SDK (25 ms poll: at its default of
 500 ms it cannot keep up) and, on Postgres, pgqueuer. Besides the whole run's
 percentiles (the first second, the warm-up, left out) it reports p50/p95/p99/max per
 second of the run, so a stall shows where it happened:
@@ -34,15 +36,20 @@ import contextlib
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from bench import peers
 from bench.common import (
     NOOP,
+    QUEUE,
     Backend,
     Case,
     Point,
@@ -61,6 +68,7 @@ from bench.common import (
     save,
     worker_argv,
 )
+from bench.daemon import ENV, HANDLERS, children_of, process_title
 from bench.drain import Table
 
 VARIANTS: tuple[tuple[str, int | None], ...] = (
@@ -171,9 +179,50 @@ async def latency_once(
 
 STREAM_VARIANTS: tuple[tuple[str, int | None], ...] = (
     ("ours", None),
+    ("daemon", None),
     ("cairnq", 25),
     ("pgqueuer", None),
 )
+DAEMON_CHILDREN = 2
+
+
+@asynccontextmanager
+async def daemon_serving(backend: Backend, target: str, scratch: Path) -> AsyncIterator[None]:
+    """`cairnqd` with one group of DAEMON_CHILDREN children (concurrency 8, prefetch
+    auto) on the queue, serving bench/daemon_handlers.py; back once every child is
+    ready, stopped (TERM) on exit."""
+    run_dir = scratch / "run"
+    run_dir.mkdir()
+    database: dict[str, Any] = (
+        {"path": target} if backend == "sqlite" else {"dsn": target, "auto_migrate": True}
+    )
+    config = {
+        "version": 1,
+        "database": database,
+        "handlers": [HANDLERS],
+        "runtime_dir": str(run_dir),
+        "metrics": {"listen": "127.0.0.1:0"},
+        "groups": {"stream": {"queues": [QUEUE], "processes": DAEMON_CHILDREN, "concurrency": 8}},
+    }
+    path = scratch / "cairnq.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with (scratch / "daemon.log").open("ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cairnqd.cli", "-c", str(path), stdout=log, stderr=log, env=ENV
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while sum(process_title(p).endswith(" ready") for p in children_of(proc.pid)) < (
+            DAEMON_CHILDREN
+        ):
+            if proc.returncode is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the daemon's children never got ready: {scratch}/daemon.log")
+            await asyncio.sleep(0.1)
+        yield
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
 
 
 async def read_sdk_starts(
@@ -242,7 +291,7 @@ async def stream_once(
         peer = impl in peers.PEERS
         async with fresh_target(backend, "latency") as target:
             argv = worker_argv(
-                impl,
+                "ours" if impl == "daemon" else impl,
                 backend,
                 target,
                 poll_interval_ms=poll_ms,
@@ -254,12 +303,16 @@ async def stream_once(
                     one, _ = await stack.enter_async_context(peers.enqueuer(impl, target))
                 else:
                     client = await stack.enter_async_context(ours_client(backend, target))
+                    name = "bench.stamp" if impl == "daemon" else NOOP
 
                     async def one(i: int) -> None:
-                        await client.submit(NOOP, {"i": i})
+                        await client.submit(name, {"i": i})
 
-                workers = await stack.enter_async_context(children([(f"{impl}-stream", argv)]))
-                await release(workers)
+                if impl == "daemon":
+                    await stack.enter_async_context(daemon_serving(backend, target, Path(scratch)))
+                else:
+                    workers = await stack.enter_async_context(children([(f"{impl}-stream", argv)]))
+                    await release(workers)
                 await asyncio.sleep(1.0)  # the worker settles into its idle wait
                 start = time.perf_counter()
                 for i in range(n):
@@ -350,7 +403,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument(
-        "--impl", action="append", choices=["ours", "cairnq", "procrastinate", "pgqueuer"]
+        "--impl", action="append", choices=["ours", "daemon", "cairnq", "procrastinate", "pgqueuer"]
     )
     parser.add_argument("--rate", type=float, help="stream mode: tasks submitted a second")
     parser.add_argument("--seconds", type=float, default=20.0, help="stream mode: its length")
@@ -367,6 +420,8 @@ async def main(argv: Sequence[str] | None = None) -> None:
                 continue
             if impl in peers.PEERS:
                 poll = "its default (LISTEN)"
+            elif impl == "daemon":
+                poll = "group default (1 s)"
             else:
                 poll = "default (500)" if poll_ms is None else f"{poll_ms} ms"
             labels = {"backend": backend, "impl": impl, "poll": poll}
