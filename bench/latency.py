@@ -343,20 +343,19 @@ async def stream_once(
     )
 
 
-def report_stream(points: Sequence[Point]) -> None:
-    rows = [
-        [
-            p.labels["backend"],
-            p.labels["impl"],
-            p.labels["poll"],
-            fmt(p.median("submitted_per_s")),
-            fmt(p.median("p50_ms"), 1),
-            fmt(p.median("p95_ms"), 1),
-            fmt(p.median("p99_ms"), 1),
-            fmt(p.median("max_ms"), 1),
-        ]
+def median_rows(points: Sequence[Point], columns: Sequence[tuple[str, int]]) -> list[list[str]]:
+    """Per point: its backend, impl and poll, then the medians of `columns` (metric,
+    digits shown)."""
+    return [
+        [p.labels["backend"], p.labels["impl"], p.labels["poll"]]
+        + [fmt(p.median(key), digits) for key, digits in columns]
         for p in points
     ]
+
+
+def report_stream(points: Sequence[Point]) -> None:
+    columns = [("submitted_per_s", 0), ("p50_ms", 1), ("p95_ms", 1), ("p99_ms", 1), ("max_ms", 1)]
+    rows = median_rows(points, columns)
     print_table(
         "pickup latency under a stream, ms (median of runs; the first second left out)",
         ["backend", "impl", "poll", "submitted/s", "p50", "p95", "p99", "max"],
@@ -377,19 +376,8 @@ def report_stream(points: Sequence[Point]) -> None:
 
 
 def report(points: Sequence[Point]) -> None:
-    rows = [
-        [
-            p.labels["backend"],
-            p.labels["impl"],
-            p.labels["poll"],
-            fmt(p.median("p50_ms"), 1),
-            fmt(p.median("p99_ms"), 1),
-            fmt(p.median("mean_ms"), 1),
-            fmt(p.median("max_ms"), 1),
-            fmt(p.median("round_trip_p50_ms"), 1),
-        ]
-        for p in points
-    ]
+    columns = [("p50_ms", 1), ("p99_ms", 1), ("mean_ms", 1), ("max_ms", 1)]
+    rows = median_rows(points, [*columns, ("round_trip_p50_ms", 1)])
     print_table(
         "idle pickup latency, ms (median of runs)",
         ["backend", "impl", "poll", "p50", "p99", "mean", "max", "driver round trip p50"],
