@@ -857,8 +857,7 @@ class TaskStore(ABC):
         # with it and rolls the transaction back; `_replayable` then runs it once more,
         # reading such text as markers, so that row alone is failed (`_quarantine`).
         drawn, settled = await self._replayable(
-            lambda session: self._claim_in(session, queues, base, plan, settle_params),
-            self._claim_unit(writes_results=settle_params is not None),
+            lambda session: self._claim_in(session, queues, base, plan, settle_params)
         )
         if on_settled is not None and settle:
             on_settled(settled)
@@ -1039,22 +1038,11 @@ class TaskStore(ABC):
 
         return await self._replayable(recover)
 
-    def _claim_unit(self, *, writes_results: bool) -> AbstractAsyncContextManager[Session]:
-        """Where a claim's statements run: one write transaction. A dialect may run a
-        claim that writes no results statement by statement (each its own transaction)
-        where that spares round trips and nothing read back needs the replay."""
-        return self._transaction()
-
-    async def _replayable(
-        self,
-        work: Callable[[Session], Awaitable[T]],
-        unit: AbstractAsyncContextManager[Session] | None = None,
-    ) -> T:
-        """`work` in a write transaction (or `unit`); run once more in
-        `_replay_transaction` when a row it reads back holds text the driver refuses
-        (its rows then hold markers)."""
+    async def _replayable(self, work: Callable[[Session], Awaitable[T]]) -> T:
+        """`work` in a write transaction; run once more in `_replay_transaction` when a
+        row it reads back holds text the driver refuses (its rows then hold markers)."""
         try:
-            async with unit if unit is not None else self._transaction() as session:
+            async with self._transaction() as session:
                 return await work(session)
         except Exception as exc:
             if not self._is_undecodable_text(exc):

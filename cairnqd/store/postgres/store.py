@@ -469,24 +469,6 @@ class PostgresStore(TaskStore):
         async with self._begun() as conn:
             yield _PgSession(conn, self.clock)
 
-    def _claim_unit(self, *, writes_results: bool) -> AbstractAsyncContextManager[Session]:
-        """A claim that writes no results runs each statement in autocommit: a claim
-        statement, a recovery, is whole alone, and psycopg never refuses a row's text
-        (a JSON value it cannot decode is a marker), so no replay needs a rollback.
-        BEGIN and COMMIT were two of its three round trips, on the way from a task's
-        commit to its handler (bench/RESULTS.md, "Under a steady stream"). Results keep the
-        transaction they ride in; so do the draws of flow-control limits, which take a
-        budget's slots and the tasks together, and a pooler's statement timeout, set
-        per transaction."""
-        if writes_results or self.limited is not None or self._local_timeout_ms is not None:
-            return self._transaction()
-        return self._autocommit()
-
-    @asynccontextmanager
-    async def _autocommit(self) -> AsyncIterator[Session]:
-        async with self._borrow() as conn:
-            yield _PgSession(conn, self.clock)
-
     @asynccontextmanager
     async def _begun(self) -> AsyncIterator[AsyncConn]:
         """A pool connection inside a transaction, committed when the block ends."""
