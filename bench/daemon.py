@@ -188,28 +188,35 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def daemon_config(
+    database: dict[str, Any], run_dir: Path, groups: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """A config serving bench/daemon_handlers.py on `database` (the config's section),
+    metrics on an ephemeral port, with `groups`."""
+    return {
+        "version": 1,
+        "database": database,
+        "handlers": [HANDLERS],
+        "runtime_dir": str(run_dir),
+        "metrics": {"listen": "127.0.0.1:0"},
+        "groups": groups,
+    }
+
+
 class Daemon:
     def __init__(self, db: Database, tmp: Path, processes: int, lease: str = "30s") -> None:
         # A runtime directory per daemon: nothing one run leaves (state file, control
         # socket) is seen by the next.
         run = tmp / f"run-{uuid.uuid4().hex[:8]}"
-        config = {
-            "version": 1,
-            "database": db.target,
-            "handlers": [HANDLERS],
-            "runtime_dir": str(run),
-            "metrics": {"listen": "127.0.0.1:0"},
-            "retention": {"rules": []},
-            "groups": {
-                "bench": {
-                    "queues": ["default"],
-                    "processes": processes,
-                    "concurrency": 8,
-                    "lease": lease,
-                    "poll_interval": "500ms",
-                }
-            },
+        group = {
+            "queues": ["default"],
+            "processes": processes,
+            "concurrency": 8,
+            "lease": lease,
+            "poll_interval": "500ms",
         }
+        config = daemon_config(db.target, run, {"bench": group})
+        config["retention"] = {"rules": []}
         run.mkdir()
         self.config = tmp / f"cairnq-{uuid.uuid4().hex[:6]}.yaml"
         self.config.write_text(yaml.safe_dump(config))

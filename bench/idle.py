@@ -28,7 +28,6 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -49,10 +48,10 @@ from bench.common import (
 )
 from bench.daemon import (
     ENV,
-    HANDLERS,
     Database,
     children_of,
     cpu_seconds,
+    daemon_config,
     helper,
     preload,
     process_title,
@@ -65,25 +64,15 @@ CHILDREN_PER_GROUP = 2
 WARMUP = 5
 
 
-def daemon_config(db: Database, run_dir: Path) -> dict[str, Any]:
-    return {
-        "version": 1,
-        "database": db.target,
-        "handlers": [HANDLERS],
-        "runtime_dir": str(run_dir),
-        "metrics": {"listen": "127.0.0.1:0"},
-        "groups": {
-            name: {"queues": queues, "processes": CHILDREN_PER_GROUP, "concurrency": 4}
-            for name, queues in GROUPS.items()
-        },
-    }
-
-
 def start_daemon(db: Database, tmp: Path) -> subprocess.Popen[bytes]:
     run_dir = tmp / f"run-{uuid.uuid4().hex[:8]}"
     run_dir.mkdir()
     config = tmp / f"idle-{uuid.uuid4().hex[:6]}.yaml"
-    config.write_text(yaml.safe_dump(daemon_config(db, run_dir)))
+    groups = {
+        name: {"queues": queues, "processes": CHILDREN_PER_GROUP, "concurrency": 4}
+        for name, queues in GROUPS.items()
+    }
+    config.write_text(yaml.safe_dump(daemon_config(db.target, run_dir, groups)))
     log = tmp / "daemon.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(

@@ -68,7 +68,7 @@ from bench.common import (
     save,
     worker_argv,
 )
-from bench.daemon import ENV, HANDLERS, children_of, process_title
+from bench.daemon import ENV, children_of, daemon_config, process_title
 from bench.drain import Table
 
 VARIANTS: tuple[tuple[str, int | None], ...] = (
@@ -196,14 +196,8 @@ async def daemon_serving(backend: Backend, target: str, scratch: Path) -> AsyncI
     database: dict[str, Any] = (
         {"path": target} if backend == "sqlite" else {"dsn": target, "auto_migrate": True}
     )
-    config = {
-        "version": 1,
-        "database": database,
-        "handlers": [HANDLERS],
-        "runtime_dir": str(run_dir),
-        "metrics": {"listen": "127.0.0.1:0"},
-        "groups": {"stream": {"queues": [QUEUE], "processes": DAEMON_CHILDREN, "concurrency": 8}},
-    }
+    group = {"queues": [QUEUE], "processes": DAEMON_CHILDREN, "concurrency": 8}
+    config = daemon_config(database, run_dir, {"stream": group})
     path = scratch / "cairnq.yaml"
     path.write_text(yaml.safe_dump(config))
     with (scratch / "daemon.log").open("ab") as log:

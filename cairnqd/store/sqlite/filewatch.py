@@ -18,7 +18,6 @@ it: a forked child never uses its parent's (`usable`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -114,8 +113,7 @@ class FileWatch:
             loop.add_reader(self._fd, self._read)
         self._waiters.add(waiter)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+            await asyncio.wait({waiter}, timeout=timeout_s)
         finally:
             self._waiters.discard(waiter)
             if not self._waiters and self._fd >= 0:
@@ -163,7 +161,8 @@ class FileWatch:
         fd, self._fd = self._fd, -1
         if fd < 0:
             return
-        if self._waiters and self._loop is not None and not self._loop.is_closed():
+        # A forked copy's loop is its parent's, whose selector it shares: leave it be.
+        if self._waiters and self._loop is not None and self.mine and not self._loop.is_closed():
             self._loop.remove_reader(fd)
         for waiter in self._waiters:
             if not waiter.done():

@@ -118,8 +118,8 @@ class SQLiteStore(TaskStore):
         # Bumped after each of our own commits; wakes this process's idle waiters.
         self._local_commits = 0
         self._wake_baseline: tuple[int, int] | None = None
-        # Made on the first wait (never before a fork: a daemon's parent waits for
-        # nothing); None where the kernel cannot watch the files: waiters poll.
+        # Made on the first wait, again in a forked child (`_file_watch`); None where
+        # the kernel cannot watch the files: waiters poll.
         self._watch: FileWatch | None = None
         self._watch_tried = False
         # Concurrent keyless submits share one insert_many (store/coalesce.py). Its
