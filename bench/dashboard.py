@@ -3,7 +3,9 @@ cost against the number of browsers watching.
 
 1. Loads N tasks (default 1,000,000) straight into a fresh database (SQLite file or
    Postgres): 7 days of history over 8 queues and 20 task names, ~85% succeeded, 8%
-   failed (5 error types), 4% canceled, 3% queued, a few running; then ANALYZE.
+   failed (5 error types), 4% canceled, 3% queued, a few running; then ANALYZE. And
+   the per-queue counters busy workers leave: every period each width keeps (2 hours
+   of minutes, 2 days of quarter hours, 8 days of hours), 28 bins per queue.
 2. Serves the dashboard in this process (`DashboardServer`, loopback, no login) and
    requests each page `--views` times, one at a time. The server time is measured around
    the request's handling (routing, database reads, rendering), as the server records it;
@@ -13,7 +15,10 @@ cost against the number of browsers watching.
      read, paid once per refresh interval however many browsers watch);
    - the task list: first page of each sort, common filters, 30 pages deep by Next
      links, and a page whose cursor sits 90% of the way down;
-   - a task's own page.
+   - a task's own page;
+   - the Charts page over an hour and a week as browsers get it (renewed in the
+     background every 5 s), and over an hour, a day and a week read afresh (a range's
+     first view, and the database's cost of one renewal).
 3. Browsers: B threads each poll the overview every 250 ms for `--watch` seconds with
    `dashboard.refresh` at 1 s; the snapshot reads per second should stay ~1 whatever B.
 
@@ -55,6 +60,7 @@ from bench.common import (
 from cairnqd.config import load_config
 from cairnqd.dashboard import DashboardData, DashboardServer
 from cairnqd.dashboard.params import encode_cursor
+from cairnqd.queue_counts import KEEP_MS, OUTCOMES, WAIT, WIDTHS_S, CountRow
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
 
@@ -113,6 +119,7 @@ def load_sqlite(path: str, n: int) -> float:
     async def migrate() -> None:
         store = SQLiteStore(path)
         await store.connect()
+        await load_counts(store)
         await store.close()
 
     asyncio.run(migrate())
@@ -139,6 +146,7 @@ def load_postgres(dsn: str, n: int) -> float:
     async def migrate() -> None:
         store = PostgresStore(dsn, migrate=True)
         await store.connect()
+        await load_counts(store)
         await store.close()
 
     asyncio.run(migrate())
@@ -154,6 +162,31 @@ def load_postgres(dsn: str, n: int) -> float:
         conn.execute("alter table cairnq_tasks enable trigger user")
         conn.execute("analyze cairnq_tasks")
     return time.perf_counter() - started
+
+
+def counts(now_ms: int, seed: int = 11) -> list[CountRow]:
+    """Per-queue counters as busy workers leave them: every period each width keeps,
+    for every queue, 20 bins of run times over the outcomes and 8 of waits."""
+    rng = random.Random(seed)
+    made: list[CountRow] = []
+    for width in WIDTHS_S:
+        width_ms = width * 1000
+        last = now_ms - now_ms % width_ms
+        for k in range(KEEP_MS[width] // width_ms):
+            start = last - k * width_ms
+            for queue in QUEUES:
+                for b in range(20):
+                    series = OUTCOMES[0] if b < 14 else OUTCOMES[1 + b % 4]
+                    made.append(CountRow(width, start, queue, series, 20 + b, rng.randint(1, 900)))
+                made += [CountRow(width, start, queue, WAIT, 4 + b, rng.randint(1, 900))
+                         for b in range(8)]  # fmt: skip
+    return made
+
+
+async def load_counts(store: SQLiteStore | PostgresStore) -> int:
+    rows = counts(int(time.time() * 1000))
+    await store.queue_counts.add(rows)
+    return len(rows)
 
 
 # -- the requests ---------------------------------------------------------------------------
@@ -183,7 +216,7 @@ def timed(browser: Browser, paths: Callable[[int], str], views: int,
         before()
         status, body, wall = browser.get(paths(i))
         if status != 200:
-            raise RuntimeError(f"{paths(i)} answered {status}: {body[:300]}")
+            raise RuntimeError(f"{paths(i)} answered {status}: {body[-600:]}")
         server_ms.append(browser.server.timings()[-1][1] * 1000)
         client_ms.append(wall * 1000)
     return {
@@ -280,6 +313,11 @@ def measure(backend: Backend, args: argparse.Namespace, server: DashboardServer,
         ("overview page", lambda i: "/", lambda: None),
         ("overview, waiting for its snapshot read", lambda i: "/", data.invalidate),
         ("failed page", lambda i: "/failed", lambda: None),
+        ("charts: last hour (as browsers get it)", lambda i: "/charts?range=1h", lambda: None),
+        ("charts: last week (as browsers get it)", lambda i: "/charts?range=7d", lambda: None),
+        ("charts: last hour, read afresh", lambda i: "/charts?range=1h", data.invalidate),
+        ("charts: last day, read afresh", lambda i: "/charts?range=24h", data.invalidate),
+        ("charts: last week, read afresh", lambda i: "/charts?range=7d", data.invalidate),
         ("tasks: newest created", lambda i: "/tasks", lambda: None),
         ("tasks: newest due", lambda i: "/tasks?sort=run_at", lambda: None),
         ("tasks: newest finished", lambda i: "/tasks?sort=finished", lambda: None),

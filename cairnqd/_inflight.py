@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cairnqd._lograte import Burst
 from cairnqd.models import Task
+from cairnqd.queue_counts import WAIT, QueueTally
 
 if TYPE_CHECKING:
     from cairnqd.context import TaskContext
@@ -144,6 +145,9 @@ class InFlight:
         self._lost_lines = Burst()
         self.worker_id = worker_id
         self.observer: WorkerObserver | None = None
+        #: Per-queue counts of waits and outcomes for the dashboard's charts
+        #: (cairnqd/queue_counts.py), or None where the worker keeps none.
+        self.tally: QueueTally | None = None
         self._held: dict[Identity, TaskContext] = {}
         #: Held tasks claimed ahead of a free slot, in the order they should start.
         self.backlog: collections.deque[TaskContext] = collections.deque()
@@ -191,6 +195,10 @@ class InFlight:
             return False
         ctx.started_at = self.clock()
         self.executing += 1
+        if self.tally is not None:
+            now_ms = int(time.time() * 1000)
+            task = ctx.task
+            self.tally.add(task.queue, WAIT, now_ms - task.run_at_ms, now_ms)
         if self.observer is not None:
             self.observer.task_started(ctx)
         return True
@@ -213,11 +221,14 @@ class InFlight:
             held_back = self._lost_lines.admit()
             if held_back is not None:
                 _log_lost(ctx, reason, held_back)
-        observer = self.observer
-        if observer is not None:
+        observer, tally = self.observer, self.tally
+        if observer is not None or tally is not None:
             began = ctx.started_at
             duration = self.clock() - began if began is not None else 0.0
-            observer.task_ended(ctx, outcome, reason, duration)
+            if tally is not None:
+                tally.add(ctx.task.queue, outcome, duration * 1000)
+            if observer is not None:
+                observer.task_ended(ctx, outcome, reason, duration)
 
     def release_settled(self, ctx: TaskContext, task: Task | None, reason: str = "") -> None:
         """Release after a write settled the task (`task` as it now reads)."""

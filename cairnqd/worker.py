@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from cairnqd._calls import CallRunner
 from cairnqd._claimloop import ClaimLoop
+from cairnqd._countflush import CountFlusher
 from cairnqd._handlers import (
     Handler,
     RegisteredHandler,
@@ -32,6 +33,7 @@ from cairnqd._prefetch import PrefetchSetting, PrefetchSizer
 from cairnqd._settlement import Settlement, backoff_delay_ms
 from cairnqd.limits import Limit, parse_limits
 from cairnqd.models import TaskDef, task_name
+from cairnqd.queue_counts import QueueTally
 from cairnqd.store.base import TaskStore
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ class Worker:
         prefetch: PrefetchSetting = "auto",
         honour_pauses: bool = False,
         limits: Mapping[str, Any] | Sequence[Limit] | None = None,
+        keep_counts: bool = True,
     ) -> None:
         """`prefetch` (cairnqd only): how many tasks to claim beyond the free call
         slots, for handlers without `batch` or `resource`. They wait in the worker with
@@ -83,7 +86,11 @@ class Worker:
 
         `limits` (cairnqd only): flow-control limits this worker's claims keep, shared
         with every cairnqd worker on the database: `{name: {queues, names, concurrency,
-        rate, partition_by}}` as in the daemon's `limits:` section (docs/limits.md)."""
+        rate, partition_by}}` as in the daemon's `limits:` section (docs/limits.md).
+
+        `keep_counts` (cairnqd only): add per-queue counts of this worker's finished
+        tasks (outcomes, run and wait times) to `cairnqd_queue_counts` every 10 s, for
+        the dashboard's charts (cairnqd/queue_counts.py); False keeps none."""
         if isinstance(queues, str):
             queues = [queues]
         self.queues = list(queues)
@@ -123,6 +130,8 @@ class Worker:
         #: The tasks this worker holds, for a host process (the daemon's child).
         self.in_flight = InFlight(lease_ms, self._report, new_worker_id())
         self.in_flight.in_use.update(dict.fromkeys(self.resources, 0))
+        if keep_counts:
+            self.in_flight.tally = QueueTally()
         self._settlement = Settlement(
             store,
             self.in_flight,
@@ -406,6 +415,11 @@ class Worker:
         )
         heartbeat = asyncio.create_task(heartbeat_loop(self.store, self.in_flight))
         guard = asyncio.create_task(self._guard.run())
+        helpers = [heartbeat, guard]
+        tally = self.in_flight.tally
+        counts = None if tally is None else CountFlusher(self.store, tally)
+        if counts is not None:
+            helpers.append(asyncio.create_task(counts.run()))
         try:
             await self._loop.run(limit)
         finally:
@@ -413,10 +427,12 @@ class Worker:
             # and the lease guard keep running meanwhile.
             await self._loop.drain(limit)
             await self._settlement.drain()
-            for helper in (heartbeat, guard):
+            for helper in helpers:
                 helper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await helper
+            if counts is not None:
+                await counts.last()
             self._executor.shutdown(wait=False)
             state.stop.clear()
             state.freed.clear()

@@ -25,11 +25,11 @@ from cairnqd.config import Config
 from cairnqd.daemon.parent.dbthread import LoopThread
 from cairnqd.limits import Limit, Override, overridden
 from cairnqd.models import STATUSES, Task
+from cairnqd.queue_counts import Period, merged, percentile, periods_by_queue
 from cairnqd.store.base import TaskStore
 from cairnqd.store.browse import (
     DaemonReport,
     FailedGroup,
-    FinishedCount,
     TaskQuery,
     TaskSummary,
 )
@@ -75,6 +75,13 @@ class DatabaseError(Exception):
     """The database did not answer a page's read; the message says why."""
 
 
+#: The charts' ranges (cairnqd/queue_counts.py keeps a width for each): name ->
+#: (seconds per bar, bars).
+RANGES = {"1h": (60, 60), "24h": (900, 96), "7d": (3600, 168)}
+#: A range's charts are renewed once this old: workers add every 10 s.
+CHARTS_FRESH_S = 5.0
+
+
 @dataclass(frozen=True)
 class QueueRow:
     queue: str
@@ -83,6 +90,36 @@ class QueueRow:
     pause: QueuePause | None
     #: (succeeded, failed) per minute of the last hour, oldest first.
     per_minute: list[tuple[int, int]]
+    #: The last hour's 95th percentiles of wait and run time (ms), None without any.
+    wait_p95_ms: float | None = None
+    run_p95_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Charts:
+    """One range of every queue's counters (the Charts page): a bar per period."""
+
+    range: str
+    width_s: int
+    first_ms: int
+    taken_at_ms: int
+    queues: dict[str, list[Period]]
+
+
+def _hour_of(
+    periods: Sequence[Period] | None,
+) -> tuple[list[tuple[int, int]], float | None, float | None]:
+    """A queue's last hour for the overview: (succeeded, failed) per minute and the
+    95th percentiles of wait and run time."""
+    if periods is None:
+        return [(0, 0)] * HOUR_MINUTES, None, None
+    wait = merged(p.wait for p in periods)
+    run = merged(p.run for p in periods)
+    return (
+        [(p.finished, p.failed) for p in periods],
+        percentile(wait, 0.95),
+        percentile(run, 0.95),
+    )
 
 
 @dataclass(frozen=True)
@@ -166,15 +203,15 @@ class Overview:
     throttled: dict[str, list[str]] = field(default_factory=dict)
 
 
-def _per_minute(counts: Sequence[FinishedCount], now_minute: int) -> dict[str, list[list[int]]]:
-    series: dict[str, list[list[int]]] = {}
-    first = now_minute - HOUR_MINUTES + 1
-    for c in counts:
-        if c.minute < first or c.minute > now_minute:
-            continue
-        bars = series.setdefault(c.queue, [[0, 0] for _ in range(HOUR_MINUTES)])
-        bars[c.minute - first][0 if c.status == "succeeded" else 1] += c.n
-    return series
+async def _read_charts(store: TaskStore, range_name: str) -> Charts:
+    width_s, bars = RANGES[range_name]
+    now_ms = store.now_ms()
+    width_ms = width_s * 1000
+    first_ms = now_ms - now_ms % width_ms - (bars - 1) * width_ms
+    rows = await store.queue_counts.read(width_s, first_ms)
+    return Charts(
+        range_name, width_s, first_ms, now_ms, periods_by_queue(rows, first_ms, width_s, bars)
+    )
 
 
 def _hosts(local: dict[str, Any] | None, reports: Sequence[DaemonReport]) -> list[HostView]:
@@ -228,6 +265,10 @@ class DashboardData:
         self._lock = threading.Lock()
         self._overview: Overview | None = None
         self._taken_at = float("-inf")
+        #: Each range's last charts, with when (monotonic) they were read, and the
+        #: ranges whose renewal is under way.
+        self._charts: dict[str, tuple[float, Charts]] = {}
+        self._charts_reading: set[str] = set()
         self._inflight: concurrent.futures.Future[Overview] | None = None
         #: Set by an action: the next page waits for a fresh read instead of the old one.
         self._must_wait = False
@@ -441,7 +482,8 @@ class DashboardData:
             stats = await store.stats()
             oldest = await store.oldest_queued_age_ms()
             pauses = {p.queue: p for p in await store.pauses.all()}
-            finished = await store.dashboard.finished_per_minute(now_ms - HOUR_MINUTES * 60_000)
+            first_ms = now_ms - now_ms % 60_000 - (HOUR_MINUTES - 1) * 60_000
+            counted = await store.queue_counts.read(60, first_ms)
             failed = await store.dashboard.failed_groups()
             schedules = await ScheduleTable(store).rows() if self.config.schedules else {}
             reports = await store.reports.all()
@@ -451,7 +493,7 @@ class DashboardData:
             await self._store.close()
             raise
         self.refreshes += 1
-        series = _per_minute(finished, now_ms // 60_000)
+        series = periods_by_queue(counted, first_ms, 60, HOUR_MINUTES)
         names = sorted(set(stats) | set(pauses) | set(series) | self._configured_queues())
         queues = []
         totals: dict[str, int] = dict.fromkeys(STATUSES, 0)
@@ -460,13 +502,16 @@ class DashboardData:
             for s in STATUSES:
                 totals[s] += counts[s]
             age = oldest.get(name)
+            per_minute, wait_p95, run_p95 = _hour_of(series.get(name))
             queues.append(
                 QueueRow(
                     queue=name,
                     counts=counts,
                     oldest_queued_s=None if age is None else age / 1000,
                     pause=pauses.get(name),
-                    per_minute=[(a, b) for a, b in series.get(name, [[0, 0]] * HOUR_MINUTES)],
+                    per_minute=per_minute,
+                    wait_p95_ms=wait_p95,
+                    run_p95_ms=run_p95,
                 )
             )
         daemon, note = self._daemon()
@@ -516,8 +561,9 @@ class DashboardData:
 
     def invalidate(self) -> None:
         """Make the next page wait for a fresh snapshot, read after this call (after an
-        action; the bench)."""
+        action; the bench), and the next Charts page read its range again."""
         with self._lock:
+            self._charts.clear()
             self._generation += 1
             self._taken_at = float("-inf")
             self._must_wait = True
@@ -529,6 +575,46 @@ class DashboardData:
             return await store.dashboard.browse(query)
 
         return self._run(read, "the task list")
+
+    def charts(self, range_name: str) -> Charts:
+        """Every queue's counters over `range_name` (a key of RANGES): a bounded range
+        of the counters' key, never the task table. Like the overview, charts older
+        than `CHARTS_FRESH_S` are still served at once while one read renews them in
+        the background; only a range's first view waits for its read."""
+        started: concurrent.futures.Future[Charts] | None = None
+        with self._lock:
+            cached = self._charts.get(range_name)
+            stale = cached is not None and time.monotonic() - cached[0] >= CHARTS_FRESH_S
+            if stale and range_name not in self._charts_reading:
+                self._charts_reading.add(range_name)
+                started = self._thread.submit(self._renew_charts(range_name))
+        if started is not None:
+            # Outside the lock: a read already done runs the callback right here.
+            started.add_done_callback(functools.partial(self._charts_landed, range_name))
+        if cached is not None:
+            return cached[1]
+
+        async def read(store: TaskStore) -> Charts:
+            return await _read_charts(store, range_name)
+
+        charts = self._run(read, f"the charts of the last {range_name}")
+        with self._lock:
+            self._charts[range_name] = (time.monotonic(), charts)
+        return charts
+
+    async def _renew_charts(self, range_name: str) -> Charts:
+        try:
+            return await _read_charts(await self._store.get(), range_name)
+        except Exception:
+            await self._store.close()  # opened afresh on the next read
+            raise
+
+    def _charts_landed(self, range_name: str, done: concurrent.futures.Future[Charts]) -> None:
+        with self._lock:
+            self._charts_reading.discard(range_name)
+            if done.cancelled() or done.exception() is not None:
+                return  # the stale charts stay; the next view tries again
+            self._charts[range_name] = (time.monotonic(), done.result())
 
     def task(self, task_id: str) -> tuple[Task | None, str | None]:
         async def read(store: TaskStore) -> tuple[Task | None, str | None]:

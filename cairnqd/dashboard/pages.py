@@ -20,6 +20,7 @@ from cairnqd._jsoncodec import shown
 from cairnqd.config import Config, ScheduleConfig
 from cairnqd.config.units import elapsed_text, format_duration
 from cairnqd.dashboard.auth import Session
+from cairnqd.dashboard.charts import ms_text
 from cairnqd.dashboard.data import HOUR_MINUTES, HostView, LimitRow, Overview, QueueRow
 from cairnqd.dashboard.markup import Markup, join, render
 from cairnqd.dashboard.params import encode_cursor, with_params
@@ -34,6 +35,7 @@ from cairnqd.store.tables.schedules import ScheduleRow
 NAV = (
     ("/", "Overview"),
     ("/tasks", "Tasks"),
+    ("/charts", "Charts"),
     ("/failed", "Failed"),
     ("/workers", "Workers"),
     ("/schedules", "Schedules"),
@@ -216,13 +218,19 @@ def chart(row: QueueRow) -> Markup:
             ))  # fmt: skip
     done = sum(a for a, _ in row.per_minute)
     failed = sum(b for _, b in row.per_minute)
+    label = f"last hour: {done} succeeded, {failed} failed"
+    if row.wait_p95_ms is not None:
+        label += f"; wait p95 {ms_text(row.wait_p95_ms)}"
+    if row.run_p95_ms is not None:
+        label += f", run p95 {ms_text(row.run_p95_ms)}"
     return render(
+        '<a class="to-charts" href="/charts?range=1h">'
         '<svg class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
-        'aria-label="{label}"><title>{label}</title>{bars}</svg>'
+        'aria-label="{label}"><title>{label}</title>{bars}</svg></a>'
         '<span class="rate">{per_min}/min</span>',
         w=HOUR_MINUTES * width,
         h=height,
-        label=f"last hour: {done} succeeded, {failed} failed",
+        label=label,
         bars=join(bars),
         per_min=f"{(done + failed) / HOUR_MINUTES:.1f}",
     )

@@ -27,7 +27,8 @@ from cairnqd.daemon.listening import serve_on
 from cairnqd.dashboard import pages
 from cairnqd.dashboard.actions import ACTIONS, FIELDS, audit
 from cairnqd.dashboard.auth import COOKIE, SESSION_S, Auth, LoginThrottle, Session
-from cairnqd.dashboard.data import DashboardData, DatabaseError
+from cairnqd.dashboard.charts import charts_page
+from cairnqd.dashboard.data import RANGES, DashboardData, DatabaseError
 from cairnqd.dashboard.markup import Markup
 from cairnqd.dashboard.params import (
     TASK_FILTERS,
@@ -180,6 +181,13 @@ class Dashboard:
             body = pages.task_page(task, key, viewer, self.data.waiting_for(task))
             live = task.status in ("queued", "running")
             return self._layout(f"Task {task.name}", path, body, viewer, live=live)
+        if path == "/charts":
+            values = parse_query(query, frozenset({"range"}))
+            span = values.get("range", "1h")
+            if span not in RANGES:
+                raise BadRequest(f"range: {span!r} is not one of {', '.join(RANGES)}")
+            body = charts_page(self.data.charts(span))
+            return self._layout(f"Charts, last {span}", path, body, viewer, live=True)
         if path == "/failed":
             parse_query(query, frozenset())
             body = pages.failed_page(self.data.overview(), viewer)

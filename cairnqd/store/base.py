@@ -68,6 +68,7 @@ from cairnqd.store.tables.bulk_actions import BulkActions
 from cairnqd.store.tables.dashboard import DashboardReads
 from cairnqd.store.tables.fleet import FleetRegistry
 from cairnqd.store.tables.pauses import QueuePauses
+from cairnqd.store.tables.queue_counts import QueueCounts
 from cairnqd.store.tables.reports import DaemonReports
 
 if TYPE_CHECKING:
@@ -745,6 +746,11 @@ class TaskStore(ABC):
         from cairnqd.store.tables.limits import LimitTable
 
         return LimitTable(self.executor)
+
+    @functools.cached_property
+    def queue_counts(self) -> QueueCounts:
+        """Per-queue counters of finished tasks, written by workers, read by charts."""
+        return QueueCounts(self.executor)
 
     @functools.cached_property
     def fleet(self) -> FleetRegistry:

@@ -109,16 +109,6 @@ class TaskSummary:
 
 
 @dataclass(frozen=True)
-class FinishedCount:
-    """Tasks of one queue that ended with one status in one minute."""
-
-    queue: str
-    status: str
-    minute: int  # epoch minutes
-    n: int
-
-
-@dataclass(frozen=True)
 class FailedGroup:
     """Failed tasks of one name and one error type."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from cairnqd import CairnQ
+from cairnqd.queue_counts import WAIT, QueueTally, rows_of
 from tests.dashboard.conftest import TOKEN, Dash
 from tests.support.waiting import wait_for
 
@@ -88,8 +89,8 @@ class Tab:
 
 
 def _busier(dash: Dash) -> None:
-    """Some history for the screenshots: tasks finished over the last hour (their finish
-    times spread back by hand, which only SQL can do), failures of two kinds, a delay."""
+    """Some history for the screenshots: tasks finished, failures of two kinds, a
+    delay, and a day of per-queue counts as workers would have added them."""
 
     async def submit(q: CairnQ) -> list[str]:
         made = [await q.submit("d.echo", {"i": i}, queue="work") for i in range(240)]
@@ -104,16 +105,22 @@ def _busier(dash: Dash) -> None:
     ids = dash.run(submit)
     for task_id in ids[-1:]:
         dash.wait_status(task_id, "failed")
-    with sqlite3.connect(dash.target) as conn:
-        rows = conn.execute(
-            "select id from cairnq_tasks where status in ('succeeded', 'failed')"
-        ).fetchall()
-        for n, (task_id,) in enumerate(rows):
-            back = (n * 104_729) % 3_540_000
-            conn.execute(
-                "update cairnq_tasks set completed_at_ms = completed_at_ms - ? where id = ?",
-                (back, task_id),
-            )
+
+    async def history(q: CairnQ) -> None:
+        tally = QueueTally()
+        now = int(time.time() * 1000)
+        for minute in range(24 * 60):
+            at = now - minute * 60_000
+            busy = 3 + (minute * 7919) % 11 + (8 if 540 < minute % 1440 < 1020 else 0)
+            for i in range(busy):
+                tally.add("work", WAIT, (i * 37) % 90, at)
+                tally.add("work", "succeeded", 20 + (i * 53) % 400, at)
+            if minute % 9 == 0:
+                tally.add("work", "failed", 1200, at)
+            tally.add("reports", "succeeded", 2500 + (minute % 5) * 300, at)
+        await q.store.queue_counts.add(rows_of(tally.take()))
+
+    dash.run(history)
 
 
 def test_every_page_in_a_browser_with_user_data_inert(browser: Any, sqlite_dash: Dash) -> None:
@@ -124,8 +131,8 @@ def test_every_page_in_a_browser_with_user_data_inert(browser: Any, sqlite_dash:
     tab.go("/")
     tab.shot("login")
     tab.login()
-    titles = {"/": "Overview", "/tasks": "Tasks", "/failed": "Failed",
-              "/workers": "Workers", "/schedules": "Schedules"}  # fmt: skip
+    titles = {"/": "Overview", "/tasks": "Tasks", "/charts": "Charts, last 1h",
+              "/failed": "Failed", "/workers": "Workers", "/schedules": "Schedules"}  # fmt: skip
     for path, title in titles.items():
         response = tab.go(path)
         assert response.status == 200
@@ -145,7 +152,7 @@ def test_every_page_in_a_browser_with_user_data_inert(browser: Any, sqlite_dash:
     tab.go(f"/task/{dash.tasks['failed']}")
     assert "Traceback (most recent call last)" in tab.page.locator("pre.trace").inner_text()
     tab.shot("task")
-    for path in ("/tasks", "/failed", "/workers", "/schedules"):
+    for path in ("/tasks", "/charts", "/failed", "/workers", "/schedules"):
         tab.go(path)
         tab.clean()
         tab.shot(path.strip("/"), full_page=path != "/tasks")

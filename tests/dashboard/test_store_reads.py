@@ -91,9 +91,6 @@ async def test_failed_groups_retry_and_discard(store: TaskStore) -> None:
     assert await store.dashboard.discard_failed([b, a[0]]) == [b, a[0]]
     assert await store.get(b) is None
     assert await store.dashboard.discard_failed([b]) == []
-    finished = await store.dashboard.finished_per_minute(store.now_ms() - 3_600_000)
-    assert sum(c.n for c in finished if c.status == "failed") == 2
-    assert {c.minute for c in finished} <= {store.now_ms() // 60_000, store.now_ms() // 60_000 - 1}
     rows = await _page_all(store, TaskQuery(sort="finished", status="failed", limit=1))
     assert len(rows) == 2
 
@@ -232,10 +229,3 @@ async def test_daemon_reports(store: TaskStore) -> None:
     assert await store.reports.prune(3_600_000) == 0
     with pytest.raises(ValueError, match="snapshot is longer"):
         await store.reports.put("h3/1", "h3", "x" * 1_000_001)
-
-
-def test_sqlite_finished_per_minute_reads_the_last_hour_only(seeded: sqlite3.Connection) -> None:
-    stmt = statement("sqlite", "extensions/dashboard_throughput")
-    bound = sqlite_statements.bind(stmt, {"since_ms": 0}, wall_clock_ms)
-    plan = "\n".join(r[3] for r in seeded.execute("explain query plan " + stmt.text, bound))
-    assert "cairnq_tasks_status_completed_idx (status=? AND completed_at_ms>?)" in plan, plan

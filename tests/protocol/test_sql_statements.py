@@ -99,6 +99,10 @@ def _params(dialect: str) -> dict[str, Any]:
             [{"id": "task_run", "worker_id": "w1", "name": "n", "queue": "default"}]
         ),
         "window_ms": 1000,
+        # The per-queue counters (cairnqd/queue_counts.py).
+        "counts": json.dumps([{"w": 60, "t": 0, "q": "default", "s": "wait", "b": 0, "n": 1}]),
+        "width_s": 60,
+        "cutoff_ms": now,
         "path": None,
         "globs": lst([]),
         "parts": lst(["(none)"]),
@@ -268,7 +272,6 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/dashboard_tasks_created": (dict.fromkeys(_NO_FILTERS), 4),
     "extensions/dashboard_tasks_run_at": (dict.fromkeys(_NO_FILTERS), 4),
     "extensions/dashboard_tasks_finished": (dict.fromkeys(_NO_FILTERS), 1),
-    "extensions/dashboard_throughput": ({}, 1),
     "extensions/dashboard_failed_groups": ({}, 1),
     "extensions/dashboard_failed_ids": ({"name": "n"}, 1),
     "extensions/dashboard_discard": ({"id": "task_done"}, 1),
@@ -297,6 +300,10 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/limit_rate_opens": ({}, 1),
     "extensions/limit_usage": ({}, 0),
     "extensions/limit_waiting": ({}, 1),
+    # The per-queue counters start empty: the add inserts, the read and prune find none.
+    "extensions/queue_counts_add": ({}, None),
+    "extensions/queue_counts_read": ({}, 0),
+    "extensions/queue_counts_prune": ({}, None),
     "extensions/limit_bypass": ({}, 2),  # the two running seeds hold no slot
     "extensions/limit_bypass_note": ({}, None),
     "extensions/limit_bypass_seen": ({}, 0),

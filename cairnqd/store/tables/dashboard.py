@@ -1,5 +1,5 @@
-"""`DashboardReads`: the dashboard's reads (a keyset page of the task list, finished
-per minute, failed groups) and its one write, discarding failed tasks."""
+"""`DashboardReads`: the dashboard's reads (a keyset page of the task list, failed
+groups) and its one write, discarding failed tasks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Sequence
 
 from cairnqd.store.arguments import INT8_MAX, require_int, require_str
-from cairnqd.store.browse import FailedGroup, FinishedCount, TaskQuery, TaskSummary
+from cairnqd.store.browse import FailedGroup, TaskQuery, TaskSummary
 from cairnqd.store.executor import Executor
 from cairnqd.store.operator import BULK_BATCH
 
@@ -35,14 +35,6 @@ class DashboardReads:
         require_str(task_id, "task_id")
         rows = await self._db.fetch("extensions/dashboard_task_key", {"id": task_id})
         return str(rows[0]["key"]) if rows else None
-
-    async def finished_per_minute(self, since_ms: int) -> list[FinishedCount]:
-        """Succeeded and failed tasks per queue and minute, finished since `since_ms`."""
-        require_int(since_ms, "since_ms", minimum=0, maximum=INT8_MAX)
-        rows = await self._db.scan(
-            "extensions/dashboard_throughput", {"since_ms": since_ms}, frozenset(), list
-        )
-        return [FinishedCount(r["queue"], r["status"], int(r["minute"]), int(r["n"])) for r in rows]
 
     async def failed_groups(self, limit: int = 200) -> list[FailedGroup]:
         """Failed tasks grouped by name and error type, the biggest groups first."""
