@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from cairnqd._calls import CallRunner
+from cairnqd._cancels import DEFAULT_CANCEL_GRACE_S, CancelOverrunHook, CancelWatch
 from cairnqd._claimloop import ClaimLoop
 from cairnqd._handlers import (
     Handler,
@@ -68,6 +69,7 @@ class Worker:
         prefetch: PrefetchSetting = "auto",
         honour_pauses: bool = False,
         limits: Mapping[str, Any] | Sequence[Limit] | None = None,
+        cancel_grace: float = DEFAULT_CANCEL_GRACE_S,
     ) -> None:
         """`prefetch` (cairnqd only): how many tasks to claim beyond the free call
         slots, for handlers without `batch` or `resource`. They wait in the worker with
@@ -83,7 +85,13 @@ class Worker:
 
         `limits` (cairnqd only): flow-control limits this worker's claims keep, shared
         with every cairnqd worker on the database: `{name: {queues, names, concurrency,
-        rate, partition_by}}` as in the daemon's `limits:` section (docs/limits.md)."""
+        rate, partition_by}}` as in the daemon's `limits:` section (docs/limits.md).
+
+        `cancel_grace` (cairnqd only): seconds a handler whose task was canceled has to
+        return by itself (`ctx.canceled()` says True) before an async handler is
+        cancelled (`CancelledError`); its task then ends canceled. A handler still
+        running a grace later (a sync one: its thread cannot be stopped) keeps its task
+        held until it returns: see `on_cancel_overrun` and docs/operations.md."""
         if isinstance(queues, str):
             queues = [queues]
         self.queues = list(queues)
@@ -139,6 +147,7 @@ class Worker:
             executor=lambda: self._executor,
         )
         self._guard = LeaseGuard(self.in_flight, runner)
+        self._cancels = CancelWatch(store, self.in_flight, runner, cancel_grace)
         self._loop = ClaimLoop(
             store,
             self.queues,
@@ -175,6 +184,27 @@ class Worker:
     @on_lease_overrun.setter
     def on_lease_overrun(self, hook: OverrunHook | None) -> None:
         self._guard.on_overrun = hook
+
+    @property
+    def on_cancel_overrun(self) -> CancelOverrunHook | None:
+        """Called with the tasks of a canceled handler still running `cancel_grace`
+        after it was cancelled (a sync handler, or one that swallowed the
+        `CancelledError`). The daemon's child has its parent replace it there; None
+        (the default) logs an error, and the task stays held until the handler returns."""
+        return self._cancels.on_overrun
+
+    @on_cancel_overrun.setter
+    def on_cancel_overrun(self, hook: CancelOverrunHook | None) -> None:
+        self._cancels.on_overrun = hook
+
+    @property
+    def cancel_grace(self) -> float:
+        """Seconds a canceled handler has to return, then to stop; settable while running."""
+        return self._cancels.grace_s
+
+    @cancel_grace.setter
+    def cancel_grace(self, value: float) -> None:
+        self._cancels.grace_s = value
 
     @property
     def lease_guard(self) -> LeaseGuard:
@@ -406,6 +436,7 @@ class Worker:
         )
         heartbeat = asyncio.create_task(heartbeat_loop(self.store, self.in_flight))
         guard = asyncio.create_task(self._guard.run())
+        cancels = asyncio.create_task(self._cancels.run())
         try:
             await self._loop.run(limit)
         finally:
@@ -413,7 +444,7 @@ class Worker:
             # and the lease guard keep running meanwhile.
             await self._loop.drain(limit)
             await self._settlement.drain()
-            for helper in (heartbeat, guard):
+            for helper in (heartbeat, guard, cancels):
                 helper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await helper
