@@ -76,7 +76,8 @@ class CancelWatch:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.tick_s)
+            # Idle, once per poll interval: a handler that starts is read within it.
+            await asyncio.sleep(self.tick_s if self._runner.active else POLL_S)
             if not self._runner.active:
                 continue  # nothing runs: no read, no work
             now = self._inflight.clock()
