@@ -10,12 +10,15 @@ failed or retried; the child's other tasks are handed back and finish once.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.daemon import gone
 from tests.support.daemon_faults import all_terminal, fault_config, submit, tasks
 from tests.support.executions import executions
 from tests.support.harness import client_call, gauge, scrape
@@ -153,4 +156,27 @@ def test_cancel_grace_is_reloaded_without_replacing_the_children(
     assert ended.status == "canceled"
     assert _events(log, "cancelled") == [task_id]
     assert list(daemon.children("g")) == [child], "no roll"
+    assert daemon.stop() == 0
+
+
+@pytest.mark.timing
+def test_a_child_whose_parent_does_not_replace_it_leaves_by_itself(
+    tmp_path: Path, sqlite_path: str, daemon_factory: Any
+) -> None:
+    """A parent that does not act on `cancel_stuck` (stopped here; one of older code
+    would not know the message) still sees the child go 10 s later."""
+    log = tmp_path / "runs.log"
+    daemon = daemon_factory(_config(tmp_path, "sqlite", sqlite_path)).start()
+    (child,) = wait_for("the child", lambda: list(daemon.children("g")))
+    (stuck,) = submit("sqlite", sqlite_path, "c.sync_block", [{"log": str(log)}], queue="q")
+    wait_for("the handler to start", lambda: _events(log, "start") == [stuck])
+    os.kill(daemon.pid, signal.SIGSTOP)
+    try:
+        _cancel("sqlite", sqlite_path, stuck)
+        wait_for("the child to leave by itself", lambda: gone(child), 30)
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
+    (done,) = wait_for("the task", lambda: all_terminal("sqlite", sqlite_path, [stuck]), 30)
+    assert (done.status, done.attempt) == ("canceled", 1)
+    assert "the parent did not replace this child" in daemon.output()
     assert daemon.stop() == 0

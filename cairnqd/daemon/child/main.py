@@ -79,6 +79,9 @@ _BOOT_TIMEOUT_S = 10.0
 _QUIT_FLUSH_S = 1.0
 #: How many tasks of a stuck canceled handler `cancel_stuck` names (a batch may hold more).
 _STUCK_NAMED = 20
+#: How long after `cancel_stuck` the child waits for its parent to replace it before it
+#: leaves by itself.
+_STUCK_EXIT_S = 10.0
 #: How often a SQLite child checks that its database path still names its file.
 _FILE_CHECK_S = 1.0
 
@@ -482,6 +485,18 @@ class Child:
             ", ".join(named), worker.cancel_grace if worker is not None else 0.0,
         )  # fmt: skip
         self._send(CancelStuck(tuple(named[:_STUCK_NAMED])))
+        # A parent that does not act on it (one of older code, a stopped one): leave
+        # by ourselves, as a lease overrun does; the hand-back is the same.
+        assert self.loop is not None
+        self.loop.call_later(_STUCK_EXIT_S, self._exit_stuck)
+
+    def _exit_stuck(self) -> None:
+        log.error(
+            "exiting: the parent did not replace this child %gs after a canceled handler "
+            "did not stop",
+            _STUCK_EXIT_S,
+        )
+        self._abort()
 
     def _on_control(self) -> None:
         assert self._control is not None
