@@ -2,7 +2,8 @@
 
 A call starts only the tasks whose lease is still ours; whatever the handler leaves
 unsettled is settled here (returned: completed; raised, `CancelledError` included:
-failed; `LostLease`: nothing; past `max_run_ms`: `handler_timeout`). `active` keeps a
+failed; `LostLease`: nothing; past `max_run_ms`: `handler_timeout`; stopped by the cancel
+watch: completed, which a pending cancel turns into canceled). `active` keeps a
 call while a handler it gave up on still runs. Why: docs/architecture.md, "Handler calls".
 """
 
@@ -47,6 +48,13 @@ class Call:
     lease_stop: bool = False
     abort_at: float = 0.0
     overrun_reported: bool = False
+    #: Monotonic time every task of the call was seen cancel-requested (`_cancels`).
+    cancel_seen_at: float | None = None
+    #: The cancel watch stopped the handler at `cancel_stop_at` (an async one got its
+    #: task cancelled): its `CancelledError` ends the tasks canceled, not failed.
+    cancel_stop: bool = False
+    cancel_stop_at: float = 0.0
+    cancel_overrun_reported: bool = False
 
     def handler_running(self) -> bool:
         """Whether the handler's code may still be executing."""
@@ -112,6 +120,7 @@ class CallRunner:
         self.active.add(call)
         try:
             error: BaseException | None = None
+            canceled = False
             try:
                 value = await self._invoke(handler, contexts, call)
             except KeyboardInterrupt:
@@ -123,11 +132,23 @@ class CallRunner:
                     # The lease guard's: its tasks are lease-lost, so nothing settles.
                     if me is not None and me.cancelling():
                         me.uncancel()
+                elif call.cancel_stop and me is not None and me.cancelling():
+                    # The cancel watch's, told apart from a handler's own CancelledError
+                    # by the request the task carries; one from outside the worker too
+                    # leaves a request behind, and wins.
+                    if me.uncancel() > 0:
+                        raise
+                    canceled = True
                 elif me is not None and me.cancelling():
                     raise  # the call itself was cancelled from outside the worker
                 value, error = None, exc
             except BaseException as exc:
                 value, error = None, exc
+            if call.cancel_stop and me is not None and me.cancelling() and not canceled:
+                me.uncancel()  # the handler swallowed the cancel watch's request
+            if canceled:
+                await _until_stopped(call)
+                value, error = None, None
             call.handler_done = True
             self._call_ended(call, plain)
             if error is None:
@@ -286,6 +307,18 @@ class CallRunner:
 
 class _MaxRunExceeded(Exception):
     pass
+
+
+async def _until_stopped(call: Call) -> None:
+    """Wait until the code of a handler the cancel watch stopped has really ended: with
+    `max_run_ms` it runs in a task of its own, which may swallow the cancellation. Its
+    tasks stay held and renewed meanwhile, so they cannot run anywhere else beside it
+    (a daemon child that waits too long is replaced)."""
+    body = call.body
+    if body is None or body.done():
+        return
+    waited = asyncio.wrap_future(body) if isinstance(body, concurrent.futures.Future) else body
+    await asyncio.wait({waited})
 
 
 def _consume_outcome(task: asyncio.Future[Any]) -> None:

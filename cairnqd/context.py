@@ -106,6 +106,11 @@ class TaskContext:
         return self._settled
 
     @property
+    def cancel_seen(self) -> bool:
+        """Whether this worker already knows a cancel was requested (no round trip)."""
+        return self._cancel_seen
+
+    @property
     def lease_lost(self) -> asyncio.Event:
         """Set when the lease is lost; await it to abandon work early."""
         if self._lease_lost is None:

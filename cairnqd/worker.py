@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from cairnqd._calls import CallRunner
+from cairnqd._cancels import DEFAULT_CANCEL_GRACE_S, CancelOverrunHook, CancelWatch
 from cairnqd._claimloop import ClaimLoop
 from cairnqd._countflush import CountFlusher
 from cairnqd._handlers import (
@@ -71,6 +72,7 @@ class Worker:
         honour_pauses: bool = False,
         limits: Mapping[str, Any] | Sequence[Limit] | None = None,
         keep_counts: bool = True,
+        cancel_grace: float = DEFAULT_CANCEL_GRACE_S,
     ) -> None:
         """`prefetch` (cairnqd only): how many tasks to claim beyond the free call
         slots, for handlers without `batch` or `resource`. They wait in the worker with
@@ -90,7 +92,13 @@ class Worker:
 
         `keep_counts` (cairnqd only): add per-queue counts of this worker's finished
         tasks (outcomes, run and wait times) to `cairnqd_queue_counts` every 10 s, for
-        the dashboard's charts (cairnqd/queue_counts.py); False keeps none."""
+        the dashboard's charts (cairnqd/queue_counts.py); False keeps none.
+
+        `cancel_grace` (cairnqd only): seconds a handler whose task was canceled has to
+        return by itself (`ctx.canceled()` says True) before an async handler is
+        cancelled (`CancelledError`); its task then ends canceled. A handler still
+        running a grace later (a sync one: its thread cannot be stopped) keeps its task
+        held until it returns: see `on_cancel_overrun` and docs/operations.md."""
         if isinstance(queues, str):
             queues = [queues]
         self.queues = list(queues)
@@ -148,6 +156,7 @@ class Worker:
             executor=lambda: self._executor,
         )
         self._guard = LeaseGuard(self.in_flight, runner)
+        self._cancels = CancelWatch(store, self.in_flight, runner, cancel_grace)
         self._loop = ClaimLoop(
             store,
             self.queues,
@@ -184,6 +193,27 @@ class Worker:
     @on_lease_overrun.setter
     def on_lease_overrun(self, hook: OverrunHook | None) -> None:
         self._guard.on_overrun = hook
+
+    @property
+    def on_cancel_overrun(self) -> CancelOverrunHook | None:
+        """Called with the tasks of a canceled handler still running `cancel_grace`
+        after it was cancelled (a sync handler, or one that swallowed the
+        `CancelledError`). The daemon's child has its parent replace it there; None
+        (the default) logs an error, and the task stays held until the handler returns."""
+        return self._cancels.on_overrun
+
+    @on_cancel_overrun.setter
+    def on_cancel_overrun(self, hook: CancelOverrunHook | None) -> None:
+        self._cancels.on_overrun = hook
+
+    @property
+    def cancel_grace(self) -> float:
+        """Seconds a canceled handler has to return, then to stop; settable while running."""
+        return self._cancels.grace_s
+
+    @cancel_grace.setter
+    def cancel_grace(self, value: float) -> None:
+        self._cancels.grace_s = value
 
     @property
     def lease_guard(self) -> LeaseGuard:
@@ -415,7 +445,8 @@ class Worker:
         )
         heartbeat = asyncio.create_task(heartbeat_loop(self.store, self.in_flight))
         guard = asyncio.create_task(self._guard.run())
-        helpers = [heartbeat, guard]
+        cancels = asyncio.create_task(self._cancels.run())
+        helpers = [heartbeat, guard, cancels]
         tally = self.in_flight.tally
         counts = None if tally is None else CountFlusher(self.store, tally)
         if counts is not None:

@@ -80,9 +80,11 @@ class Config:
 
     def group_fingerprint(self, name: str) -> str:
         """SHA-256 of the canonical JSON of everything group `name`'s children start
-        with, except `processes` (a size-only change). Equal fingerprints: no roll."""
+        with, except `processes` (a size-only change) and `cancel_grace` (sent to the
+        children in place). Equal fingerprints: no roll."""
         group = dump_section(self.groups[name])
         del group["processes"]
+        del group["cancel_grace"]
         database = dump_section(self.database)
         child_db = {
             s.key: database[s.key] for s in child_settings("database") if s.reload is Reload.ROLL

@@ -301,6 +301,10 @@ SCHEMA: tuple[Setting, ...] = (
             "handler) and hand its tasks back before their leases expire; null: lease/3."),
     Setting("groups.*.max_run", DurationKind("1s"), None, _L, nullable=True, doc=
             "Abort an attempt that runs longer than this; null: no limit."),
+    Setting("groups.*.cancel_grace", DurationKind(), "10s", _H,
+            "After a cancel of a running task: how long its handler may take to return by "
+            "itself before an async one is cancelled, and then to stop before its child is "
+            "replaced (docs/operations.md, \"Cancelling a running task\")."),
     Setting("groups.*.max_tasks_per_child", IntKind(1), None, _L, nullable=True, doc=
             "Replace a child after about this many tasks (up to 10% jitter); null: never."),
     Setting("groups.*.max_memory", SizeKind(), None, _L, nullable=True, doc=

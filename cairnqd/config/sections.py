@@ -73,6 +73,8 @@ class GroupConfig:
     #: back, before their leases can expire; None: a third of `lease`.
     stall_timeout: timedelta | None
     max_run: timedelta | None
+    #: After a cancel: the handler's time to return, then to stop (applied hot).
+    cancel_grace: timedelta
     max_tasks_per_child: int | None
     #: Bytes of RSS.
     max_memory: int | None

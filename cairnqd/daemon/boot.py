@@ -30,6 +30,8 @@ class WorkerSettings:
     retry_backoff_ms: int
     retry_backoff_max_ms: int
     resources: Mapping[str, int]
+    #: `cancel_grace`: a canceled handler's time to return, then to stop.
+    cancel_grace_ms: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ def _worker_settings(group: GroupConfig) -> WorkerSettings:
         retry_backoff_ms=to_ms(group.retry_backoff),
         retry_backoff_max_ms=to_ms(group.retry_backoff_max),
         resources=dict(group.resources),
+        cancel_grace_ms=to_ms(group.cancel_grace),
     )
 
 

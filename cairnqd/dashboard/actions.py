@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from cairnqd.config import Config
+from cairnqd.config import Config, format_duration
 from cairnqd.dashboard.data import DashboardData, bulk_failed
+from cairnqd.dashboard.pages import cancel_grace_of
 from cairnqd.dashboard.params import BadRequest, task_id
 from cairnqd.store.base import TaskStore
 from cairnqd.store.operator import QUEUE_MAX, REASON_MAX
@@ -71,16 +72,23 @@ def task_retry(config: Config, data: DashboardData, form: Mapping[str, str], who
 def task_cancel(config: Config, data: DashboardData, form: Mapping[str, str], who: str) -> Outcome:
     tid = task_id(_need(form, "id"))
 
-    async def work(store: TaskStore) -> str | None:
+    async def work(store: TaskStore) -> tuple[str, str] | None:
         task = await store.cancel(tid)
-        return None if task is None else task.status
+        return None if task is None else (task.status, task.queue)
 
-    status = data.write(work, f"cancel {tid}")
-    if status is None:
+    done = data.write(work, f"cancel {tid}")
+    if done is None:
         return Outcome(f"{tid} was not queued or running: nothing to cancel")
+    status, queue = done
     if status == "canceled":
         return Outcome(f"{tid} canceled")
-    return Outcome(f"{tid} is running: its cancel is asked, and it ends as canceled")
+    grace = cancel_grace_of(config, queue)
+    wait = format_duration(grace) if grace is not None else "its group's cancel_grace"
+    return Outcome(
+        f"{tid} is running: its cancel is asked, and it ends as canceled; its handler is "
+        f"cancelled if it has not returned {wait} from now, and its worker process is "
+        f"replaced if it still runs {wait} after that"
+    )
 
 
 def queue_pause(config: Config, data: DashboardData, form: Mapping[str, str], who: str) -> Outcome:

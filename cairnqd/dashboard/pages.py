@@ -594,17 +594,52 @@ def tasks_page(
     )  # fmt: skip
 
 
+def cancel_grace_of(config: Config, queue: str) -> timedelta | None:
+    """The `cancel_grace` of the groups that claim from `queue` on this host; None when
+    none does or they differ."""
+    graces = {g.cancel_grace for g in config.groups.values() if queue in g.queues}
+    return graces.pop() if len(graces) == 1 else None
+
+
+def cancel_text(task: Task, grace: timedelta | None) -> str:
+    """What a cancel of `task` does, and when, for the Cancel button's confirmation."""
+    if task.status == "queued":
+        return f"Cancel task {task.id}? It is queued: it ends canceled at once and never runs."
+    wait = format_duration(grace) if grace is not None else "its group's cancel_grace"
+    return (
+        f"Cancel task {task.id}? It is running: its handler learns of the cancel within "
+        f"about a second (ctx.canceled()). If it has not returned {wait} later, an async "
+        f"handler is cancelled; one still running {wait} after that (a sync handler) has "
+        "its worker process replaced. The task ends canceled and is not retried."
+    )
+
+
 def task_page(
-    task: Task, key: str | None, viewer: Viewer, waits: Sequence[RoomWait] = ()
+    task: Task,
+    key: str | None,
+    viewer: Viewer,
+    waits: Sequence[RoomWait] = (),
+    *,
+    cancel_grace: timedelta | None = None,
 ) -> Markup:
-    """One task in full; `waits` are the budgets of limits it waits for room in."""
+    """One task in full; `waits` are the budgets of limits it waits for room in;
+    `cancel_grace` is its group's (`cancel_grace_of`), for the Cancel confirmation."""
     back = f"/task/{task.id}"
     controls = []
     if task.status in ("failed", "canceled"):
         controls.append(action_form(viewer, "task-retry", "Retry", {"id": task.id}, back))
     if task.status in ("queued", "running") and task.cancel_requested_at_ms is None:
+        confirm = cancel_text(task, cancel_grace)
         controls.append(
-            action_form(viewer, "task-cancel", "Cancel", {"id": task.id}, back, danger=True)
+            action_form(
+                viewer,
+                "task-cancel",
+                "Cancel",
+                {"id": task.id},
+                back,
+                confirm=confirm,
+                danger=True,
+            )
         )
     facts: list[tuple[str, Any]] = [
         ("id", task.id),

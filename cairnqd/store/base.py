@@ -1147,6 +1147,17 @@ class TaskStore(ABC):
         )
         return {r["id"]: (int(r["attempt"]), r["cancel_requested_at_ms"] is not None) for r in rows}
 
+    async def cancel_requests(self, *, task_ids: Sequence[str], worker_id: str) -> dict[str, int]:
+        """Of `task_ids`, those `worker_id` runs whose cancel was requested: {task id:
+        attempt}. A read by primary key, for a worker that watches its running handlers
+        (`_cancels`); an empty list reads nothing."""
+        ids = list(task_ids)
+        if not ids:
+            await asyncio.sleep(0)
+            return {}
+        rows = await self._fetch("extensions/cancel_flags", {"ids": ids, "worker_id": worker_id})
+        return {r["id"]: int(r["attempt"]) for r in rows}
+
     async def progress(
         self,
         *,

@@ -254,7 +254,9 @@ def test_each_action_with_the_token(dash: Dash) -> None:
     assert "resumed" in act("queue-resume", queue="parked")
 
     running = dash.tasks["running"]
-    assert "cancel is asked" in act("task-cancel", id=running)
+    asked = act("task-cancel", id=running)
+    assert "cancel is asked" in asked
+    assert "its handler is cancelled if it has not returned 10s from now" in asked
     assert dash.release is not None
     dash.release.touch()
     dash.wait_status(running, "canceled")

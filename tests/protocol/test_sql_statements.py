@@ -227,6 +227,8 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/ledger_record": ({"name": "cairnqd_9999_test.sql"}, None),
     "extensions/release_worker": ({}, 1),
     "extensions/return_unstarted": ({}, 1),
+    # No fixture task has a cancel requested while it runs.
+    "extensions/cancel_flags": ({}, 0),
     "extensions/fail_undecodable": ({}, 1),
     "extensions/complete_many": ({}, 1),
     "extensions/insert_many": ({}, 1),

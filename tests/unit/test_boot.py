@@ -28,7 +28,7 @@ def test_boot_carries_the_config_and_round_trips(tmp_path: Path) -> None:
     cfg = config(
         tmp_path,
         "{queues: [q, r], processes: 3, lease: 1m, max_run: 10s, prefetch: 2,"
-        " max_tasks_per_child: 100, max_memory: 1MiB, resources: {gpu: 1}}",
+        " max_tasks_per_child: 100, max_memory: 1MiB, resources: {gpu: 1}, cancel_grace: 2s}",
     )
     boot = boot_for(cfg, cfg.groups["g"], 2, 7, "host:g.2:01")
     assert (boot.group, boot.slot, boot.nslots, boot.gen) == ("g", 2, 3, 7)
@@ -46,6 +46,7 @@ def test_boot_carries_the_config_and_round_trips(tmp_path: Path) -> None:
         retry_backoff_ms=1000,
         retry_backoff_max_ms=30_000,
         resources={"gpu": 1},
+        cancel_grace_ms=2000,
     )
     assert boot.database.path is not None and boot.database.dsn is None
     assert boot.database.auto_migrate is True
@@ -57,6 +58,7 @@ def test_defaults_come_from_the_config_schema(tmp_path: Path) -> None:
     boot = boot_for(cfg, cfg.groups["g"], 0, 1, "w")
     assert boot.max_tasks is None and boot.max_memory is None
     assert boot.group_config.prefetch == "auto" and boot.group_config.max_run_ms is None
+    assert boot.group_config.cancel_grace_ms == 10_000
     assert decode_boot(encode(boot)) == boot
 
 

@@ -281,8 +281,8 @@ metrix: {}
         "cairnq.yaml:8:5: groups.default.leese: unknown key 'leese'; did you mean 'lease'?",
         "cairnq.yaml:9:5: groups.default.colour: unknown key 'colour' (expected one of: "
         "queues, handlers, processes, concurrency, prefetch, lease, stall_timeout, max_run, "
-        "max_tasks_per_child, max_memory, shutdown_timeout, poll_interval, retry_backoff, "
-        "retry_backoff_max, resources)",
+        "cancel_grace, max_tasks_per_child, max_memory, shutdown_timeout, poll_interval, "
+        "retry_backoff, retry_backoff_max, resources)",
         "cairnq.yaml:10:1: metrix: unknown key 'metrix'; did you mean 'metrics'?",
     ]
 
@@ -743,6 +743,29 @@ def test_fingerprint_changes_with_what_a_child_starts_with(load: Loader) -> None
     assert per_child.group_fingerprint("bulk") != config.group_fingerprint("bulk")
     parent_only = load(GROUPS + "logging: {level: debug}\nshutdown_timeout: 1m\n")
     assert parent_only.fingerprints() == config.fingerprints()
+
+
+def test_cancel_grace_is_applied_in_place(load: Loader) -> None:
+    """A changed cancel_grace reaches the children without a roll."""
+    config = load(GROUPS)
+    assert config.groups["mail"].cancel_grace == timedelta(seconds=10)
+    shorter = load(GROUPS.replace("lease: 1m", "lease: 1m\n    cancel_grace: 500ms"))
+    assert shorter.groups["mail"].cancel_grace == timedelta(milliseconds=500)
+    assert shorter.fingerprints() == config.fingerprints()
+    assert [str(change) for change in diff_configs(config, shorter)] == [
+        "groups.mail.cancel_grace (parent-hot)"
+    ]
+
+
+def test_bad_cancel_grace(errors: Errors) -> None:
+    assert errors(BASE + "    cancel_grace: 10\n") == [
+        "cairnq.yaml:8:19: groups.default.cancel_grace: expected a duration like 30s, 5m, 1h, "
+        "got 10: add a unit, e.g. 10s",
+    ]
+    assert errors(BASE + "    cancel_grace: null\n") == [
+        "cairnq.yaml:8:19: groups.default.cancel_grace: expected a duration like 30s, 5m, 1h, "
+        "got null",
+    ]
 
 
 def test_diff_classifies_changes(load: Loader) -> None:

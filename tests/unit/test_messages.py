@@ -9,6 +9,7 @@ import pytest
 
 from cairnqd.daemon.wire.messages import (
     PIPE_BUF,
+    CancelStuck,
     DatabaseTrouble,
     Fatal,
     Goodbye,
@@ -18,6 +19,7 @@ from cairnqd.daemon.wire.messages import (
     Overrun,
     Ready,
     ReopenLogs,
+    SetCancelGrace,
     SetLogging,
     Tally,
     TallyCount,
@@ -49,6 +51,7 @@ CHILD_MESSAGES: list[Any] = [
     DatabaseTrouble("busy", "claim"),
     Goodbye("max_tasks"),
     Fatal("ImportError: no module named x"),
+    CancelStuck(("t1 attempt 2", "t2 attempt 1")),
 ]
 
 
@@ -73,6 +76,7 @@ def test_control_messages_round_trip() -> None:
     settings = {"level": "DEBUG", "format": "json", "file": None, "loggers": {"x": "INFO"}}
     assert decode_control(encode(SetLogging(settings))) == SetLogging(settings)
     assert decode_control(encode(ReopenLogs())) == ReopenLogs()
+    assert decode_control(encode(SetCancelGrace(0.5))) == SetCancelGrace(0.5)
     with pytest.raises(MessageError, match="unknown message kind 'hb'"):
         decode_control(encode(HEARTBEAT))
 

@@ -34,6 +34,7 @@ from cairnqd.daemon.starts import StartTable
 from cairnqd.daemon.wire.messages import (
     PROTOCOL_VERSION,
     STALL_WARN_S,
+    CancelStuck,
     Claiming,
     DatabaseTrouble,
     Fatal,
@@ -42,6 +43,7 @@ from cairnqd.daemon.wire.messages import (
     MessageError,
     Ready,
     ReopenLogs,
+    SetCancelGrace,
     SetLimits,
     SetLogging,
     Wake,
@@ -75,6 +77,11 @@ _PR_SET_PDEATHSIG = 1
 _BOOT_TIMEOUT_S = 10.0
 #: On QUIT, how long returned results may take to be written before we exit anyway.
 _QUIT_FLUSH_S = 1.0
+#: How many tasks of a stuck canceled handler `cancel_stuck` names (a batch may hold more).
+_STUCK_NAMED = 20
+#: How long after `cancel_stuck` the child waits for its parent to replace it before it
+#: leaves by itself.
+_STUCK_EXIT_S = 10.0
 #: How often a SQLite child checks that its database path still names its file.
 _FILE_CHECK_S = 1.0
 
@@ -247,11 +254,13 @@ class Child:
             # A daemon child honours `cairnqd pause --queue`, on every host.
             honour_pauses=True,
             limits=dict(self.boot.limits) or None,
+            cancel_grace=group.cancel_grace_ms / 1000,
         )
         for spec in handlers.values():
             worker.register(spec.name, spec.fn, batch=spec.batch, resource=spec.resource)
         worker.worker_id = self.boot.worker_id
         worker.on_lease_overrun = self._lease_overrun
+        worker.on_cancel_overrun = self._cancel_overrun
         starts = StartTable.attach(self._starts_fd) if self._starts_fd is not None else None
         buckets = (self.boot.duration_buckets, self.boot.wait_buckets)
         # Without a task or memory limit there is nothing to check after each task.
@@ -460,6 +469,35 @@ class Child:
         logging.shutdown()
         os._exit(TEMPFAIL)
 
+    def _cancel_overrun(self, contexts: Sequence[TaskContext]) -> None:
+        """A canceled handler is still running twice `cancel_grace` after its cancel
+        was seen (a sync handler's thread, or one that swallowed the cancellation).
+        Stop claiming and ask the parent to replace this child: its death stops the
+        handler, and the hand-back ends the task canceled (the cancel wins) and gives
+        the other tasks back. Until then the task stays held and renewed here."""
+        worker = self.worker
+        if worker is not None:
+            worker.claiming = False
+        named = [f"{c.task_id} attempt {c.attempt}" for c in contexts]
+        log.error(
+            "the canceled handler of %s did not stop within twice cancel_grace (%gs); "
+            "asking the parent to replace this child",
+            ", ".join(named), worker.cancel_grace if worker is not None else 0.0,
+        )  # fmt: skip
+        self._send(CancelStuck(tuple(named[:_STUCK_NAMED])))
+        # A parent that does not act on it (one of older code, a stopped one): leave
+        # by ourselves, as a lease overrun does; the hand-back is the same.
+        assert self.loop is not None
+        self.loop.call_later(_STUCK_EXIT_S, self._exit_stuck)
+
+    def _exit_stuck(self) -> None:
+        log.error(
+            "exiting: the parent did not replace this child %gs after a canceled handler "
+            "did not stop",
+            _STUCK_EXIT_S,
+        )
+        self._abort()
+
     def _on_control(self) -> None:
         assert self._control is not None
         for line in self._control.read_lines():
@@ -481,10 +519,24 @@ class Child:
                     store.relay_wake(message.queues)
             elif isinstance(message, SetLimits):
                 self._set_limits(message.limits)
+            elif isinstance(message, SetCancelGrace):
+                self._set_cancel_grace(message.grace_s)
         if self._control.closed:
             assert self.loop is not None
             self.loop.remove_reader(self.control_fd)
             self._orphaned()
+
+    def _set_cancel_grace(self, grace_s: float) -> None:
+        """A reload changed the group's `cancel_grace`: kept from now on, for the
+        cancels already under way too."""
+        if self.worker is None:
+            return  # still booting: it was spawned with the new config's value
+        try:
+            self.worker.cancel_grace = grace_s
+        except ValueError as exc:
+            log.error("kept the previous cancel_grace: %s", exc)
+            return
+        log.info("cancel_grace reloaded: %gs", grace_s)
 
     def _set_limits(self, specs: Mapping[str, Any]) -> None:
         """A reload changed `limits:`: keep the new ones from the next claim on. The

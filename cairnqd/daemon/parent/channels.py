@@ -14,7 +14,14 @@ from collections.abc import Callable, Iterator
 
 from cairnqd.daemon.parent.metrics import Metrics
 from cairnqd.daemon.parent.pool import ChildProcess
-from cairnqd.daemon.wire.messages import Fatal, Goodbye, MessageError, Ready, decode_child
+from cairnqd.daemon.wire.messages import (
+    CancelStuck,
+    Fatal,
+    Goodbye,
+    MessageError,
+    Ready,
+    decode_child,
+)
 from cairnqd.daemon.wire.pipes import PipeError
 
 log = logging.getLogger("cairnqd.supervisor")
@@ -22,7 +29,7 @@ log = logging.getLogger("cairnqd.supervisor")
 #: A child that keeps writing garbage gets one log line per this many seconds.
 MALFORMED_LOG_EVERY_S = 10.0
 # Messages that change what the loop must do next (the rest are task events).
-_STATE_MESSAGES = (Ready, Goodbye, Fatal)
+_STATE_MESSAGES = (Ready, Goodbye, Fatal, CancelStuck)
 
 
 class ChildChannels:

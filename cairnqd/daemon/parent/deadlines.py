@@ -1,4 +1,5 @@
-"""The deadlines the parent holds its children to: boot, liveness, stalls, max_run, drain.
+"""The deadlines the parent holds its children to: boot, liveness, stalls, max_run,
+drain, and a canceled handler that did not stop.
 
 The reasoning: docs/architecture.md, "Daemon design notes".
 """
@@ -49,7 +50,8 @@ def _check_child(pool: GroupPool, child: ChildProcess, sup: SupervisorConfig, no
             child.signal(signal.SIGKILL)
         return
     if child.abort_sent_at is not None:
-        grace = FAST_KILL_GRACE_S if child.kill_reason in ("stall", "max_run") else KILL_GRACE_S
+        fast = child.kill_reason in ("stall", "max_run", "cancel")
+        grace = FAST_KILL_GRACE_S if fast else KILL_GRACE_S
         if now - child.abort_sent_at > grace:
             child.signal(signal.SIGKILL)
         return
@@ -80,6 +82,14 @@ def _check_child(pool: GroupPool, child: ChildProcess, sup: SupervisorConfig, no
         child.max_run_kills = overruns
         listed = ", ".join(f"{o.id} ({o.age_s:.1f}s)" for o in overruns)
         _abort(child, "max_run", f"task(s) past max_run {max_run.total_seconds():g}s: {listed}")
+    elif child.cancel_stuck:
+        stuck = ", ".join(child.cancel_stuck)
+        _abort(
+            child,
+            "cancel",
+            f"the canceled handler of {stuck} did not stop within twice cancel_grace; its "
+            "task ends canceled, the child's other tasks are handed back",
+        )
 
 
 def _overruns(child: ChildProcess, max_run: timedelta | None) -> tuple[Overrun, ...]:

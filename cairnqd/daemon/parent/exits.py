@@ -154,6 +154,14 @@ class ChildExits:
     ) -> None:
         """`slot` is None when nothing is to be restarted (not a slot's child, or the
         daemon is stopping)."""
+        if child.kill_reason == "cancel" and slot is not None:
+            # Replaced for the operator's cancel, not for a fault of its own: at once,
+            # and without spending the group's restart budget.
+            log.warning(
+                "child %d of %s replaced: a canceled handler did not stop", child.pid, group.name
+            )
+            self._metrics.child_restart(group.name, "cancel")
+            return
         if child.kill_reason is None and child.proc.returncode == -signal.SIGKILL:
             log.warning("child %d of %s was SIGKILLed (possibly OOM-killed)", child.pid, group.name)
         booting = "" if child.ready_at is not None else " while booting"

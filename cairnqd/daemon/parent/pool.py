@@ -23,6 +23,7 @@ from cairnqd.daemon.parent.restart_budget import HEALTHY_AFTER_S, RestartBudget,
 from cairnqd.daemon.starts import StartTable
 from cairnqd.daemon.systemd import child_environment
 from cairnqd.daemon.wire.messages import (
+    CancelStuck,
     ChildMessage,
     DatabaseTrouble,
     Fatal,
@@ -70,6 +71,8 @@ class ChildProcess:
     paused: tuple[str, ...] = ()
     #: Overruns that got it killed; each is failed as max_run_exceeded once reaped.
     max_run_kills: tuple[Overrun, ...] = ()
+    #: The tasks of a canceled handler that did not stop: it asked to be replaced.
+    cancel_stuck: tuple[str, ...] = ()
     rss: int = 0
     bye: str | None = None
     fatal: str | None = None
@@ -140,6 +143,8 @@ class ChildProcess:
                 self.bye = message.reason
             case Fatal():
                 self.fatal = message.error
+            case CancelStuck():
+                self.cancel_stuck = message.tasks or ("(unnamed)",)
             case DatabaseTrouble():
                 if message.error_kind == "full":
                     self.full_at = now

@@ -71,6 +71,7 @@ from cairnqd.daemon.wire.messages import (
     PROTOCOL_VERSION,
     Claiming,
     ReopenLogs,
+    SetCancelGrace,
     SetLimits,
     SetLogging,
     Wake,
@@ -530,6 +531,7 @@ class Supervisor:
             self.generation += 1
         self._forward_logging()
         self._forward_limits(before)
+        self._forward_cancel_grace(before)
         if self.dashboard is not None:
             # Its groups, schedules and limits as reloaded; its address and database
             # are restart-only.
@@ -567,6 +569,18 @@ class Supervisor:
         for child in self.all_children():
             child.control.send_whole(line)
         log.info("limits reloaded: %s", ", ".join(sorted(specs)) or "none")
+
+    def _forward_cancel_grace(self, before: Config) -> None:
+        """Children keep a reloaded `cancel_grace` from now on (no roll); children
+        spawned later get it in their boot message."""
+        for name, group in self.config.groups.items():
+            was = before.groups.get(name)
+            if was is None or was.cancel_grace == group.cancel_grace:
+                continue
+            line = encode(SetCancelGrace(group.cancel_grace.total_seconds()))
+            for child in self.all_children():
+                if child.group == name:
+                    child.control.send_whole(line)
 
     def _advance_rolls(self) -> None:
         surge = self.config.reload.max_surge

@@ -153,7 +153,17 @@ class Fatal:
     error: str
 
 
-ChildMessage = Ready | Heartbeat | Tally | DatabaseTrouble | Goodbye | Fatal
+@dataclass(frozen=True)
+class CancelStuck:
+    """A canceled handler did not stop within twice the group's `cancel_grace`: the
+    child asks to be replaced (it cannot stop a thread), and has stopped claiming."""
+
+    kind: ClassVar[Literal["cancel_stuck"]] = "cancel_stuck"
+    #: The tasks of the handler, `id attempt N` each (for the log).
+    tasks: tuple[str, ...]
+
+
+ChildMessage = Ready | Heartbeat | Tally | DatabaseTrouble | Goodbye | Fatal | CancelStuck
 
 # -- parent to child -------------------------------------------------------------------------
 
@@ -200,13 +210,21 @@ class SetLimits:
     limits: Mapping[str, Any]
 
 
-ControlMessage = SetLogging | ReopenLogs | Claiming | Wake | SetLimits
+@dataclass(frozen=True)
+class SetCancelGrace:
+    """A reloaded `groups.<g>.cancel_grace`, in seconds, kept from now on."""
+
+    kind: ClassVar[Literal["cancel_grace"]] = "cancel_grace"
+    grace_s: float
+
+
+ControlMessage = SetLogging | ReopenLogs | Claiming | Wake | SetLimits | SetCancelGrace
 
 _CHILD_KINDS: dict[str, type[Any]] = {
-    cls.kind: cls for cls in (Ready, Heartbeat, Tally, DatabaseTrouble, Goodbye, Fatal)
+    cls.kind: cls for cls in (Ready, Heartbeat, Tally, DatabaseTrouble, Goodbye, Fatal, CancelStuck)
 }
 _CONTROL_KINDS: dict[str, type[Any]] = {
-    cls.kind: cls for cls in (SetLogging, ReopenLogs, Claiming, Wake, SetLimits)
+    cls.kind: cls for cls in (SetLogging, ReopenLogs, Claiming, Wake, SetLimits, SetCancelGrace)
 }
 # Wire names that differ from the field's: `kind` is the class tag in Python.
 _WIRE_NAMES = {(DatabaseTrouble, "error_kind"): "kind"}

@@ -50,7 +50,7 @@ class Families:
         self.child_restarts = Counter(
             "cairnq_child_restarts_total",
             "Children replaced (crash, signal, heartbeat_timeout, stall, boot_failure, max_run, "
-            "max_tasks, max_memory, reload).",
+            "cancel, max_tasks, max_memory, reload).",
             ["group", "reason"],
             registry=r,
         )

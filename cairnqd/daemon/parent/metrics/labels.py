@@ -28,6 +28,7 @@ RESTART_REASONS = (
     "stall",
     "boot_failure",
     "max_run",
+    "cancel",
     "max_tasks",
     "max_memory",
     "reload",
