@@ -56,5 +56,14 @@ def new_task_id() -> str:
     return f"task_{new_ulid()}"
 
 
+def task_id_floor(ms: int) -> str:
+    """The smallest task id a submit at epoch millisecond `ms` can draw: ids compare as
+    their ULIDs' times do, so `id >= task_id_floor(t)` reads the tasks submitted from
+    `t` on through the primary key (a clock of a submitting host that runs behind moves
+    its tasks back a little)."""
+    chars = "".join(_CROCKFORD[(ms >> shift) & 31] for shift in range(45, -5, -5))
+    return "task_" + chars + "0" * _RANDOM_CHARS
+
+
 def new_worker_id(prefix: str = "worker") -> str:
     return f"{prefix}_{new_ulid()}"

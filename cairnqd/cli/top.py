@@ -1,7 +1,9 @@
 """`cairnqd top`: a live view of the daemon and the queues, redrawn every second.
 
-Two sources: the daemon's control socket and the database. Rates are differences of
-consecutive counts. `p` pauses a queue, `r` resumes one, `q` quits; without a terminal
+Two sources: the daemon's control socket and the database. Rates are the tasks
+submitted and ended in the last `RATE_WINDOW_S`, each counted from an index range of
+that window (`TaskStore.recent_counts`), so a purge or a first reading cannot hide them.
+`p` pauses a queue, `r` resumes one, `q` quits; without a terminal
 it refuses and points at `status --json` (docs/architecture.md, "The command line").
 """
 
@@ -30,12 +32,14 @@ if TYPE_CHECKING:
     from cairnqd.cli.admin import Subparsers
 
 REFRESH_S = 1.0
+#: Rates are averages over this many seconds before the reading.
+RATE_WINDOW_S = 5
 _KEY_WAIT_MS = 100
 
 
 @dataclass
 class QueueView:
-    """One queue's line: counts now, and the rates since the previous reading."""
+    """One queue's line: counts now, and the rates over the last `RATE_WINDOW_S`."""
 
     counts: dict[str, int]
     submitted_s: float = 0.0
@@ -56,34 +60,21 @@ class Reading:
     database_error: str | None = None
 
 
-def _terminal(counts: dict[str, int]) -> int:
-    return sum(counts.get(s, 0) for s in TERMINAL_STATUSES)
-
-
-def with_rates(now: Reading, before: Reading | None) -> None:
-    """Fill each queue's rates from the counts of the reading `before`."""
-    if before is None:
-        return
-    elapsed = now.at - before.at
-    if elapsed <= 0:
-        return
-    for name, view in now.queues.items():
-        # A queue new since the last reading had no tasks then: all of its are new.
-        old = before.queues.get(name) or QueueView(counts=dict.fromkeys(STATUSES, 0))
-        view.submitted_s = max(0, sum(view.counts.values()) - sum(old.counts.values())) / elapsed
-        view.finished_s = max(0, _terminal(view.counts) - _terminal(old.counts)) / elapsed
-        view.failed_s = max(0, view.counts["failed"] - old.counts["failed"]) / elapsed
-
-
 async def read_database(store: TaskStore) -> dict[str, QueueView]:
     counts = await store.stats()
     oldest = await store.oldest_queued_age_ms()
+    recent = await store.recent_counts(store.now_ms() - RATE_WINDOW_S * 1000)
     paused = {p.queue for p in await store.pauses.all()}
     views: dict[str, QueueView] = {}
     for queue in sorted(set(counts) | paused):
         by_status = counts.get(queue) or dict.fromkeys(STATUSES, 0)
+        window = recent.get(queue, {})
+        ended = sum(window.get(s, 0) for s in TERMINAL_STATUSES)
         views[queue] = QueueView(
             counts=dict(by_status),
+            submitted_s=window.get("submitted", 0) / RATE_WINDOW_S,
+            finished_s=ended / RATE_WINDOW_S,
+            failed_s=window.get("failed", 0) / RATE_WINDOW_S,
             oldest_s=oldest.get(queue, 0) / 1000,
             paused=queue in paused,
         )
@@ -153,7 +144,6 @@ class Top:
         self.config = config
         self.loop = asyncio.new_event_loop()
         self.store = open_store(config)
-        self.previous: Reading | None = None
         self.message = ""
 
     def close(self) -> None:
@@ -172,9 +162,6 @@ class Top:
             reading.queues = self.loop.run_until_complete(read_database(self.store))
         except Exception as exc:
             reading.database_error = " ".join(str(exc).split()) or type(exc).__name__
-        if reading.database_error is None:  # an empty reading would make a false spike
-            with_rates(reading, self.previous)
-            self.previous = reading
         return reading
 
     def set_paused(self, queue: str, paused: bool) -> None:

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from cairnqd._ids import new_task_ids
+from cairnqd._ids import new_task_ids, task_id_floor
 from cairnqd._jsoncodec import dump_json, markers_made
 from cairnqd._protocol import Dialect
 from cairnqd.errors import (
@@ -1093,6 +1093,24 @@ class TaskStore(ABC):
         """Per queue: how long the oldest claimable queued task has been due."""
         rows = await self._scan("oldest_queued", {}, frozenset(), _rows)
         return {r["queue"]: max(0, int(r["age_ms"])) for r in rows}
+
+    async def recent_counts(self, since_ms: int) -> dict[str, dict[str, int]]:
+        """Per queue, tasks submitted (`submitted`) and ended (`succeeded`, `failed`,
+        `canceled`) from epoch ms `since_ms` on, each read from an index range of the
+        window's rows: real counts whatever a purge deletes meanwhile."""
+        require_int(since_ms, "since_ms", minimum=0, maximum=INT8_MAX)
+        counts: dict[str, dict[str, int]] = {}
+        submitted = await self._scan(
+            "extensions/recent_submitted", {"from_id": task_id_floor(since_ms)}, frozenset(), _rows
+        )
+        for r in submitted:
+            counts.setdefault(r["queue"], {})["submitted"] = int(r["n"])
+        ended = await self._scan(
+            "extensions/recent_finished", {"since_ms": since_ms}, frozenset(), _rows
+        )
+        for r in ended:
+            counts.setdefault(r["queue"], {})[r["status"]] = int(r["n"])
+        return counts
 
     async def expired_leases(self) -> dict[str, int]:
         """Per queue: running tasks whose lease expired and await recovery."""

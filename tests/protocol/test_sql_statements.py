@@ -103,6 +103,8 @@ def _params(dialect: str) -> dict[str, Any]:
         "counts": json.dumps([{"w": 60, "t": 0, "q": "default", "s": "wait", "b": 0, "n": 1}]),
         "width_s": 60,
         "cutoff_ms": now,
+        # `cairnqd top`'s window (TaskStore.recent_counts).
+        "from_id": "",
         "path": None,
         "globs": lst([]),
         "parts": lst(["(none)"]),
@@ -246,6 +248,9 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/ledger_names": ({}, AT_LEAST_ONE),
     "extensions/ledger_list": ({}, AT_LEAST_ONE),
     "extensions/oldest_queued": ({}, 1),
+    # Every seed row's id sorts above the empty floor; the one ended row is in the window.
+    "extensions/recent_submitted": ({}, AT_LEAST_ONE),
+    "extensions/recent_finished": ({"since_ms": 0}, AT_LEAST_ONE),
     "extensions/leases_expired": ({}, 1),
     "extensions/try_session_lock": ({}, 1),
     "extensions/release_session_lock": ({}, 1),

@@ -428,3 +428,26 @@ def test_supplied_filters_are_specialized(dialect: str, op: str, supplied: froze
         assert not arm.search(text), f"{op}: filter {name!r} left unspecialized:\n{text}"
         column = "status" if name == "status" else name
         assert f"{column} = {placeholder}" in text, text
+
+
+def test_sqlite_top_window_reads_only_index_ranges(seeded_sqlite: sqlite3.Connection) -> None:
+    """`cairnqd top`'s rates (TaskStore.recent_counts): the submits by the primary key,
+    the ends by the completed index, never a scan of the table."""
+    now = int(time.time() * 1000)
+    # The seed's ids are its rows' order: the window holds its last few.
+    submitted = sqlite_plan(
+        seeded_sqlite, "extensions/recent_submitted", {"from_id": f"task_{5990:026d}"}
+    )
+    assert any(re.search(r"SEARCH cairnq_tasks USING .*\(id>\?\)", p) for p in submitted), _show(
+        submitted
+    )
+    ended = sqlite_plan(seeded_sqlite, "extensions/recent_finished", {"since_ms": now - 5000})
+    assert any("cairnq_tasks_completed_idx (completed_at_ms>?)" in p for p in ended), _show(ended)
+
+
+@pytest.mark.parametrize("op", ["extensions/recent_submitted", "extensions/recent_finished"])
+def test_postgres_top_window_never_scans_the_table(seeded_pg: str, op: str) -> None:
+    # The window holds the seed's last few ids and ends.
+    params = {"from_id": "task_t" + f"{19990:025d}", "since_ms": 3000 + 19990}
+    plan = _pg_explain_custom(seeded_pg, op, params)
+    assert not any("Seq Scan on cairnq_tasks" in line for line in plan), "\n".join(plan)

@@ -73,24 +73,3 @@ def test_top_needs_a_terminal(tmp_path: Path, sqlite_path: str) -> None:
     done = cli(path, "top")
     assert done.returncode == 64
     assert "top needs a terminal" in done.stderr and "status --json" in done.stderr
-
-
-def test_rates_come_from_consecutive_counts() -> None:
-    from cairnqd.cli.top import QueueView, Reading, with_rates
-
-    def view(**counts: int) -> QueueView:
-        base = dict.fromkeys(("queued", "running", "succeeded", "failed", "canceled"), 0)
-        return QueueView(counts={**base, **counts})
-
-    before = Reading(at=10.0, queues={"a": view(queued=10, succeeded=5, failed=1)})
-    now = Reading(
-        at=12.0,
-        queues={"a": view(queued=4, succeeded=15, failed=3), "new": view(queued=6)},
-    )
-    with_rates(now, before)
-    a, new = now.queues["a"], now.queues["new"]
-    assert (a.submitted_s, a.finished_s, a.failed_s) == (3.0, 6.0, 1.0)
-    assert (new.submitted_s, new.finished_s) == (3.0, 0.0)  # a queue new since: all new
-    purged = Reading(at=14.0, queues={"a": view(queued=4)})  # a purge shrank it
-    with_rates(purged, now)
-    assert purged.queues["a"].submitted_s == 0.0 and purged.queues["a"].finished_s == 0.0

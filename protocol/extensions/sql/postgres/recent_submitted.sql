@@ -1,0 +1,7 @@
+-- Tasks submitted from :from_id on, per queue (`cairnqd top`'s SUBMIT/s): a task id
+-- begins with its ULID's time, so this reads a range of the primary key, only the
+-- window's rows (cairnqd/_ids.py, task_id_floor).
+select queue, count(*) as n
+from cairnq_tasks
+where id >= :from_id
+group by queue
