@@ -104,6 +104,8 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "sqlite_autoindex_cairnqd_limit_overrides_1",
         "cairnqd_limit_bypasses",
         "sqlite_autoindex_cairnqd_limit_bypasses_1",
+        "cairnqd_interruptions",
+        "sqlite_autoindex_cairnqd_interruptions_1",
     }
     assert sqlite_ledger(ours, "cairnqd_migrations") == {
         "cairnqd_0001_task_keys_task_idx.sql",
@@ -114,6 +116,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_0007_fleet.sql",
         "cairnqd_0008_limits.sql",
         "cairnqd_0009_limit_bypasses.sql",
+        "cairnqd_0011_interruptions.sql",
     }
 
 
@@ -144,6 +147,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0007_fleet.sql",
             "cairnqd_0008_limits.sql",
             "cairnqd_0009_limit_bypasses.sql",
+            "cairnqd_0011_interruptions.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
@@ -160,6 +164,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_limit_slots_pkey",
             "cairnqd_limit_overrides_pkey",
             "cairnqd_limit_bypasses_pkey",
+            "cairnqd_interruptions_pkey",
         }
 
 
