@@ -38,6 +38,9 @@ from cairnqd.daemon.wire.pipes import MessageReader, MessageWriter
 
 log = logging.getLogger("cairnqd.supervisor")
 
+#: (task id, attempt) pairs, as the start table lists them.
+TaskIds = list[tuple[str, int]]
+
 
 @dataclass
 class ChildProcess:
@@ -161,19 +164,19 @@ class ChildProcess:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def spared(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    def spared(self) -> tuple[TaskIds, TaskIds, TaskIds]:
         """After it died: the (task id, attempt) of each task it held and never started,
-        and of each whose handler returned but whose result it had not written. The
-        table is closed on the way out; an unreadable one lists nothing, so everything
-        counts as started."""
+        of each whose handler returned but whose result it had not written, and of each
+        whose handler was still running. The table is closed on the way out; an
+        unreadable one lists nothing, so everything counts as started."""
         table, self.starts = self.starts, None
         if table is None:
-            return [], []
+            return [], [], []
         try:
-            return table.unstarted(), table.returned_unwritten()
+            return table.unstarted(), table.returned_unwritten(), table.started_unfinished()
         except (ValueError, OSError) as exc:
             log.error("cannot read the start table of child %d: %s", self.pid, exc)
-            return [], []
+            return [], [], []
         finally:
             table.close()
 
