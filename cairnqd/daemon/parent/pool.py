@@ -63,6 +63,8 @@ class ChildProcess:
     lag_s: float = 0.0
     overdue: tuple[Overrun, ...] = ()
     longest: LongestTask | None = None
+    #: Its longest-running tasks, oldest first (the heartbeat's `running`).
+    running: tuple[LongestTask, ...] = ()
     #: How long its database has not answered it (0: it does).
     db_down_s: float = 0.0
     #: When its database last refused a write for want of space (None: never).
@@ -136,6 +138,7 @@ class ChildProcess:
                 self.executing, self.held = message.executing, message.held
                 self.lag_s, self.overdue = message.lag_s, message.overdue
                 self.longest = message.longest
+                self.running = message.running
                 self.db_down_s = message.db_down_s
                 self.stalled_s = message.stalled_s
                 self.paused = message.paused
