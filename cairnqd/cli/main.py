@@ -502,9 +502,10 @@ def _add_reload(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
         parents=parents,
         help="reload the running daemon's config (--wait prints what changed)",
         description="Send HUP (or USR2 with --all) to the daemon running this config, found "
-        "by its state file in runtime_dir. With --wait, wait for the outcome: print what the "
-        "reload changed, or why it was refused (exit 78). A reload that changes nothing keeps "
-        "the generation.",
+        "by its state file in runtime_dir. With --wait, first list the running tasks that the "
+        "groups it rolls, shrinks or removes would cut short past their shutdown_timeout, "
+        "then wait for the outcome: print what the reload changed, or why it was refused "
+        "(exit 78). A reload that changes nothing keeps the generation.",
     )
     _daemon_options(p, "wait up to DURATION for the outcome (rolls included) and print it")
     p.add_argument("--all", action="store_true", help="SIGUSR2: also roll unchanged groups")
