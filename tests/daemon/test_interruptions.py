@@ -77,7 +77,7 @@ def test_a_roll_past_shutdown_timeout_gives_the_attempt_back(
     new = _started_on(daemon, task.id, other_than=old)
     again = _get(dialect, db_target, task.id)
     assert (again.status, again.attempt) == ("running", 1), again
-    assert "1 cut short by the operator got it back" in daemon.output()
+    assert "1 cut short by the operator got their attempt back" in daemon.output()
     release.touch()
     finished = client_call(dialect, db_target, lambda c: c.wait(task.id, timeout_ms=30_000))
     assert (finished.status, finished.attempt) == ("succeeded", 1), finished

@@ -145,7 +145,8 @@ async def release_worker(
         )
         given = [str(r["id"]) for r in rows if r.get("interrupted")]
         if given:
-            spared += f"; {len(given)} cut short by the operator got it back: {', '.join(given)}"
+            cut = ", ".join(given)
+            spared += f"; {len(given)} cut short by the operator got their attempt back: {cut}"
         log.info(
             "handed back %d task(s) of %s (%s): %s%s",
             len(rows), worker_id, reason, summary, spared,
