@@ -1,13 +1,15 @@
 """The Workers page lists each group's running tasks, longest first: what a roll or a
 stop cuts short past the group's shutdown_timeout. Rendered from the snapshot alone,
-what it holds escaped."""
+what it holds escaped; a report for other hosts too long for its row drops the lists."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from cairnqd.dashboard.data import HostView, Overview
+from cairnqd.dashboard.data import HostView, Overview, report_json
 from cairnqd.dashboard.pages import workers_page
+from cairnqd.store.browse import REPORT_MAX_CHARS
 
 
 def _child(pid: int, *running: dict[str, Any]) -> dict[str, Any]:
@@ -43,3 +45,17 @@ def test_running_tasks_are_listed_longest_first_with_the_group_s_timeout() -> No
 
 def test_no_running_task_no_listing() -> None:
     assert 'class="grid running"' not in _page(_child(11))
+
+
+def test_a_report_too_long_for_its_row_leaves_the_running_lists_out() -> None:
+    busy = [{"id": f"task_{i:026d}", "name": "n" * 200, "age_s": 1.0} for i in range(16)]
+    children = [_child(pid, *busy) for pid in range(300)]
+    view = {"pid": 1, "groups": [{"name": "g", "children": children}], "removed_groups": []}
+    small = {"pid": 1, "groups": [{"name": "g", "children": [_child(1, *busy[:1])]}]}
+    assert json.loads(report_json(small)) == small
+    text = report_json(view)
+    assert len(text) <= REPORT_MAX_CHARS
+    stored = json.loads(text)
+    assert [len(c["running"]) for c in stored["groups"][0]["children"]] == [0] * 300
+    assert stored["groups"][0]["children"][5]["executing"] == 16
+    assert len(view["groups"][0]["children"][0]["running"]) == 16, "the view is left alone"
