@@ -32,6 +32,7 @@ from cairnqd.cli import init as cli_init
 from cairnqd.cli import limits as cli_limits
 from cairnqd.cli import purge as cli_purge
 from cairnqd.cli import queues as cli_queues
+from cairnqd.cli import rollpreview
 from cairnqd.cli import schedules as cli_schedules
 from cairnqd.cli import status as cli_status
 from cairnqd.cli import top as cli_top
@@ -331,6 +332,17 @@ def _check_pipe_protocol(args: argparse.Namespace, pid: int, state: DaemonState)
     )
 
 
+def _preview_interruptions(args: argparse.Namespace, statefile: StateFile) -> None:
+    """Say which running tasks the reload's rolls would cut short, before it starts."""
+    edited = rollpreview.load_edited(args.config)
+    snapshot = rollpreview.ask_running(statefile.path) if edited is not None else None
+    if edited is None or snapshot is None:
+        return
+    for line in rollpreview.preview_lines(snapshot, edited, roll_all=args.all):
+        print(line)
+    sys.stdout.flush()
+
+
 def cmd_reload(args: argparse.Namespace) -> int:
     statefile, note = _locate(args)
     pid, state = _find_daemon(args, statefile, note)
@@ -341,6 +353,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
     # Read seq before signalling, or a fast daemon could bump it before we look.
     seq = state["reload"]["seq"] if state is not None else 0
     generation = state["generation"] if state is not None else None
+    if args.wait is not None:
+        _preview_interruptions(args, statefile)
     _signal(pid, signum)
     if args.wait is None:
         print(f"sent {signum.name} to cairnqd (pid {pid})")
@@ -488,9 +502,10 @@ def _add_reload(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
         parents=parents,
         help="reload the running daemon's config (--wait prints what changed)",
         description="Send HUP (or USR2 with --all) to the daemon running this config, found "
-        "by its state file in runtime_dir. With --wait, wait for the outcome: print what the "
-        "reload changed, or why it was refused (exit 78). A reload that changes nothing keeps "
-        "the generation.",
+        "by its state file in runtime_dir. With --wait, first list the running tasks that the "
+        "groups it rolls, shrinks or removes would cut short past their shutdown_timeout, "
+        "then wait for the outcome: print what the reload changed, or why it was refused "
+        "(exit 78). A reload that changes nothing keeps the generation.",
     )
     _daemon_options(p, "wait up to DURATION for the outcome (rolls included) and print it")
     p.add_argument("--all", action="store_true", help="SIGUSR2: also roll unchanged groups")

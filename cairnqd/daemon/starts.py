@@ -141,6 +141,11 @@ class StartTable:
         """(task id, attempt) of every task the child held and never started."""
         return self._in_state(HELD)
 
+    def started_unfinished(self) -> list[tuple[str, int]]:
+        """(task id, attempt) of every task whose handler was running when the child
+        died (its result not returned yet)."""
+        return self._in_state(STARTED)
+
     def returned_unwritten(self) -> list[tuple[str, int]]:
         """(task id, attempt) of every task whose handler returned and whose result the
         child had not written when it died."""

@@ -28,6 +28,7 @@ from cairnqd.models import STATUSES, Task
 from cairnqd.queue_counts import Period, merged, percentile, periods_by_queue
 from cairnqd.store.base import TaskStore
 from cairnqd.store.browse import (
+    REPORT_MAX_CHARS,
     DaemonReport,
     FailedGroup,
     TaskQuery,
@@ -234,6 +235,23 @@ def _hosts(local: dict[str, Any] | None, reports: Sequence[DaemonReport]) -> lis
     return hosts
 
 
+def report_json(view: dict[str, Any]) -> str:
+    """The daemon's view as stored for other hosts' dashboards. A daemon with very
+    many busy children leaves out their running-task lists rather than the report."""
+    text = json.dumps(view)
+    if len(text) <= REPORT_MAX_CHARS:
+        return text
+    # A copy: the view is the snapshot `cairnqd status` is served too.
+    lean = {
+        key: [
+            {**g, "children": [{**c, "running": []} for c in g.get("children", [])]}
+            for g in view.get(key, [])
+        ]
+        for key in ("groups", "removed_groups")
+    }
+    return json.dumps({**view, **lean})
+
+
 class DashboardData:
     """The dashboard's reads and writes, on a thread of its own."""
 
@@ -339,7 +357,7 @@ class DashboardData:
             if view is not None:
                 try:
                     store = await self._store.get()
-                    await store.reports.put(self.report_as, host, json.dumps(view))
+                    await store.reports.put(self.report_as, host, report_json(view))
                     if self.reports % 100 == 0:
                         await store.reports.prune(_REPORT_KEEP_MS)
                     self.reports += 1

@@ -795,6 +795,46 @@ def _fleet_section(overview: Overview) -> Markup:
     )
 
 
+def _running_tasks(group: Mapping[str, Any]) -> Markup:
+    """The tasks a group's children run, longest first: what a roll or a stop would
+    cut short once they outlast the group's shutdown_timeout."""
+    found = sorted(
+        (
+            (float(t.get("age_s", 0.0)), t, c)
+            for c in group.get("children", [])
+            for t in c.get("running", [])
+        ),
+        key=lambda item: -item[0],
+    )
+    if not found:
+        return Markup("")
+    rows = [
+        render(
+            '<tr><td class="mono"><a href="/task/{id}">{id}</a></td><td>{name}</td>'
+            '<td>{group}</td><td class="num">{running}</td><td class="num">{pid}</td></tr>',
+            id=t.get("id"),
+            name=t.get("name"),
+            group=group.get("name"),
+            running=age(running_s),
+            pid=c.get("pid"),
+        )
+        for running_s, t, c in found
+    ]
+    timeout = group.get("shutdown_timeout_s")
+    within = f" ({format_duration(timedelta(seconds=float(timeout)))})" if timeout else ""
+    return render(
+        '<p class="note">Running now. A roll or a stop lets these finish for up to the '
+        "group's shutdown_timeout{within}, then cuts them short and hands them back "
+        "with their attempt given back.</p>"
+        '<table class="grid running"><thead><tr><th scope="col">task</th>'
+        '<th scope="col">name</th><th scope="col">group</th>'
+        '<th scope="col" class="num">running for</th><th scope="col" class="num">pid</th>'
+        "</tr></thead><tbody>{rows}</tbody></table>",
+        within=within,
+        rows=join(rows),
+    )
+
+
 def workers_page(overview: Overview) -> Markup:
     fleet = _fleet_section(overview)
     if not overview.hosts:
@@ -841,6 +881,7 @@ def workers_page(overview: Overview) -> Markup:
                 name=g.get("name"), state=str(g.get("state", "")).lower(), ready=g.get("ready"),
                 processes=g.get("processes"), rows=join(rows),
             ))  # fmt: skip
+            tables.append(_running_tasks(g))
         sections.append(render(
             '<section class="host"><h2>{label}</h2><p class="note">generation {gen}, '
             "up {up}{state}</p>{tables}</section>",

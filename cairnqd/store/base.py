@@ -1062,6 +1062,8 @@ class TaskStore(ABC):
         *,
         message: str,
         unstarted: Sequence[tuple[str, int]] = (),
+        interrupted: Sequence[tuple[str, int]] = (),
+        interruption_cap: int = 0,
     ) -> builtins.list[Row]:
         """Hand back every task `worker_id` still runs, with recovery's outcomes now:
         cancel requested -> canceled; attempts left -> queued; else failed with the
@@ -1071,17 +1073,39 @@ class TaskStore(ABC):
         `unstarted` lists (task id, attempt) pairs the worker held without ever calling
         their handler: those are queued again with the attempt their claim spent given
         back (a pending cancel still wins). Anything not listed counts as started.
-        Returns the rows changed: id, queue, name and new status."""
+
+        `interrupted` lists the started tasks the operator cut short (a roll or a stop
+        past `shutdown_timeout`, QUIT): each gets its attempt back as an unstarted one
+        does, at most `interruption_cap` times per task over its life (counted in
+        `cairnqd_interruptions`); past that it is handed back like any other.
+        Returns the rows changed: id, queue, name and new status; a row whose attempt
+        was given back for an interruption also has `interrupted` true."""
         require_str(worker_id, "worker_id")
         error = dump_json(dataclasses.replace(LEASE_EXPIRED, message=message).to_dict())
-        items = dump_json([{"id": task_id, "a": attempt} for task_id, attempt in unstarted])
+        # One entry per task: Postgres' upsert refuses to touch a row twice.
+        cut = {task_id: attempt for task_id, attempt in interrupted}
+        cut_items = dump_json([{"id": task_id, "a": attempt} for task_id, attempt in cut.items()])
 
         async def release(session: Session) -> builtins.list[Row]:
+            spared = list(unstarted)
+            given: set[str] = set()
+            if cut and interruption_cap > 0:
+                await session.fetch("extensions/interruption_prune", {})
+                allowed = await session.fetch(
+                    "extensions/interruption_give",
+                    {"worker_id": worker_id, "interrupted": cut_items, "cap": interruption_cap},
+                )
+                given = {str(r["task_id"]) for r in allowed}
+                spared += [(task_id, cut[task_id]) for task_id in given]
             returned: builtins.list[Row] = []
-            if unstarted:
+            if spared:
+                items = dump_json([{"id": task_id, "a": attempt} for task_id, attempt in spared])
                 returned = await session.fetch(
                     "extensions/return_unstarted", {"worker_id": worker_id, "unstarted": items}
                 )
+                returned = [
+                    {**row, "interrupted": True} if row["id"] in given else row for row in returned
+                ]
             released = await session.fetch(
                 "release_worker", {"worker_id": worker_id, "error": error}
             )

@@ -167,10 +167,9 @@ def test_crashing_group_enters_crashloop_and_others_keep_serving(
 
 
 def assert_handed_back(db: str, task_id: str) -> None:
+    """The operator's stop cut the task short: it is queued with its attempt back."""
     task = get(db, task_id)
-    assert task.status != "running", task
-    assert task.status in ("queued", "failed"), task
-    assert task.attempt == 1, task
+    assert (task.status, task.attempt, task.worker_id) == ("queued", 0, None), task
 
 
 @pytest.mark.timing

@@ -266,12 +266,24 @@ class FlakyStore(SQLiteStore):
     failures = 1
 
     async def release_worker(
-        self, worker_id: str, *, message: str, unstarted: Sequence[tuple[str, int]] = ()
+        self,
+        worker_id: str,
+        *,
+        message: str,
+        unstarted: Sequence[tuple[str, int]] = (),
+        interrupted: Sequence[tuple[str, int]] = (),
+        interruption_cap: int = 0,
     ) -> list[Row]:
         if type(self).failures:
             type(self).failures -= 1
             raise sqlite3.OperationalError("database is locked")
-        return await super().release_worker(worker_id, message=message, unstarted=unstarted)
+        return await super().release_worker(
+            worker_id,
+            message=message,
+            unstarted=unstarted,
+            interrupted=interrupted,
+            interruption_cap=interruption_cap,
+        )
 
 
 async def test_failed_hand_back_is_retried(

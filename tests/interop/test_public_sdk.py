@@ -241,3 +241,33 @@ async def test_stats_and_lists_agree(theirs: Any, ours: cairnqd.CairnQ) -> None:
     theirs_list = [t.id for t in await theirs.list(queue="beta")]
     assert ours_list == theirs_list and len(ours_list) == 3
     assert await ours.queue_depth("alpha", 10) == await theirs.queue_depth("alpha", 10) == 8
+
+
+async def test_their_worker_runs_a_task_our_hand_back_gave_its_attempt_back(
+    theirs: Any, ours: cairnqd.CairnQ
+) -> None:
+    # A roll cut their task short under our daemon: the row goes back to queued with
+    # attempt lowered again, which their client reads and their claim raises as usual.
+    task = await theirs.submit("report.build", {"month": 11}, max_attempts=1)
+    (mine,) = await ours.store.claim(queues=["default"], worker_id="cairnqd-child")
+    await ours.store.progress(
+        task_id=task.id, worker_id="cairnqd-child", progress=0.4, message="building"
+    )
+    rows = await ours.store.release_worker(
+        "cairnqd-child",
+        message="its worker process exited",
+        interrupted=[(mine.id, mine.attempt)],
+        interruption_cap=3,
+    )
+    assert [(r["id"], r["status"], r.get("interrupted")) for r in rows] == [
+        (task.id, "queued", True)
+    ]
+    seen = await theirs.get(task.id)
+    assert (seen.status, seen.attempt, seen.worker_id) == ("queued", 0, None)
+    assert (seen.progress, seen.message, seen.lease_until_ms) == (None, None, None)
+
+    (again,) = await theirs.store.claim(queues=["default"], worker_id="upstream-worker")
+    assert (again.id, again.attempt) == (task.id, 1)
+    await theirs.store.complete(task_id=task.id, worker_id="upstream-worker", result={"ok": 1})
+    done = await ours.get(task.id)
+    assert done is not None and (done.status, done.attempt) == ("succeeded", 1)

@@ -104,6 +104,8 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "sqlite_autoindex_cairnqd_limit_overrides_1",
         "cairnqd_limit_bypasses",
         "sqlite_autoindex_cairnqd_limit_bypasses_1",
+        "cairnqd_interruptions",
+        "sqlite_autoindex_cairnqd_interruptions_1",
         "cairnqd_queue_counts",
         "sqlite_autoindex_cairnqd_queue_counts_1",
     }
@@ -116,6 +118,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_0007_fleet.sql",
         "cairnqd_0008_limits.sql",
         "cairnqd_0009_limit_bypasses.sql",
+        "cairnqd_0011_interruptions.sql",
         "cairnqd_0013_queue_counts.sql",
     }
 
@@ -147,6 +150,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0007_fleet.sql",
             "cairnqd_0008_limits.sql",
             "cairnqd_0009_limit_bypasses.sql",
+            "cairnqd_0011_interruptions.sql",
             "cairnqd_0013_queue_counts.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
@@ -164,6 +168,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_limit_slots_pkey",
             "cairnqd_limit_overrides_pkey",
             "cairnqd_limit_bypasses_pkey",
+            "cairnqd_interruptions_pkey",
             "cairnqd_queue_counts_pkey",
         }
 

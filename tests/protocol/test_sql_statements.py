@@ -76,6 +76,9 @@ def _params(dialect: str) -> dict[str, Any]:
         "max_depth": 5,
         "items": json.dumps([{"id": "task_run", "r": '{"ok": true}'}]),
         "unstarted": json.dumps([{"id": "task_run", "a": 1}]),
+        # Operator interruptions (cairnqd_interruptions): task_run is w1's, at attempt 1.
+        "interrupted": json.dumps([{"id": "task_run", "a": 1}]),
+        "cap": 3,
         "running": "running",
         "table_name": "cairnq_migrations",
         # The operator's controls: queue pauses and bulk actions (store/operator.py).
@@ -322,6 +325,9 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     # (one row, kind null); its queue holds one due task in the partition '(none)'.
     "extensions/limit_room_task": ({"id": "task_q"}, 1),
     "extensions/limit_room_queues": ({}, 1),
+    # The table starts empty: w1's running task_run is counted once; nothing to forget.
+    "extensions/interruption_give": ({}, 1),
+    "extensions/interruption_prune": ({}, None),
 }
 
 #: What the store fills into a composed statement's `{part}`s for a draw that meets

@@ -190,6 +190,25 @@ class Daemon:
         state: dict[str, Any] = json.loads(path.read_text())
         return state
 
+    def snapshot(self) -> dict[str, Any]:
+        """What `cairnqd status --json` shows (groups, children, their running tasks),
+        asked of the control socket beside the state file."""
+        from cairnqd.daemon.parent.control import ask_daemon, control_path
+
+        (path,) = (self.tmp / "run").glob("cairnqd-*.json")
+        return ask_daemon(control_path(str(path)))
+
+    def running_tasks(self, group: str) -> dict[str, int]:
+        """Task id -> pid of the child of `group` whose handler runs it, as the
+        children's last heartbeats said."""
+        return {
+            task["id"]: child["pid"]
+            for g in self.snapshot()["groups"]
+            if g["name"] == group
+            for child in g["children"]
+            for task in child.get("running", [])
+        }
+
     def master_pid(self) -> int:
         """The pid serving now: after a binary upgrade (`cairnqd upgrade`) the
         successor's, from the state file, not the process this harness started."""

@@ -42,6 +42,7 @@ CHILD_MESSAGES: list[Any] = [
         lag_s=0.25,
         overdue=(Overrun("t1", 2, 31.5),),
         longest=LongestTask("t1", "n", 31.5),
+        running=(LongestTask("t1", "n", 31.5), LongestTask("t2", "m", 0.5)),
     ),
     Tally(
         (TallyCount("q", "n", "started", "", 3), TallyCount("q", "n", "failed", "error", 1)),

@@ -5,6 +5,7 @@ API counts, and leave in the start table what the parent must read after a crash
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,9 +15,10 @@ from hypothesis import strategies as st
 
 from cairnqd.context import TaskContext
 from cairnqd.daemon.child.outbox import Outbox
-from cairnqd.daemon.child.reporter import ChildReporter
+from cairnqd.daemon.child.reporter import RUNNING_LISTED, ChildReporter
 from cairnqd.daemon.child.tally import TaskTally
 from cairnqd.daemon.starts import NO_SLOT, StartTable
+from cairnqd.daemon.wire.messages import PIPE_BUF, Heartbeat, encode
 from cairnqd.models import Task
 
 # Bounds that values land on exactly, below, between and above.
@@ -117,3 +119,29 @@ def test_a_returned_task_reads_as_returned_until_it_ends() -> None:
         assert table.returned_unwritten() == [ctx.identity]
         observer.task_ended(ctx, "succeeded", "", 0.001)
         assert table.returned_unwritten() == []
+
+
+def test_the_running_list_is_oldest_first_and_fits_one_heartbeat() -> None:
+    # Many tasks with the longest names a heartbeat meets: the list stops at its budget,
+    # and the whole heartbeat (with a full paused list) stays one atomic pipe write.
+    contexts = [_context(i, "q", "n" * 200, 0.0) for i in range(40)]
+    with reporter(64) as (observer, table):
+        observer._held = lambda: list(contexts)
+        observer.tasks_held(contexts)
+        for i, ctx in enumerate(contexts):
+            ctx.started_at = time.monotonic() - 100 + i  # task 0 started first
+            observer.task_started(ctx)
+        report = observer.running_report(None)
+        assert report.executing == 40
+        assert report.longest is not None and report.longest.id == contexts[0].task_id
+        listed = [t.id for t in report.running]
+        assert 0 < len(listed) < RUNNING_LISTED
+        assert listed == [c.task_id for c in contexts[: len(listed)]]
+        beat = Heartbeat(
+            rss=1 << 40, state="draining", executing=40, held=4096, lag_s=1.5,
+            overdue=(), longest=report.longest, running=report.running,
+            paused=tuple("p" * 100 for _ in range(10)),
+        )  # fmt: skip
+        assert len(encode(beat)) <= PIPE_BUF
+        # What the parent reads after the child died: the tasks still running.
+        assert sorted(table.started_unfinished()) == sorted(c.identity for c in contexts)

@@ -26,7 +26,7 @@ from cairnqd._lograte import Repeats
 from cairnqd.daemon.boot import Boot, BootVersionMismatch, decode_boot
 from cairnqd.daemon.child.loopwatch import LoopWatch, tick_for
 from cairnqd.daemon.child.outbox import Outbox
-from cairnqd.daemon.child.reporter import ChildReporter
+from cairnqd.daemon.child.reporter import ChildReporter, RunningReport
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.handler_probe import describe_import_error, use_python_path
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
@@ -639,16 +639,19 @@ class Child:
 
     def _heartbeat(self, max_run_s: float | None) -> Heartbeat:
         worker, reporter = self.worker, self.reporter
-        executing, overdue, longest = (
-            reporter.running_report(max_run_s) if reporter is not None else (0, (), None)
+        report = (
+            reporter.running_report(max_run_s)
+            if reporter is not None
+            else RunningReport(0, (), None, ())
         )
         held = len(worker.in_flight.backlog) if worker is not None else 0
         paused = _within(sorted(worker.paused_queues), 1024) if worker is not None else ()
         lag = self.loop_watch.lag() if self.loop is not None else 0.0
         stalled = worker.in_flight.progress.stalled_s() if worker is not None else 0.0
         return Heartbeat(
-            rss=_rss_bytes(), state=self.state, executing=executing, held=held,
-            lag_s=round(lag, 3), overdue=overdue, longest=longest, paused=paused,
+            rss=_rss_bytes(), state=self.state, executing=report.executing, held=held,
+            lag_s=round(lag, 3), overdue=report.overdue, longest=report.longest,
+            running=report.running, paused=paused,
             db_down_s=round(self._db_down_s(), 1), listen_deaf=self._listen_deaf(),
             stalled_s=round(stalled, 1),
         )  # fmt: skip

@@ -9,6 +9,7 @@ import asyncio
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from cairnqd.context import TaskContext
 from cairnqd.daemon.child.outbox import Outbox
@@ -18,6 +19,21 @@ from cairnqd.daemon.wire.messages import LongestTask, Overrun, encode
 
 #: How often a changed tally is sent.
 TALLY_EVERY_S = 0.25
+#: The running tasks a heartbeat lists (what a roll or a stop would cut short), at
+#: most this many and this many characters of ids and names: a heartbeat stays one
+#: atomic pipe write.
+RUNNING_LISTED = 16
+RUNNING_LISTED_CHARS = 1536
+#: A listed task's JSON beyond its id and name: keys, quotes, the age.
+_LISTED_OVERHEAD = 40
+
+
+class RunningReport(NamedTuple):
+    executing: int
+    overdue: tuple[Overrun, ...]
+    longest: LongestTask | None
+    #: The longest-running tasks, oldest first (see RUNNING_LISTED).
+    running: tuple[LongestTask, ...]
 
 
 class ChildReporter:
@@ -145,10 +161,9 @@ class ChildReporter:
 
     # -- for the heartbeat thread ----------------------------------------------------------
 
-    def running_report(
-        self, max_run_s: float | None
-    ) -> tuple[int, tuple[Overrun, ...], LongestTask | None]:
-        """How many tasks run, those past `max_run_s`, and the longest-running one.
+    def running_report(self, max_run_s: float | None) -> RunningReport:
+        """How many tasks run, those past `max_run_s`, the longest-running one, and the
+        longest-running ones (oldest first, as many as fit `RUNNING_LISTED_CHARS`).
         Safe from another thread: it reads a copy of the worker's held contexts."""
         # One C-level copy (consistent under the GIL), then only the started ones; a
         # context released since the copy was made is no longer running.
@@ -164,7 +179,15 @@ class ChildReporter:
             if max_run_s is not None and now - began > max_run_s
         )
         longest = None
+        listed: list[LongestTask] = []
         if running:
-            began, ctx = min(running, key=lambda item: item[0])
+            running.sort(key=lambda item: item[0])
+            budget = RUNNING_LISTED_CHARS
+            for began, ctx in running[:RUNNING_LISTED]:
+                budget -= len(ctx.task_id) + len(ctx.name) + _LISTED_OVERHEAD
+                if budget < 0:
+                    break
+                listed.append(LongestTask(ctx.task_id, ctx.name, round(now - began, 3)))
+            began, ctx = running[0]
             longest = LongestTask(ctx.task_id, ctx.name, round(now - began, 3))
-        return len(running), overdue, longest
+        return RunningReport(len(running), overdue, longest, tuple(listed))

@@ -264,10 +264,21 @@ def child_view(child: ChildProcess, role: str, now: float) -> dict[str, Any]:
             "age_s": round(longest.age_s + since_heard, 1),
         },
         "paused": list(child.paused),
+        "running": [
+            {"id": t.id, "name": t.name, "age_s": round(t.age_s + since_heard, 1)}
+            for t in child.running
+        ],
     }
 
 
-def group_view(pool: GroupPool, restarts: int, now: float) -> dict[str, Any]:
+def group_view(
+    pool: GroupPool, restarts: int, now: float, shutdown_timeout_s: float = 0.0
+) -> dict[str, Any]:
+    """One group as status shows it; `shutdown_timeout_s` is the daemon-wide one, which
+    the group's own replaces."""
+    own = pool.config.shutdown_timeout
+    if own is not None:
+        shutdown_timeout_s = own.total_seconds()
     children: list[dict[str, Any]] = []
     for slot in pool.slots:
         if slot.child is not None:
@@ -285,6 +296,10 @@ def group_view(pool: GroupPool, restarts: int, now: float) -> dict[str, Any]:
         "restarts": restarts,
         "queues": list(pool.config.queues),
         "concurrency": pool.config.concurrency,
+        # What `reload --wait` compares with the edited config to tell which groups
+        # roll, and how long a roll lets their tasks finish.
+        "fingerprint": pool.fingerprint,
+        "shutdown_timeout_s": shutdown_timeout_s,
         "children": children,
     }
 
@@ -310,6 +325,7 @@ def daemon_view(
     groups: Iterable[GroupPool],
     removed: Iterable[GroupPool],
     restarts: Mapping[str, int],
+    shutdown_timeout_s: float = 0.0,
 ) -> Snapshot:
     now = time.monotonic()
     return {
@@ -319,6 +335,8 @@ def daemon_view(
         "uptime_s": round(time.time() - started_at, 1),
         "stopping": stopping,
         "quiet": quiet,
-        "groups": [group_view(g, restarts.get(g.name, 0), now) for g in groups],
-        "removed_groups": [group_view(g, restarts.get(g.name, 0), now) for g in removed],
+        "groups": [group_view(g, restarts.get(g.name, 0), now, shutdown_timeout_s) for g in groups],
+        "removed_groups": [
+            group_view(g, restarts.get(g.name, 0), now, shutdown_timeout_s) for g in removed
+        ],
     }

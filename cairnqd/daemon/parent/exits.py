@@ -13,6 +13,7 @@ from collections.abc import Callable
 from cairnqd.config import to_ms
 from cairnqd.daemon.exitcodes import CONFIG, OK
 from cairnqd.daemon.parent.fleet import Fleet
+from cairnqd.daemon.parent.interruptions import operator_stopped
 from cairnqd.daemon.parent.maintenance import Maintenance
 from cairnqd.daemon.parent.metrics import Metrics
 from cairnqd.daemon.parent.pool import ChildProcess, GroupPool, Slot
@@ -71,7 +72,7 @@ class ChildExits:
         where = self._fleet.detach(child)
         self._forget_slot_series(child)
         planned = code == OK and child.bye is not None
-        unstarted, returned = child.spared()  # read (and closed) whatever the exit
+        unstarted, returned, started = child.spared()  # read (and closed) whatever the exit
         # A child claims only after `ready` (read from its pipe before it is reaped): one
         # that never said it holds no task, and a hand-back would only queue a write
         # that fails when the database is what kept it from being ready.
@@ -79,7 +80,8 @@ class ChildExits:
             self._fail_overruns(child)
             reason = _handback_reason(child, stopping)
             spared = unstarted + self._restores.allow(returned)
-            self._maintenance.hand_back(child.worker_id, reason, spared)
+            interrupted = started if operator_stopped(child) else []
+            self._maintenance.hand_back(child.worker_id, reason, spared, interrupted)
         described = describe_exit(code)
         group = where.pool
         if group is None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from cairnqd.daemon.parent.interruptions import OPERATOR_RESTORES
 from cairnqd.daemon.parent.reaper import count_recoveries
 from cairnqd.errors import LostLease
 from cairnqd.store.base import Row, TaskStore
@@ -40,6 +41,8 @@ class HandBack:
     #: (task id, attempt) of the tasks it held and never started.
     unstarted: tuple[tuple[str, int], ...] = ()
     attempts: int = 0
+    #: (task id, attempt) of the started tasks an operator's stop cut short.
+    interrupted: tuple[tuple[str, int], ...] = ()
 
     def describe(self) -> str:
         return f"hand-back of {self.worker_id} ({self.reason})"
@@ -118,11 +121,19 @@ async def release_worker(
     worker_id: str,
     reason: str,
     unstarted: Sequence[tuple[str, int]] = (),
+    interrupted: Sequence[tuple[str, int]] = (),
 ) -> list[Row]:
     """Hand back every task `worker_id` holds, with recovery's outcomes, now; the
-    `unstarted` ones with their attempt given back."""
+    `unstarted` ones with their attempt given back, and the `interrupted` ones too up
+    to `OPERATOR_RESTORES` times per task (interruptions.py)."""
     message = f"task lease released and max attempts reached: {_CAUSES[reason]} ({reason})"
-    rows = await store.release_worker(worker_id, message=message, unstarted=unstarted)
+    rows = await store.release_worker(
+        worker_id,
+        message=message,
+        unstarted=unstarted,
+        interrupted=interrupted,
+        interruption_cap=OPERATOR_RESTORES,
+    )
     count_recoveries(metrics, rows, reason)
     if rows:
         outcomes = Counter(str(r["status"]) for r in rows)
@@ -132,6 +143,10 @@ async def release_worker(
             if unstarted
             else ""
         )
+        given = [str(r["id"]) for r in rows if r.get("interrupted")]
+        if given:
+            cut = ", ".join(given)
+            spared += f"; {len(given)} cut short by the operator got their attempt back: {cut}"
         log.info(
             "handed back %d task(s) of %s (%s): %s%s",
             len(rows), worker_id, reason, summary, spared,

@@ -39,6 +39,9 @@ from cairnqd.daemon.wire.pipes import MessageReader, MessageWriter
 
 log = logging.getLogger("cairnqd.supervisor")
 
+#: (task id, attempt) pairs, as the start table lists them.
+TaskIds = list[tuple[str, int]]
+
 
 @dataclass
 class ChildProcess:
@@ -61,6 +64,8 @@ class ChildProcess:
     lag_s: float = 0.0
     overdue: tuple[Overrun, ...] = ()
     longest: LongestTask | None = None
+    #: Its longest-running tasks, oldest first (the heartbeat's `running`).
+    running: tuple[LongestTask, ...] = ()
     #: How long its database has not answered it (0: it does).
     db_down_s: float = 0.0
     #: When its database last refused a write for want of space (None: never).
@@ -136,6 +141,7 @@ class ChildProcess:
                 self.executing, self.held = message.executing, message.held
                 self.lag_s, self.overdue = message.lag_s, message.overdue
                 self.longest = message.longest
+                self.running = message.running
                 self.db_down_s = message.db_down_s
                 self.stalled_s = message.stalled_s
                 self.paused = message.paused
@@ -166,19 +172,19 @@ class ChildProcess:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def spared(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    def spared(self) -> tuple[TaskIds, TaskIds, TaskIds]:
         """After it died: the (task id, attempt) of each task it held and never started,
-        and of each whose handler returned but whose result it had not written. The
-        table is closed on the way out; an unreadable one lists nothing, so everything
-        counts as started."""
+        of each whose handler returned but whose result it had not written, and of each
+        whose handler was still running. The table is closed on the way out; an
+        unreadable one lists nothing, so everything counts as started."""
         table, self.starts = self.starts, None
         if table is None:
-            return [], []
+            return [], [], []
         try:
-            return table.unstarted(), table.returned_unwritten()
+            return table.unstarted(), table.returned_unwritten(), table.started_unfinished()
         except (ValueError, OSError) as exc:
             log.error("cannot read the start table of child %d: %s", self.pid, exc)
-            return [], []
+            return [], [], []
         finally:
             table.close()
 

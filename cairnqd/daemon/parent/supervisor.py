@@ -934,6 +934,7 @@ class Supervisor:
             groups=self.fleet.groups.values(),
             removed=self.fleet.removed,
             restarts=restarts_by_group(self.metrics.child_restarts.collect()),
+            shutdown_timeout_s=self.config.shutdown_timeout.total_seconds(),
         )
 
     def _database_problems(self) -> list[str]:

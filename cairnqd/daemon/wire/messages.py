@@ -91,6 +91,10 @@ class Heartbeat:
     #: Seconds its claims, lease renewals and result writes have gone without one
     #: succeeding while it needed them (a lock, a wedge, repeated errors); 0 if fine.
     stalled_s: float = 0.0
+    #: Its longest-running tasks, oldest first, as many as fit (a roll or a stop
+    #: past shutdown_timeout would cut these short). Optional on the wire: a parent
+    #: ignores it, or finds it missing, across releases.
+    running: tuple[LongestTask, ...] = ()
 
 
 #: What a tally counts; "failed" counts every failed attempt, "retried" the requeued

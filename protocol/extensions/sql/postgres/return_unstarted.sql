@@ -1,8 +1,10 @@
 -- Give back the tasks a dead worker held but never started (claimed ahead of a free
--- slot, still waiting in its backlog when it died). Their claim spent an attempt that no
--- handler used, so the attempt is restored and the task is queued again as if it had
--- never been claimed: run_at_ms stays, so it keeps its place in the queue. A pending
--- cancel still wins (canceled, attempt untouched). :unstarted is a JSON array of
+-- slot, still waiting in its backlog when it died), and those whose attempt the
+-- operator cut short (interruption_give.sql chose them). Their claim spent an attempt
+-- that no handler used, or one the task is not to blame for, so the attempt is restored
+-- and the task is queued again as if it had never been claimed: run_at_ms stays, so it
+-- keeps its place in the queue; progress and message are cleared as on every requeue.
+-- A pending cancel still wins (canceled, attempt untouched). :unstarted is a JSON array of
 -- {"id": ..., "a": attempt}; a row matches only at that attempt, so a task the worker
 -- did start under a later attempt is left to release_worker, which runs after this in
 -- the same transaction. Rows are locked with skip locked, as release_worker does.
@@ -10,6 +12,8 @@ update cairnq_tasks as t
 set status = case when t.cancel_requested_at_ms is not null then 'canceled' else 'queued' end,
     attempt = case when t.cancel_requested_at_ms is not null then t.attempt else t.attempt - 1 end,
     worker_id = case when t.cancel_requested_at_ms is not null then t.worker_id else null end,
+    progress = case when t.cancel_requested_at_ms is not null then t.progress else null end,
+    message = case when t.cancel_requested_at_ms is not null then t.message else null end,
     completed_at_ms = case
         when t.cancel_requested_at_ms is not null
             then (extract(epoch from now()) * 1000)::bigint
