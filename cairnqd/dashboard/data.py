@@ -79,6 +79,8 @@ class DatabaseError(Exception):
 #: The charts' ranges (cairnqd/queue_counts.py keeps a width for each): name ->
 #: (seconds per bar, bars).
 RANGES = {"1h": (60, 60), "24h": (900, 96), "7d": (3600, 168)}
+#: The overview's failed groups are read again once this old (or after an action).
+FAILED_EVERY_S = 10.0
 #: A range's charts are renewed once this old: workers add every 10 s.
 CHARTS_FRESH_S = 5.0
 
@@ -202,6 +204,9 @@ class Overview:
     bypasses: list[Bypass] = field(default_factory=list)
     #: Per queue, the limits holding back its due tasks now.
     throttled: dict[str, list[str]] = field(default_factory=dict)
+    #: Seconds the read took without the failed groups (read more rarely): what the
+    #: refresh interval stretches by.
+    read_s: float = 0.0
 
 
 async def _read_charts(store: TaskStore, range_name: str) -> Charts:
@@ -287,6 +292,10 @@ class DashboardData:
         #: ranges whose renewal is under way.
         self._charts: dict[str, tuple[float, Charts]] = {}
         self._charts_reading: set[str] = set()
+        #: The failed groups last read (monotonic time, groups), and whether an action
+        #: since then made them stale; only the database thread reads and writes them.
+        self._failed: tuple[float, list[FailedGroup]] | None = None
+        self._failed_stale = False
         self._inflight: concurrent.futures.Future[Overview] | None = None
         #: Set by an action: the next page waits for a fresh read instead of the old one.
         self._must_wait = False
@@ -434,10 +443,23 @@ class DashboardData:
         except Exception as exc:
             return self._failed_overview(f"{type(exc).__name__}: {exc}")
 
+    async def _failed_groups(self, store: TaskStore) -> list[FailedGroup]:
+        """The failed groups, read again once `FAILED_EVERY_S` old or after an action:
+        grouping every failed row costs more than all the counts together on a big
+        table, and the counts must stay fresh."""
+        kept = self._failed
+        fresh = kept is not None and time.monotonic() - kept[0] < FAILED_EVERY_S
+        if kept is not None and fresh and not self._failed_stale:
+            return kept[1]
+        self._failed_stale = False
+        groups = await store.dashboard.failed_groups()
+        self._failed = (time.monotonic(), groups)
+        return groups
+
     def _interval(self) -> float:
-        """`refresh`, stretched to five times the last read's duration: on a database
-        where the aggregates take long the dashboard reads less often rather than
-        keeping a connection busy."""
+        """`refresh`, stretched to five times the last read's duration (the failed
+        groups left out): on a database where the aggregates take long the dashboard
+        reads less often rather than keeping a connection busy."""
         return max(self.refresh_s, 5 * self.last_read_s)
 
     def _landed(
@@ -454,7 +476,7 @@ class DashboardData:
         with self._lock:
             if self._inflight is future:
                 self._inflight = None
-            self.last_read_s = time.monotonic() - began
+            self.last_read_s = overview.read_s or time.monotonic() - began
             if generation < self._overview_generation:
                 return  # a read older than the snapshot held, which it would set back
             self._overview, self._overview_generation = overview, generation
@@ -494,6 +516,7 @@ class DashboardData:
         return view, None
 
     async def _read_overview(self) -> Overview:
+        began = time.monotonic()
         try:
             store = await self._store.get()
             now_ms = store.now_ms()
@@ -502,11 +525,12 @@ class DashboardData:
             pauses = {p.queue: p for p in await store.pauses.all()}
             first_ms = now_ms - now_ms % 60_000 - (HOUR_MINUTES - 1) * 60_000
             counted = await store.queue_counts.read(60, first_ms)
-            failed = await store.dashboard.failed_groups()
             schedules = await ScheduleTable(store).rows() if self.config.schedules else {}
             reports = await store.reports.all()
             fleet = await store.fleet.live()
             limits, bypasses, throttled = await self._read_limits(store)
+            read_s = time.monotonic() - began
+            failed = await self._failed_groups(store)
         except Exception:
             await self._store.close()
             raise
@@ -547,6 +571,7 @@ class DashboardData:
             limits=limits,
             bypasses=bypasses,
             throttled=throttled,
+            read_s=read_s,
         )
 
     async def _read_limits(
@@ -580,6 +605,7 @@ class DashboardData:
     def invalidate(self) -> None:
         """Make the next page wait for a fresh snapshot, read after this call (after an
         action; the bench), and the next Charts page read its range again."""
+        self._failed_stale = True
         with self._lock:
             self._charts.clear()
             self._generation += 1
