@@ -30,12 +30,13 @@ from cairnqd.store.browse import (
     DaemonReport,
     FailedGroup,
     FinishedCount,
+    SearchResult,
     TaskQuery,
     TaskSummary,
 )
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
-from cairnqd.store.operator import QueuePause
+from cairnqd.store.operator import QueuePause, TaskFilter
 from cairnqd.store.tables.fleet import FleetMember
 from cairnqd.store.tables.limits import (
     Bypass,
@@ -529,6 +530,22 @@ class DashboardData:
             return await store.dashboard.browse(query)
 
         return self._run(read, "the task list")
+
+    def search(self, text: str, *, scan: int, limit: int) -> SearchResult:
+        """The search box's tasks among the newest `scan` (store/tables/dashboard.py)."""
+
+        async def read(store: TaskStore) -> SearchResult:
+            return await store.dashboard.search(text, scan=scan, limit=limit)
+
+        return self._run(read, "the search")
+
+    def count(self, where: TaskFilter) -> int:
+        """How many tasks a bulk action by filter would cover."""
+
+        async def read(store: TaskStore) -> int:
+            return await store.bulk.count(where)
+
+        return self._run(read, "the count of matching tasks")
 
     def task(self, task_id: str) -> tuple[Task | None, str | None]:
         async def read(store: TaskStore) -> tuple[Task | None, str | None]:

@@ -19,14 +19,14 @@ from typing import Any
 from cairnqd._jsoncodec import shown
 from cairnqd.config import Config, ScheduleConfig
 from cairnqd.config.units import elapsed_text, format_duration
-from cairnqd.dashboard.auth import Session
+from cairnqd.dashboard.auth import Flash, Session
 from cairnqd.dashboard.data import HOUR_MINUTES, HostView, LimitRow, Overview, QueueRow
 from cairnqd.dashboard.markup import Markup, join, render
-from cairnqd.dashboard.params import encode_cursor, with_params
+from cairnqd.dashboard.params import BULK_STATUSES, encode_cursor, with_params
 from cairnqd.limits import NO_PARTITION, Limit
 from cairnqd.models import STATUSES, Task
 from cairnqd.schedules import from_ms
-from cairnqd.store.browse import SORTS, TaskQuery, TaskSummary
+from cairnqd.store.browse import SORTS, SearchResult, TaskQuery, TaskSummary
 from cairnqd.store.tables.fleet import versions
 from cairnqd.store.tables.limits import PartitionUsage, RoomWait, full_budgets, span_text
 from cairnqd.store.tables.schedules import ScheduleRow
@@ -48,10 +48,12 @@ class Viewer:
     login_required: bool
     actions: bool
     refresh_ms: int
+    #: The one-shot message the last action left for this page.
+    flash: Flash | None = None
 
     @property
     def can_act(self) -> bool:
-        return self.actions and self.session is not None
+        return self.actions and self.session is not None and self.session.may_act
 
 
 # -- small pieces --------------------------------------------------------------------------
@@ -131,7 +133,43 @@ def action_form(
     )
 
 
-def layout(title: str, path: str, body: Markup, viewer: Viewer, *, live: bool) -> Markup:
+#: The intervals a live page offers (seconds); the configured refresh joins them.
+LIVE_CHOICES_S = (1, 2, 5, 10, 30, 60)
+
+
+def _live_controls(viewer: Viewer) -> Markup:
+    """Pause and interval of the live refresh (the script binds them; it remembers the
+    interval chosen in the browser)."""
+    default_s = viewer.refresh_ms / 1000
+    choices = sorted({default_s, *(c for c in LIVE_CHOICES_S if c >= default_s)})
+    options = join(
+        render(
+            '<option value="{ms}"{sel}>{label}</option>',
+            ms=int(c * 1000),
+            label=f"every {c:g}s",
+            sel=Markup(" selected") if c == default_s else Markup(""),
+        )
+        for c in choices
+    )
+    return render(
+        '<span class="live-controls"><button type="button" id="live-pause" '
+        'aria-pressed="false">Pause</button> <select id="live-every" '
+        'aria-label="refresh interval">{options}</select></span>',
+        options=options,
+    )
+
+
+def _flash(flash: Flash | None) -> Markup:
+    if flash is None:
+        return Markup("")
+    if flash.ok:
+        return render('<div id="flash" class="flash ok" role="status">{m}</div>', m=flash.message)
+    return render('<div id="flash" class="flash error" role="alert">{m}</div>', m=flash.message)
+
+
+def layout(
+    title: str, path: str, body: Markup, viewer: Viewer, *, live: bool, search: str = ""
+) -> Markup:
     nav = join(
         render(
             '<a href="{href}"{current}>{label}</a>',
@@ -146,7 +184,9 @@ def layout(title: str, path: str, body: Markup, viewer: Viewer, *, live: bool) -
             '<form method="post" action="/logout" class="who"><span>{who}</span>'
             '<input type="hidden" name="csrf" value="{csrf}">'
             '<button type="submit">Log out</button></form>',
-            who=viewer.session.who,
+            who=viewer.session.who
+            if viewer.session.may_act
+            else f"{viewer.session.who} (read-only)",
             csrf=viewer.session.csrf,
         )
     else:
@@ -158,16 +198,23 @@ def layout(title: str, path: str, body: Markup, viewer: Viewer, *, live: bool) -
         "<title>{title} · cairnqd</title>"
         '<link rel="stylesheet" href="/static/dashboard.css">'
         '<script src="/static/dashboard.js" defer></script></head>'
-        '<body><header><a class="brand" href="/">cairnqd</a><nav>{nav}</nav>{who}</header>'
+        '<body><header><a class="brand" href="/">cairnqd</a><nav>{nav}</nav>'
+        '<form class="search" method="get" action="/search" role="search">'
+        '<input type="search" name="q" value="{search}" maxlength="1000" '
+        'placeholder="task id, key, name or payload text" aria-label="search tasks">'
+        '<button type="submit">Search</button></form>{who}</header>{flash}'
         '<main id="page"{live}><h1>{title}</h1>{body}</main>'
-        '<footer><span id="live-state">{footer}</span> · host {host}</footer>'
+        '<footer><span id="live-state">{footer}</span>{controls} · host {host}</footer>'
         "</body></html>\n",
         title=title,
         nav=nav,
+        search=search,
         who=who,
+        flash=_flash(viewer.flash),
         live=render(' data-live="{ms}"', ms=viewer.refresh_ms) if live else Markup(""),
         body=body,
         footer=f"live, every {viewer.refresh_ms / 1000:g}s" if live else "not live",
+        controls=render(" {c}", c=_live_controls(viewer)) if live else Markup(""),
         host=socket.gethostname(),
     )
 
@@ -509,8 +556,84 @@ def groups_table(overview: Overview) -> Markup:
 # -- tasks -----------------------------------------------------------------------------------
 
 
+def _task_table(
+    rows: Sequence[TaskSummary],
+    *,
+    pick: bool = False,
+    keys: Sequence[str | None] | None = None,
+) -> Markup:
+    """Tasks as list rows; `pick` adds a checkbox per row (name `id`), `keys` a key column."""
+    body_rows = join(
+        render(
+            "<tr>{pick}"
+            '<td><a class="mono" href="/task/{id}">{id}</a></td><td>{name}</td>{key}'
+            '<td>{queue}</td><td>{status}</td><td class="num">{attempt}/{max}</td>'
+            "<td>{created}</td><td>{run_at}</td><td>{finished}</td></tr>",
+            pick=render(
+                '<td class="pick"><input type="checkbox" name="id" value="{id}" '
+                'aria-label="select {id}"></td>',
+                id=t.id,
+            )
+            if pick
+            else Markup(""),
+            id=t.id,
+            name=t.name,
+            key=render("<td>{k}</td>", k=keys[i] or "-") if keys is not None else Markup(""),
+            queue=t.queue,
+            status=status_badge(t.status),
+            attempt=t.attempt,
+            max=t.max_attempts,
+            created=when(t.created_at_ms),
+            run_at=when(t.run_at_ms),
+            finished=when(t.completed_at_ms),
+        )
+        for i, t in enumerate(rows)
+    )
+    return render(
+        '<table class="grid"><thead><tr>{pick}<th scope="col">id</th>'
+        '<th scope="col">name</th>{key}'
+        '<th scope="col">queue</th><th scope="col">status</th>'
+        '<th scope="col" class="num">attempt</th><th scope="col">created</th>'
+        '<th scope="col">due</th><th scope="col">finished</th></tr></thead>'
+        "<tbody>{rows}</tbody></table>",
+        pick=Markup('<th scope="col" class="pick"><input type="checkbox" id="pick-all" '
+                    'aria-label="select every task shown"></th>')
+        if pick else Markup(""),
+        key=Markup('<th scope="col">key</th>') if keys is not None else Markup(""),
+        rows=body_rows,
+    )  # fmt: skip
+
+
+def _matching_links(values: Mapping[str, str], query: TaskQuery, viewer: Viewer) -> Markup:
+    """ "Cancel all matching…" and "Retry all matching…", to the confirmation page, when
+    the list is filtered in a way a bulk action by filter can take over."""
+    if not viewer.can_act or query.key is not None:
+        return Markup("")
+    ranged = query.from_ms is not None or query.to_ms is not None
+    if ranged and query.sort != "created":
+        return Markup("")  # the range is on due or finish time: no bulk filter has it
+    if not (query.status or query.queue or query.name or ranged):
+        return Markup("")
+    links = []
+    for op, statuses in BULK_STATUSES.items():
+        if query.status is not None and query.status not in statuses:
+            continue
+        params = {k: values.get(k) for k in ("status", "queue", "name", "from", "to")}
+        links.append(render(
+            '<a class="bulk-link" href="{href}">{label} all matching…</a>',
+            href=with_params("/bulk", {"op": op, **params}),
+            label=op.capitalize(),
+        ))  # fmt: skip
+    return render('<p class="bulk-links">{links}</p>', links=join(links, " · "))
+
+
 def tasks_page(
-    values: Mapping[str, str], query: TaskQuery, rows: Sequence[TaskSummary], more: bool
+    values: Mapping[str, str],
+    query: TaskQuery,
+    rows: Sequence[TaskSummary],
+    more: bool,
+    viewer: Viewer,
+    here: str = "/tasks",
 ) -> Markup:
     status_options = join(
         render('<option value="{v}"{sel}>{label}</option>', v=v, label=v or "any status",
@@ -538,23 +661,6 @@ def tasks_page(
         queue=values.get("queue", ""), name=values.get("name", ""), key=values.get("key", ""),
         from_=values.get("from", ""), to=values.get("to", ""),
     )  # fmt: skip
-    body_rows = join(
-        render(
-            '<tr><td><a class="mono" href="/task/{id}">{id}</a></td><td>{name}</td>'
-            '<td>{queue}</td><td>{status}</td><td class="num">{attempt}/{max}</td>'
-            "<td>{created}</td><td>{run_at}</td><td>{finished}</td></tr>",
-            id=t.id,
-            name=t.name,
-            queue=t.queue,
-            status=status_badge(t.status),
-            attempt=t.attempt,
-            max=t.max_attempts,
-            created=when(t.created_at_ms),
-            run_at=when(t.run_at_ms),
-            finished=when(t.completed_at_ms),
-        )
-        for t in rows
-    )
     keep = {k: v for k, v in values.items() if k not in ("cursor",)}
     pager = []
     if query.cursor is not None:
@@ -568,21 +674,98 @@ def tasks_page(
             '<a rel="next" href="{href}">next page</a>',
             href=with_params("/tasks", {**keep, "cursor": cursor}),
         ))  # fmt: skip
+    pick = viewer.can_act and bool(rows)
     table = (
-        render(
-            '<table class="grid"><thead><tr><th scope="col">id</th><th scope="col">name</th>'
-            '<th scope="col">queue</th><th scope="col">status</th>'
-            '<th scope="col" class="num">attempt</th><th scope="col">created</th>'
-            '<th scope="col">due</th><th scope="col">finished</th></tr></thead>'
-            "<tbody>{rows}</tbody></table>",
-            rows=body_rows,
+        _task_table(rows, pick=pick) if rows else Markup('<p class="empty">No task matches.</p>')
+    )
+    if pick and viewer.session is not None:
+        # One form around the list: the checkboxes are its `id` fields.
+        table = render(
+            '<form method="post" action="/actions/tasks-selected" class="selection">'
+            '<input type="hidden" name="next" value="{here}">'
+            '<input type="hidden" name="csrf" value="{csrf}">'
+            '<div class="selection-bar"><button type="submit" name="op" value="cancel" '
+            'class="danger" data-confirm="Cancel the selected tasks?">Cancel selected</button>'
+            '<button type="submit" name="op" value="retry" '
+            'data-confirm="Retry the selected tasks?">Retry selected</button>'
+            '<span class="note" id="picked"></span></div>{table}</form>',
+            here=here, csrf=viewer.session.csrf, table=table,
+        )  # fmt: skip
+    return render(
+        '{form}{matching}{table}<nav class="pager">{pager}</nav>'
+        '<p class="note">Times are UTC.</p>',
+        form=form, matching=_matching_links(values, query, viewer), table=table,
+        pager=join(pager, " · "),
+    )  # fmt: skip
+
+
+def search_page(text: str, result: SearchResult | None, scan: int) -> Markup:
+    """What the header's search box found (an id that names a task never gets here:
+    it goes to the task's page)."""
+    if result is None:
+        return Markup(
+            '<p class="note">Type a task id (to open it), the start of a key or a task '
+            "name, or text inside a payload, in the box above.</p>"
         )
-        if rows
-        else Markup('<p class="empty">No task matches.</p>')
+    said = render(
+        '<p class="note">Tasks whose key or name starts with “{t}”, or whose payload holds '
+        "it (letters in any case), newest first.</p>",
+        t=text,
+    )
+    cut = (
+        render(
+            '<p class="warn search-cut">Searched the newest {n} tasks only: older ones were '
+            "not looked through (a task whose key is exactly “{t}” is found however old).</p>",
+            n=f"{result.scanned:,}",
+            t=text,
+        )
+        if result.cut
+        else Markup("")
+    )
+    if not result.hits:
+        return render('{said}{cut}<p class="empty">No task matches.</p>', said=said, cut=cut)
+    shown = render(
+        '<p class="note">{n} shown{most}.</p>',
+        n=len(result.hits),
+        most=" (the most shown: narrow the search)" if len(result.hits) >= 100 else "",
+    )
+    table = _task_table([h.task for h in result.hits], keys=[h.key for h in result.hits])
+    return render("{said}{cut}{shown}{table}", said=said, cut=cut, shown=shown, table=table)
+
+
+def bulk_page(
+    op: str, values: Mapping[str, str], count: int, described: str, viewer: Viewer
+) -> Markup:
+    """The confirmation step of a bulk action by filter: how many tasks it covers now."""
+    back = with_params("/tasks", {k: values.get(k) for k in ("status", "queue", "name",
+                                                             "from", "to")})  # fmt: skip
+    verb = op.capitalize()
+    question = render(
+        '<p class="message">{verb} all <b class="bulk-count">{n}</b> matching task(s): '
+        "{described}?</p>",
+        verb=verb, n=f"{count:,}", described=described,
+    )  # fmt: skip
+    if count == 0:
+        return render(
+            '{q}<p class="empty">Nothing to do.</p><p><a href="{back}">back to the list</a></p>',
+            q=question, back=back,
+        )  # fmt: skip
+    fields = {k: v for k, v in values.items() if k != "op" and v}
+    fields.update(op=op, count=str(count))
+    button = action_form(
+        viewer, "tasks-matching", f"{verb} all {count:,}", fields, back, danger=op == "cancel"
+    )
+    if not button:
+        button = Markup('<p class="note">This login may not act.</p>')
+    note = (
+        '<p class="note">Running tasks are asked to cancel: their handlers end them as '
+        "canceled.</p>"
+        if op == "cancel"
+        else '<p class="note">Each goes back to the queue, due now.</p>'
     )
     return render(
-        '{form}{table}<nav class="pager">{pager}</nav><p class="note">Times are UTC.</p>',
-        form=form, table=table, pager=join(pager, " · "),
+        '{q}{note}<div class="controls">{button} <a href="{back}">no, back to the list</a></div>',
+        q=question, note=Markup(note), button=button, back=back,
     )  # fmt: skip
 
 
@@ -904,7 +1087,9 @@ def plain_layout(title: str, body: Markup) -> Markup:
     """A page outside the dashboard proper (errors before login, the login itself)."""
     return render(
         "<!doctype html>\n"
-        '<html lang="en"><head><meta charset="utf-8"><title>{title} · cairnqd</title>'
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>{title} · cairnqd</title>"
         '<link rel="stylesheet" href="/static/dashboard.css"></head>'
         '<body><header><a class="brand" href="/">cairnqd</a></header>'
         '<main id="page"><h1>{title}</h1>{body}</main></body></html>\n',
@@ -919,6 +1104,7 @@ def lines(items: Iterable[str]) -> Markup:
 
 __all__ = [
     "Viewer",
+    "bulk_page",
     "failed_page",
     "layout",
     "limits_section",
@@ -927,6 +1113,7 @@ __all__ = [
     "overview_page",
     "plain_layout",
     "schedules_page",
+    "search_page",
     "task_page",
     "tasks_page",
     "workers_page",
