@@ -229,6 +229,10 @@ _EXAMPLE_GROUPS = {
 SCHEMA: tuple[Setting, ...] = (
     Setting("version", VersionKind(), REQUIRED, None, example=1, doc=
             "Config format version; required."),
+    Setting("instance", StrKind(r"[^\x00-\x1f\x7f]{1,100}", "a name of 1 to 100 printable "
+            "characters"), None, _R, nullable=True, doc=
+            "This daemon's name on the dashboard's Workers page and in its reports; null: "
+            "host:pid."),
     Setting("database", SectionKind(DatabaseConfig, finish_database), {}, None,
             "Where the tasks live."),
     Setting("database.path", PathKind(), None, _R, nullable=True, example="./cairnq.db", doc=

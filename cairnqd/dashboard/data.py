@@ -136,9 +136,21 @@ class HostView:
     age_s: float | None = None
 
     @property
+    def stopped(self) -> bool:
+        """Its last report says it stopped cleanly."""
+        return bool(self.view.get("stopped"))
+
+    @property
     def silent(self) -> bool:
-        """Reported, but not lately: the daemon may be gone."""
-        return self.age_s is not None and self.age_s > REPORT_SILENT_S
+        """Reported, but not lately, and not stopped: the daemon may be gone."""
+        return self.age_s is not None and self.age_s > REPORT_SILENT_S and not self.stopped
+
+    @property
+    def instance(self) -> str:
+        """The daemon's name (`instance` in its config; a report of an older daemon
+        has none: its host)."""
+        name = self.view.get("instance")
+        return name if isinstance(name, str) and name else self.host
 
 
 @dataclass(frozen=True)
@@ -244,11 +256,16 @@ class DashboardData:
         self.refreshes = 0
         #: The task pages' indexes exist (`build_indexes` finished).
         self.indexes_ready = False
+        #: The report loop, while it runs; set once `stop` began (no report after it).
+        self._reporting: concurrent.futures.Future[None] | None = None
+        self._stopped = False
+        self._wake: asyncio.Event | None = None
 
     def start(self) -> None:
         self._thread.start()
+        self._stopped = False
         if self.report_as is not None and self._daemon_view is not None:
-            self._thread.submit(self._report_loop())
+            self._reporting = self._thread.submit(self._report_loop())
 
     def build_indexes(self) -> None:
         """Have the task pages' indexes built, in the background: pages are served
@@ -294,7 +311,8 @@ class DashboardData:
         every = max(self.refresh_s, REPORT_EVERY_S)
         assert self.report_as is not None
         host = socket.gethostname()
-        while True:
+        self._wake = asyncio.Event()
+        while not self._stopped:
             view, _ = self._daemon()
             if view is not None:
                 try:
@@ -306,9 +324,33 @@ class DashboardData:
                 except Exception as exc:
                     log.debug("dashboard: cannot report this daemon's status: %s", exc)
                     await self._store.close()
-            await asyncio.sleep(every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), every)
+        await self._report_stopped()
+
+    async def _report_stopped(self) -> None:
+        """This daemon's last report, on a clean stop: stopped, with no groups left, so
+        other hosts' Workers pages say so at once instead of "stopping" for an hour."""
+        view, _ = self._daemon()
+        if self.report_as is None or view is None:
+            return
+        final = {**view, "stopping": False, "stopped": True, "groups": [], "removed_groups": []}
+        store = await self._store.get()
+        await store.reports.put(self.report_as, socket.gethostname(), json.dumps(final))
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        self._stopped = True
+        reporting, self._reporting = self._reporting, None
+        if reporting is not None:
+            # The report loop wakes, sees the stop and writes its last report itself:
+            # never two writes at once on its store.
+            wake = self._wake
+            if wake is not None:
+                self._thread.call_soon(wake.set)
+            try:
+                reporting.result(timeout_s)
+            except Exception as exc:  # the database is down: the report goes silent
+                log.debug("dashboard: cannot report this daemon stopped: %s", exc)
         if self._thread.running():
             try:
                 self._thread.submit(self._store.close()).result(timeout_s)

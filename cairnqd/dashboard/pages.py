@@ -512,14 +512,22 @@ def limits_section(overview: Overview) -> Markup:
 
 
 def _host_label(h: HostView) -> Markup:
-    """Which daemon: this host's (live) or another's, with the age of its report."""
+    """Which daemon, by its instance name: this host's (live) or another's, with the
+    age of its report, or when it stopped."""
     pid = h.view.get("pid")
+    name = h.instance
+    where = "" if name.startswith(h.host) else f"on {h.host}, "
     if h.age_s is None:
-        return render("{host} <small>pid {pid}, this host, live</small>", host=h.host, pid=pid)
-    state = "silent for" if h.silent else "reported"
+        return render(
+            '<span class="instance">{name}</span> <small>{where}pid {pid}, this host, live</small>',
+            name=name, where=where, pid=pid,
+        )  # fmt: skip
+    state = "stopped" if h.stopped else "silent for" if h.silent else "reported"
     return render(
-        '{host} <small class="{cls}">pid {pid}, {state} {age} ago</small>',
-        host=h.host, pid=pid, state=state, age=age(h.age_s), cls="fatal" if h.silent else "",
+        '<span class="instance">{name}</span> <small class="{cls}">{where}pid {pid}, '
+        "{state} {age} ago</small>",
+        name=name, where=where, pid=pid, state=state, age=age(h.age_s),
+        cls="fatal" if h.silent else "note" if h.stopped else "",
     )  # fmt: skip
 
 
@@ -901,10 +909,13 @@ def _fleet_section(overview: Overview) -> Markup:
     when their versions differ."""
     if not overview.fleet:
         return Markup('<p class="empty">No daemon is live on this database.</p>')
+    names = {h.daemon: h.instance for h in overview.hosts}
     rows = [
         render(
-            '<tr><td class="mono">{daemon}</td><td>{version}</td><td class="num">{pipe}</td>'
+            '<tr><td><span class="instance">{name}</span> <small class="mono">{daemon}</small>'
+            '</td><td>{version}</td><td class="num">{pipe}</td>'
             '<td>{groups}</td><td>{features}</td><td class="num">{seen}</td></tr>',
+            name=names.get(m.daemon, m.host),
             daemon=m.daemon,
             version=m.version,
             pipe=m.pipe_protocol,
@@ -981,6 +992,13 @@ def workers_page(overview: Overview) -> Markup:
                 name=g.get("name"), state=str(g.get("state", "")).lower(), ready=g.get("ready"),
                 processes=g.get("processes"), rows=join(rows),
             ))  # fmt: skip
+        if h.stopped:
+            sections.append(render(
+                '<section class="host stopped"><h2>{label}</h2><p class="note">stopped '
+                "cleanly after {up} up (generation {gen}): no children.</p></section>",
+                label=_host_label(h), gen=view.get("generation"), up=age(view.get("uptime_s")),
+            ))  # fmt: skip
+            continue
         sections.append(render(
             '<section class="host"><h2>{label}</h2><p class="note">generation {gen}, '
             "up {up}{state}</p>{tables}</section>",

@@ -393,7 +393,7 @@ def test_workers_of_every_reporting_daemon(dash: Dash, tmp_path: Path) -> None:
         # The fleet lists both daemons, from the registry, with their versions.
         fleet = page[page.index("<h2>Fleet</h2>") : page.index("</section>")]
         for daemon in (second, dash.daemon):
-            assert f"/{daemon.pid}</td><td>{__version__}</td>" in fleet
+            assert f"/{daemon.pid}</small></td><td>{__version__}</td>" in fleet
         assert "Mixed versions" not in fleet
         (own,) = dash.daemon.children("w")
         assert f'<td class="num">{own}</td>' in page
