@@ -204,7 +204,7 @@ class Dashboard:
             return self._layout("Tasks", path, body, viewer, live=False)
         if path == "/search":
             return self._search(query, viewer)
-        if path == "/bulk":
+        if path == "/bulk" and self.actions:  # the confirmation step of an action
             values = parse_query(query, BULK_FILTERS)
             op, where, described = bulk_filter(values)
             count = self.data.count(where)

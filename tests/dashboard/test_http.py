@@ -291,6 +291,8 @@ def test_read_only_has_no_action_endpoint(make_dash: object) -> None:
     http = dash.http()
     page = http.get("/")
     assert page.status == 200 and "/actions/" not in page.text
+    assert http.get("/bulk?op=cancel&queue=work").status == 404
+    assert 'type="checkbox"' not in http.get("/tasks").text
     csrf = page.csrf()  # the logout form still carries one
     for name in ("task-retry", "queue-pause", "schedule-trigger", "failed-discard"):
         reply = http.post(f"/actions/{name}", {"csrf": csrf, "queue": "a", "id": "x"})
