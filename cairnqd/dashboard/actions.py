@@ -210,8 +210,20 @@ ACTIONS: dict[str, Action] = {
 }
 
 
+#: The most of one form value an audit line repeats (500 selected ids would be 17 KB).
+AUDIT_VALUE_MAX = 300
+
+
+def _shortened(value: str) -> str:
+    if len(value) <= AUDIT_VALUE_MAX:
+        return value
+    return f"{value[:AUDIT_VALUE_MAX]}… ({len(value):,} characters)"
+
+
 def audit(action: str, who: str, address: str, form: Mapping[str, str], outcome: str) -> None:
-    what = ", ".join(f"{k}={v!r}" for k, v in sorted(form.items()) if k not in ("csrf", "next"))
+    what = ", ".join(
+        f"{k}={_shortened(v)!r}" for k, v in sorted(form.items()) if k not in ("csrf", "next")
+    )
     log.info("dashboard action %s by %s from %s (%s): %s", action, who, address, what, outcome)
 
 

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cairnqd.config import ConfigError, load_config
+from cairnqd.dashboard.actions import audit
 from cairnqd.dashboard.auth import SESSION_S, Auth, Flash
 from cairnqd.dashboard.markup import Markup, esc, join, render
 from cairnqd.dashboard.params import (
@@ -363,3 +364,12 @@ def test_an_action_shows_on_the_next_page_even_when_a_read_began_before_it(
         assert queue.pause is not None and queue.pause.reason == "deploy"
     finally:
         data.stop()
+
+
+def test_an_audit_line_shortens_long_values(caplog: pytest.LogCaptureFixture) -> None:
+    ids = ",".join(f"task_{i:026d}" for i in range(500))
+    with caplog.at_level("INFO", logger="cairnqd.dashboard"):
+        audit("tasks-selected", "alice", "10.0.0.7", {"id": ids, "op": "cancel", "csrf": "s"}, "ok")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"({len(ids):,} characters)" in line and len(line) < 500
+    assert "op='cancel'" in line and "csrf" not in line
