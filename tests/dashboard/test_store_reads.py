@@ -13,6 +13,7 @@ import pytest
 
 from cairnqd._protocol import statement
 from cairnqd.errors import ErrorEnvelope
+from cairnqd.models import Task
 from cairnqd.store.base import TaskStore, wall_clock_ms
 from cairnqd.store.browse import TaskQuery, TaskSummary
 from cairnqd.store.sqlite import SQLiteStore
@@ -249,14 +250,17 @@ async def test_search_by_key_name_or_payload_among_the_newest(store: TaskStore) 
         made.append(await store.submit(name=f"mail.send.{i}", queue="a", payload=payload))
     keyed = await store.submit(name="x", queue="a", key="order-18", payload={})
 
+    def newest_first(tasks: list[Task]) -> list[str]:
+        # By creation time, then id: submits within one millisecond get ULIDs in
+        # random order, so the submit order is not the page's.
+        return [t.id for t in sorted(tasks, key=lambda t: (t.created_at_ms, t.id), reverse=True)]
+
     found = await store.dashboard.search("order-", scan=100, limit=10)
-    assert [(h.task.id, h.key) for h in found.hits] == [
-        (keyed.id, "order-18"),
-        (old.id, "order-17"),
-    ]
+    assert [h.task.id for h in found.hits] == newest_first([keyed, old])
+    assert {h.task.id: h.key for h in found.hits} == {keyed.id: "order-18", old.id: "order-17"}
     assert not found.cut and found.scanned == 100
     by_name = await store.dashboard.search("mail.send", scan=100, limit=10)
-    assert [h.task.id for h in by_name.hits] == [t.id for t in reversed(made)]  # newest first
+    assert [h.task.id for h in by_name.hits] == newest_first(made)
     by_text = await store.dashboard.search("acme CORP 2", scan=100, limit=10)
     assert [h.task.id for h in by_text.hits] == [made[2].id]
     assert len((await store.dashboard.search("mail.", scan=100, limit=2)).hits) == 2
