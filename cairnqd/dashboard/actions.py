@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cairnqd.config import Config
-from cairnqd.dashboard.data import DashboardData, bulk_failed
+from cairnqd.dashboard.data import BULK_TIMEOUT_S, DashboardData, bulk_failed
 from cairnqd.dashboard.params import (
     BULK_FILTERS,
     BULK_STATUSES,
@@ -193,7 +193,9 @@ def tasks_matching(
         done = await store.bulk.apply(op, where)
         return done.matched, done.changed, done.requested
 
-    matched, changed, requested = data.write(work, f"{op} all matching ({described})")
+    matched, changed, requested = data.write(
+        work, f"{op} all matching ({described})", timeout_s=BULK_TIMEOUT_S
+    )
     return Outcome(_bulk_message(op, matched, changed, requested, f"matching {described}"))
 
 

@@ -53,6 +53,8 @@ T = TypeVar("T")
 
 #: How long a page waits for the database before it answers 503.
 READ_TIMEOUT_S = 10.0
+#: How long a bulk action by filter may take (a page of 500 tasks per transaction).
+BULK_TIMEOUT_S = 300.0
 #: Statements are bounded on the server (Postgres) and in the busy wait (SQLite).
 _STATEMENT_TIMEOUT_MS = 8000
 HOUR_MINUTES = 60
@@ -360,7 +362,12 @@ class DashboardData:
 
     # -- running on the thread ----------------------------------------------------------
 
-    def _run(self, work: Callable[[TaskStore], Coroutine[Any, Any, T]], what: str) -> T:
+    def _run(
+        self,
+        work: Callable[[TaskStore], Coroutine[Any, Any, T]],
+        what: str,
+        timeout_s: float = READ_TIMEOUT_S,
+    ) -> T:
         async def call() -> T:
             try:
                 store = await self._store.get()
@@ -372,11 +379,11 @@ class DashboardData:
 
         future = self._thread.submit(call())
         try:
-            return future.result(READ_TIMEOUT_S)
+            return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise DatabaseError(f"{what}: the database did not answer within "
-                                f"{READ_TIMEOUT_S:.0f}s") from None  # fmt: skip
+                                f"{timeout_s:.0f}s") from None  # fmt: skip
         except (ValueError, DatabaseError):
             raise
         except Exception as exc:
@@ -611,11 +618,17 @@ class DashboardData:
 
     # -- writes (actions) -----------------------------------------------------------------
 
-    def write(self, work: Callable[[TaskStore], Coroutine[Any, Any, T]], what: str) -> T:
+    def write(
+        self,
+        work: Callable[[TaskStore], Coroutine[Any, Any, T]],
+        what: str,
+        timeout_s: float = READ_TIMEOUT_S,
+    ) -> T:
         """Run an action's writes on the dashboard's thread and store; the next page
-        reads a fresh snapshot."""
+        reads a fresh snapshot. Past `timeout_s` the work is stopped where it is (a
+        bulk action keeps the pages it committed) and the page says so."""
         try:
-            return self._run(work, what)
+            return self._run(work, what, timeout_s)
         finally:
             self.invalidate()
 
@@ -639,6 +652,7 @@ async def bulk_failed(
 
 
 __all__ = [
+    "BULK_TIMEOUT_S",
     "DashboardData",
     "DatabaseError",
     "HostView",
