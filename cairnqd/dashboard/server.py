@@ -25,7 +25,7 @@ from urllib.parse import quote, urlsplit
 
 from cairnqd.config import Config
 from cairnqd.daemon.listening import serve_on
-from cairnqd.dashboard import pages
+from cairnqd.dashboard import listing, pages
 from cairnqd.dashboard.actions import ACTIONS, FIELDS, MULTI, audit
 from cairnqd.dashboard.auth import (
     COOKIE,
@@ -73,8 +73,6 @@ _STATIC = {
     "dashboard.js": "text/javascript; charset=utf-8",
 }
 _BODY_MAX = 64 * 1024
-#: The most tasks the search page lists.
-SEARCH_SHOWN = 100
 #: What the live script sends with its re-reads: they never take a flash message,
 #: which is meant for the page the browser is sent to.
 _LIVE_REQUEST = "cairnqd-live"
@@ -198,7 +196,7 @@ class Dashboard:
             rows = self.data.tasks(_one_more(task_filter))
             more = len(rows) > task_filter.limit
             here = path + (f"?{query}" if query else "")
-            body = pages.tasks_page(
+            body = listing.tasks_page(
                 values, task_filter, rows[: task_filter.limit], more, viewer, here
             )
             return self._layout("Tasks", path, body, viewer, live=False)
@@ -208,7 +206,7 @@ class Dashboard:
             values = parse_query(query, BULK_FILTERS)
             op, where, described = bulk_filter(values)
             count = self.data.count(where)
-            body = pages.bulk_page(op, values, count, described, viewer)
+            body = listing.bulk_page(op, values, count, described, viewer)
             return self._layout("Confirm", path, body, viewer, live=False)
         if path.startswith("/task/"):
             parse_query(query, frozenset())
@@ -250,14 +248,14 @@ class Dashboard:
         the tasks whose key or name starts with it or whose payload holds it."""
         text = parse_query(query, frozenset({"q"})).get("q", "").strip()
         if not text:
-            body = pages.search_page(text, None, self.search_scan)
+            body = listing.search_page(text, None, self.search_scan)
             return self._layout("Search", "/search", body, viewer, live=False)
         for candidate in _id_forms(text):
             task, _ = self.data.task(candidate)
             if task is not None:
                 return _redirect(f"/task/{quote(candidate, safe='')}")
-        result = self.data.search(text, scan=self.search_scan, limit=SEARCH_SHOWN)
-        body = pages.search_page(text, result, self.search_scan)
+        result = self.data.search(text, scan=self.search_scan, limit=listing.SEARCH_SHOWN)
+        body = listing.search_page(text, result, self.search_scan)
         return self._layout("Search", "/search", body, viewer, live=False, search=text)
 
     # -- login and actions ---------------------------------------------------------------------
