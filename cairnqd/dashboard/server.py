@@ -358,8 +358,9 @@ def _id_forms(text: str) -> list[str]:
     forms = []
     if len(text) <= 255 and re.fullmatch(r"[A-Za-z0-9_:.-]+", text):
         forms.append(text)
-    if _ULID.fullmatch(text):
-        forms.append(f"task_{text.upper()}")
+    bare = text[5:] if text[:5].lower() == "task_" else text
+    if _ULID.fullmatch(bare) and f"task_{bare.upper()}" not in forms:
+        forms.append(f"task_{bare.upper()}")  # typed in lower case, or without task_
     return forms
 
 

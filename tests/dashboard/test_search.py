@@ -28,6 +28,8 @@ def test_an_id_opens_its_task(dash: Dash) -> None:
     assert reply.status == 303 and reply.headers["location"] == f"/task/{task_id}"
     bare = http.get("/search?q=" + task_id.removeprefix("task_").lower())  # a bare ULID
     assert bare.status == 303 and bare.headers["location"] == f"/task/{task_id}"
+    lower = http.get("/search?q=" + task_id.lower())
+    assert lower.status == 303 and lower.headers["location"] == f"/task/{task_id}"
     # An id no task has is searched as text, and nothing matches.
     missing = http.get("/search?q=task_01JZZZZZZZZZZZZZZZZZZZZZZZ")
     assert missing.status == 200 and "No task matches." in missing.text
