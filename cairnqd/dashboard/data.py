@@ -580,22 +580,6 @@ class DashboardData:
 
         return self._run(read, "the task list")
 
-    def search(self, text: str, *, scan: int, limit: int) -> SearchResult:
-        """The search box's tasks among the newest `scan` (store/tables/dashboard.py)."""
-
-        async def read(store: TaskStore) -> SearchResult:
-            return await store.dashboard.search(text, scan=scan, limit=limit)
-
-        return self._run(read, "the search")
-
-    def count(self, where: TaskFilter) -> int:
-        """How many tasks a bulk action by filter would cover."""
-
-        async def read(store: TaskStore) -> int:
-            return await store.bulk.count(where)
-
-        return self._run(read, "the count of matching tasks")
-
     def task(self, task_id: str) -> tuple[Task | None, str | None]:
         async def read(store: TaskStore) -> tuple[Task | None, str | None]:
             task = await store.get(task_id)
@@ -615,6 +599,22 @@ class DashboardData:
             return await store.limit_table.waiting_for(task, limits)
 
         return self._run(read, f"the limits of task {task.id}")
+
+    def search(self, text: str, *, scan: int, limit: int) -> SearchResult:
+        """The search box's tasks among the newest `scan` (store/tables/dashboard.py)."""
+
+        async def read(store: TaskStore) -> SearchResult:
+            return await store.dashboard.search(text, scan=scan, limit=limit)
+
+        return self._run(read, "the search")
+
+    def count(self, where: TaskFilter) -> int:
+        """How many tasks a bulk action by filter would cover."""
+
+        async def read(store: TaskStore) -> int:
+            return await store.bulk.count(where)
+
+        return self._run(read, "the count of matching tasks")
 
     # -- writes (actions) -----------------------------------------------------------------
 
