@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from cairnqd.cli.admin import CliError, duration, load, with_store
 from cairnqd.config import Config, format_duration, to_ms
 from cairnqd.daemon import exitcodes
-from cairnqd.store.base import TaskStore, wall_clock_ms
-from cairnqd.store.operator import BULK_BATCH, TaskFilter
+from cairnqd.store.base import wall_clock_ms
+from cairnqd.store.operator import TaskFilter
 
 if TYPE_CHECKING:
     from cairnqd.cli.admin import Subparsers
@@ -83,27 +83,6 @@ def _confirm(action: BulkAction, count: int, described: str, assume_yes: bool) -
         raise CliError(exitcodes.NOTHING_DONE, f"{action.command}: nothing done")
 
 
-async def _apply(
-    store: TaskStore, action: BulkAction, where: TaskFilter, reset_attempt: bool
-) -> tuple[int, int, int]:
-    """(matched, changed, of those still running: cancel requested only)."""
-    matched = changed = requested = 0
-    after = ""
-    while True:
-        ids = await store.bulk.ids(where, after_id=after, limit=BULK_BATCH)
-        if not ids:
-            break
-        if action.command == "cancel":
-            tasks = await store.bulk.cancel(ids)
-            requested += sum(1 for t in tasks if t.status == "running")
-        else:
-            tasks = await store.bulk.retry(ids, reset_attempt=reset_attempt)
-        matched, changed, after = matched + len(ids), changed + len(tasks), ids[-1]
-        if len(ids) < BULK_BATCH:
-            break
-    return matched, changed, requested
-
-
 def run_bulk(args: argparse.Namespace, action: BulkAction) -> int:
     if getattr(args, "task_id", None) is not None or getattr(args, "key", None) is not None:
         raise CliError(
@@ -133,9 +112,10 @@ def run_bulk(args: argparse.Namespace, action: BulkAction) -> int:
         return exitcodes.OK
     _confirm(action, count, described, args.yes)
     reset = bool(getattr(args, "reset_attempt", False))
-    matched, changed, requested = with_store(
-        config, lambda store: _apply(store, action, where, reset)
+    done = with_store(
+        config, lambda store: store.bulk.apply(action.command, where, reset_attempt=reset)
     )
+    matched, changed, requested = done.matched, done.changed, done.requested
     line = f"{action.verb} {changed} task(s): {described}"
     if requested:
         line += f" ({requested} running: cancel requested, their handlers settle them)"

@@ -94,6 +94,18 @@ def finish_dashboard(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str,
     if v["actions"] is True and token_file is None:
         ck.error_at((*path, "actions"), "needs dashboard.token_file: actions require a login")
         v["actions"] = INVALID
+    v["viewer_token"] = None
+    if isinstance(v["viewer_token_file"], str):
+        viewer_path = (*path, "viewer_token_file")
+        if token_file is None:
+            ck.error_at(viewer_path, "needs dashboard.token_file: a viewer logs in beside it")
+            v["viewer_token_file"] = INVALID
+        else:
+            v["viewer_token"] = _read_token(ck, viewer_path, v["viewer_token_file"])
+            if isinstance(v["token"], str) and v["viewer_token"] == v["token"]:
+                same = "holds the same token as token_file: give viewers a token of their own"
+                ck.error_at(viewer_path, same)
+                v["viewer_token"] = INVALID
     return v
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -48,10 +50,16 @@ class Config:
     runtime_dir: str
     #: Absolute directories put first on sys.path in every child and handler probe.
     python_path: tuple[str, ...] = ()
+    #: This daemon's name for operators; None: `instance_name()` makes one (host:pid).
+    instance: str | None = None
     #: The file it was loaded from.
     source: str = field(default="", compare=False)
     #: Suspicious but usable settings, for `check` and the startup log.
     warnings: tuple[ConfigProblem, ...] = field(default=(), compare=False)
+
+    def instance_name(self) -> str:
+        """What this daemon calls itself on the dashboard: `instance`, or host:pid."""
+        return self.instance or f"{socket.gethostname()}:{os.getpid()}"
 
     def flow_limits(self) -> tuple[Limit, ...]:
         """`limits:` as the workers keep them (docs/limits.md)."""

@@ -229,6 +229,10 @@ _EXAMPLE_GROUPS = {
 SCHEMA: tuple[Setting, ...] = (
     Setting("version", VersionKind(), REQUIRED, None, example=1, doc=
             "Config format version; required."),
+    Setting("instance", StrKind(r"[^\x00-\x1f\x7f]{1,100}", "a name of 1 to 100 printable "
+            "characters"), None, _R, nullable=True, doc=
+            "This daemon's name on the dashboard's Workers page and in its reports; null: "
+            "host:pid."),
     Setting("database", SectionKind(DatabaseConfig, finish_database), {}, None,
             "Where the tasks live."),
     Setting("database.path", PathKind(), None, _R, nullable=True, example="./cairnq.db", doc=
@@ -396,6 +400,12 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("dashboard.token_file", PathKind(), None, _R, nullable=True, doc=
             "A file holding the token operators log in with (16 characters or more); "
             "null: no login, read-only, loopback only."),
+    Setting("dashboard.viewer_token_file", PathKind(), None, _R, nullable=True, doc=
+            "A file holding a second token (16 characters or more, not the operators'), "
+            "for read-only logins: every page, no action; needs token_file."),
+    Setting("dashboard.search_scan", IntKind(1), 50_000, _R,
+            "The search box looks through at most this many of the newest tasks for a "
+            "key, name or payload text, and says so when the table holds more."),
     Setting("dashboard.actions", BoolKind(), False, _R,
             "Offer retry, cancel, discard, pause/resume and schedule triggers (needs "
             "token_file); false: read-only, with no action endpoint at all."),

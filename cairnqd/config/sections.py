@@ -110,8 +110,12 @@ class DashboardConfig:
     actions: bool
     refresh: timedelta
     report: bool
+    viewer_token_file: str | None
+    search_scan: int
     #: The token read from `token_file`. Never log it or put it in a page.
     token: str | None = field(default=None, repr=False)
+    #: The token read from `viewer_token_file`: a login that may look, never act.
+    viewer_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

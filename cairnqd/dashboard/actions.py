@@ -4,8 +4,9 @@ Design note. An action exists only when `dashboard.actions` is true (the config
 refuses it without a token file); otherwise the server has no route for it at all.
 Each takes its fields from a POST form, checks them as the CLI would, does its writes
 through the same store operations as the CLI command it mirrors (`cairnqd retry`,
-`cancel`, `pause`, `resume`, `schedules run`) and logs one line on `cairnqd.dashboard`:
-who (the name given at login), from where, what, and the outcome.
+`cancel`, `pause`, `resume`, `schedules run`, `cancel` and `retry` by filter) and logs
+one line on `cairnqd.dashboard`: who (the name given at login), from where, what, and
+the outcome.
 """
 
 from __future__ import annotations
@@ -16,9 +17,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cairnqd.config import Config, format_duration
-from cairnqd.dashboard.data import DashboardData, bulk_failed
+from cairnqd.dashboard.data import BULK_TIMEOUT_S, DashboardData, bulk_failed
 from cairnqd.dashboard.pages import cancel_grace_of
-from cairnqd.dashboard.params import BadRequest, task_id
+from cairnqd.dashboard.params import (
+    BULK_FILTERS,
+    BULK_STATUSES,
+    BadRequest,
+    bulk_filter,
+    selected_ids,
+    task_id,
+)
 from cairnqd.store.base import TaskStore
 from cairnqd.store.operator import QUEUE_MAX, REASON_MAX
 from cairnqd.store.tables.schedules import run_now
@@ -42,7 +50,11 @@ FIELDS: dict[str, frozenset[str]] = {
     "schedule-trigger": frozenset({"schedule"}),
     "failed-retry": frozenset({"name", "error_type"}),
     "failed-discard": frozenset({"name", "error_type"}),
+    "tasks-selected": frozenset({"id", "op"}),
+    "tasks-matching": BULK_FILTERS | {"count"},
 }
+#: The one field of an action's form that may be given many times (a checkbox per row).
+MULTI: dict[str, str] = {"tasks-selected": "id"}
 
 
 def _need(form: Mapping[str, str], name: str) -> str:
@@ -147,6 +159,54 @@ def _failed(discard: bool) -> Action:
     return act
 
 
+def _bulk_message(op: str, matched: int, changed: int, requested: int, what: str) -> str:
+    verb = "Canceled" if op == "cancel" else "Retried"
+    line = f"{verb} {changed:,} task(s) {what}"
+    if requested:
+        line += f" ({requested:,} running: cancel asked, they end as canceled)"
+    if matched > changed:
+        line += f"; {matched - changed:,} had changed status and were left alone"
+    return line
+
+
+def tasks_selected(
+    config: Config, data: DashboardData, form: Mapping[str, str], who: str
+) -> Outcome:
+    """Cancel or retry the tasks ticked on the task list, in one transaction."""
+    op = form.get("op", "")
+    if op not in BULK_STATUSES:
+        raise BadRequest(f"op: must be cancel or retry, got {op[:40]!r}")
+    ids = selected_ids(form.get("id", ""))
+
+    async def work(store: TaskStore) -> tuple[int, int]:
+        if op == "cancel":
+            tasks = await store.bulk.cancel(ids)
+            return len(tasks), sum(1 for t in tasks if t.status == "running")
+        return len(await store.bulk.retry(ids)), 0
+
+    changed, requested = data.write(work, f"{op} {len(ids)} selected tasks")
+    if len(ids) == 1 and changed == 1 and not requested:
+        return Outcome(f"{'Canceled' if op == 'cancel' else 'Retried'} task {ids[0]}")
+    return Outcome(_bulk_message(op, len(ids), changed, requested, "of the selected"))
+
+
+def tasks_matching(
+    config: Config, data: DashboardData, form: Mapping[str, str], who: str
+) -> Outcome:
+    """Cancel or retry every task matching the task list's filter, as `cairnqd cancel
+    --queue ...` does, after the confirmation page showed how many."""
+    op, where, described = bulk_filter({k: v for k, v in form.items() if k != "count"})
+
+    async def work(store: TaskStore) -> tuple[int, int, int]:
+        done = await store.bulk.apply(op, where)
+        return done.matched, done.changed, done.requested
+
+    matched, changed, requested = data.write(
+        work, f"{op} all matching ({described})", timeout_s=BULK_TIMEOUT_S
+    )
+    return Outcome(_bulk_message(op, matched, changed, requested, f"matching {described}"))
+
+
 ACTIONS: dict[str, Action] = {
     "task-retry": task_retry,
     "task-cancel": task_cancel,
@@ -155,12 +215,26 @@ ACTIONS: dict[str, Action] = {
     "schedule-trigger": schedule_trigger,
     "failed-retry": _failed(discard=False),
     "failed-discard": _failed(discard=True),
+    "tasks-selected": tasks_selected,
+    "tasks-matching": tasks_matching,
 }
 
 
+#: The most of one form value an audit line repeats (500 selected ids would be 17 KB).
+AUDIT_VALUE_MAX = 300
+
+
+def _shortened(value: str) -> str:
+    if len(value) <= AUDIT_VALUE_MAX:
+        return value
+    return f"{value[:AUDIT_VALUE_MAX]}… ({len(value):,} characters)"
+
+
 def audit(action: str, who: str, address: str, form: Mapping[str, str], outcome: str) -> None:
-    what = ", ".join(f"{k}={v!r}" for k, v in sorted(form.items()) if k not in ("csrf", "next"))
+    what = ", ".join(
+        f"{k}={_shortened(v)!r}" for k, v in sorted(form.items()) if k not in ("csrf", "next")
+    )
     log.info("dashboard action %s by %s from %s (%s): %s", action, who, address, what, outcome)
 
 
-__all__ = ["ACTIONS", "FIELDS", "Outcome", "audit"]
+__all__ = ["ACTIONS", "FIELDS", "MULTI", "Outcome", "audit"]

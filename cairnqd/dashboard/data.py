@@ -31,12 +31,13 @@ from cairnqd.store.browse import (
     REPORT_MAX_CHARS,
     DaemonReport,
     FailedGroup,
+    SearchResult,
     TaskQuery,
     TaskSummary,
 )
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
-from cairnqd.store.operator import QueuePause
+from cairnqd.store.operator import QueuePause, TaskFilter
 from cairnqd.store.tables.fleet import FleetMember
 from cairnqd.store.tables.limits import (
     Bypass,
@@ -53,6 +54,8 @@ T = TypeVar("T")
 
 #: How long a page waits for the database before it answers 503.
 READ_TIMEOUT_S = 10.0
+#: How long a bulk action by filter may take (a page of 500 tasks per transaction).
+BULK_TIMEOUT_S = 300.0
 #: Statements are bounded on the server (Postgres) and in the busy wait (SQLite).
 _STATEMENT_TIMEOUT_MS = 8000
 HOUR_MINUTES = 60
@@ -175,9 +178,21 @@ class HostView:
     age_s: float | None = None
 
     @property
+    def stopped(self) -> bool:
+        """Its last report says it stopped cleanly."""
+        return bool(self.view.get("stopped"))
+
+    @property
     def silent(self) -> bool:
-        """Reported, but not lately: the daemon may be gone."""
-        return self.age_s is not None and self.age_s > REPORT_SILENT_S
+        """Reported, but not lately, and not stopped: the daemon may be gone."""
+        return self.age_s is not None and self.age_s > REPORT_SILENT_S and not self.stopped
+
+    @property
+    def instance(self) -> str:
+        """The daemon's name (`instance` in its config; a report of an older daemon
+        has none: its host)."""
+        name = self.view.get("instance")
+        return name if isinstance(name, str) and name else self.host
 
 
 @dataclass(frozen=True)
@@ -311,11 +326,16 @@ class DashboardData:
         self.refreshes = 0
         #: The task pages' indexes exist (`build_indexes` finished).
         self.indexes_ready = False
+        #: The report loop, while it runs; set once `stop` began (no report after it).
+        self._reporting: concurrent.futures.Future[None] | None = None
+        self._stopped = False
+        self._wake: asyncio.Event | None = None
 
     def start(self) -> None:
         self._thread.start()
+        self._stopped = False
         if self.report_as is not None and self._daemon_view is not None:
-            self._thread.submit(self._report_loop())
+            self._reporting = self._thread.submit(self._report_loop())
 
     def build_indexes(self) -> None:
         """Have the task pages' indexes built, in the background: pages are served
@@ -361,7 +381,8 @@ class DashboardData:
         every = max(self.refresh_s, REPORT_EVERY_S)
         assert self.report_as is not None
         host = socket.gethostname()
-        while True:
+        self._wake = asyncio.Event()
+        while not self._stopped:
             view, _ = self._daemon()
             if view is not None:
                 try:
@@ -373,9 +394,33 @@ class DashboardData:
                 except Exception as exc:
                     log.debug("dashboard: cannot report this daemon's status: %s", exc)
                     await self._store.close()
-            await asyncio.sleep(every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), every)
+        await self._report_stopped()
+
+    async def _report_stopped(self) -> None:
+        """This daemon's last report, on a clean stop: stopped, with no groups left, so
+        other hosts' Workers pages say so at once instead of "stopping" for an hour."""
+        view, _ = self._daemon()
+        if self.report_as is None or view is None:
+            return
+        final = {**view, "stopping": False, "stopped": True, "groups": [], "removed_groups": []}
+        store = await self._store.get()
+        await store.reports.put(self.report_as, socket.gethostname(), json.dumps(final))
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        self._stopped = True
+        reporting, self._reporting = self._reporting, None
+        if reporting is not None:
+            # The report loop wakes, sees the stop and writes its last report itself:
+            # never two writes at once on its store.
+            wake = self._wake
+            if wake is not None:
+                self._thread.call_soon(wake.set)
+            try:
+                reporting.result(timeout_s)
+            except Exception as exc:  # the database is down: the report goes silent
+                log.debug("dashboard: cannot report this daemon stopped: %s", exc)
         if self._thread.running():
             try:
                 self._thread.submit(self._store.close()).result(timeout_s)
@@ -385,7 +430,12 @@ class DashboardData:
 
     # -- running on the thread ----------------------------------------------------------
 
-    def _run(self, work: Callable[[TaskStore], Coroutine[Any, Any, T]], what: str) -> T:
+    def _run(
+        self,
+        work: Callable[[TaskStore], Coroutine[Any, Any, T]],
+        what: str,
+        timeout_s: float = READ_TIMEOUT_S,
+    ) -> T:
         async def call() -> T:
             try:
                 store = await self._store.get()
@@ -397,11 +447,11 @@ class DashboardData:
 
         future = self._thread.submit(call())
         try:
-            return future.result(READ_TIMEOUT_S)
+            return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise DatabaseError(f"{what}: the database did not answer within "
-                                f"{READ_TIMEOUT_S:.0f}s") from None  # fmt: skip
+                                f"{timeout_s:.0f}s") from None  # fmt: skip
         except (ValueError, DatabaseError):
             raise
         except Exception as exc:
@@ -680,13 +730,35 @@ class DashboardData:
 
         return self._run(read, f"the limits of task {task.id}")
 
+    def search(self, text: str, *, scan: int, limit: int) -> SearchResult:
+        """The search box's tasks among the newest `scan` (store/tables/dashboard.py)."""
+
+        async def read(store: TaskStore) -> SearchResult:
+            return await store.dashboard.search(text, scan=scan, limit=limit)
+
+        return self._run(read, "the search")
+
+    def count(self, where: TaskFilter) -> int:
+        """How many tasks a bulk action by filter would cover."""
+
+        async def read(store: TaskStore) -> int:
+            return await store.bulk.count(where)
+
+        return self._run(read, "the count of matching tasks")
+
     # -- writes (actions) -----------------------------------------------------------------
 
-    def write(self, work: Callable[[TaskStore], Coroutine[Any, Any, T]], what: str) -> T:
+    def write(
+        self,
+        work: Callable[[TaskStore], Coroutine[Any, Any, T]],
+        what: str,
+        timeout_s: float = READ_TIMEOUT_S,
+    ) -> T:
         """Run an action's writes on the dashboard's thread and store; the next page
-        reads a fresh snapshot."""
+        reads a fresh snapshot. Past `timeout_s` the work is stopped where it is (a
+        bulk action keeps the pages it committed) and the page says so."""
         try:
-            return self._run(work, what)
+            return self._run(work, what, timeout_s)
         finally:
             self.invalidate()
 
@@ -710,6 +782,7 @@ async def bulk_failed(
 
 
 __all__ = [
+    "BULK_TIMEOUT_S",
     "DashboardData",
     "DatabaseError",
     "HostView",

@@ -19,15 +19,14 @@ from typing import Any
 from cairnqd._jsoncodec import shown
 from cairnqd.config import Config, ScheduleConfig
 from cairnqd.config.units import elapsed_text, format_duration
-from cairnqd.dashboard.auth import Session
+from cairnqd.dashboard.auth import Flash, Session
 from cairnqd.dashboard.charts import ms_text
 from cairnqd.dashboard.data import HOUR_MINUTES, HostView, LimitRow, Overview, QueueRow
 from cairnqd.dashboard.markup import Markup, join, render
-from cairnqd.dashboard.params import encode_cursor, with_params
+from cairnqd.dashboard.params import with_params
 from cairnqd.limits import NO_PARTITION, Limit
 from cairnqd.models import STATUSES, Task
 from cairnqd.schedules import from_ms
-from cairnqd.store.browse import SORTS, TaskQuery, TaskSummary
 from cairnqd.store.tables.fleet import versions
 from cairnqd.store.tables.limits import PartitionUsage, RoomWait, full_budgets, span_text
 from cairnqd.store.tables.schedules import ScheduleRow
@@ -50,10 +49,12 @@ class Viewer:
     login_required: bool
     actions: bool
     refresh_ms: int
+    #: The one-shot message the last action left for this page.
+    flash: Flash | None = None
 
     @property
     def can_act(self) -> bool:
-        return self.actions and self.session is not None
+        return self.actions and self.session is not None and self.session.may_act
 
 
 # -- small pieces --------------------------------------------------------------------------
@@ -133,7 +134,43 @@ def action_form(
     )
 
 
-def layout(title: str, path: str, body: Markup, viewer: Viewer, *, live: bool) -> Markup:
+#: The intervals a live page offers (seconds); the configured refresh joins them.
+LIVE_CHOICES_S = (1, 2, 5, 10, 30, 60)
+
+
+def _live_controls(viewer: Viewer) -> Markup:
+    """Pause and interval of the live refresh (the script binds them; it remembers the
+    interval chosen in the browser)."""
+    default_s = viewer.refresh_ms / 1000
+    choices = sorted({default_s, *(c for c in LIVE_CHOICES_S if c >= default_s)})
+    options = join(
+        render(
+            '<option value="{ms}"{sel}>{label}</option>',
+            ms=int(c * 1000),
+            label=f"every {c:g}s",
+            sel=Markup(" selected") if c == default_s else Markup(""),
+        )
+        for c in choices
+    )
+    return render(
+        '<span class="live-controls"><button type="button" id="live-pause" '
+        'aria-pressed="false">Pause</button> <select id="live-every" '
+        'aria-label="refresh interval">{options}</select></span>',
+        options=options,
+    )
+
+
+def _flash(flash: Flash | None) -> Markup:
+    if flash is None:
+        return Markup("")
+    if flash.ok:
+        return render('<div id="flash" class="flash ok" role="status">{m}</div>', m=flash.message)
+    return render('<div id="flash" class="flash error" role="alert">{m}</div>', m=flash.message)
+
+
+def layout(
+    title: str, path: str, body: Markup, viewer: Viewer, *, live: bool, search: str = ""
+) -> Markup:
     nav = join(
         render(
             '<a href="{href}"{current}>{label}</a>',
@@ -148,7 +185,9 @@ def layout(title: str, path: str, body: Markup, viewer: Viewer, *, live: bool) -
             '<form method="post" action="/logout" class="who"><span>{who}</span>'
             '<input type="hidden" name="csrf" value="{csrf}">'
             '<button type="submit">Log out</button></form>',
-            who=viewer.session.who,
+            who=viewer.session.who
+            if viewer.session.may_act
+            else f"{viewer.session.who} (read-only)",
             csrf=viewer.session.csrf,
         )
     else:
@@ -160,16 +199,23 @@ def layout(title: str, path: str, body: Markup, viewer: Viewer, *, live: bool) -
         "<title>{title} · cairnqd</title>"
         '<link rel="stylesheet" href="/static/dashboard.css">'
         '<script src="/static/dashboard.js" defer></script></head>'
-        '<body><header><a class="brand" href="/">cairnqd</a><nav>{nav}</nav>{who}</header>'
+        '<body><header><a class="brand" href="/">cairnqd</a><nav>{nav}</nav>'
+        '<form class="search" method="get" action="/search" role="search">'
+        '<input type="search" name="q" value="{search}" maxlength="1000" '
+        'placeholder="task id, key, name or payload text" aria-label="search tasks">'
+        '<button type="submit">Search</button></form>{who}</header>{flash}'
         '<main id="page"{live}><h1>{title}</h1>{body}</main>'
-        '<footer><span id="live-state">{footer}</span> · host {host}</footer>'
+        '<footer><span id="live-state">{footer}</span>{controls} · host {host}</footer>'
         "</body></html>\n",
         title=title,
         nav=nav,
+        search=search,
         who=who,
+        flash=_flash(viewer.flash),
         live=render(' data-live="{ms}"', ms=viewer.refresh_ms) if live else Markup(""),
         body=body,
         footer=f"live, every {viewer.refresh_ms / 1000:g}s" if live else "not live",
+        controls=render(" {c}", c=_live_controls(viewer)) if live else Markup(""),
         host=socket.gethostname(),
     )
 
@@ -473,14 +519,22 @@ def limits_section(overview: Overview) -> Markup:
 
 
 def _host_label(h: HostView) -> Markup:
-    """Which daemon: this host's (live) or another's, with the age of its report."""
+    """Which daemon, by its instance name: this host's (live) or another's, with the
+    age of its report, or when it stopped."""
     pid = h.view.get("pid")
+    name = h.instance
+    where = "" if name.startswith(h.host) else f"on {h.host}, "
     if h.age_s is None:
-        return render("{host} <small>pid {pid}, this host, live</small>", host=h.host, pid=pid)
-    state = "silent for" if h.silent else "reported"
+        return render(
+            '<span class="instance">{name}</span> <small>{where}pid {pid}, this host, live</small>',
+            name=name, where=where, pid=pid,
+        )  # fmt: skip
+    state = "stopped" if h.stopped else "silent for" if h.silent else "reported"
     return render(
-        '{host} <small class="{cls}">pid {pid}, {state} {age} ago</small>',
-        host=h.host, pid=pid, state=state, age=age(h.age_s), cls="fatal" if h.silent else "",
+        '<span class="instance">{name}</span> <small class="{cls}">{where}pid {pid}, '
+        "{state} {age} ago</small>",
+        name=name, where=where, pid=pid, state=state, age=age(h.age_s),
+        cls="fatal" if h.silent else "note" if h.stopped else "",
     )  # fmt: skip
 
 
@@ -515,83 +569,6 @@ def groups_table(overview: Overview) -> Markup:
 
 
 # -- tasks -----------------------------------------------------------------------------------
-
-
-def tasks_page(
-    values: Mapping[str, str], query: TaskQuery, rows: Sequence[TaskSummary], more: bool
-) -> Markup:
-    status_options = join(
-        render('<option value="{v}"{sel}>{label}</option>', v=v, label=v or "any status",
-               sel=Markup(" selected") if (query.status or "") == v else Markup(""))
-        for v in ("", *STATUSES)
-    )  # fmt: skip
-    sort_options = join(
-        render('<option value="{v}"{sel}>newest {label}</option>', v=v,
-               label={"run_at": "due"}.get(v, v),
-               sel=Markup(" selected") if query.sort == v else Markup(""))
-        for v in SORTS
-    )  # fmt: skip
-    form = render(
-        '<form method="get" action="/tasks" class="filters">'
-        '<label>status <select name="status">{status_options}</select></label>'
-        '<label>queue <input name="queue" value="{queue}" size="10"></label>'
-        '<label>name <input name="name" value="{name}" size="14"></label>'
-        '<label>key <input name="key" value="{key}" size="14"></label>'
-        '<label>from <input name="from" value="{from_}" size="16" '
-        'placeholder="2026-12-01T08:00"></label>'
-        '<label>to <input name="to" value="{to}" size="16" placeholder="UTC, or +01:00"></label>'
-        '<label>sort <select name="sort">{sort_options}</select></label>'
-        '<button type="submit">Filter</button> <a href="/tasks">clear</a></form>',
-        status_options=status_options, sort_options=sort_options,
-        queue=values.get("queue", ""), name=values.get("name", ""), key=values.get("key", ""),
-        from_=values.get("from", ""), to=values.get("to", ""),
-    )  # fmt: skip
-    body_rows = join(
-        render(
-            '<tr><td><a class="mono" href="/task/{id}">{id}</a></td><td>{name}</td>'
-            '<td>{queue}</td><td>{status}</td><td class="num">{attempt}/{max}</td>'
-            "<td>{created}</td><td>{run_at}</td><td>{finished}</td></tr>",
-            id=t.id,
-            name=t.name,
-            queue=t.queue,
-            status=status_badge(t.status),
-            attempt=t.attempt,
-            max=t.max_attempts,
-            created=when(t.created_at_ms),
-            run_at=when(t.run_at_ms),
-            finished=when(t.completed_at_ms),
-        )
-        for t in rows
-    )
-    keep = {k: v for k, v in values.items() if k not in ("cursor",)}
-    pager = []
-    if query.cursor is not None:
-        pager.append(render('<a href="{href}">first page</a>', href=with_params("/tasks", keep)))
-    if more and rows:
-        last = rows[-1]
-        value = last.sort_value(query.sort)
-        assert value is not None
-        cursor = encode_cursor(query.sort, value, last.id)
-        pager.append(render(
-            '<a rel="next" href="{href}">next page</a>',
-            href=with_params("/tasks", {**keep, "cursor": cursor}),
-        ))  # fmt: skip
-    table = (
-        render(
-            '<table class="grid"><thead><tr><th scope="col">id</th><th scope="col">name</th>'
-            '<th scope="col">queue</th><th scope="col">status</th>'
-            '<th scope="col" class="num">attempt</th><th scope="col">created</th>'
-            '<th scope="col">due</th><th scope="col">finished</th></tr></thead>'
-            "<tbody>{rows}</tbody></table>",
-            rows=body_rows,
-        )
-        if rows
-        else Markup('<p class="empty">No task matches.</p>')
-    )
-    return render(
-        '{form}{table}<nav class="pager">{pager}</nav><p class="note">Times are UTC.</p>',
-        form=form, table=table, pager=join(pager, " · "),
-    )  # fmt: skip
 
 
 def cancel_grace_of(config: Config, queue: str) -> timedelta | None:
@@ -761,10 +738,13 @@ def _fleet_section(overview: Overview) -> Markup:
     when their versions differ."""
     if not overview.fleet:
         return Markup('<p class="empty">No daemon is live on this database.</p>')
+    names = {h.daemon: h.instance for h in overview.hosts}
     rows = [
         render(
-            '<tr><td class="mono">{daemon}</td><td>{version}</td><td class="num">{pipe}</td>'
+            '<tr><td><span class="instance">{name}</span> <small class="mono">{daemon}</small>'
+            '</td><td>{version}</td><td class="num">{pipe}</td>'
             '<td>{groups}</td><td>{features}</td><td class="num">{seen}</td></tr>',
+            name=names.get(m.daemon, m.host),
             daemon=m.daemon,
             version=m.version,
             pipe=m.pipe_protocol,
@@ -882,6 +862,13 @@ def workers_page(overview: Overview) -> Markup:
                 processes=g.get("processes"), rows=join(rows),
             ))  # fmt: skip
             tables.append(_running_tasks(g))
+        if h.stopped:
+            sections.append(render(
+                '<section class="host stopped"><h2>{label}</h2><p class="note">stopped '
+                "cleanly after {up} up (generation {gen}): no children.</p></section>",
+                label=_host_label(h), gen=view.get("generation"), up=age(view.get("uptime_s")),
+            ))  # fmt: skip
+            continue
         sections.append(render(
             '<section class="host"><h2>{label}</h2><p class="note">generation {gen}, '
             "up {up}{state}</p>{tables}</section>",
@@ -988,7 +975,9 @@ def plain_layout(title: str, body: Markup) -> Markup:
     """A page outside the dashboard proper (errors before login, the login itself)."""
     return render(
         "<!doctype html>\n"
-        '<html lang="en"><head><meta charset="utf-8"><title>{title} · cairnqd</title>'
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>{title} · cairnqd</title>"
         '<link rel="stylesheet" href="/static/dashboard.css"></head>'
         '<body><header><a class="brand" href="/">cairnqd</a></header>'
         '<main id="page"><h1>{title}</h1>{body}</main></body></html>\n',
@@ -1011,7 +1000,7 @@ __all__ = [
     "overview_page",
     "plain_layout",
     "schedules_page",
+    "status_badge",
     "task_page",
-    "tasks_page",
     "workers_page",
 ]

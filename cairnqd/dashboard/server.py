@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import errno
 import logging
+import re
 import socket
 import threading
 import time
@@ -24,16 +25,29 @@ from urllib.parse import quote, urlsplit
 
 from cairnqd.config import Config
 from cairnqd.daemon.listening import serve_on
-from cairnqd.dashboard import pages
-from cairnqd.dashboard.actions import ACTIONS, FIELDS, audit
-from cairnqd.dashboard.auth import COOKIE, SESSION_S, Auth, LoginThrottle, Session
+from cairnqd.dashboard import listing, pages
+from cairnqd.dashboard.actions import ACTIONS, FIELDS, MULTI, audit
+from cairnqd.dashboard.auth import (
+    COOKIE,
+    FLASH_COOKIE,
+    FLASH_S,
+    SESSION_S,
+    Auth,
+    Flash,
+    LoginThrottle,
+    Session,
+)
 from cairnqd.dashboard.charts import charts_page
 from cairnqd.dashboard.data import RANGES, DashboardData, DatabaseError
 from cairnqd.dashboard.markup import Markup
 from cairnqd.dashboard.params import (
+    BULK_FILTERS,
     TASK_FILTERS,
     BadRequest,
+    back_path,
+    bulk_filter,
     local_path,
+    parse_form,
     parse_query,
     task_id,
     task_query,
@@ -60,6 +74,10 @@ _STATIC = {
     "dashboard.js": "text/javascript; charset=utf-8",
 }
 _BODY_MAX = 64 * 1024
+#: What the live script sends with its re-reads: they never take a flash message,
+#: which is meant for the page the browser is sent to.
+_LIVE_REQUEST = "cairnqd-live"
+_ULID = re.compile(r"[0-9A-Za-z]{26}")
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 _BIND_REASONS = {
     errno.EADDRINUSE: "the address is already in use",
@@ -104,7 +122,8 @@ class Dashboard:
         self.config = config
         self.data = data
         settings = config.dashboard
-        self.auth = Auth(settings.token)
+        self.auth = Auth(settings.token, settings.viewer_token)
+        self.search_scan = settings.search_scan
         self.throttle = LoginThrottle()
         self.actions = bool(settings.actions and settings.token)
         self.refresh_ms = int(settings.refresh.total_seconds() * 1000)
@@ -155,7 +174,14 @@ class Dashboard:
             return self._post(path, headers, body, session, address)
         if method != "GET":
             return _error(405, f"{method} is not served here")
-        return self._page(path, query, viewer)
+        flash = None
+        if headers.get("x-requested-with") != _LIVE_REQUEST:
+            flash = self.auth.flash(headers.get("cookie"))
+        response = self._page(path, query, dataclasses.replace(viewer, flash=flash))
+        if flash is not None and response.status == 200:
+            # Shown once: the page that showed it ends it.
+            response.headers.append(("Set-Cookie", _flash_cookie("", 0)))
+        return response
 
     # -- pages -------------------------------------------------------------------------------
 
@@ -170,8 +196,19 @@ class Dashboard:
             task_filter = task_query(values)
             rows = self.data.tasks(_one_more(task_filter))
             more = len(rows) > task_filter.limit
-            body = pages.tasks_page(values, task_filter, rows[: task_filter.limit], more)
+            here = path + (f"?{query}" if query else "")
+            body = listing.tasks_page(
+                values, task_filter, rows[: task_filter.limit], more, viewer, here
+            )
             return self._layout("Tasks", path, body, viewer, live=False)
+        if path == "/search":
+            return self._search(query, viewer)
+        if path == "/bulk" and self.actions:  # the confirmation step of an action
+            values = parse_query(query, BULK_FILTERS)
+            op, where, described = bulk_filter(values)
+            count = self.data.count(where)
+            body = listing.bulk_page(op, values, count, described, viewer)
+            return self._layout("Confirm", path, body, viewer, live=False)
         if path.startswith("/task/"):
             parse_query(query, frozenset())
             tid = task_id(path.removeprefix("/task/"))
@@ -205,9 +242,31 @@ class Dashboard:
         return _error(404, f"no page {path[:100]}")
 
     def _layout(
-        self, title: str, path: str, body: Markup, viewer: pages.Viewer, *, live: bool
+        self,
+        title: str,
+        path: str,
+        body: Markup,
+        viewer: pages.Viewer,
+        *,
+        live: bool,
+        search: str = "",
     ) -> Response:
-        return _html(200, pages.layout(title, path, body, viewer, live=live))
+        return _html(200, pages.layout(title, path, body, viewer, live=live, search=search))
+
+    def _search(self, query: str, viewer: pages.Viewer) -> Response:
+        """The header's search box: a task id goes to its page; anything else lists
+        the tasks whose key or name starts with it or whose payload holds it."""
+        text = parse_query(query, frozenset({"q"})).get("q", "").strip()
+        if not text:
+            body = listing.search_page(text, None, self.search_scan)
+            return self._layout("Search", "/search", body, viewer, live=False)
+        for candidate in _id_forms(text):
+            task, _ = self.data.task(candidate)
+            if task is not None:
+                return _redirect(f"/task/{quote(candidate, safe='')}")
+        result = self.data.search(text, scan=self.search_scan, limit=listing.SEARCH_SHOWN)
+        body = listing.search_page(text, result, self.search_scan)
+        return self._layout("Search", "/search", body, viewer, live=False, search=text)
 
     # -- login and actions ---------------------------------------------------------------------
 
@@ -232,15 +291,16 @@ class Dashboard:
                         clean, address)  # fmt: skip
             page = pages.login_page(back, "too many wrong tokens from here: wait a minute")
             return _html(429, pages.plain_layout("Log in", page))
-        if not self.auth.token_ok(form.get("token", "")):
+        role = self.auth.role_of(form.get("token", ""))
+        if role is None:
             self.throttle.failed(address)
             log.warning("dashboard: login refused for %r from %s: wrong token", clean, address)
             page = pages.login_page(back, "wrong token")
             return _html(403, pages.plain_layout("Log in", page))
-        log.info("dashboard: %s logged in from %s", clean, address)
+        log.info("dashboard: %s logged in from %s as %s", clean, address, role)
         cookie = (
-            f"{COOKIE}={self.auth.new_cookie(clean)}; Path=/; HttpOnly; SameSite=Strict; "
-            f"Max-Age={SESSION_S}"
+            f"{COOKIE}={self.auth.new_cookie(clean, role=role)}; Path=/; HttpOnly; "
+            f"SameSite=Strict; Max-Age={SESSION_S}"
         )
         return _redirect(back, [("Set-Cookie", cookie)])
 
@@ -263,28 +323,55 @@ class Dashboard:
             return _error(404, f"no page {path[:100]}")
         if session is None:
             return _error(403, "actions need a login")
+        if not session.may_act:
+            audit(name, session.who, address, {}, "refused: a read-only (viewer) login")
+            return _error(403, "refused: this login is read-only (the viewers' token)")
         if not _same_origin(headers):
             audit(name, session.who, address, {}, "refused: cross-origin request")
             return _error(403, "refused: the request came from another site")
         fields = FIELDS[name] | {"csrf", "next"}
-        form = parse_query(_form_text(body), fields, "form field")
+        form = parse_form(_form_text(body), fields, MULTI.get(name), "form field")
         if not self.auth.csrf_ok(session, form.get("csrf")):
             audit(name, session.who, address, form, "refused: missing or wrong CSRF value")
             return _error(403, "refused: the form's CSRF value is missing or stale; "
                                "reload the page and try again")  # fmt: skip
+        back = back_path(form.get("next"))
+        if back is None:
+            if form.get("next"):
+                log.warning("dashboard: action %s: not a page of this dashboard, going to / "
+                            "instead: next=%r", name, form["next"][:200])  # fmt: skip
+            back = "/"
         try:
             outcome = ACTIONS[name](self.config, self.data, form, session.who)
-        except BadRequest as exc:
+        except (BadRequest, ValueError) as exc:
             audit(name, session.who, address, form, f"refused: {exc}")
-            raise
+            return self._back(back, Flash(f"Not done: {exc}", ok=False))
+        except DatabaseError as exc:
+            audit(name, session.who, address, form, f"failed: {exc}")
+            return self._back(back, Flash(f"Not done: {exc}", ok=False))
         except Exception as exc:
             audit(name, session.who, address, form, f"failed: {exc}")
             raise
         audit(name, session.who, address, form, outcome.message)
-        back = local_path(form.get("next"))
-        viewer = pages.Viewer(session, True, self.actions, self.refresh_ms)
-        body_html = pages.message_page(outcome.message, back)
-        return _html(200, pages.layout("Done", back, body_html, viewer, live=False))
+        return self._back(back, Flash(outcome.message))
+
+    def _back(self, back: str, flash: Flash) -> Response:
+        return _redirect(back, [("Set-Cookie", _flash_cookie(self.auth.flash_cookie(flash)))])
+
+
+def _flash_cookie(value: str, max_age: int = FLASH_S) -> str:
+    return f"{FLASH_COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}"
+
+
+def _id_forms(text: str) -> list[str]:
+    """The task ids `text` may name: itself, and a bare ULID with the SDKs' prefix."""
+    forms = []
+    if len(text) <= 255 and re.fullmatch(r"[A-Za-z0-9_:.-]+", text):
+        forms.append(text)
+    bare = text[5:] if text[:5].lower() == "task_" else text
+    if _ULID.fullmatch(bare) and f"task_{bare.upper()}" not in forms:
+        forms.append(f"task_{bare.upper()}")  # typed in lower case, or without task_
+    return forms
 
 
 def _one_more(query: TaskQuery) -> TaskQuery:

@@ -142,3 +142,21 @@ class DaemonReport:
             reported_at_ms=int(row["reported_at_ms"]),
             age_ms=max(0, int(row["age_ms"])),
         )
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One task the search box found, with the key it was submitted with (or None)."""
+
+    task: TaskSummary
+    key: str | None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What the search box found among the newest `scanned` tasks; `cut` when the
+    table holds older ones it did not look through."""
+
+    hits: list[SearchHit]
+    scanned: int
+    cut: bool

@@ -4,6 +4,7 @@ every status, and an HTTP client that keeps a session cookie."""
 from __future__ import annotations
 
 import concurrent.futures
+import html
 import http.client
 import re
 import uuid
@@ -22,6 +23,10 @@ from tests.support.harness import client_call, database_section
 from tests.support.waiting import wait_for
 
 TOKEN = "dashboard-test-token-0123456789"
+#: The viewers' token: a login that sees every page and may do nothing.
+VIEWER_TOKEN = "dashboard-viewer-token-98765432"
+#: The search box looks through this many of the newest tasks in these tests.
+SEARCH_SCAN = 6
 #: Payloads and names that would run script if any page pasted them as HTML.
 XSS_PAYLOAD = {
     "html": '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">',
@@ -52,7 +57,8 @@ class Reply:
 
 @dataclass
 class Http:
-    """A tiny HTTP client: no redirects followed, one cookie kept."""
+    """A tiny HTTP client: no redirects followed, its cookies kept (`cookie` is the
+    Cookie header it sends)."""
 
     port: int
     cookie: str | None = None
@@ -77,13 +83,32 @@ class Http:
             conn.request(method, path, body=body, headers=sent)
             response = conn.getresponse()
             text = response.read().decode("utf-8", errors="replace")
-            got = {k.lower(): v for k, v in response.getheaders()}
+            pairs = response.getheaders()
         finally:
             conn.close()
-        if "set-cookie" in got:
-            value = got["set-cookie"].split(";", 1)[0]
-            self.cookie = value if value.split("=", 1)[1] else None
+        got = {k.lower(): v for k, v in pairs}
+        jar = dict(c.split("=", 1) for c in (self.cookie or "").split("; ") if "=" in c)
+        for name, value in pairs:
+            if name.lower() == "set-cookie":
+                key, _, kept = value.split(";", 1)[0].partition("=")
+                if kept:
+                    jar[key] = kept
+                else:
+                    jar.pop(key, None)
+        self.cookie = "; ".join(f"{k}={v}" for k, v in jar.items()) or None
         return Reply(response.status, got, text)
+
+    def follow(self, reply: Reply) -> Reply:
+        """The page a 303 sends the browser to."""
+        assert reply.status == 303, (reply.status, reply.text[:500])
+        return self.get(reply.headers["location"])
+
+    def flash(self, reply: Reply) -> str:
+        """The flash message of the page a 303 leads to (its text, unescaped)."""
+        page = self.follow(reply)
+        found = re.search(r'<div id="flash" class="flash (ok|error)"[^>]*>(.*?)</div>', page.text)
+        assert found, f"no flash message on {reply.headers['location']}:\n{page.text[:1500]}"
+        return html.unescape(found.group(2))
 
     def get(self, path: str, **kw: Any) -> Reply:
         return self.request("GET", path, **kw)
@@ -92,6 +117,7 @@ class Http:
         return self.request("POST", path, form=form, **kw)
 
     def login(self, token: str = TOKEN, who: str = "tester") -> Reply:
+        """Log in with `token` (the operators' by default)."""
         reply = self.post("/login", {"who": who, "token": token, "next": "/"})
         assert reply.status == 303, reply.text[:500]
         return reply
@@ -147,6 +173,9 @@ def dashboard_config(tmp: Path, dialect: str, target: str, **dashboard: Any) -> 
     token = tmp / "dashboard.token"
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
+    viewer = tmp / "viewer.token"
+    viewer.write_text(VIEWER_TOKEN + "\n")
+    viewer.chmod(0o600)
     config = base_config(
         tmp,
         database_section(dialect, target),
@@ -158,8 +187,12 @@ def dashboard_config(tmp: Path, dialect: str, target: str, **dashboard: Any) -> 
         "token_file": str(token),
         "actions": True,
         "refresh": "250ms",
+        "viewer_token_file": str(viewer),
+        "search_scan": SEARCH_SCAN,
         **dashboard,
     }
+    if config["dashboard"]["token_file"] is None:
+        del config["dashboard"]["viewer_token_file"]  # a viewer logs in beside a token
     config["schedules"] = {"nightly": {"name": "d.echo", "queue": "work", "cron": "0 3 * * *"}}
     return config
 

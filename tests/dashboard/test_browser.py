@@ -19,7 +19,7 @@ import pytest
 
 from cairnqd import CairnQ
 from cairnqd.queue_counts import WAIT, QueueTally, rows_of
-from tests.dashboard.conftest import TOKEN, Dash
+from tests.dashboard.conftest import TOKEN, VIEWER_TOKEN, Dash
 from tests.support.waiting import wait_for
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -51,9 +51,11 @@ def browser() -> Iterator[Any]:
 class Tab:
     """One logged-in page, with the console errors it saw."""
 
-    def __init__(self, browser: Any, dash: Dash) -> None:
+    def __init__(self, browser: Any, dash: Dash, **context: Any) -> None:
         self.dash = dash
-        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
+        self.context = browser.new_context(
+            **{"viewport": {"width": 1280, "height": 800}, **context}
+        )
         self.context.add_init_script(WATCH)
         self.page = self.context.new_page()
         self.errors: list[str] = []
@@ -65,11 +67,11 @@ class Tab:
         assert response is not None
         return response
 
-    def login(self) -> None:
+    def login(self, token: str = TOKEN) -> None:
         self.go("/")
         assert "/login" in self.page.url
         self.page.fill("input[name=who]", "browser")
-        self.page.fill("input[name=token]", TOKEN)
+        self.page.fill("input[name=token]", token)
         self.page.click("form.login button[type=submit]")
         self.page.wait_for_url(self.dash.url + "/")
 
@@ -207,14 +209,17 @@ def test_actions_by_clicking_and_refused_without_csrf(browser: Any, sqlite_dash:
     failed = dash.tasks["failed"]
     tab.go(f"/task/{failed}")
     tab.page.click("form.act button:has-text('Retry')")
-    assert "queued again" in tab.page.inner_text("main")
+    # Back on the task's page, the flash message on top says what happened.
+    assert tab.page.url == dash.url + f"/task/{failed}"
+    assert "queued again" in tab.page.inner_text("#flash")
     dash.wait_status(failed, "failed")
 
     tab.go("/")
     row = tab.page.locator("tr", has=tab.page.locator("th a", has_text=re.compile("^parked$")))
     row.locator("input[name=reason]").fill("deploy")
     row.locator("button:has-text('Pause')").click()
-    assert "queue parked paused" in tab.page.inner_text("main")
+    assert "queue parked paused" in tab.page.inner_text("#flash")
+    assert tab.page.url == dash.url + "/"
     # The overview is served from the shared snapshot, read once per refresh: the pause
     # shows within an interval, not necessarily on the very next page.
     wait_for(
@@ -225,7 +230,9 @@ def test_actions_by_clicking_and_refused_without_csrf(browser: Any, sqlite_dash:
 
     tab.go("/failed")
     tab.page.click("form.act button:has-text('Retry all')")  # confirmed by the dialog handler
-    assert "queued again" in tab.page.inner_text("main")
+    assert "queued again" in tab.page.inner_text("#flash")
+    tab.go("/failed")
+    assert tab.page.locator("#flash").count() == 0  # shown once
 
     # The same request without the page's CSRF value, from this logged-in browser.
     refused = tab.page.request.post(
@@ -245,3 +252,162 @@ def test_actions_by_clicking_and_refused_without_csrf(browser: Any, sqlite_dash:
     tab.page.click("header button:has-text('Log out')")
     assert "/login" in tab.page.url
     assert tab.go("/").url.startswith(dash.url + "/login")
+
+
+def test_search_box_in_the_header(browser: Any, sqlite_dash: Dash) -> None:
+    dash = sqlite_dash
+    tab = Tab(browser, dash)
+    tab.login()
+    tab.go("/workers")
+    # An id goes straight to its task.
+    tab.page.fill("header input[name=q]", dash.tasks["failed"])
+    tab.page.press("header input[name=q]", "Enter")
+    tab.page.wait_for_url(dash.url + f"/task/{dash.tasks['failed']}")
+    # Text lists the tasks that hold it, and stays in the box.
+    tab.page.fill("header input[name=q]", "halfway")
+    tab.page.click("header form.search button")
+    assert tab.page.locator("main h1").inner_text() == "Search"
+    assert tab.page.locator("tbody a.mono").all_inner_texts() == [dash.tasks["running"]]
+    assert tab.page.input_value("header input[name=q]") == "halfway"
+    tab.clean()
+
+
+def test_bulk_selection_by_clicking(browser: Any, sqlite_dash: Dash) -> None:
+    dash = sqlite_dash
+
+    async def submit(q: CairnQ) -> list[str]:
+        return [(await q.submit("d.echo", {"i": i}, queue="parked")).id for i in range(3)]
+
+    ids = dash.run(submit)
+    tab = Tab(browser, dash)
+    tab.login()
+    tab.go("/tasks?queue=parked&status=queued")
+    for task_id in ids[:2]:
+        tab.page.check(f"input[name=id][value='{task_id}']")
+    assert tab.page.inner_text("#picked") == "2 selected"
+    tab.page.click("button:has-text('Cancel selected')")  # confirmed by the dialog handler
+    assert tab.page.url == dash.url + "/tasks?queue=parked&status=queued"
+    assert tab.page.inner_text("#flash") == "Canceled 2 task(s) of the selected"
+    assert [dash.status(t) for t in ids] == ["canceled", "canceled", "queued"]
+    # Select all, then all matching the filter, with its confirmation page.
+    tab.page.check("#pick-all")
+    assert tab.page.locator("input[name=id]:checked").count() == 1
+    tab.page.click("a:has-text('Cancel all matching')")
+    assert "Cancel all 1 matching" in tab.page.inner_text("main")
+    tab.page.click("button:has-text('Cancel all 1')")
+    assert "Canceled 1 task(s) matching" in tab.page.inner_text("#flash")
+    assert dash.status(ids[2]) == "canceled"
+    tab.clean()
+
+
+def _snapshot_serial(text: str) -> int:
+    found = re.search(r'data-snapshot="(\d+)"', text)
+    assert found, text[:1000]
+    return int(found.group(1))
+
+
+@pytest.mark.timing
+def test_refresh_pause_and_interval_keep_a_selection(browser: Any, sqlite_dash: Dash) -> None:
+    dash = sqlite_dash
+    tab = Tab(browser, dash)
+    tab.login()
+    tab.go("/")
+    tab.page.evaluate("window.__sameDocument = true")
+
+    def swapped() -> str:
+        return str(tab.page.evaluate("document.getElementById('page').dataset.updated || ''"))
+
+    wait_for("a first live swap", lambda: swapped() != "", 30)
+    # Text selected on the page: the refresh waits, and the selection stays.
+    tab.page.locator(".totals").select_text()
+    selected = tab.page.evaluate("window.getSelection().toString()")
+    assert "queued" in selected
+    wait_for(
+        "the footer to say it waits for the selection",
+        lambda: "text is selected" in tab.page.inner_text("#live-state"),
+        30,
+    )
+    held = swapped()
+    assert tab.page.evaluate("window.getSelection().toString()") == selected
+    assert swapped() == held
+    # Paused by the button: no swap, even with nothing selected.
+    tab.page.click("#live-pause")
+    assert tab.page.inner_text("#live-pause") == "Resume"
+    assert "paused" in tab.page.inner_text("#live-state")
+    tab.page.evaluate("window.getSelection().removeAllRanges()")
+    paused_at = swapped()
+
+    async def submit(q: CairnQ) -> None:
+        await q.submit("d.echo", {}, queue="parked")
+
+    dash.run(submit)
+    # Let the server read its snapshot four times more (each read at least one refresh
+    # interval after the last): the paused page would have swapped several times.
+    http = dash.http()
+    first = _snapshot_serial(http.get("/").text)
+    wait_for("four more snapshots", lambda: _snapshot_serial(http.get("/").text) >= first + 4)
+    assert swapped() == paused_at
+    tab.page.click("#live-pause")
+    wait_for("a swap after resuming", lambda: swapped() != paused_at, 30)
+    # The interval chosen is kept by this browser.
+    tab.page.select_option("#live-every", "5000")
+    tab.go("/failed")
+    assert tab.page.input_value("#live-every") == "5000"
+    assert tab.page.evaluate("window.__sameDocument") is None  # a new page was loaded
+    tab.clean()
+
+
+def test_dark_mode_follows_the_system(browser: Any, sqlite_dash: Dash) -> None:
+    dash = sqlite_dash
+    colors = {}
+    for scheme in ("light", "dark"):
+        tab = Tab(browser, dash, color_scheme=scheme)
+        tab.login()
+        tab.go("/tasks")
+        colors[scheme] = tab.page.evaluate(
+            "[getComputedStyle(document.body).backgroundColor,"
+            " getComputedStyle(document.querySelector('table.grid')).backgroundColor]"
+        )
+        if scheme == "dark":
+            tab.shot("dark", full_page=False)
+        tab.clean()
+        tab.context.close()
+    assert colors["light"][0] == "rgb(246, 247, 249)"
+    assert colors["dark"][0] == "rgb(18, 22, 29)"
+    assert colors["dark"][1] != colors["light"][1]
+
+
+def test_usable_at_400_pixels(browser: Any, sqlite_dash: Dash) -> None:
+    dash = sqlite_dash
+    tab = Tab(browser, dash, viewport={"width": 400, "height": 800})
+    tab.go("/")
+    # The login page fits too (it has a viewport meta of its own).
+    assert tab.page.evaluate("document.documentElement.scrollWidth") <= 400
+    tab.login()
+    for path in ("/", "/tasks", "/workers", f"/task/{dash.tasks['failed']}"):
+        tab.go(path)
+        header = tab.page.evaluate(
+            "(() => { const h = document.querySelector('header');"
+            " return [h.scrollWidth, h.clientWidth, h.getBoundingClientRect().right]; })()"
+        )
+        assert header[0] <= header[1] and header[2] <= 400, (path, header)
+        assert tab.page.locator("header input[name=q]").is_visible()
+        # Wide tables scroll inside themselves: the page does not scroll sideways.
+        assert tab.page.evaluate("document.documentElement.scrollWidth") <= 400, path
+    tab.shot("narrow", full_page=False)
+    tab.clean()
+
+
+def test_a_viewer_sees_no_action_in_the_browser(browser: Any, sqlite_dash: Dash) -> None:
+    dash = sqlite_dash
+    tab = Tab(browser, dash)
+    tab.login(VIEWER_TOKEN)
+    for path in ("/", "/tasks", "/failed", "/schedules", f"/task/{dash.tasks['failed']}"):
+        tab.go(path)
+        assert tab.page.locator("form[action^='/actions/']").count() == 0, path
+    assert "(read-only)" in tab.page.inner_text("header")
+    refused = tab.page.request.post(
+        dash.url + "/actions/task-retry", form={"id": dash.tasks["failed"], "next": "/"}
+    )
+    assert refused.status == 403
+    tab.clean()

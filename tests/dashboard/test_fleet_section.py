@@ -26,7 +26,9 @@ def test_the_fleet_shows_without_any_report_and_flags_mixed_versions() -> None:
         workers_page(_overview(fleet_member("a/1", "0.2.0"), fleet_member("<b>/2", "0.1.0")))
     )
     assert "<h2>Fleet</h2>" in page and "No worker status" in page
-    assert '<td class="mono">a/1</td><td>0.2.0</td>' in page
+    # Without a report naming it, a daemon goes by its host.
+    host = fleet_member("a/1", "0.2.0").host
+    assert f'{host}</span> <small class="mono">a/1</small></td><td>0.2.0</td>' in page
     assert "&lt;b&gt;/2" in page and "<b>/2" not in page
     assert "Mixed versions: 0.1.0 (1), 0.2.0 (1)" in page
 

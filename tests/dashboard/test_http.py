@@ -231,8 +231,11 @@ def test_actions_need_login_and_csrf(dash: Dash) -> None:
     assert cross.status == 403
     assert dash.status(failed) == "failed"  # none of them did anything
 
-    done = http.post("/actions/task-retry", {"id": failed, "csrf": page.csrf(), "next": "/"})
-    assert done.status == 200 and "queued again" in done.text
+    done = http.post(
+        "/actions/task-retry", {"id": failed, "csrf": page.csrf(), "next": f"/task/{failed}"}
+    )
+    assert done.status == 303 and done.headers["location"] == f"/task/{failed}"
+    assert "queued again" in http.flash(done)
     dash.wait_status(failed, "failed")  # it ran again, and failed again
     log = dash.daemon.output()
     assert "dashboard action task-retry by tester from 127.0.0.1" in log
@@ -245,12 +248,13 @@ def test_each_action_with_the_token(dash: Dash) -> None:
 
     def act(action: str, **form: str) -> str:
         reply = http.post(f"/actions/{action}", {**form, "csrf": csrf, "next": "/"})
-        assert reply.status == 200, reply.text[:500]
-        return reply.text
+        assert reply.status == 303 and reply.headers["location"] == "/", reply.text[:500]
+        return http.flash(reply)
 
     assert "paused" in act("queue-pause", queue="parked", reason="<b>maintenance</b>")
     overview = http.get("/").text
     assert "by dashboard:tester" in overview and "&lt;b&gt;maintenance&lt;/b&gt;" in overview
+    assert 'id="flash"' not in overview  # shown once, on the page the action went back to
     assert "resumed" in act("queue-resume", queue="parked")
 
     running = dash.tasks["running"]
@@ -278,9 +282,10 @@ def test_each_action_with_the_token(dash: Dash) -> None:
     assert dash.status(dash.tasks["failed"]) == "purged"
 
     bad = http.post("/actions/schedule-trigger", {"schedule": "nope", "csrf": csrf})
-    assert bad.status == 400 and "no schedule" in bad.text
-    missing = http.post("/actions/task-cancel", {"csrf": csrf})
-    assert missing.status == 400 and "form field &#x27;id&#x27; is missing" in missing.text
+    assert bad.status == 303 and "Not done: schedule: no schedule" in http.flash(bad)
+    missing = http.post("/actions/task-cancel", {"csrf": csrf, "next": "/schedules"})
+    assert missing.headers["location"] == "/schedules"
+    assert "form field 'id' is missing" in http.flash(missing)
 
 
 def test_read_only_has_no_action_endpoint(make_dash: object) -> None:
@@ -288,6 +293,8 @@ def test_read_only_has_no_action_endpoint(make_dash: object) -> None:
     http = dash.http()
     page = http.get("/")
     assert page.status == 200 and "/actions/" not in page.text
+    assert http.get("/bulk?op=cancel&queue=work").status == 404
+    assert 'type="checkbox"' not in http.get("/tasks").text
     csrf = page.csrf()  # the logout form still carries one
     for name in ("task-retry", "queue-pause", "schedule-trigger", "failed-discard"):
         reply = http.post(f"/actions/{name}", {"csrf": csrf, "queue": "a", "id": "x"})
@@ -390,7 +397,7 @@ def test_workers_of_every_reporting_daemon(dash: Dash, tmp_path: Path) -> None:
         # The fleet lists both daemons, from the registry, with their versions.
         fleet = page[page.index("<h2>Fleet</h2>") : page.index("</section>")]
         for daemon in (second, dash.daemon):
-            assert f"/{daemon.pid}</td><td>{__version__}</td>" in fleet
+            assert f"/{daemon.pid}</small></td><td>{__version__}</td>" in fleet
         assert "Mixed versions" not in fleet
         (own,) = dash.daemon.children("w")
         assert f'<td class="num">{own}</td>' in page

@@ -11,13 +11,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cairnqd.config import ConfigError, load_config
-from cairnqd.dashboard.auth import SESSION_S, Auth
+from cairnqd.dashboard.actions import audit
+from cairnqd.dashboard.auth import SESSION_S, Auth, Flash
 from cairnqd.dashboard.markup import Markup, esc, join, render
 from cairnqd.dashboard.params import (
     BadRequest,
+    back_path,
+    bulk_filter,
     decode_cursor,
     encode_cursor,
     local_path,
+    parse_form,
     parse_query,
     parse_time,
     task_query,
@@ -87,8 +91,45 @@ def test_query_parsing() -> None:
 
 def test_redirects_stay_on_the_dashboard() -> None:
     assert local_path("/tasks?x=1") == "/tasks?x=1"
-    for outside in ("//evil.example/", "https://evil.example/", "/\\evil", "", None):
-        assert local_path(outside) == "/"
+    for page in ("/", "/tasks?status=failed&queue=a+b", "/task/task_01ABC", "/failed"):
+        assert back_path(page) == page
+    outside = (
+        "//evil.example/",
+        "https://evil.example/",
+        "/\\evil",
+        "/\t/evil.example",  # a browser drops the tab: //evil.example
+        "/\n/evil.example",
+        " //evil.example",
+        "/%0a",  # not a page of ours
+        "/nowhere",
+        "javascript:alert(1)",
+        "",
+        None,
+    )
+    for value in outside:
+        assert local_path(value) == "/", value
+        assert back_path(value) is None, value
+
+
+def test_forms_with_many_ids() -> None:
+    form = parse_form("id=a&id=b&op=cancel", frozenset({"id", "op"}), multi="id")
+    assert form == {"id": "a,b", "op": "cancel"}
+    with pytest.raises(BadRequest, match="given 2 times"):
+        parse_form("id=a&op=x&op=y", frozenset({"id", "op"}), multi="id")
+
+
+def test_bulk_filters() -> None:
+    op, where, said = bulk_filter({"op": "cancel", "queue": "work"})
+    assert op == "cancel" and where.statuses == ("queued", "running") and where.queue == "work"
+    assert said == "status queued/running, queue work"
+    _, where, _ = bulk_filter({"op": "retry", "status": "failed", "from": "2026-01-01"})
+    assert where.statuses == ("failed",) and where.created_after_ms == 1767225600000
+    with pytest.raises(BadRequest, match="retry changes only failed and canceled tasks"):
+        bulk_filter({"op": "retry", "status": "queued"})
+    with pytest.raises(BadRequest, match="filter the list first"):
+        bulk_filter({"op": "cancel"})
+    with pytest.raises(BadRequest, match="op: must be cancel or retry"):
+        bulk_filter({"op": "discard", "queue": "a"})
 
 
 def test_sessions_and_csrf() -> None:
@@ -99,11 +140,43 @@ def test_sessions_and_csrf() -> None:
     assert auth.csrf_ok(session, session.csrf) and not auth.csrf_ok(session, "")
     assert auth.session(f"cairnqd_dashboard={cookie}", now=1000.0 + SESSION_S + 1) is None
     assert Auth("u" * 20).session(f"cairnqd_dashboard={cookie}", now=1001.0) is None
-    nonce, issued, _alice, mac = cookie.split(".")
-    forged = f"{nonce}.{issued}.{'Ym9i'}.{mac}"  # "bob" in place of alice
+    nonce, issued, _alice, role, mac = cookie.split(".")
+    assert role == "operator" and session.may_act
+    forged = f"{nonce}.{issued}.{'Ym9i'}.{role}.{mac}"  # "bob" in place of alice
     assert auth.session(f"cairnqd_dashboard={forged}", now=1001.0) is None
+    promoted = f"{nonce}.{issued}.{_alice}.viewer.{mac}"
+    assert auth.session(f"cairnqd_dashboard={promoted}", now=1001.0) is None
     assert not Auth(None).required and Auth(None).session(f"cairnqd_dashboard={cookie}") is None
     assert auth.token_ok("t" * 20) and not auth.token_ok("t" * 19)
+
+
+def test_viewer_sessions() -> None:
+    auth = Auth("t" * 20, "v" * 20)
+    assert auth.role_of("t" * 20) == "operator" and auth.role_of("v" * 20) == "viewer"
+    assert auth.role_of("x" * 20) is None
+    cookie = auth.new_cookie("vera", now=1000.0, role="viewer")
+    session = auth.session(f"cairnqd_dashboard={cookie}", now=1001.0)
+    assert session is not None and session.role == "viewer" and not session.may_act
+    # The role is signed: a viewer's cookie cannot claim to be an operator's.
+    nonce, issued, name, _role, mac = cookie.split(".")
+    claimed = f"{nonce}.{issued}.{name}.operator.{mac}"
+    assert auth.session(f"cairnqd_dashboard={claimed}", now=1001.0) is None
+    # Without a viewer token (taken out of the config), viewer sessions end.
+    assert Auth("t" * 20).session(f"cairnqd_dashboard={cookie}", now=1001.0) is None
+    assert Auth("t" * 20).role_of("v" * 20) is None
+
+
+def test_flash_cookies_are_signed() -> None:
+    auth = Auth("t" * 20)
+    value = auth.flash_cookie(Flash("Canceled task <b>x</b>"))
+    assert auth.flash(f"a=1; cairnqd_flash={value}") == Flash("Canceled task <b>x</b>")
+    error = auth.flash(f"cairnqd_flash={auth.flash_cookie(Flash('no', ok=False))}")
+    assert error == Flash("no", ok=False)
+    kind, text, mac = value.split(".")
+    assert auth.flash(f"cairnqd_flash=error.{text}.{mac}") is None
+    assert auth.flash(f"cairnqd_flash={kind}.{text}x.{mac}") is None
+    assert Auth("u" * 20).flash(f"cairnqd_flash={value}") is None
+    assert auth.flash(None) is None and Auth(None).flash(f"cairnqd_flash={value}") is None
 
 
 def _config(tmp_path: Path, dashboard: str) -> Path:
@@ -139,6 +212,26 @@ def test_config_token_file(tmp_path: Path) -> None:
         load_config(str(_config(tmp_path, f"{{token_file: {token}}}")))
     with pytest.raises(ConfigError, match=r"c.yaml:5:\d+: dashboard.token_file: cannot read"):
         load_config(str(_config(tmp_path, f"{{token_file: {tmp_path / 'none'}}}")))
+
+
+def test_config_viewer_token_file(tmp_path: Path) -> None:
+    token, viewer = tmp_path / "token", tmp_path / "viewer"
+    token.write_text("s3cret-token-of-20ch\n")
+    viewer.write_text("viewer-token-of-20ch\n")
+    for path in (token, viewer):
+        path.chmod(0o600)
+    config = load_config(
+        str(_config(tmp_path, f"{{token_file: {token}, viewer_token_file: {viewer}}}"))
+    )
+    assert config.dashboard.viewer_token == "viewer-token-of-20ch"
+    assert "viewer-token" not in repr(config.dashboard)
+    with pytest.raises(ConfigError, match=r"c.yaml:5:\d+: dashboard.viewer_token_file: needs"):
+        load_config(str(_config(tmp_path, f"{{viewer_token_file: {viewer}}}")))
+    with pytest.raises(ConfigError, match="holds the same token as token_file"):
+        load_config(str(_config(tmp_path, f"{{token_file: {token}, viewer_token_file: {token}}}")))
+    viewer.write_text("short\n")
+    with pytest.raises(ConfigError, match=r"viewer_token_file: .* at least 16 characters"):
+        load_config(str(_config(tmp_path, f"{{token_file: {token}, viewer_token_file: {viewer}}}")))
 
 
 def test_config_refuses_exposure_without_token(tmp_path: Path) -> None:
@@ -271,3 +364,12 @@ def test_an_action_shows_on_the_next_page_even_when_a_read_began_before_it(
         assert queue.pause is not None and queue.pause.reason == "deploy"
     finally:
         data.stop()
+
+
+def test_an_audit_line_shortens_long_values(caplog: pytest.LogCaptureFixture) -> None:
+    ids = ",".join(f"task_{i:026d}" for i in range(500))
+    with caplog.at_level("INFO", logger="cairnqd.dashboard"):
+        audit("tasks-selected", "alice", "10.0.0.7", {"id": ids, "op": "cancel", "csrf": "s"}, "ok")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"({len(ids):,} characters)" in line and len(line) < 500
+    assert "op='cancel'" in line and "csrf" not in line

@@ -143,6 +143,9 @@ def _params(dialect: str) -> dict[str, Any]:
         "error_type": "",
         "daemon": "host-1:123",
         "snapshot": "{}",
+        # The search box: the text looked for, and the window of newest tasks.
+        "text": "n",
+        "scan": 1000,
         # The fleet registry (cairnqd_fleet).
         "pid": 123,
         "config": "/etc/cairnq.yaml",
@@ -289,6 +292,9 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/dashboard_report": ({}, None),
     "extensions/dashboard_reports": ({}, 0),
     "extensions/dashboard_reports_prune": ({}, 0),
+    # The search box: three seeds are named "n"; the window holds all four, none beyond.
+    "extensions/dashboard_search": ({}, 3),
+    "extensions/dashboard_search_beyond": ({}, 0),
     # The fleet starts empty (each statement runs alone, rolled back): no row to stamp,
     # list or forget; the features are the migration's own rows.
     "extensions/fleet_join": ({}, None),

@@ -141,7 +141,7 @@ def test_schema_matches_the_dataclasses() -> None:
         "GroupConfig": {"name"},
         "ScheduleConfig": {"schedule"},
         "LimitConfig": {"name"},
-        "DashboardConfig": {"token"},
+        "DashboardConfig": {"token", "viewer_token"},
     }
     sections: dict[str, type] = {"": Config}
     for setting in SCHEMA:

@@ -317,6 +317,7 @@ def restarts_by_group(samples: Iterable[Any]) -> dict[str, int]:
 
 def daemon_view(
     *,
+    instance: str,
     config_path: str,
     generation: int,
     started_at: float,
@@ -330,6 +331,7 @@ def daemon_view(
     now = time.monotonic()
     return {
         "pid": os.getpid(),
+        "instance": instance,
         "config": config_path,
         "generation": generation,
         "uptime_s": round(time.time() - started_at, 1),

@@ -926,6 +926,7 @@ class Supervisor:
 
     def _daemon_view(self) -> Snapshot:
         return daemon_view(
+            instance=self.config.instance_name(),
             config_path=self.config_path,
             generation=self.generation,
             started_at=self.started_at,

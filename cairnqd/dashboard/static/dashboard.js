@@ -1,15 +1,53 @@
 // The cairnqd dashboard's only script (no inline script: the CSP forbids it).
-// 1. A form with data-confirm asks before it posts.
-// 2. A page whose <main id="page"> has data-live="MS" re-reads itself every MS
-//    milliseconds and swaps its main part in, without reloading. It pauses while the
-//    tab is hidden or while the operator types in a field of the page.
+// 1. A form, or the button that submits it, with data-confirm asks before it posts.
+// 2. The task list's checkboxes: "select all" and how many are ticked.
+// 3. A page whose <main id="page"> has data-live="MS" re-reads itself every MS
+//    milliseconds and swaps its main part in, without reloading. It waits while the
+//    tab is hidden, while the operator types in a field of the page or has text of it
+//    selected, and while paused by the footer's button; the footer's interval choice
+//    is remembered in this browser. Ticked checkboxes stay ticked across a swap.
 (function () {
   "use strict";
 
+  var EVERY_KEY = "cairnqd-live-every";
+
   document.addEventListener("submit", function (event) {
-    var question = event.target.getAttribute("data-confirm");
+    var button = event.submitter;
+    var question = (button && button.getAttribute("data-confirm")) ||
+      event.target.getAttribute("data-confirm");
     if (question && !window.confirm(question)) {
       event.preventDefault();
+    }
+  });
+
+  function picked() {
+    var boxes = document.querySelectorAll("form.selection input[type=checkbox][name=id]");
+    var ticked = 0;
+    boxes.forEach(function (box) {
+      if (box.checked) {
+        ticked += 1;
+      }
+    });
+    var note = document.getElementById("picked");
+    if (note) {
+      note.textContent = ticked ? ticked + " selected" : "";
+    }
+    var all = document.getElementById("pick-all");
+    if (all) {
+      all.checked = boxes.length > 0 && ticked === boxes.length;
+    }
+  }
+
+  document.addEventListener("change", function (event) {
+    var target = event.target;
+    if (target.id === "pick-all") {
+      document.querySelectorAll("form.selection input[type=checkbox][name=id]")
+        .forEach(function (box) {
+          box.checked = target.checked;
+        });
+    }
+    if (target.type === "checkbox") {
+      picked();
     }
   });
 
@@ -19,11 +57,26 @@
   }
   var every = Math.max(250, parseInt(page.dataset.live, 10) || 2000);
   var state = document.getElementById("live-state");
+  var pauseButton = document.getElementById("live-pause");
+  var choice = document.getElementById("live-every");
+  var paused = false;
+  var timer = null;
 
   function say(text) {
     if (state) {
       state.textContent = text;
     }
+  }
+
+  try {
+    var remembered = parseInt(window.localStorage.getItem(EVERY_KEY), 10);
+    if (remembered >= 250 && choice &&
+        choice.querySelector("option[value='" + remembered + "']")) {
+      choice.value = String(remembered);
+      every = remembered;
+    }
+  } catch (ignored) {
+    // Storage refused (a private window): the page's own interval stands.
   }
 
   function typing() {
@@ -32,9 +85,46 @@
       /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName) && active.value);
   }
 
+  function selecting() {
+    var selection = window.getSelection();
+    return Boolean(selection && !selection.isCollapsed && selection.rangeCount &&
+      page.contains(selection.getRangeAt(0).commonAncestorContainer));
+  }
+
+  function ticked() {
+    var kept = [];
+    page.querySelectorAll("input[type=checkbox]").forEach(function (box) {
+      if (box.checked) {
+        kept.push([box.name, box.value, box.id]);
+      }
+    });
+    return kept;
+  }
+
+  function retick(kept) {
+    kept.forEach(function (one) {
+      page.querySelectorAll("input[type=checkbox]").forEach(function (box) {
+        if (box.name === one[0] && box.value === one[1] && box.id === one[2]) {
+          box.checked = true;
+        }
+      });
+    });
+  }
+
+  function later(ms) {
+    window.clearTimeout(timer);
+    timer = window.setTimeout(tick, ms);
+  }
+
   function tick() {
-    if (document.hidden || typing()) {
-      window.setTimeout(tick, every);
+    if (paused) {
+      return;
+    }
+    if (document.hidden || typing() || selecting()) {
+      if (selecting()) {
+        say("waiting while text is selected");
+      }
+      later(every);
       return;
     }
     window.fetch(window.location.href, {
@@ -54,20 +144,59 @@
       if (!fresh) {
         throw new Error("the answer was not a dashboard page");
       }
+      if (paused || selecting()) {
+        // Paused, or text selected, while the answer was on its way: keep the page.
+        later(every);
+        return;
+      }
+      var kept = ticked();
       page.innerHTML = fresh.innerHTML;
+      retick(kept);
       page.dataset.updated = String(Date.now());
       if (!fresh.dataset.live) {
         delete page.dataset.live;
+        if (pauseButton) {
+          pauseButton.disabled = true;
+        }
         say("final: updates stopped");
         return;
       }
       say("live, updated " + new Date().toLocaleTimeString());
-      window.setTimeout(tick, every);
+      later(every);
     }).catch(function (error) {
       say("not updating: " + error.message + "; retrying");
-      window.setTimeout(tick, every * 2);
+      later(every * 2);
     });
   }
 
-  window.setTimeout(tick, every);
+  if (pauseButton) {
+    pauseButton.addEventListener("click", function () {
+      paused = !paused;
+      pauseButton.textContent = paused ? "Resume" : "Pause";
+      pauseButton.setAttribute("aria-pressed", paused ? "true" : "false");
+      if (paused) {
+        window.clearTimeout(timer);
+        say("paused");
+      } else {
+        say("live, every " + every / 1000 + "s");
+        later(0);
+      }
+    });
+  }
+  if (choice) {
+    choice.addEventListener("change", function () {
+      every = Math.max(250, parseInt(choice.value, 10) || every);
+      try {
+        window.localStorage.setItem(EVERY_KEY, String(every));
+      } catch (ignored) {
+        // Not remembered; this page still uses it.
+      }
+      if (!paused) {
+        say("live, every " + every / 1000 + "s");
+        later(every);
+      }
+    });
+  }
+
+  later(every);
 }());

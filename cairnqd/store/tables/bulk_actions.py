@@ -6,16 +6,55 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from cairnqd.models import Task
 from cairnqd.store.arguments import INT8_MAX, Params, require_int, require_str
 from cairnqd.store.executor import Executor, Row, Session
 from cairnqd.store.operator import BULK_BATCH, TaskFilter
 
+#: What a bulk action by filter can do: cancel or retry.
+COMMANDS = ("cancel", "retry")
+
+
+@dataclass(frozen=True)
+class BulkOutcome:
+    """What one bulk action by filter did."""
+
+    #: Tasks that matched the filter when their page was read.
+    matched: int
+    #: Of those, the tasks it changed (the rest changed status meanwhile).
+    changed: int
+    #: Of the canceled ones, those running: cancel requested, their handlers settle them.
+    requested: int
+
 
 class BulkActions:
     def __init__(self, executor: Executor) -> None:
         self._db = executor
+
+    async def apply(
+        self, command: str, where: TaskFilter, *, reset_attempt: bool = False
+    ) -> BulkOutcome:
+        """`command` (cancel or retry) every task matching `where`, `BULK_BATCH` ids per
+        transaction (`cairnqd cancel --queue ...`, the dashboard's "all matching")."""
+        if command not in COMMANDS:
+            raise ValueError(f"command must be one of {', '.join(COMMANDS)}, got {command!r}")
+        matched = changed = requested = 0
+        after = ""
+        while True:
+            ids = await self.ids(where, after_id=after, limit=BULK_BATCH)
+            if not ids:
+                break
+            if command == "cancel":
+                tasks = await self.cancel(ids)
+                requested += sum(1 for t in tasks if t.status == "running")
+            else:
+                tasks = await self.retry(ids, reset_attempt=reset_attempt)
+            matched, changed, after = matched + len(ids), changed + len(tasks), ids[-1]
+            if len(ids) < BULK_BATCH:
+                break
+        return BulkOutcome(matched, changed, requested)
 
     async def count(self, where: TaskFilter) -> int:
         """How many tasks match `where`."""
@@ -66,4 +105,4 @@ class BulkActions:
         return self._db.tasks(rows)
 
 
-__all__ = ["BulkActions"]
+__all__ = ["COMMANDS", "BulkActions", "BulkOutcome"]

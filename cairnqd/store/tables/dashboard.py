@@ -7,7 +7,13 @@ import asyncio
 from collections.abc import Sequence
 
 from cairnqd.store.arguments import INT8_MAX, require_int, require_str
-from cairnqd.store.browse import FailedGroup, TaskQuery, TaskSummary
+from cairnqd.store.browse import (
+    FailedGroup,
+    SearchHit,
+    SearchResult,
+    TaskQuery,
+    TaskSummary,
+)
 from cairnqd.store.executor import Executor
 from cairnqd.store.operator import BULK_BATCH
 
@@ -29,6 +35,23 @@ class DashboardReads:
         op = f"extensions/dashboard_tasks_{query.sort}"
         rows = await self._db.scan(op, params, TaskQuery.supplied(params), list)
         return [TaskSummary.from_row(r) for r in rows]
+
+    async def search(self, text: str, *, scan: int, limit: int) -> SearchResult:
+        """Tasks among the newest `scan` whose key or name starts with `text` or whose
+        payload holds it, newest first (at most `limit`); a task whose key is exactly
+        `text` is found however old it is."""
+        require_str(text, "text")
+        require_int(scan, "scan", minimum=1, maximum=INT8_MAX)
+        require_int(limit, "limit", minimum=1, maximum=10_000)
+        params = {"text": text, "scan": scan, "limit": limit}
+        rows = await self._db.scan("extensions/dashboard_search", params, frozenset(), list)
+        hits = [SearchHit(TaskSummary.from_row(r), r["key"]) for r in rows]
+        beyond = await self._db.fetch("extensions/dashboard_search_beyond", {"scan": scan})
+        if beyond and not any(h.key == text for h in hits):
+            # The window was cut: an exact key still finds its task, by the key's index.
+            found = await self.browse(TaskQuery(key=text, limit=1))
+            hits = [SearchHit(t, text) for t in found] + hits
+        return SearchResult(hits=hits[:limit], scanned=scan, cut=bool(beyond))
 
     async def task_key(self, task_id: str) -> str | None:
         """The key `task_id` was submitted with, or None."""
