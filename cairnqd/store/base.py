@@ -64,6 +64,7 @@ from cairnqd.store.statement_params import (
     insert_many_params,
     new_task,
 )
+from cairnqd.store.tables.attempts import HAND_BACK_OUTCOMES, AttemptHistory, name_hand_back
 from cairnqd.store.tables.bulk_actions import BulkActions
 from cairnqd.store.tables.dashboard import DashboardReads
 from cairnqd.store.tables.fleet import FleetRegistry
@@ -725,6 +726,11 @@ class TaskStore(ABC):
         return QueuePauses(self.executor)
 
     @functools.cached_property
+    def attempts(self) -> AttemptHistory:
+        """The record of every attempt of a task (docs/operations.md)."""
+        return AttemptHistory(self.executor)
+
+    @functools.cached_property
     def bulk(self) -> BulkActions:
         """Cancel and retry by filter, a page at a time."""
         return BulkActions(self.executor)
@@ -1056,6 +1062,7 @@ class TaskStore(ABC):
         *,
         message: str,
         unstarted: Sequence[tuple[str, int]] = (),
+        why: str = "worker_exit",
     ) -> builtins.list[Row]:
         """Hand back every task `worker_id` still runs, with recovery's outcomes now:
         cancel requested -> canceled; attempts left -> queued; else failed with the
@@ -1065,8 +1072,12 @@ class TaskStore(ABC):
         `unstarted` lists (task id, attempt) pairs the worker held without ever calling
         their handler: those are queued again with the attempt their claim spent given
         back (a pending cancel still wins). Anything not listed counts as started.
-        Returns the rows changed: id, queue, name and new status."""
+        `why` the worker stopped names the attempts it closed in their history
+        (worker_exit, shutdown, max_run, stall: `HAND_BACK_OUTCOMES`).
+        Returns the rows changed: id, queue, name, new status and attempt."""
         require_str(worker_id, "worker_id")
+        if why not in HAND_BACK_OUTCOMES:
+            raise ValueError(f"why: expected one of {sorted(HAND_BACK_OUTCOMES)}, got {why!r}")
         error = dump_json(dataclasses.replace(LEASE_EXPIRED, message=message).to_dict())
         items = dump_json([{"id": task_id, "a": attempt} for task_id, attempt in unstarted])
 
@@ -1079,6 +1090,7 @@ class TaskStore(ABC):
             released = await session.fetch(
                 "release_worker", {"worker_id": worker_id, "error": error}
             )
+            await name_hand_back(session, worker_id, released, why)
             return returned + released
 
         return await self._replayable(release)

@@ -266,12 +266,19 @@ class FlakyStore(SQLiteStore):
     failures = 1
 
     async def release_worker(
-        self, worker_id: str, *, message: str, unstarted: Sequence[tuple[str, int]] = ()
+        self,
+        worker_id: str,
+        *,
+        message: str,
+        unstarted: Sequence[tuple[str, int]] = (),
+        why: str = "worker_exit",
     ) -> list[Row]:
         if type(self).failures:
             type(self).failures -= 1
             raise sqlite3.OperationalError("database is locked")
-        return await super().release_worker(worker_id, message=message, unstarted=unstarted)
+        return await super().release_worker(
+            worker_id, message=message, unstarted=unstarted, why=why
+        )
 
 
 async def test_failed_hand_back_is_retried(

@@ -79,7 +79,9 @@ class ChildExits:
             self._fail_overruns(child)
             reason = _handback_reason(child, stopping)
             spared = unstarted + self._restores.allow(returned)
-            self._maintenance.hand_back(child.worker_id, reason, spared)
+            # A stalled loop is an abort in the attempt history, not a plain exit.
+            why = "stall" if child.kill_reason == "stall" else reason
+            self._maintenance.hand_back(child.worker_id, reason, spared, why)
         described = describe_exit(code)
         group = where.pool
         if group is None:

@@ -40,6 +40,9 @@ class HandBack:
     #: (task id, attempt) of the tasks it held and never started.
     unstarted: tuple[tuple[str, int], ...] = ()
     attempts: int = 0
+    #: Why the worker stopped, as the attempt history names it (`stall` for a stalled
+    #: loop); None: the reason.
+    why: str | None = None
 
     def describe(self) -> str:
         return f"hand-back of {self.worker_id} ({self.reason})"
@@ -118,11 +121,15 @@ async def release_worker(
     worker_id: str,
     reason: str,
     unstarted: Sequence[tuple[str, int]] = (),
+    why: str | None = None,
 ) -> list[Row]:
     """Hand back every task `worker_id` holds, with recovery's outcomes, now; the
-    `unstarted` ones with their attempt given back."""
+    `unstarted` ones with their attempt given back. `why` names the attempts in their
+    history (`stall`), the reason when None."""
     message = f"task lease released and max attempts reached: {_CAUSES[reason]} ({reason})"
-    rows = await store.release_worker(worker_id, message=message, unstarted=unstarted)
+    rows = await store.release_worker(
+        worker_id, message=message, unstarted=unstarted, why=why or reason
+    )
     count_recoveries(metrics, rows, reason)
     if rows:
         outcomes = Counter(str(r["status"]) for r in rows)

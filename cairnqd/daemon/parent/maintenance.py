@@ -130,14 +130,18 @@ class Maintenance:
         return clean and stopped
 
     def hand_back(
-        self, worker_id: str, reason: str, unstarted: Sequence[tuple[str, int]] = ()
+        self,
+        worker_id: str,
+        reason: str,
+        unstarted: Sequence[tuple[str, int]] = (),
+        why: str | None = None,
     ) -> None:
         """Queue the release of every task `worker_id` still holds, ahead of all other
         maintenance. Only for a worker whose process has been reaped. `unstarted`
         (task id, attempt) pairs get back the attempt their claim spent."""
         if reason not in HAND_BACK_REASONS:
             raise ValueError(f"reason must be one of {', '.join(HAND_BACK_REASONS)}")
-        self._enqueue(HandBack(worker_id, reason, tuple(unstarted)))
+        self._enqueue(HandBack(worker_id, reason, tuple(unstarted), why=why))
 
     def fail_task_max_run(
         self, task_id: str, worker_id: str, max_run_s: float, delay_ms: int = 0
@@ -266,7 +270,7 @@ class Maintenance:
             began = self._clock()
             try:
                 if isinstance(job, HandBack):
-                    await self.release_worker(job.worker_id, job.reason, job.unstarted)
+                    await self.release_worker(job.worker_id, job.reason, job.unstarted, why=job.why)
                 elif isinstance(job, handback.ClearLimitOverrides):
                     await self.clear_limit_overrides(job.names)
                 else:
@@ -280,11 +284,17 @@ class Maintenance:
     # -- duties (awaitable directly in tests) ------------------------------------------------
 
     async def release_worker(
-        self, worker_id: str, reason: str, unstarted: Sequence[tuple[str, int]] = ()
+        self,
+        worker_id: str,
+        reason: str,
+        unstarted: Sequence[tuple[str, int]] = (),
+        why: str | None = None,
     ) -> list[Row]:
         """Hand back every task `worker_id` holds now (handback.py)."""
         store = await self._store.get()
-        return await handback.release_worker(store, self._metrics, worker_id, reason, unstarted)
+        return await handback.release_worker(
+            store, self._metrics, worker_id, reason, unstarted, why
+        )
 
     async def clear_limit_overrides(self, names: Sequence[str]) -> list[str]:
         """End the operator's overrides of `names` (`cairnqd limits set`)."""
