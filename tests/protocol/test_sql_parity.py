@@ -104,6 +104,13 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "sqlite_autoindex_cairnqd_limit_overrides_1",
         "cairnqd_limit_bypasses",
         "sqlite_autoindex_cairnqd_limit_bypasses_1",
+        "cairnqd_attempts",
+        "cairnqd_attempts_task_idx",
+        # The attempt history's triggers sit on the protocol's task table, by our names.
+        "cairnqd_attempts_open",
+        "cairnqd_attempts_close",
+        "cairnqd_attempts_unstarted",
+        "cairnqd_attempts_forget",
     }
     assert sqlite_ledger(ours, "cairnqd_migrations") == {
         "cairnqd_0001_task_keys_task_idx.sql",
@@ -114,6 +121,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_0007_fleet.sql",
         "cairnqd_0008_limits.sql",
         "cairnqd_0009_limit_bypasses.sql",
+        "cairnqd_0010_attempts.sql",
     }
 
 
@@ -144,6 +152,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0007_fleet.sql",
             "cairnqd_0008_limits.sql",
             "cairnqd_0009_limit_bypasses.sql",
+            "cairnqd_0010_attempts.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
@@ -160,7 +169,19 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_limit_slots_pkey",
             "cairnqd_limit_overrides_pkey",
             "cairnqd_limit_bypasses_pkey",
+            "cairnqd_attempts_task_idx",
         }
+        # The attempt history's triggers and functions, ours by name, on the task table.
+        everything = pg_schema(ours, skip_prefix=None)
+        assert {t[1] for t in everything["triggers"]} - {
+            t[1] for t in their_schema["triggers"]
+        } == {
+            "cairnqd_attempts_track",
+            "cairnqd_attempts_forget",
+        }
+        assert {f[0] for f in everything["functions"]} - {
+            f[0] for f in their_schema["functions"]
+        } == {"cairnqd_attempts_track", "cairnqd_attempts_forget"}
 
 
 def _upstream_connect_sqlite(path: Path) -> None:

@@ -77,6 +77,8 @@ def _params(dialect: str) -> dict[str, Any]:
         "items": json.dumps([{"id": "task_run", "r": '{"ok": true}'}]),
         "unstarted": json.dumps([{"id": "task_run", "a": 1}]),
         "running": "running",
+        "outcome": "handed_back",
+        "detail": "shutdown",
         "table_name": "cairnq_migrations",
         # The operator's controls: queue pauses and bulk actions (store/operator.py).
         "paused_by": "ops@host",
@@ -308,6 +310,13 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     # (one row, kind null); its queue holds one due task in the partition '(none)'.
     "extensions/limit_room_task": ({"id": "task_q"}, 1),
     "extensions/limit_room_queues": ({}, 1),
+    # Attempt history: the seed inserts its running rows (no claim), so no record exists;
+    # naming a hand-back finds nothing to name.
+    "extensions/attempts_of": ({}, 0),
+    "extensions/attempts_hand_back": (
+        {"items": json.dumps([{"id": "task_run", "a": 1, "s": "queued"}])},
+        None,
+    ),
 }
 
 #: What the store fills into a composed statement's `{part}`s for a draw that meets
