@@ -6,7 +6,7 @@ history")."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +91,28 @@ class AttemptRecord:
         }
 
 
+def error_attempt(error: object, records: Sequence[AttemptRecord]) -> int | None:
+    """The attempt whose envelope a task's row holds (the last one with it), or None
+    when the history does not say."""
+    if error is None:
+        return None
+    for record in reversed(records):
+        if record.error == error:
+            return record.attempt
+    return None
+
+
+def error_label(status: str, which: int | None) -> str | None:
+    """What the row's error is, when it is not simply why the task ended: a task that
+    succeeded, or runs again, keeps the envelope of an earlier attempt."""
+    attempt = f"attempt {which}" if which is not None else "an earlier attempt"
+    if status == "succeeded":
+        return f"left by {attempt}; the task succeeded afterwards"
+    if status in ("queued", "running"):
+        return f"of {attempt}; the task runs again"
+    return None if which is None else f"of attempt {which}"
+
+
 def host_of(worker_id: str | None) -> str | None:
     if worker_id is None or ":" not in worker_id:
         return None
@@ -133,6 +155,8 @@ __all__ = [
     "AttemptRecord",
     "attempts_shown",
     "duration_shown",
+    "error_attempt",
+    "error_label",
     "error_traceback",
     "host_of",
 ]

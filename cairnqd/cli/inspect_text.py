@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from cairnqd import attempts
 from cairnqd._jsoncodec import shown
 from cairnqd.attempts import AttemptRecord, duration_shown, error_traceback
 from cairnqd.models import Task
@@ -17,26 +18,15 @@ _INDENT = "    "
 
 
 def error_attempt(task: Task, records: Sequence[AttemptRecord]) -> int | None:
-    """The attempt whose error the task's row holds (the last one with that envelope),
-    or None when the history does not say."""
-    if task.error is None:
-        return None
-    for record in reversed(records):
-        if record.error == task.error:
-            return record.attempt
-    return None
+    """The attempt whose error the task's row holds, or None."""
+    return attempts.error_attempt(task.error, records)
 
 
 def error_heading(task: Task, records: Sequence[AttemptRecord]) -> str:
     """`error:`, labelled when the row's error is not this task's outcome: a task that
     succeeded (or runs again) keeps the envelope of an earlier attempt."""
-    which = error_attempt(task, records)
-    attempt = f"attempt {which}" if which is not None else "an earlier attempt"
-    if task.status == "succeeded":
-        return f"error: left by {attempt}; the task succeeded afterwards"
-    if task.status in ("queued", "running"):
-        return f"error: of {attempt}; the task runs again"
-    return "error:" if which is None else f"error: of attempt {which}"
+    label = attempts.error_label(task.status, error_attempt(task, records))
+    return "error:" if label is None else f"error: {label}"
 
 
 def envelope_lines(

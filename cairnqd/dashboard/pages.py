@@ -17,8 +17,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cairnqd._jsoncodec import shown
+from cairnqd.attempts import AttemptRecord, attempts_shown, error_attempt, error_label
 from cairnqd.config import Config, ScheduleConfig
 from cairnqd.config.units import elapsed_text, format_duration
+from cairnqd.dashboard.attempts import attempt_timeline
 from cairnqd.dashboard.auth import Session
 from cairnqd.dashboard.data import HOUR_MINUTES, HostView, LimitRow, Overview, QueueRow
 from cairnqd.dashboard.markup import Markup, join, render
@@ -26,6 +28,7 @@ from cairnqd.dashboard.params import encode_cursor, with_params
 from cairnqd.limits import NO_PARTITION, Limit
 from cairnqd.models import STATUSES, Task
 from cairnqd.schedules import from_ms
+from cairnqd.store.base import wall_clock_ms
 from cairnqd.store.browse import SORTS, TaskQuery, TaskSummary
 from cairnqd.store.tables.fleet import versions
 from cairnqd.store.tables.limits import PartitionUsage, RoomWait, full_budgets, span_text
@@ -541,14 +544,13 @@ def tasks_page(
     body_rows = join(
         render(
             '<tr><td><a class="mono" href="/task/{id}">{id}</a></td><td>{name}</td>'
-            '<td>{queue}</td><td>{status}</td><td class="num">{attempt}/{max}</td>'
+            '<td>{queue}</td><td>{status}</td><td class="num">{attempt}</td>'
             "<td>{created}</td><td>{run_at}</td><td>{finished}</td></tr>",
             id=t.id,
             name=t.name,
             queue=t.queue,
             status=status_badge(t.status),
-            attempt=t.attempt,
-            max=t.max_attempts,
+            attempt=attempts_shown(t.attempt, t.max_attempts),
             created=when(t.created_at_ms),
             run_at=when(t.run_at_ms),
             finished=when(t.completed_at_ms),
@@ -587,9 +589,14 @@ def tasks_page(
 
 
 def task_page(
-    task: Task, key: str | None, viewer: Viewer, waits: Sequence[RoomWait] = ()
+    task: Task,
+    key: str | None,
+    viewer: Viewer,
+    waits: Sequence[RoomWait] = (),
+    attempts: Sequence[AttemptRecord] = (),
 ) -> Markup:
-    """One task in full; `waits` are the budgets of limits it waits for room in."""
+    """One task in full; `waits` are the budgets of limits it waits for room in,
+    `attempts` its recorded attempts, oldest first."""
     back = f"/task/{task.id}"
     controls = []
     if task.status in ("failed", "canceled"):
@@ -604,7 +611,7 @@ def task_page(
         ("queue", task.queue),
         ("status", status_badge(task.status)),
         ("key", key if key is not None else "-"),
-        ("attempt", f"{task.attempt} of {task.max_attempts}"),
+        ("attempt", attempts_shown(task.attempt, task.max_attempts)),
         ("priority", task.priority),
         ("lease holder", task.worker_id or "-"),
         ("lease until", when(task.lease_until_ms)),
@@ -634,10 +641,12 @@ def task_page(
         details = envelope.get("details") if isinstance(envelope.get("details"), dict) else {}
         trace = details.get("traceback") if isinstance(details, dict) else None
         rest = {k: v for k, v in (details or {}).items() if k != "traceback"}
+        label = error_label(task.status, error_attempt(task.error, attempts))
         error = render(
-            '<h2>Error</h2><dl class="facts"><dt>type</dt><dd>{type}</dd><dt>code</dt>'
+            '<h2>Error</h2>{label}<dl class="facts"><dt>type</dt><dd>{type}</dd><dt>code</dt>'
             "<dd>{code}</dd><dt>message</dt><dd>{message}</dd><dt>retryable</dt>"
             "<dd>{retryable}</dd></dl>{trace}{rest}",
+            label=render('<p class="note earlier">The error {l}.</p>', l=label) if label else "",
             type=envelope.get("type", "-"), code=envelope.get("code", "-"),
             message=envelope.get("message", "-"), retryable=envelope.get("retryable", "-"),
             trace=render('<h3>Traceback</h3><pre class="trace">{t}</pre>', t=trace)
@@ -659,7 +668,7 @@ def task_page(
     )
     return render(
         '<div class="controls">{controls}</div>{waiting}<dl class="facts">{dl}</dl>{progress}'
-        "<h2>Payload</h2><pre>{payload}</pre>{result}{error}"
+        "<h2>Payload</h2><pre>{payload}</pre>{result}{error}{attempts}"
         "<h2>Metadata</h2><pre>{metadata}</pre>",
         controls=join(controls),
         waiting=waiting,
@@ -668,6 +677,7 @@ def task_page(
         payload=pretty(task.payload),
         result=result,
         error=error,
+        attempts=attempt_timeline(attempts, wall_clock_ms(), when),
         metadata=pretty(task.metadata),
     )
 

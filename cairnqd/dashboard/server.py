@@ -177,7 +177,8 @@ class Dashboard:
             task, key = self.data.task(tid)
             if task is None:
                 return _error(404, f"no task {tid} (it may have been purged)")
-            body = pages.task_page(task, key, viewer, self.data.waiting_for(task))
+            waits, attempts = self.data.waiting_for(task), self.data.attempts(tid)
+            body = pages.task_page(task, key, viewer, waits, attempts)
             live = task.status in ("queued", "running")
             return self._layout(f"Task {task.name}", path, body, viewer, live=live)
         if path == "/failed":
