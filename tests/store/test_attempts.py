@@ -120,19 +120,27 @@ async def test_hand_back_names_why(store: TaskStore) -> None:
     assert [(r.attempt, r.outcome, r.detail) for r in records] == [(1, "handed_back", "shutdown")]
 
 
-async def test_max_run_failure_is_an_abort(store: TaskStore) -> None:
-    task = await store.submit(name="n", max_attempts=3)
-    await _claim_one(store, "w1")
+async def test_max_run_failures_are_aborts(store: TaskStore) -> None:
+    task = await store.submit(name="n", max_attempts=5)
     error = {"type": "MaxRunExceeded", "code": "max_run_exceeded", "message": "too long",
              "retryable": True, "details": {"max_run_s": 1.0}}  # fmt: skip
-    await store.fail(task_id=task.id, worker_id="w1", error=error)
-    (record,) = await store.attempts.of(task.id)
-    assert (record.outcome, record.detail, record.outcome_shown) == (
-        "aborted",
-        "max_run",
-        "aborted (max_run)",
-    )
-    assert record.error is not None and record.error["code"] == "max_run_exceeded"
+    # The daemon's envelope twice (the same both times), then a worker's own timeout.
+    for envelope in (error, error, {**error, "code": "handler_timeout"}):
+        await _claim_one(store, "w1")
+        await store.fail(task_id=task.id, worker_id="w1", error=envelope)
+    records = await store.attempts.of(task.id)
+    assert [(r.outcome, r.detail) for r in records] == [("aborted", "max_run")] * 3
+    assert records[0].outcome_shown == "aborted (max_run)"
+    assert [r.error["code"] for r in records if r.error] == [
+        "max_run_exceeded", "max_run_exceeded", "handler_timeout"
+    ]  # fmt: skip
+    # Handed back while the row still holds the last abort's error: not an abort.
+    await _claim_one(store, "h:g.0:W")
+    await store.release_worker("h:g.0:W", message="gone", why="worker_exit")
+    last = (await store.attempts.of(task.id))[-1]
+    assert (last.attempt, last.outcome, last.detail, last.error) == (
+        4, "handed_back", "worker_exit", None
+    )  # fmt: skip
 
 
 async def test_purge_and_discard_remove_the_records(store: TaskStore) -> None:

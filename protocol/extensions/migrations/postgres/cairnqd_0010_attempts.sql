@@ -51,9 +51,11 @@ begin
     end if;
     if exists (select 1 from cairnqd_new_rows where status <> 'running') then
         -- A row left running: close its attempt. Recovery moves a row whose lease had passed
-        -- (an owned settlement never does); an error written by this statement names an
-        -- abort or a release by its code; an attempt given back (return_unstarted) was
-        -- never started and leaves no record.
+        -- (an owned settlement never does). The error's code names an abort (past max_run:
+        -- the daemon's max_run_exceeded, a worker's handler_timeout) or, written by this
+        -- statement, a release; a release that leaves an earlier attempt's error is named
+        -- by the hand-back itself. An attempt given back (return_unstarted) was never
+        -- started and leaves no record.
         with pair as materialized (
             select o.id, o.attempt as old_attempt, t.attempt, t.updated_at_ms as now_ms,
                    k.outcome,
@@ -69,8 +71,8 @@ begin
                        case
                            when t.status in ('succeeded', 'canceled') then t.status
                            when o.lease_until_ms <= t.updated_at_ms then 'lease_lost'
-                           when t.error is distinct from o.error
-                               and t.error ->> 'code' = 'max_run_exceeded' then 'aborted'
+                           when t.error ->> 'code' in ('max_run_exceeded', 'handler_timeout')
+                               then 'aborted'
                            when t.error is distinct from o.error
                                and t.error ->> 'code' = 'lease_expired' then 'handed_back'
                            else 'failed'

@@ -41,9 +41,11 @@ begin
     values (new.id, new.attempt, new.worker_id, new.updated_at_ms);
 end;
 
--- Recovery moves a row whose lease had passed (an owned settlement never does); an
--- error written by this statement names an abort or a release by its code (read only
--- when valid JSON: a row another client wrote with an error that is not must settle).
+-- Recovery moves a row whose lease had passed (an owned settlement never does). The
+-- error's code names an abort (past max_run: the daemon's max_run_exceeded, a worker's
+-- handler_timeout) or, written by this statement, a release; a release that leaves an
+-- earlier attempt's error is named by the hand-back itself. The code is read only from
+-- valid JSON: a row another client wrote with an error that is not must still settle.
 create trigger if not exists cairnqd_attempts_close
 after update of status on cairnq_tasks
 when old.status = 'running' and new.status <> 'running' and new.attempt >= old.attempt
@@ -53,9 +55,8 @@ begin
         outcome = case
             when new.status in ('succeeded', 'canceled') then new.status
             when old.lease_until_ms <= new.updated_at_ms then 'lease_lost'
-            when new.error is not old.error
-                and json_extract(case when json_valid(new.error) then new.error end, '$.code')
-                    = 'max_run_exceeded' then 'aborted'
+            when json_extract(case when json_valid(new.error) then new.error end, '$.code')
+                    in ('max_run_exceeded', 'handler_timeout') then 'aborted'
             when new.error is not old.error
                 and json_extract(case when json_valid(new.error) then new.error end, '$.code')
                     = 'lease_expired' then 'handed_back'
@@ -64,9 +65,8 @@ begin
         detail = case
             when new.status not in ('succeeded', 'canceled')
                 and not (old.lease_until_ms <= new.updated_at_ms)
-                and new.error is not old.error
                 and json_extract(case when json_valid(new.error) then new.error end, '$.code')
-                    = 'max_run_exceeded' then 'max_run'
+                    in ('max_run_exceeded', 'handler_timeout') then 'max_run'
         end,
         error = case
             when new.error is not old.error then new.error
