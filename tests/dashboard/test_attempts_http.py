@@ -30,9 +30,9 @@ def test_task_page_shows_the_attempts(dash: Dash) -> None:
     assert failed.headers["content-security-policy"] == CSP
     timeline = _timeline(failed.text)
     assert timeline.count('<li class="attempt">') == 1
-    assert '<span class="status st-failed" title="the handler raised' in timeline
+    assert '<span class="status outcome oc-failed" title="the handler raised' in timeline
     assert f" on {socket.gethostname()} · " in timeline
-    assert '<details class="trace"><summary>Traceback</summary>' in timeline
+    assert '<details class="trace" id="attempt-1-trace"><summary>Traceback</summary>' in timeline
     assert "Traceback (most recent call last)" in timeline
     assert "&lt;i&gt;boom&lt;/i&gt;" in timeline and "<i>boom" not in timeline
     assert "<script>" not in failed.text

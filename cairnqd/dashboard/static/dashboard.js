@@ -2,7 +2,8 @@
 // 1. A form with data-confirm asks before it posts.
 // 2. A page whose <main id="page"> has data-live="MS" re-reads itself every MS
 //    milliseconds and swaps its main part in, without reloading. It pauses while the
-//    tab is hidden or while the operator types in a field of the page.
+//    tab is hidden or while the operator types in a field of the page. A <details> the
+//    operator opened (one with an id) stays open across the swap.
 (function () {
   "use strict";
 
@@ -54,7 +55,15 @@
       if (!fresh) {
         throw new Error("the answer was not a dashboard page");
       }
+      var opened = Array.prototype.map.call(
+        page.querySelectorAll("details[open][id]"), function (d) { return d.id; });
       page.innerHTML = fresh.innerHTML;
+      opened.forEach(function (id) {
+        var again = document.getElementById(id);
+        if (again && again.tagName === "DETAILS") {
+          again.open = true;
+        }
+      });
       page.dataset.updated = String(Date.now());
       if (!fresh.dataset.live) {
         delete page.dataset.live;
