@@ -686,8 +686,10 @@ def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         parents=parents,
         help="show one task in full",
         description="Show every field of one task: payload, result, error envelope (with "
-        "the handler's traceback), times in UTC; for a due task that a full flow-control "
-        "limit of the config holds back, which budget it waits for (--json: waiting_for).",
+        "the handler's traceback as text, and which attempt left it), times in UTC; then "
+        "every attempt with its outcome, worker, host, duration and error (--json: "
+        "attempts); for a due task that a full flow-control limit of the config holds back, "
+        "which budget it waits for (--json: waiting_for).",
     )
     _add_target(p)
     p.add_argument("--json", action="store_true", help="print JSON")
