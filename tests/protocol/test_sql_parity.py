@@ -104,8 +104,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "sqlite_autoindex_cairnqd_limit_overrides_1",
         "cairnqd_limit_bypasses",
         "sqlite_autoindex_cairnqd_limit_bypasses_1",
-        "cairnqd_attempts",
-        "cairnqd_attempts_task_idx",
+        "cairnqd_attempts",  # WITHOUT ROWID: its key is the table, no index of its own
         # The attempt history's triggers sit on the protocol's task table, by our names.
         "cairnqd_attempts_open",
         "cairnqd_attempts_close",

@@ -13,23 +13,24 @@
 -- worker_id is the claimer's; the host is read from it (the part before its first ':',
 -- as a cairnqd daemon names its workers), so it is not stored.
 --
--- No unique key on (task_id, attempt): a retry with its attempts reset runs attempt 1
--- again, and a trigger that raised a constraint error would fail the claim. The open
--- record of an attempt is the one with finished_at_ms null.
+-- One B-tree, keyed by task and attempt (WITHOUT ROWID: a claim adds one entry, not a
+-- row and an index entry). started_at_ms completes the key: a retry with its attempts
+-- reset runs attempt 1 again. The open record of an attempt is the one with
+-- finished_at_ms null. The insert is OR IGNORE: a record that cannot be written is
+-- dropped rather than failing the claim that opens it.
 create table if not exists cairnqd_attempts (
     task_id text not null,
     attempt integer not null,
-    worker_id text,
     started_at_ms integer not null,
+    worker_id text,
     finished_at_ms integer,
     outcome text check (outcome in (
         'succeeded', 'failed', 'canceled', 'lease_lost', 'aborted', 'handed_back'
     )),
     detail text,
-    error text
-);
-
-create index if not exists cairnqd_attempts_task_idx on cairnqd_attempts (task_id, attempt);
+    error text,
+    primary key (task_id, attempt, started_at_ms)
+) without rowid;
 
 -- Row triggers run in-process, and "update of status" with the WHEN clauses keeps
 -- heartbeats and progress writes (which never name status) from firing any of them.
@@ -37,7 +38,7 @@ create trigger if not exists cairnqd_attempts_open
 after update of status on cairnq_tasks
 when new.status = 'running' and old.status <> 'running'
 begin
-    insert into cairnqd_attempts (task_id, attempt, worker_id, started_at_ms)
+    insert or ignore into cairnqd_attempts (task_id, attempt, worker_id, started_at_ms)
     values (new.id, new.attempt, new.worker_id, new.updated_at_ms);
 end;
 
