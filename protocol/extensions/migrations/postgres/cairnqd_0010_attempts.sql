@@ -133,3 +133,9 @@ create trigger cairnqd_attempts_forget
     referencing old table as cairnqd_gone_rows
     for each statement
     execute function cairnqd_attempts_forget();
+
+-- The triggers record every worker's attempts, but only a daemon that knows the history
+-- names why it handed tasks back: under an older one those attempts read as failures.
+insert into cairnqd_features (feature, since) values
+    ('attempts', 'cairnqd_0010_attempts.sql')
+on conflict (feature) do nothing;

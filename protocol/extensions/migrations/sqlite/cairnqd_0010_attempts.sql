@@ -94,3 +94,9 @@ after delete on cairnq_tasks
 begin
     delete from cairnqd_attempts where task_id = old.id;
 end;
+
+-- The triggers record every worker's attempts, but only a daemon that knows the history
+-- names why it handed tasks back: under an older one those attempts read as failures.
+insert into cairnqd_features (feature, since) values
+    ('attempts', 'cairnqd_0010_attempts.sql')
+on conflict (feature) do nothing;
