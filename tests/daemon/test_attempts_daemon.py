@@ -1,9 +1,12 @@
 """Attempt history written by a real daemon, on SQLite and Postgres: a task that fails,
 then has its child aborted for a blocked event loop, then succeeds, keeps one record
-per attempt with the outcome, worker, host and error of each."""
+per attempt with the outcome, worker, host and error of each; a task whose child is
+killed under it is recorded as handed back."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -56,4 +59,36 @@ def test_failed_then_stall_aborted_then_succeeded(
         assert record.worker_id is not None and record.worker_id.startswith(f"{record.host}:g.0:")
         assert record.finished_at_ms is not None and record.finished_at_ms >= record.started_at_ms
     assert [r.started_at_ms for r in records] == sorted(r.started_at_ms for r in records)
+    assert daemon.stop() == 0
+
+
+def test_killed_child_hands_back_then_succeeds(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
+) -> None:
+    groups = {"g": {"queues": ["q"], "processes": 1, "concurrency": 1, "lease": "60s"}}
+    daemon = daemon_factory(fault_config(tmp_path, dialect, db_target, groups)).start()
+    log, release = tmp_path / "runs.log", tmp_path / "release"
+    payload = {"log": str(log), "release": str(release)}
+    (task_id,) = submit(dialect, db_target, "f.gate", [payload], queue="q", max_attempts=3)
+    wait_for("attempt 1 to start", lambda: log.exists() and f"start {task_id} 1" in log.read_text())
+    (pid,) = daemon.children("g")
+    os.kill(pid, signal.SIGKILL)
+    wait_for("attempt 2 to start", lambda: f"start {task_id} 2" in log.read_text(), 60)
+    release.touch()
+    (done,) = wait_for(
+        "the task to finish", lambda: all_terminal(dialect, db_target, [task_id]), 60
+    )
+    assert (done.status, done.attempt) == ("succeeded", 2)
+
+    async def history(c: CairnQ) -> list[Any]:
+        return await c.store.attempts.of(task_id)
+
+    records = client_call(dialect, db_target, history)
+    assert [(r.attempt, r.outcome, r.detail, r.error) for r in records] == [
+        (1, "handed_back", "worker_exit", None),
+        (2, "succeeded", None, None),
+    ]
+    # Handed back at once, not when its 60 s lease would have run out.
+    assert records[0].finished_at_ms is not None
+    assert records[0].finished_at_ms - records[0].started_at_ms < 30_000
     assert daemon.stop() == 0
