@@ -1,7 +1,7 @@
 """`AttemptHistory`: the records of every attempt of a task (`cairnqd_attempts`), which
 triggers on the task table write (cairnqd_0010_attempts.sql). The store only reads
 them, and names the attempts a hand-back closed, which the triggers cannot tell apart
-from a failure."""
+from a failure (docs/architecture.md, "Attempt history")."""
 
 from __future__ import annotations
 
