@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cairnqd.store.base import TaskStore
+from tests.support.store import query
 from tests.support.waiting import wait_for_async
 
 BOOM = {
@@ -155,3 +156,27 @@ async def test_purge_and_discard_remove_the_records(store: TaskStore) -> None:
     await store.fail(task_id=kept.id, worker_id="w1", error=BOOM, retryable=False)
     assert await store.dashboard.discard_failed([kept.id]) == [kept.id]
     assert await store.attempts.of(kept.id) == []
+
+
+async def test_a_hand_written_update_of_both_kinds(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    """One UPDATE that moves a queued row to running while another runs on: the new
+    attempt is opened and the running one keeps its single open record."""
+    running = await store.submit(name="n", queue="a")
+    await store.claim(queues=["a"], worker_id="w1")
+    queued = await store.submit(name="n", queue="b")
+    query(
+        dialect,
+        db_target,
+        "update cairnq_tasks set status = 'running', worker_id = 'w2', "
+        "attempt = case when status = 'queued' then attempt + 1 else attempt end, "
+        "lease_until_ms = updated_at_ms + 60000 where id in (?, ?)",
+        [running.id, queued.id],
+    )
+    assert [(r.attempt, r.worker_id, r.outcome) for r in await store.attempts.of(queued.id)] == [
+        (1, "w2", None)
+    ]
+    assert [(r.attempt, r.worker_id, r.outcome) for r in await store.attempts.of(running.id)] == [
+        (1, "w1", None)
+    ]
