@@ -1,7 +1,7 @@
 """The plans attempt history relies on, pinned (cairnqd_0010_attempts.sql).
 
 Postgres: the trigger's statements run on cached plans, first made for whatever the
-first statement of a session held; a claim of 256 rows and their settlement after a
+first statement on the connection held; a claim of 256 rows and their settlement after a
 one-row claim must still probe indexes per row, never scan a table nor join two
 transition tables in a nested loop. auto_explain reports each nested statement's plan as
 it runs. SQLite: the row triggers' statements and the history read search the table's
