@@ -2,7 +2,8 @@
 
 A rule is one filtered `purge`. The sweeper sleeps one interval before its first
 sweep, so a process restarting in a loop never purges on boot, and drains each rule in
-`limit`-sized batches, yielding between batches so other writers get the lock.
+`limit`-sized batches, yielding between batches so other writers get the lock. A purged
+task's attempt records go with it (a trigger of cairnqd_0010_attempts.sql).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from cairnqd._jsoncodec import shown
 from cairnqd._protocol import migrations
-from cairnqd.cli import listing
+from cairnqd.attempts import AttemptRecord, attempts_shown
+from cairnqd.cli import inspect_text, listing
 from cairnqd.client import wait_for_task
 from cairnqd.config import (
     Config,
@@ -357,25 +358,43 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return _follow(config, task_id, key)
     limits = config.flow_limits()
 
-    async def read(store: TaskStore) -> tuple[Task | None, list[RoomWait]]:
+    async def read(
+        store: TaskStore,
+    ) -> tuple[Task | None, list[RoomWait], list[AttemptRecord]]:
         task = await _fetch(store, task_id, key)
-        if task is None or not limits:
-            return task, []
+        if task is None:
+            return None, [], []
+        records = await store.attempts.of(task.id)
+        if not limits:
+            return task, [], records
         # A queued, due task that a full limit holds back says so (docs/limits.md).
-        return task, await store.limit_table.waiting_for(task, limits)
+        return task, await store.limit_table.waiting_for(task, limits), records
 
-    task, waits = with_store(config, read)
+    task, waits, records = with_store(config, read)
     if task is None:
         raise _missing(task_id, key)
     if args.json:
         data = dataclasses.asdict(task)
         data["waiting_for"] = [w.to_json() for w in waits]
+        data["error_attempt"] = inspect_text.error_attempt(task, records)
+        data["attempts"] = [r.to_json() for r in records]
         print(_json(data))
         return exitcodes.OK
     for field, value in dataclasses.asdict(task).items():
-        print(f"{field}:{_shown(field, value)}")
+        if field == "error":
+            continue  # below, labelled, its traceback as text
+        shown = attempts_shown(task.attempt, task.max_attempts) if field == "attempt" else None
+        print(f"{field}: {shown}" if shown else f"{field}:{_shown(field, value)}")
     for wait in waits:
         print(wait.describe())
+    if task.error is not None:
+        print(inspect_text.error_heading(task, records))
+        # The attempt that wrote it shows its traceback below, once.
+        known = inspect_text.error_attempt(task, records) is not None
+        for line in inspect_text.envelope_lines(task.error, traceback=not known):
+            print(line)
+    for line in inspect_text.attempt_lines(records, wall_clock_ms(), _when, table):
+        print(line)
     return exitcodes.OK
 
 
@@ -556,7 +575,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     task = with_store(config, lambda store: _retry(store, task_id, key, reset))
     if task is None:
         raise _unchanged(config, task_id, key, "only failed or canceled tasks can be retried")
-    print(f"{task.id} {task.status} (attempt {task.attempt}/{task.max_attempts})")
+    print(f"{task.id} {task.status} (attempt {attempts_shown(task.attempt, task.max_attempts)})")
     return exitcodes.OK
 
 
@@ -667,8 +686,10 @@ def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         parents=parents,
         help="show one task in full",
         description="Show every field of one task: payload, result, error envelope (with "
-        "the handler's traceback), times in UTC; for a due task that a full flow-control "
-        "limit of the config holds back, which budget it waits for (--json: waiting_for).",
+        "the handler's traceback as text, and which attempt left it), times in UTC; then "
+        "every attempt with its outcome, worker, host, duration and error (--json: "
+        "attempts); for a due task that a full flow-control limit of the config holds back, "
+        "which budget it waits for (--json: waiting_for).",
     )
     _add_target(p)
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from cairnqd.attempts import attempts_shown
 from cairnqd.models import STATUSES, Task
 from cairnqd.store.base import TaskStore
 from cairnqd.store.operator import TaskFilter
@@ -64,11 +65,19 @@ def error_text(error: Any, width: int = _ERROR_WIDTH) -> str:
 
 def list_rows(tasks: Sequence[Task], now_ms: int) -> list[list[Any]]:
     return [
-        [t.id, t.queue, t.name, t.status, f"{t.attempt}/{t.max_attempts}", t.priority,
-         _clock(t.created_at_ms), _clock(t.run_at_ms), duration(t, now_ms),
-         error_text(t.error) or "-"]
+        [t.id, t.queue, t.name, t.status, attempts_shown(t.attempt, t.max_attempts),
+         t.priority, _clock(t.created_at_ms), _clock(t.run_at_ms), duration(t, now_ms),
+         _row_error(t)]
         for t in tasks
     ]  # fmt: skip
+
+
+def _row_error(task: Task) -> str:
+    """The row's error; a task that succeeded keeps an earlier attempt's, so says so."""
+    text = error_text(task.error)
+    if not text:
+        return "-"
+    return f"earlier attempt: {text}" if task.status == "succeeded" else text
 
 
 def matching(status: str | None, queue: str | None, name: str | None) -> TaskFilter:
@@ -84,7 +93,8 @@ def more_line(total: int, offset: int, shown: int) -> str | None:
 
 
 def _progress_line(task: Task) -> str:
-    parts = [time.strftime("%H:%M:%S"), task.status, f"attempt {task.attempt}/{task.max_attempts}"]
+    attempt = attempts_shown(task.attempt, task.max_attempts)
+    parts = [time.strftime("%H:%M:%S"), task.status, f"attempt {attempt}"]
     if task.progress is not None:
         parts.append(
             f"progress {task.progress:.0%}" if task.progress <= 1 else f"progress {task.progress:g}"
@@ -92,7 +102,8 @@ def _progress_line(task: Task) -> str:
     if task.message:
         parts.append(task.message)
     if task.error is not None and task.status != "running":
-        parts.append(f"error {error_text(task.error, 120)}")
+        earlier = "earlier attempt's error" if task.status == "succeeded" else "error"
+        parts.append(f"{earlier} {error_text(task.error, 120)}")
     return "  ".join(parts)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from cairnqd.attempts import AttemptRecord
 from cairnqd.config import Config
 from cairnqd.daemon.parent.dbthread import LoopThread
 from cairnqd.limits import Limit, Override, overridden
@@ -717,6 +718,14 @@ class DashboardData:
             return task, key
 
         return self._run(read, f"task {task_id}")
+
+    def attempts(self, task_id: str) -> list[AttemptRecord]:
+        """Every recorded attempt of `task_id`, in the order they ran."""
+
+        async def read(store: TaskStore) -> list[AttemptRecord]:
+            return await store.attempts.of(task_id)
+
+        return self._run(read, f"the attempts of task {task_id}")
 
     def waiting_for(self, task: Task) -> list[RoomWait]:
         """Why `task` waits for room in a limit of the config, if it does (a queued,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from cairnqd.attempts import attempts_shown
 from cairnqd.dashboard.markup import Markup, join, render
 from cairnqd.dashboard.pages import Viewer, action_form, status_badge, when
 from cairnqd.dashboard.params import BULK_STATUSES, encode_cursor, with_params
@@ -29,7 +30,7 @@ def _task_table(
         render(
             "<tr>{pick}"
             '<td><a class="mono" href="/task/{id}">{id}</a></td><td>{name}</td>{key}'
-            '<td>{queue}</td><td>{status}</td><td class="num">{attempt}/{max}</td>'
+            '<td>{queue}</td><td>{status}</td><td class="num">{attempt}</td>'
             "<td>{created}</td><td>{run_at}</td><td>{finished}</td></tr>",
             pick=render(
                 '<td class="pick"><input type="checkbox" name="id" value="{id}" '
@@ -43,8 +44,7 @@ def _task_table(
             key=render("<td>{k}</td>", k=keys[i] or "-") if keys is not None else Markup(""),
             queue=t.queue,
             status=status_badge(t.status),
-            attempt=t.attempt,
-            max=t.max_attempts,
+            attempt=attempts_shown(t.attempt, t.max_attempts),
             created=when(t.created_at_ms),
             run_at=when(t.run_at_ms),
             finished=when(t.completed_at_ms),

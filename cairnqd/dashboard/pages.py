@@ -17,8 +17,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cairnqd._jsoncodec import shown
+from cairnqd.attempts import AttemptRecord, attempts_shown, error_attempt, error_label
 from cairnqd.config import Config, ScheduleConfig
 from cairnqd.config.units import elapsed_text, format_duration
+from cairnqd.dashboard.attempts import attempt_timeline
 from cairnqd.dashboard.auth import Flash, Session
 from cairnqd.dashboard.charts import ms_text
 from cairnqd.dashboard.data import HOUR_MINUTES, HostView, LimitRow, Overview, QueueRow
@@ -27,6 +29,7 @@ from cairnqd.dashboard.params import with_params
 from cairnqd.limits import NO_PARTITION, Limit
 from cairnqd.models import STATUSES, Task
 from cairnqd.schedules import from_ms
+from cairnqd.store.base import wall_clock_ms
 from cairnqd.store.tables.fleet import versions
 from cairnqd.store.tables.limits import PartitionUsage, RoomWait, full_budgets, span_text
 from cairnqd.store.tables.schedules import ScheduleRow
@@ -596,11 +599,13 @@ def task_page(
     key: str | None,
     viewer: Viewer,
     waits: Sequence[RoomWait] = (),
+    attempts: Sequence[AttemptRecord] = (),
     *,
     cancel_grace: timedelta | None = None,
 ) -> Markup:
-    """One task in full; `waits` are the budgets of limits it waits for room in;
-    `cancel_grace` is its group's (`cancel_grace_of`), for the Cancel confirmation."""
+    """One task in full; `waits` are the budgets of limits it waits for room in,
+    `attempts` its recorded attempts, oldest first; `cancel_grace` is its group's
+    (`cancel_grace_of`), for the Cancel confirmation."""
     back = f"/task/{task.id}"
     controls = []
     if task.status in ("failed", "canceled"):
@@ -624,7 +629,7 @@ def task_page(
         ("queue", task.queue),
         ("status", status_badge(task.status)),
         ("key", key if key is not None else "-"),
-        ("attempt", f"{task.attempt} of {task.max_attempts}"),
+        ("attempt", attempts_shown(task.attempt, task.max_attempts)),
         ("priority", task.priority),
         ("lease holder", task.worker_id or "-"),
         ("lease until", when(task.lease_until_ms)),
@@ -654,10 +659,12 @@ def task_page(
         details = envelope.get("details") if isinstance(envelope.get("details"), dict) else {}
         trace = details.get("traceback") if isinstance(details, dict) else None
         rest = {k: v for k, v in (details or {}).items() if k != "traceback"}
+        label = error_label(task.status, error_attempt(task.error, attempts))
         error = render(
-            '<h2>Error</h2><dl class="facts"><dt>type</dt><dd>{type}</dd><dt>code</dt>'
+            '<h2>Error</h2>{label}<dl class="facts"><dt>type</dt><dd>{type}</dd><dt>code</dt>'
             "<dd>{code}</dd><dt>message</dt><dd>{message}</dd><dt>retryable</dt>"
             "<dd>{retryable}</dd></dl>{trace}{rest}",
+            label=render('<p class="note earlier">The error {l}.</p>', l=label) if label else "",
             type=envelope.get("type", "-"), code=envelope.get("code", "-"),
             message=envelope.get("message", "-"), retryable=envelope.get("retryable", "-"),
             trace=render('<h3>Traceback</h3><pre class="trace">{t}</pre>', t=trace)
@@ -679,7 +686,7 @@ def task_page(
     )
     return render(
         '<div class="controls">{controls}</div>{waiting}<dl class="facts">{dl}</dl>{progress}'
-        "<h2>Payload</h2><pre>{payload}</pre>{result}{error}"
+        "<h2>Payload</h2><pre>{payload}</pre>{result}{error}{attempts}"
         "<h2>Metadata</h2><pre>{metadata}</pre>",
         controls=join(controls),
         waiting=waiting,
@@ -688,6 +695,7 @@ def task_page(
         payload=pretty(task.payload),
         result=result,
         error=error,
+        attempts=attempt_timeline(attempts, wall_clock_ms(), when),
         metadata=pretty(task.metadata),
     )
 

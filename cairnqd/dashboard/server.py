@@ -216,8 +216,8 @@ class Dashboard:
             if task is None:
                 return _error(404, f"no task {tid} (it may have been purged)")
             grace = pages.cancel_grace_of(self.data.config, task.queue)
-            waits = self.data.waiting_for(task)
-            body = pages.task_page(task, key, viewer, waits, cancel_grace=grace)
+            waits, attempts = self.data.waiting_for(task), self.data.attempts(tid)
+            body = pages.task_page(task, key, viewer, waits, attempts, cancel_grace=grace)
             live = task.status in ("queued", "running")
             return self._layout(f"Task {task.name}", path, body, viewer, live=live)
         if path == "/charts":

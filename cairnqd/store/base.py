@@ -64,6 +64,12 @@ from cairnqd.store.statement_params import (
     insert_many_params,
     new_task,
 )
+from cairnqd.store.tables.attempts import (
+    HAND_BACK_OUTCOMES,
+    AttemptHistory,
+    close_interrupted,
+    name_hand_back,
+)
 from cairnqd.store.tables.bulk_actions import BulkActions
 from cairnqd.store.tables.dashboard import DashboardReads
 from cairnqd.store.tables.fleet import FleetRegistry
@@ -726,6 +732,11 @@ class TaskStore(ABC):
         return QueuePauses(self.executor)
 
     @functools.cached_property
+    def attempts(self) -> AttemptHistory:
+        """The record of every attempt of a task (docs/operations.md)."""
+        return AttemptHistory(self.executor)
+
+    @functools.cached_property
     def bulk(self) -> BulkActions:
         """Cancel and retry by filter, a page at a time."""
         return BulkActions(self.executor)
@@ -1064,6 +1075,7 @@ class TaskStore(ABC):
         unstarted: Sequence[tuple[str, int]] = (),
         interrupted: Sequence[tuple[str, int]] = (),
         interruption_cap: int = 0,
+        why: str = "worker_exit",
     ) -> builtins.list[Row]:
         """Hand back every task `worker_id` still runs, with recovery's outcomes now:
         cancel requested -> canceled; attempts left -> queued; else failed with the
@@ -1078,9 +1090,14 @@ class TaskStore(ABC):
         past `shutdown_timeout`, QUIT): each gets its attempt back as an unstarted one
         does, at most `interruption_cap` times per task over its life (counted in
         `cairnqd_interruptions`); past that it is handed back like any other.
-        Returns the rows changed: id, queue, name and new status; a row whose attempt
-        was given back for an interruption also has `interrupted` true."""
+        `why` the worker stopped names the attempts it closed in their history
+        (worker_exit, shutdown, max_run, stall: `HAND_BACK_OUTCOMES`); an interrupted
+        attempt whose attempt is given back reads `handed_back (operator)`.
+        Returns the rows changed: id, queue, name, new status and attempt; a row whose
+        attempt was given back for an interruption also has `interrupted` true."""
         require_str(worker_id, "worker_id")
+        if why not in HAND_BACK_OUTCOMES:
+            raise ValueError(f"why: expected one of {sorted(HAND_BACK_OUTCOMES)}, got {why!r}")
         error = dump_json(dataclasses.replace(LEASE_EXPIRED, message=message).to_dict())
         # One entry per task: Postgres' upsert refuses to touch a row twice.
         cut = {task_id: attempt for task_id, attempt in interrupted}
@@ -1096,7 +1113,9 @@ class TaskStore(ABC):
                     {"worker_id": worker_id, "interrupted": cut_items, "cap": interruption_cap},
                 )
                 given = {str(r["task_id"]) for r in allowed}
-                spared += [(task_id, cut[task_id]) for task_id in given]
+                kept = [(task_id, cut[task_id]) for task_id in given]
+                spared += kept
+                await close_interrupted(session, worker_id, kept)
             returned: builtins.list[Row] = []
             if spared:
                 items = dump_json([{"id": task_id, "a": attempt} for task_id, attempt in spared])
@@ -1109,6 +1128,7 @@ class TaskStore(ABC):
             released = await session.fetch(
                 "release_worker", {"worker_id": worker_id, "error": error}
             )
+            await name_hand_back(session, worker_id, released, why)
             return returned + released
 
         return await self._replayable(release)

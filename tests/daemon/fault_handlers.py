@@ -59,11 +59,14 @@ def earlier_attempt_alive(payload: Any, ctx: Any) -> bool:
 
 @registry.task("f.block")
 async def block(ctx: Any, payload: Any) -> str:
-    """Blocks the event loop (a sync call in an async handler) on the attempts listed.
-    Notes `overlap` first if an earlier attempt's process still runs."""
+    """Blocks the event loop (a sync call in an async handler) on the attempts listed,
+    and raises on those in `fail_on`. Notes `overlap` first if an earlier attempt's
+    process still runs."""
     if earlier_attempt_alive(payload, ctx):
         record(payload, "overlap", ctx)
     record(payload, "start", ctx)
+    if ctx.attempt in payload.get("fail_on", []):
+        raise ValueError(f"planned failure of attempt {ctx.attempt}")
     if ctx.attempt in payload.get("block_on", [1]):
         time.sleep(float(payload["seconds"]))
     record(payload, "end", ctx)

@@ -82,6 +82,13 @@ def test_a_roll_past_shutdown_timeout_gives_the_attempt_back(
     finished = client_call(dialect, db_target, lambda c: c.wait(task.id, timeout_ms=30_000))
     assert (finished.status, finished.attempt) == ("succeeded", 1), finished
     assert finished.result["pid"] == new
+    # Both runs are on record: the cut one named after the operator's stop, though
+    # its attempt was given back.
+    records = client_call(dialect, db_target, lambda c: c.store.attempts.of(task.id))
+    assert [(r.attempt, r.outcome, r.detail) for r in records] == [
+        (1, "handed_back", "operator"),
+        (1, "succeeded", None),
+    ], records
     assert daemon.stop() == 0
 
 

@@ -273,6 +273,7 @@ class FlakyStore(SQLiteStore):
         unstarted: Sequence[tuple[str, int]] = (),
         interrupted: Sequence[tuple[str, int]] = (),
         interruption_cap: int = 0,
+        why: str = "worker_exit",
     ) -> list[Row]:
         if type(self).failures:
             type(self).failures -= 1
@@ -283,6 +284,7 @@ class FlakyStore(SQLiteStore):
             unstarted=unstarted,
             interrupted=interrupted,
             interruption_cap=interruption_cap,
+            why=why,
         )
 
 

@@ -202,6 +202,48 @@ def test_live_update_without_reload(browser: Any, sqlite_dash: Dash) -> None:
     tab.clean()
 
 
+def test_an_opened_traceback_stays_open_while_the_page_updates(
+    browser: Any, sqlite_dash: Dash
+) -> None:
+    dash = sqlite_dash
+
+    async def failed_then_running(q: CairnQ) -> str:
+        # Queue default: the daemon serves only "work", so this task is ours to drive.
+        task = await q.submit("d.echo", {}, max_attempts=3)
+        for worker in ("host1:g.0:A", "host1:g.0:B"):
+            claimed = await q.store.claim(queues=["default"], worker_id=worker, lease_ms=60_000)
+            assert [t.id for t in claimed] == [task.id]
+            if worker.endswith("A"):
+                trace = {"traceback": "Traceback: first"}
+                error = {"type": "ValueError", "code": "handler_error", "message": "first",
+                         "retryable": True, "details": trace}  # fmt: skip
+                await q.store.fail(task_id=task.id, worker_id=worker, error=error)
+        return task.id
+
+    task_id = dash.run(failed_then_running)
+    tab = Tab(browser, dash)
+    tab.login()
+    tab.go(f"/task/{task_id}")
+    assert tab.page.locator("main#page").get_attribute("data-live")
+    tab.page.click("#attempt-1-trace summary")
+    assert "Traceback: first" in tab.page.locator("pre.attempt-trace").inner_text()
+    swaps = tab.page.locator("main#page").get_attribute("data-updated")
+    wait_for(
+        "two live updates of the page",
+        lambda: tab.page.locator("main#page").get_attribute("data-updated") != swaps,
+        30,
+    )
+    swaps = tab.page.locator("main#page").get_attribute("data-updated")
+    wait_for(
+        "another live update",
+        lambda: tab.page.locator("main#page").get_attribute("data-updated") != swaps,
+        30,
+    )
+    assert tab.page.locator("#attempt-1-trace").evaluate("d => d.open") is True
+    assert tab.page.locator("pre.attempt-trace").is_visible()
+    tab.clean()
+
+
 def test_actions_by_clicking_and_refused_without_csrf(browser: Any, sqlite_dash: Dash) -> None:
     dash = sqlite_dash
     tab = Tab(browser, dash)

@@ -104,6 +104,12 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "sqlite_autoindex_cairnqd_limit_overrides_1",
         "cairnqd_limit_bypasses",
         "sqlite_autoindex_cairnqd_limit_bypasses_1",
+        "cairnqd_attempts",  # WITHOUT ROWID: its key is the table, no index of its own
+        # The attempt history's triggers sit on the protocol's task table, by our names.
+        "cairnqd_attempts_open",
+        "cairnqd_attempts_close",
+        "cairnqd_attempts_unstarted",
+        "cairnqd_attempts_forget",
         "cairnqd_interruptions",
         "sqlite_autoindex_cairnqd_interruptions_1",
         "cairnqd_queue_counts",
@@ -118,6 +124,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_0007_fleet.sql",
         "cairnqd_0008_limits.sql",
         "cairnqd_0009_limit_bypasses.sql",
+        "cairnqd_0010_attempts.sql",
         "cairnqd_0011_interruptions.sql",
         "cairnqd_0013_queue_counts.sql",
     }
@@ -150,6 +157,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0007_fleet.sql",
             "cairnqd_0008_limits.sql",
             "cairnqd_0009_limit_bypasses.sql",
+            "cairnqd_0010_attempts.sql",
             "cairnqd_0011_interruptions.sql",
             "cairnqd_0013_queue_counts.sql",
         }
@@ -170,7 +178,19 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_limit_bypasses_pkey",
             "cairnqd_interruptions_pkey",
             "cairnqd_queue_counts_pkey",
+            "cairnqd_attempts_task_idx",
         }
+        # The attempt history's triggers and functions, ours by name, on the task table.
+        everything = pg_schema(ours, skip_prefix=None)
+        assert {t[1] for t in everything["triggers"]} - {
+            t[1] for t in their_schema["triggers"]
+        } == {
+            "cairnqd_attempts_track",
+            "cairnqd_attempts_forget",
+        }
+        assert {f[0] for f in everything["functions"]} - {
+            f[0] for f in their_schema["functions"]
+        } == {"cairnqd_attempts_track", "cairnqd_attempts_forget"}
 
 
 def _upstream_connect_sqlite(path: Path) -> None:

@@ -216,7 +216,9 @@ def test_release_worker(lite: Lite) -> None:
     got = lite.run(
         "release_worker", extension=True, now=t0 + 1, worker_id="w1", error=LEASE_EXPIRED
     )
-    assert got == [{"id": "task_mine", "queue": "q", "name": "task_mine", "status": "queued"}]
+    assert got == [
+        {"id": "task_mine", "queue": "q", "name": "task_mine", "status": "queued", "attempt": 1}
+    ]
     assert lite.row("task_theirs")["status"] == "running"
 
 
@@ -409,6 +411,8 @@ def test_postgres_semantics(pg: PgDatabases) -> None:
 
         # release_worker frees only that worker's running tasks.
         got = db.run("release_worker", extension=True, worker_id="w2", error=LEASE_EXPIRED)
-        assert got == [{"id": "task_m4", "queue": "q", "name": "task_m4", "status": "queued"}]
+        assert got == [
+            {"id": "task_m4", "queue": "q", "name": "task_m4", "status": "queued", "attempt": 1}
+        ]
         beat = db.run("heartbeat_batch", ids=["task_m4"], worker_id="w2", lease_ms=1000)
         assert beat == []

@@ -80,6 +80,8 @@ def _params(dialect: str) -> dict[str, Any]:
         "interrupted": json.dumps([{"id": "task_run", "a": 1}]),
         "cap": 3,
         "running": "running",
+        "outcome": "handed_back",
+        "detail": "shutdown",
         "table_name": "cairnq_migrations",
         # The operator's controls: queue pauses and bulk actions (store/operator.py).
         "paused_by": "ops@host",
@@ -334,6 +336,17 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     # The table starts empty: w1's running task_run is counted once; nothing to forget.
     "extensions/interruption_give": ({}, 1),
     "extensions/interruption_prune": ({}, None),
+    # Attempt history: the seed inserts its running rows (no claim), so no record exists;
+    # naming a hand-back finds nothing to name.
+    "extensions/attempts_of": ({}, 0),
+    "extensions/attempts_interrupted": (
+        {"items": json.dumps([{"id": "task_run", "a": 1}])},
+        None,
+    ),
+    "extensions/attempts_hand_back": (
+        {"items": json.dumps([{"id": "task_run", "a": 1, "s": "queued"}])},
+        None,
+    ),
 }
 
 #: What the store fills into a composed statement's `{part}`s for a draw that meets

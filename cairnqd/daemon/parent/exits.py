@@ -81,7 +81,9 @@ class ChildExits:
             reason = _handback_reason(child, stopping)
             spared = unstarted + self._restores.allow(returned)
             interrupted = started if operator_stopped(child) else []
-            self._maintenance.hand_back(child.worker_id, reason, spared, interrupted)
+            # A stalled loop is an abort in the attempt history, not a plain exit.
+            why = "stall" if child.kill_reason == "stall" else reason
+            self._maintenance.hand_back(child.worker_id, reason, spared, interrupted, why)
         described = describe_exit(code)
         group = where.pool
         if group is None:

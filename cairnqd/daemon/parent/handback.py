@@ -43,6 +43,9 @@ class HandBack:
     attempts: int = 0
     #: (task id, attempt) of the started tasks an operator's stop cut short.
     interrupted: tuple[tuple[str, int], ...] = ()
+    #: Why the worker stopped, as the attempt history names it (`stall` for a stalled
+    #: loop); None: the reason.
+    why: str | None = None
 
     def describe(self) -> str:
         return f"hand-back of {self.worker_id} ({self.reason})"
@@ -122,10 +125,12 @@ async def release_worker(
     reason: str,
     unstarted: Sequence[tuple[str, int]] = (),
     interrupted: Sequence[tuple[str, int]] = (),
+    why: str | None = None,
 ) -> list[Row]:
     """Hand back every task `worker_id` holds, with recovery's outcomes, now; the
     `unstarted` ones with their attempt given back, and the `interrupted` ones too up
-    to `OPERATOR_RESTORES` times per task (interruptions.py)."""
+    to `OPERATOR_RESTORES` times per task (interruptions.py). `why` names the attempts
+    in their history (`stall`), the reason when None."""
     message = f"task lease released and max attempts reached: {_CAUSES[reason]} ({reason})"
     rows = await store.release_worker(
         worker_id,
@@ -133,6 +138,7 @@ async def release_worker(
         unstarted=unstarted,
         interrupted=interrupted,
         interruption_cap=OPERATOR_RESTORES,
+        why=why or reason,
     )
     count_recoveries(metrics, rows, reason)
     if rows:

@@ -135,6 +135,7 @@ class Maintenance:
         reason: str,
         unstarted: Sequence[tuple[str, int]] = (),
         interrupted: Sequence[tuple[str, int]] = (),
+        why: str | None = None,
     ) -> None:
         """Queue the release of every task `worker_id` still holds, ahead of all other
         maintenance. Only for a worker whose process has been reaped. `unstarted`
@@ -143,7 +144,9 @@ class Maintenance:
         (interruptions.py)."""
         if reason not in HAND_BACK_REASONS:
             raise ValueError(f"reason must be one of {', '.join(HAND_BACK_REASONS)}")
-        self._enqueue(HandBack(worker_id, reason, tuple(unstarted), interrupted=tuple(interrupted)))
+        self._enqueue(
+            HandBack(worker_id, reason, tuple(unstarted), interrupted=tuple(interrupted), why=why)
+        )
 
     def fail_task_max_run(
         self, task_id: str, worker_id: str, max_run_s: float, delay_ms: int = 0
@@ -273,7 +276,7 @@ class Maintenance:
             try:
                 if isinstance(job, HandBack):
                     await self.release_worker(
-                        job.worker_id, job.reason, job.unstarted, job.interrupted
+                        job.worker_id, job.reason, job.unstarted, job.interrupted, why=job.why
                     )
                 elif isinstance(job, handback.ClearLimitOverrides):
                     await self.clear_limit_overrides(job.names)
@@ -293,11 +296,12 @@ class Maintenance:
         reason: str,
         unstarted: Sequence[tuple[str, int]] = (),
         interrupted: Sequence[tuple[str, int]] = (),
+        why: str | None = None,
     ) -> list[Row]:
         """Hand back every task `worker_id` holds now (handback.py)."""
         store = await self._store.get()
         return await handback.release_worker(
-            store, self._metrics, worker_id, reason, unstarted, interrupted
+            store, self._metrics, worker_id, reason, unstarted, interrupted, why
         )
 
     async def clear_limit_overrides(self, names: Sequence[str]) -> list[str]:

@@ -5,7 +5,8 @@
 //    milliseconds and swaps its main part in, without reloading. It waits while the
 //    tab is hidden, while the operator types in a field of the page or has text of it
 //    selected, and while paused by the footer's button; the footer's interval choice
-//    is remembered in this browser. Ticked checkboxes stay ticked across a swap.
+//    is remembered in this browser. Ticked checkboxes stay ticked across a swap,
+//    and a <details> the operator opened (one with an id) stays open.
 (function () {
   "use strict";
 
@@ -150,8 +151,16 @@
         return;
       }
       var kept = ticked();
+      var opened = Array.prototype.map.call(
+        page.querySelectorAll("details[open][id]"), function (d) { return d.id; });
       page.innerHTML = fresh.innerHTML;
       retick(kept);
+      opened.forEach(function (id) {
+        var again = document.getElementById(id);
+        if (again && again.tagName === "DETAILS") {
+          again.open = true;
+        }
+      });
       page.dataset.updated = String(Date.now());
       if (!fresh.dataset.live) {
         delete page.dataset.live;

@@ -45,4 +45,4 @@ where id in (
       and worker_id = :worker_id
     for update skip locked
 )
-returning id, queue, name, status
+returning id, queue, name, status, attempt

@@ -39,4 +39,4 @@ set status = case
     updated_at_ms = :now_ms
 where status = 'running' and lease_until_ms is not null
   and worker_id = :worker_id
-returning id, queue, name, status
+returning id, queue, name, status, attempt
