@@ -8,9 +8,11 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import cairnq
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
@@ -19,6 +21,7 @@ from cairnqd.client import CairnQ
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
+from tests.support.store import connect_upstream, pg_url
 from tests.support.tracing import attrs, ids, named, one, parent_id, traced
 from tests.support.worker import (
     REPO,
@@ -279,3 +282,52 @@ async def test_a_worker_in_another_process_continues_the_trace(
     assert (process["trace"], process["parent"]) == ids(create)
     assert process["attributes"]["messaging.message.id"] == task.id
     assert process["attributes"]["cairnq.task.attempt"] == 1
+
+
+@pytest.fixture
+async def theirs(store: TaskStore, dialect: str, db_target: str) -> AsyncIterator[Any]:
+    """A public-SDK handle on the same database (after ours has migrated it)."""
+    if dialect == "sqlite":
+        handle = cairnq.CairnQ(cairnq.SQLiteStore(db_target))
+    else:
+        handle = cairnq.CairnQ.postgres(pg_url(db_target), max_size=4)
+    await connect_upstream(handle)
+    try:
+        yield handle
+    finally:
+        await handle.close()
+
+
+async def test_the_public_sdk_ignores_the_keys_and_its_tasks_start_a_trace(
+    store: TaskStore, client: CairnQ, theirs: Any
+) -> None:
+    their_worker = cairnq.Worker(theirs.store, ["theirs"], poll_interval_ms=20)
+
+    @their_worker.task("theirs.echo")
+    async def echo(ctx: Any, payload: Any) -> Any:
+        return {"payload": payload, "metadata": ctx.metadata}
+
+    with traced() as exporter:
+        worker = Worker(store, ["default"], poll_interval_ms=20)
+
+        @worker.task("ours.echo")
+        async def ours(ctx: TaskContext, payload: Any) -> Any:
+            return payload
+
+        with trace.get_tracer("test").start_as_current_span("request"):
+            for_them = await client.submit("theirs.echo", 1, queue="theirs")
+            # Their submit inside our span: their SDK writes no context.
+            from_them = await theirs.submit("ours.echo", 2)
+        async with running(worker), their_worker.background():
+            done_there = await wait_status(store, for_them.id, "succeeded")
+            await wait_status(store, from_them.id, "succeeded")
+            await eventually(lambda: named(exporter.get_finished_spans(), "process default"))
+        spans = exporter.get_finished_spans()
+    # Their worker ran our task, the context left as it was in the metadata.
+    assert done_there.result["payload"] == 1
+    assert done_there.result["metadata"]["traceparent"] == for_them.metadata["traceparent"]
+    [process] = named(spans, "process default")
+    assert attrs(process)["messaging.message.id"] == from_them.id
+    assert process.parent is None and not process.links
+    request = one(spans, "request")
+    assert ids(process)[0] != ids(request)[0]
