@@ -43,8 +43,9 @@ SYSTEM = "cairnq"
 #: The instrumentation scope spans are recorded under.
 SCOPE = "cairnqd"
 
-#: Outcomes (as `InFlight.release` reports them) that end a process span in error.
-_ERROR_OUTCOMES = frozenset({"failed", "retried", "lease_lost"})
+#: Outcomes (as `InFlight.release` reports them) that end a process span in error;
+#: "interrupted": a daemon child's QUIT stopped the attempt (cairnqd/daemon/child/main.py).
+_ERROR_OUTCOMES = frozenset({"failed", "retried", "lease_lost", "interrupted"})
 
 #: (provider, tracer): `get_tracer` builds a new tracer on every call.
 _tracer_cache: tuple[object, Any] | None = None

@@ -39,6 +39,13 @@ async def work(ctx: Any, payload: Any) -> Any:
     return payload
 
 
+@registry.task("trace.block")
+async def block(ctx: Any, payload: Any) -> None:
+    """Runs until the file named in the payload exists (the test's release)."""
+    while not os.path.exists(payload["until"]):  # noqa: ASYNC110 - another process makes it
+        await asyncio.sleep(0.02)
+
+
 def console_spans(text: str) -> list[dict[str, Any]]:
     """The spans the SDK's console exporter printed (indented JSON objects) in `text`."""
     decoder, found, at = json.JSONDecoder(), [], 0
@@ -72,7 +79,19 @@ def submit_traced(db: str, n: int) -> tuple[Task, tuple[str, str]]:
     return task, ids(create)
 
 
-def wait_succeeded(db: str, task_id: str) -> None:
+def submit_plain(db: str, name: str, payload: Any) -> Task:
+    async def go() -> Task:
+        client = CairnQ(make_store("sqlite", db))
+        await client.connect()
+        try:
+            return await client.submit(name, payload, queue="q")
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def status_of(db: str, task_id: str) -> str | None:
     async def status() -> str | None:
         client = CairnQ(make_store("sqlite", db))
         await client.connect()
@@ -82,7 +101,11 @@ def wait_succeeded(db: str, task_id: str) -> None:
         finally:
             await client.close()
 
-    wait_for(f"{task_id} to succeed", lambda: asyncio.run(status()) == "succeeded")
+    return asyncio.run(status())
+
+
+def wait_succeeded(db: str, task_id: str) -> None:
+    wait_for(f"{task_id} to succeed", lambda: status_of(db, task_id) == "succeeded")
 
 
 def test_a_traced_child_exports_on_quit_and_on_drain(tmp_path: Path) -> None:
@@ -109,17 +132,33 @@ def test_a_traced_child_exports_on_quit_and_on_drain(tmp_path: Path) -> None:
         def printed() -> list[dict[str, Any]]:
             return [s for s in console_spans(daemon.output()) if s["name"] == "process q"]
 
+        release = tmp_path / "release"
+        blocked = submit_plain(db, "trace.block", {"until": str(release)})
+        wait_for(f"{blocked.id} to run", lambda: status_of(db, blocked.id) == "running")
         assert not printed()
         os.kill(child, signal.SIGQUIT)
-        [on_quit] = wait_for("the span flushed on QUIT", printed)
+        wait_for("the spans flushed on QUIT", lambda: len(printed()) == 2)
         wait_for("a new child", lambda: set(daemon.children()) - {child})
+        release.write_text("")
         second, second_create = submit_traced(db, 2)
         wait_succeeded(db, second.id)
     finally:
         code = daemon.stop()
     assert code == 0, daemon.output()
-    spans = {s["attributes"]["messaging.message.id"]: s for s in printed()}
-    assert spans[first.id] == on_quit
+    spans = {
+        s["attributes"]["messaging.message.id"]: s
+        for s in printed()
+        if s["attributes"]["cairnq.task.name"] == "trace.work"
+    }
+    interrupted, rerun = [
+        s for s in printed() if s["attributes"]["messaging.message.id"] == blocked.id
+    ]
+    # Cut short by QUIT: ended in error, then run again by the new child (the attempt
+    # given back), as a new trace (submitted outside any span).
+    assert interrupted["attributes"]["cairnq.task.outcome"] == "interrupted"
+    assert interrupted["status"]["status_code"] == "ERROR"
+    assert rerun["attributes"]["cairnq.task.outcome"] == "succeeded"
+    assert rerun["context"]["trace_id"] != interrupted["context"]["trace_id"]
     for task, create in ((first, first_create), (second, second_create)):
         span = spans[task.id]
         assert span["context"]["trace_id"] == f"0x{create[0]}"

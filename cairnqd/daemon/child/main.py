@@ -66,6 +66,7 @@ from cairnqd.store.errors import classify
 from cairnqd.store.factory import build_store
 from cairnqd.store.reachability import DAEMON_CALL_TIMEOUT_S, is_unreachable
 from cairnqd.store.sqlite.files import DatabaseFile, existing_file_uri, is_plain_file
+from cairnqd.tracing import end as end_span
 from cairnqd.worker import Worker
 
 if TYPE_CHECKING:
@@ -459,6 +460,11 @@ class Child:
             unwritten = await worker.flush_results(_QUIT_FLUSH_S)
             if unwritten:
                 log.warning("QUIT: %d result(s) could not be written in time", unwritten)
+        if self.tracing is not None and worker is not None:
+            # The attempts cut short end their spans, so the trace shows where it stopped.
+            for ctx in worker.in_flight.contexts():
+                if ctx.trace_span is not None:
+                    end_span(ctx, "interrupted", "QUIT: the child stopped at once")
         self._flush_traces(_QUIT_FLUSH_S)
         self._final_tally()
         os._exit(TEMPFAIL)
