@@ -46,10 +46,10 @@ class Config:
     supervisor: SupervisorConfig
     reload: ReloadConfig
     logging: LoggingConfig
+    tracing: TracingConfig
     runtime_dir: str
     #: Absolute directories put first on sys.path in every child and handler probe.
     python_path: tuple[str, ...] = ()
-    tracing: TracingConfig = field(default_factory=TracingConfig)
     #: The file it was loaded from.
     source: str = field(default="", compare=False)
     #: Suspicious but usable settings, for `check` and the startup log.
