@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,4 +73,18 @@ def test_exporter_names_follow_the_sdk() -> None:
     assert missing({"OTEL_TRACES_EXPORTER": "none"}) == []
     assert missing({"OTEL_TRACES_EXPORTER": "nosuch"}) == [
         "OTEL_TRACES_EXPORTER=nosuch has no exporter installed: no installed package provides it"
+    ]
+
+
+def test_check_names_a_missing_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cairnqd.config import otel_parts
+
+    real = otel_parts.importlib.util.find_spec
+
+    def without_sdk(name: str, *args: Any) -> Any:
+        return None if name == "opentelemetry.sdk" else real(name, *args)
+
+    monkeypatch.setattr(otel_parts.importlib.util, "find_spec", without_sdk)
+    assert otel_parts.missing({"OTEL_TRACES_EXPORTER": "console"}) == [
+        "needs the OpenTelemetry SDK: pip install opentelemetry-sdk"
     ]

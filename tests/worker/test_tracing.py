@@ -15,6 +15,7 @@ from typing import Any
 import cairnq
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, StatusCode
 
 from cairnqd.client import CairnQ
@@ -331,3 +332,23 @@ async def test_the_public_sdk_ignores_the_keys_and_its_tasks_start_a_trace(
     assert process.parent is None and not process.links
     request = one(spans, "request")
     assert ids(process)[0] != ids(request)[0]
+
+
+async def test_the_api_without_a_provider_records_and_writes_nothing(
+    store: TaskStore, client: CairnQ
+) -> None:
+    assert not isinstance(trace.get_tracer_provider(), TracerProvider)
+    worker = Worker(store, ["default"], poll_interval_ms=20)
+    seen: list[Any] = []
+
+    @worker.task
+    async def work(ctx: TaskContext, payload: Any) -> None:
+        seen.append(ctx.trace_span)
+
+    # The API alone hands out non-recording spans with no context to carry.
+    with trace.get_tracer("test").start_as_current_span("request"):
+        task = await client.submit("work")
+    assert task.metadata == {}
+    async with running(worker):
+        await wait_status(store, task.id, "succeeded")
+    assert seen == [None]
