@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import inspect
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +27,8 @@ from cairnqd._jsoncodec import dump_json
 from cairnqd._prefetch import PrefetchSizer
 from cairnqd._settlement import Settlement, envelope
 from cairnqd.errors import LostLease, SerializationError, TaskError
+from cairnqd.tasklog import CURRENT
+from cairnqd.tracing import Consumer, record_failure
 
 if TYPE_CHECKING:
     from cairnqd.context import TaskContext
@@ -96,6 +99,8 @@ class CallRunner:
         #: Every call whose handler may still run (see the design notes).
         self.active: set[Call] = set()
         self._failures = FailureLog()
+        #: Process spans, set when the worker starts with a tracer provider in place.
+        self.tracer: Consumer | None = None
 
     def longest_plain_call(self) -> float:
         """Seconds the oldest plain call in flight has been running (0 when none)."""
@@ -118,6 +123,10 @@ class CallRunner:
             self._plain_calls.add(call)
         call.task = me = asyncio.current_task()
         self.active.add(call)
+        tracer = self.tracer
+        span_token = tracer.start(contexts) if tracer is not None else None
+        # A batch call holds many tasks: its records name none of them.
+        log_token = CURRENT.set(contexts[0] if len(contexts) == 1 else None)
         try:
             error: BaseException | None = None
             canceled = False
@@ -168,6 +177,9 @@ class CallRunner:
                 # A result still queued for writing keeps its lease renewed until then.
                 if ctx.lost_lease and not ctx.settled:
                     inflight.release(ctx, "lease_lost", "lease lost while the handler ran")
+            CURRENT.reset(log_token)
+            if tracer is not None:
+                tracer.leave(span_token)
 
     def _retire(self, call: Call) -> None:
         """Drop `call` from `active` once nothing of its handler runs any more."""
@@ -235,13 +247,16 @@ class CallRunner:
             value = await handler.fn(*args)
         else:
             executor = self._executor()
+            # The thread runs in a copy of the call's context: the task its logs name,
+            # and the current span.
+            run = contextvars.copy_context().run
             if executor is None:
                 loop = asyncio.get_running_loop()
-                value = await loop.run_in_executor(None, lambda: handler.fn(*args))
+                value = await loop.run_in_executor(None, lambda: run(handler.fn, *args))
             else:
                 # The thread's own future is kept: only it says when the handler's code
                 # has really stopped (cancelling the await does not stop the thread).
-                thread = call.body = executor.submit(handler.fn, *args)
+                thread = call.body = executor.submit(run, handler.fn, *args)
                 value = await asyncio.wrap_future(thread)
         if value is not None and inspect.isawaitable(value):
             value = await value
@@ -285,6 +300,7 @@ class CallRunner:
             retryable = True
         for ctx in contexts:
             if not ctx.settled and not ctx.lost_lease:
+                record_failure(ctx, exc)
                 task = await self._settlement.settle_quietly(ctx, error, retryable)
                 self._failures.failed(ctx, exc, task)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cairnqd._lograte import Burst
 from cairnqd.models import Task
 from cairnqd.queue_counts import WAIT, QueueTally
+from cairnqd.tracing import end as end_span
 
 if TYPE_CHECKING:
     from cairnqd.context import TaskContext
@@ -217,6 +218,8 @@ class InFlight:
             del self._held[ctx.identity]
         if ctx.started_at is not None:
             self.executing -= 1
+            if ctx.trace_span is not None:
+                end_span(ctx, outcome, reason)
         if outcome == "lease_lost":
             held_back = self._lost_lines.admit()
             if held_back is not None:

@@ -17,6 +17,7 @@ from cairnqd.models import Task, TaskDef, TaskRef, task_name
 from cairnqd.retention import Retention, RetentionSweeper
 from cairnqd.store.base import TaskStore
 from cairnqd.store.callers import complete_now, is_async_shape
+from cairnqd.tracing import traced_submit, traced_submit_many
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -111,7 +112,8 @@ class CairnQ:
         """Queue a task. `tx`: your own open transaction on the same database (a
         psycopg connection, or a sqlite3.Connection on the store's file): the task then
         exists exactly when your transaction commits (docs/transactions.md)."""
-        return await self._store.submit(
+        return await traced_submit(
+            self._store.submit,
             name=task_name(name),
             payload=payload,
             key=key,
@@ -170,7 +172,7 @@ class CairnQ:
         delay_ms. A bad item raises ValueError naming its index; nothing is written.
         `tx`: your own open transaction, as for `submit`.
         """
-        return await self._store.submit_many(tasks, tx=tx)
+        return await traced_submit_many(self._store.submit_many, tasks, tx=tx)
 
     # -- reads and control ---------------------------------------------------------------
 

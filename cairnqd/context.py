@@ -11,12 +11,15 @@ settling twice is a no-op.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from cairnqd.errors import LostLease, TaskError
 from cairnqd.models import Task, TaskDef, task_name
 from cairnqd.store.executor import UserWrite
+from cairnqd.tasklog import TaskLogger
+from cairnqd.tracing import traced_submit
 
 if TYPE_CHECKING:
     from cairnqd._settlement import Settlement
@@ -35,6 +38,7 @@ class TaskContext:
         "observer_state",
         "released",
         "started_at",
+        "trace_span",
     )
 
     def __init__(self, host: Settlement, task: Task) -> None:
@@ -57,6 +61,8 @@ class TaskContext:
         #: Two fields rather than a tuple: nothing is allocated per task.
         self.observer_state: Any = None
         self.observer_slot = 0
+        #: This attempt's OpenTelemetry process span while it runs (`cairnqd.tracing`).
+        self.trace_span: Any = None
 
     # -- what the handler reads ----------------------------------------------------------
 
@@ -100,6 +106,12 @@ class TaskContext:
     @property
     def correlation_id(self) -> str | None:
         return self._task.correlation_id
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger (`cairnqd.task.<name>`) whose records name this task, in any thread;
+        records of any logger made while the handler runs name it too."""
+        return TaskLogger(logging.getLogger(f"cairnqd.task.{self._task.name}"), self)
 
     @property
     def settled(self) -> bool:
@@ -231,7 +243,9 @@ class TaskContext:
         kwargs.setdefault("parent_id", self.task_id)
         kwargs.setdefault("root_id", self._task.root_id or self.task_id)
         kwargs.setdefault("correlation_id", self._task.correlation_id)
-        return await self._host.store.submit(name=task_name(name), payload=payload, **kwargs)
+        return await traced_submit(
+            self._host.store.submit, name=task_name(name), payload=payload, **kwargs
+        )
 
     async def wait(self, task_id: str, *, timeout_ms: int = 30_000, poll_ms: int = 100) -> Task:
         from cairnqd.client import wait_for_task

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from cairnqd import tasklog, tracing
 from cairnqd._calls import CallRunner
 from cairnqd._cancels import DEFAULT_CANCEL_GRACE_S, CancelOverrunHook, CancelWatch
 from cairnqd._claimloop import ClaimLoop
@@ -155,6 +156,7 @@ class Worker:
             max_run_ms=max_run_ms,
             executor=lambda: self._executor,
         )
+        self._runner = runner
         self._guard = LeaseGuard(self.in_flight, runner)
         self._cancels = CancelWatch(store, self.in_flight, runner, cancel_grace)
         self._loop = ClaimLoop(
@@ -438,6 +440,9 @@ class Worker:
         # A stop() issued before this task first ran must still count, so the events
         # are not reset here; they are cleared on the way out instead.
         await self.store.connect()
+        # Decided once: a provider set later is not seen by a running worker.
+        self._runner.tracer = tracing.consumer()
+        tasklog.install()
         # Threads a max_run_ms abandons keep running; headroom so they never hold the
         # slots a retry needs. Threads are created lazily, so the cap costs nothing.
         self._executor = ThreadPoolExecutor(

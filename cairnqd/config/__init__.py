@@ -24,6 +24,7 @@ from cairnqd.config.sections import (
     ReloadConfig,
     RetentionConfig,
     ScheduleConfig,
+    TracingConfig,
 )
 from cairnqd.config.sections import SupervisorConfig as SupervisorConfig  # `x as x`: as above
 from cairnqd.config.units import format_duration, format_size, parse_duration, parse_size, to_ms
@@ -46,6 +47,7 @@ __all__ = [
     "RetentionConfig",
     "ScheduleConfig",
     "Setting",
+    "TracingConfig",
     "diff_configs",
     "format_duration",
     "format_size",

@@ -11,6 +11,7 @@ from typing import Any
 
 from cairnqd.config.checks import Checks
 from cairnqd.config.kinds import INVALID
+from cairnqd.config.otel_parts import missing
 from cairnqd.config.schedule_kinds import warn_unserved_queues
 from cairnqd.config.sections import DatabaseConfig, RetentionConfig
 from cairnqd.config.shadowing import check_rule_shadowing
@@ -140,6 +141,16 @@ def finish_retention(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str,
         if not rules:
             ck.warn_at((*path, "rules"), "is empty: finished tasks are never purged")
         check_rule_shadowing(ck, rules, (*path, "rules"))
+    return v
+
+
+def finish_tracing(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+    """`enabled: true` without the SDK or the exporter the environment names would
+    leave every child unable to start: refused here, where the line is known."""
+    if v["enabled"] is True:
+        for problem in missing(ck.env):
+            ck.error_at((*path, "enabled"), problem)
+            v["enabled"] = INVALID
     return v
 
 

@@ -27,6 +27,7 @@ from cairnqd.config.sections import (
     RetentionConfig,
     ScheduleConfig,
     SupervisorConfig,
+    TracingConfig,
 )
 from cairnqd.limits import Limit
 
@@ -47,6 +48,7 @@ class Config:
     supervisor: SupervisorConfig
     reload: ReloadConfig
     logging: LoggingConfig
+    tracing: TracingConfig
     runtime_dir: str
     #: Absolute directories put first on sys.path in every child and handler probe.
     python_path: tuple[str, ...] = ()
@@ -97,9 +99,18 @@ class Config:
         child_db = {
             s.key: database[s.key] for s in child_settings("database") if s.reload is Reload.ROLL
         }
-        canonical = json.dumps(
+        started: dict[str, Any] = {
+            "group": group,
+            "database": child_db,
             # python_path decides which code the handler names import.
-            {"group": group, "database": child_db, "python_path": list(self.python_path)},
+            "python_path": list(self.python_path),
+        }
+        if self.tracing.enabled:
+            # Only when on, so turning it on or off rolls, and a config without it
+            # keeps the fingerprints it always had.
+            started["tracing"] = dump_section(self.tracing)
+        canonical = json.dumps(
+            started,
             sort_keys=True,
             separators=(",", ":"),
             ensure_ascii=False,

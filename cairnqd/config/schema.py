@@ -19,6 +19,7 @@ from cairnqd.config.finish import (
     finish_database,
     finish_group,
     finish_retention,
+    finish_tracing,
 )
 from cairnqd.config.kinds import (
     INVALID,
@@ -62,6 +63,7 @@ from cairnqd.config.sections import (
     RetentionConfig,
     ScheduleConfig,
     SupervisorConfig,
+    TracingConfig,
 )
 from cairnqd.config.yamlload import YamlMapping, YamlNode, YamlPath, YamlScalar, YamlSequence
 from cairnqd.limits import MAX_CAPACITY
@@ -473,6 +475,11 @@ SCHEMA: tuple[Setting, ...] = (
             "Append logs to this file instead of stderr (SIGUSR1 reopens it); null: stderr."),
     Setting("logging.loggers", MapKind(_LOGGER, EnumKind(*_LEVELS, fold=True)), {}, _H,
             "Levels of single loggers, e.g. {psycopg: warning}."),
+    Setting("tracing", SectionKind(TracingConfig, finish_tracing), {}, None,
+            "OpenTelemetry traces of tasks (docs/operations.md, \"Tracing and task logs\")."),
+    Setting("tracing.enabled", BoolKind(), False, _L,
+            "Each worker child sets up the OpenTelemetry SDK from the OTEL_* environment "
+            "(needs opentelemetry-sdk and the exporter OTEL_TRACES_EXPORTER names)."),
     Setting("runtime_dir", PathKind(), None, _R, nullable=True, doc=
             "Directory of the state file, ours alone (0700 when created); null: "
             "$RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/cairnqd, else $TMPDIR/cairnqd-<uid>."),

@@ -172,6 +172,12 @@ class LoggingConfig:
     loggers: Mapping[str, str]
 
 
+@dataclass(frozen=True)
+class TracingConfig:
+    #: Every worker child sets up the OpenTelemetry SDK from the `OTEL_*` environment.
+    enabled: bool = False
+
+
 # -- schedules (recurring tasks; docs/schedules.md) ----------------------------------------
 
 

@@ -83,6 +83,8 @@ class Boot:
     #: The config's `limits:`, as `Worker(limits=...)` takes them: every child keeps
     #: every limit (one that covers no queue of its group never comes into play).
     limits: Mapping[str, Any] = field(default_factory=dict)
+    #: `tracing.enabled`: set up the OpenTelemetry SDK before the worker starts.
+    tracing: bool = False
 
 
 def boot_for(
@@ -110,6 +112,7 @@ def boot_for(
         group_config=_worker_settings(group),
         python_path=config.python_path,
         limits=limit_specs(config),
+        tracing=config.tracing.enabled,
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any
 
+from cairnqd import tasklog
 from cairnqd.config import LoggingConfig
 
 __all__ = [
@@ -37,6 +38,10 @@ _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) |
     "asctime",
     "taskName",  # 3.12+ adds it to every record
 }
+
+#: Record attributes that are not `extra=` fields: private ones, and the task's (written
+#: under their short names) and the text prefix made of them.
+_OURS = ("_", "cairnq_")
 
 # Serialises (re)configuration against reopen: the supervisor calls both from its
 # loop, but a child's reopen and a reload's re-apply must never interleave either.
@@ -86,18 +91,26 @@ def _normalize(settings: LoggingConfig | Mapping[str, Any]) -> _Settings:
 
 
 class TextFormatter(logging.Formatter):
-    """`<asctime> cairnqd[<pid>] <label> <LEVEL> <logger> <message>`."""
+    """`<asctime> cairnqd[<pid>] <label> <LEVEL> <logger> <message>`; a record made inside
+    a handler has `[task <id> <name>#<attempt> @<queue>] ` before its message."""
 
     def __init__(self, process_label: str) -> None:
         label = process_label.replace("%", "%%")  # it becomes part of a %-style format
         super().__init__(
-            f"%(asctime)s cairnqd[%(process)d] {label} %(levelname)s %(name)s %(message)s"
+            f"%(asctime)s cairnqd[%(process)d] {label} %(levelname)s %(name)s "
+            "%(cairnq_prefix)s%(message)s"
         )
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.cairnq_prefix = tasklog.prefix(record)
+        return super().formatMessage(record)
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts (ISO 8601, UTC), level, logger, pid, process (the
-    label), message, exc_info and stack_info when present, then any `extra=` fields.
+    label), message, exc_info and stack_info when present, the task's fields (task_id,
+    task_name, queue, attempt, and trace_id and span_id when traced) for a record made
+    inside a handler, then any `extra=` fields.
 
     The fixed keys win over an `extra=` field of the same name, so a log shipper can
     rely on them. Values JSON cannot encode are written as their `str()`.
@@ -123,8 +136,10 @@ class JsonFormatter(logging.Formatter):
             entry["exc_info"] = record.exc_text
         if record.stack_info:
             entry["stack_info"] = self.formatStack(record.stack_info)
+        for key, value in tasklog.fields(record).items():
+            entry.setdefault(key, value)
         for key, value in vars(record).items():
-            if key not in _RECORD_ATTRS and key not in entry and not key.startswith("_"):
+            if key not in _RECORD_ATTRS and key not in entry and not key.startswith(_OURS):
                 entry[key] = value
         # ensure_ascii=False: a UTF-8 line is shorter and still one JSON value per line
         # (json escapes the newlines a message or traceback contains).

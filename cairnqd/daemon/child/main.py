@@ -30,6 +30,7 @@ from cairnqd.daemon.child.reporter import ChildReporter, RunningReport
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.handler_probe import describe_import_error, use_python_path
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
+from cairnqd.daemon.otelsetup import ChildTracing, TracingSetupError, start_tracing
 from cairnqd.daemon.starts import StartTable
 from cairnqd.daemon.wire.messages import (
     PROTOCOL_VERSION,
@@ -65,6 +66,7 @@ from cairnqd.store.errors import classify
 from cairnqd.store.factory import build_store
 from cairnqd.store.reachability import DAEMON_CALL_TIMEOUT_S, is_unreachable
 from cairnqd.store.sqlite.files import DatabaseFile, existing_file_uri, is_plain_file
+from cairnqd.tracing import end as end_span
 from cairnqd.worker import Worker
 
 if TYPE_CHECKING:
@@ -77,6 +79,8 @@ _PR_SET_PDEATHSIG = 1
 _BOOT_TIMEOUT_S = 10.0
 #: On QUIT, how long returned results may take to be written before we exit anyway.
 _QUIT_FLUSH_S = 1.0
+#: How long queued spans may take to be exported as the child exits (tracing.enabled).
+_TRACE_FLUSH_S = 5.0
 #: How many tasks of a stuck canceled handler `cancel_stuck` names (a batch may hold more).
 _STUCK_NAMED = 20
 #: How long after `cancel_stuck` the child waits for its parent to replace it before it
@@ -136,6 +140,7 @@ class Child:
         self._file: DatabaseFile | None = None
         self._repeats = Repeats()
         self._stall_warned = False
+        self.tracing: ChildTracing | None = None
 
     # -- boot --------------------------------------------------------------------------
 
@@ -165,6 +170,14 @@ class Child:
         self._control = MessageReader(self.control_fd, rest)
         self._configure_logging(dict(self.boot.logging))
         self._title("starting")
+        if self.boot.tracing:
+            # Before the worker: it decides once, as it starts, whether to trace.
+            try:
+                self.tracing = start_tracing(self.boot.group, self.boot.slot, self.boot.worker_id)
+            except TracingSetupError as exc:
+                self._send_final(Fatal(str(exc)))
+                log.error("cannot boot: %s", exc)
+                return CONFIG
         try:
             worker = self._build_worker()
         except Exception as exc:
@@ -335,6 +348,7 @@ class Child:
             # the default action when the loop closes.
             loop.remove_signal_handler(signal.SIGTERM)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self._flush_traces(_TRACE_FLUSH_S)
         self._final_tally()
         if self.state == "orphaned":
             return TEMPFAIL
@@ -446,8 +460,18 @@ class Child:
             unwritten = await worker.flush_results(_QUIT_FLUSH_S)
             if unwritten:
                 log.warning("QUIT: %d result(s) could not be written in time", unwritten)
+        if self.tracing is not None and worker is not None:
+            # The attempts cut short end their spans, so the trace shows where it stopped.
+            for ctx in worker.in_flight.contexts():
+                if ctx.trace_span is not None:
+                    end_span(ctx, "interrupted", "QUIT: the child stopped at once")
+        self._flush_traces(_QUIT_FLUSH_S)
         self._final_tally()
         os._exit(TEMPFAIL)
+
+    def _flush_traces(self, timeout_s: float) -> None:
+        if self.tracing is not None:
+            self.tracing.flush(timeout_s)
 
     def _undecodable(self, row: QuarantinedRow) -> None:
         """The store failed a claimed row it could not decode (and logged it): count it
