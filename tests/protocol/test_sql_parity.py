@@ -126,7 +126,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_0009_limit_bypasses.sql",
         "cairnqd_0010_attempts.sql",
         "cairnqd_0011_interruptions.sql",
-        "cairnqd_0013_queue_counts.sql",
+        "cairnqd_0012_queue_counts.sql",
     }
 
 
@@ -159,7 +159,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0009_limit_bypasses.sql",
             "cairnqd_0010_attempts.sql",
             "cairnqd_0011_interruptions.sql",
-            "cairnqd_0013_queue_counts.sql",
+            "cairnqd_0012_queue_counts.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
