@@ -305,9 +305,9 @@ class DashboardData:
         self._overview: Overview | None = None
         self._taken_at = float("-inf")
         #: Each range's last charts, with when (monotonic) they were read, and the
-        #: ranges whose renewal is under way.
+        #: reads under way, by range.
         self._charts: dict[str, tuple[float, Charts]] = {}
-        self._charts_reading: set[str] = set()
+        self._charts_reading: dict[str, concurrent.futures.Future[Charts]] = {}
         #: The failed groups last read (monotonic time, groups), and whether an action
         #: since then made them stale; only the database thread reads and writes them.
         self._failed: tuple[float, list[FailedGroup]] | None = None
@@ -655,10 +655,9 @@ class DashboardData:
 
     def invalidate(self) -> None:
         """Make the next page wait for a fresh snapshot, read after this call (after an
-        action; the bench), and the next Charts page read its range again."""
+        action; the bench)."""
         self._failed_stale = True
         with self._lock:
-            self._charts.clear()
             self._generation += 1
             self._taken_at = float("-inf")
             self._must_wait = True
@@ -675,29 +674,52 @@ class DashboardData:
         """Every queue's counters over `range_name` (a key of RANGES): a bounded range
         of the counters' key, never the task table. Like the overview, charts older
         than `CHARTS_FRESH_S` are still served at once while one read renews them in
-        the background; only a range's first view waits for its read."""
-        started: concurrent.futures.Future[Charts] | None = None
+        the background; every range is read once when the dashboard starts
+        (`warm_charts`), so no view waits for a read unless it comes first."""
         with self._lock:
             cached = self._charts.get(range_name)
-            stale = cached is not None and time.monotonic() - cached[0] >= CHARTS_FRESH_S
-            if stale and range_name not in self._charts_reading:
-                self._charts_reading.add(range_name)
-                started = self._thread.submit(self._renew_charts(range_name))
-        if started is not None:
-            # Outside the lock: a read already done runs the callback right here.
-            started.add_done_callback(functools.partial(self._charts_landed, range_name))
+            stale = cached is None or time.monotonic() - cached[0] >= CHARTS_FRESH_S
+            reading = self._charts_reading.get(range_name)
+        if stale and reading is None:
+            reading = self._renew(range_name)
         if cached is not None:
             return cached[1]
+        assert reading is not None
+        try:
+            return reading.result(READ_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            raise DatabaseError(f"the charts of the last {range_name}: the database did not "
+                                f"answer within {READ_TIMEOUT_S:.0f}s") from None  # fmt: skip
+        except Exception as exc:
+            raise DatabaseError(
+                f"the charts of the last {range_name}: {type(exc).__name__}: {exc}"
+            ) from exc
 
-        async def read(store: TaskStore) -> Charts:
-            return await _read_charts(store, range_name)
+    def warm_charts(self) -> None:
+        """Read every range's charts in the background (the dashboard's start)."""
+        for range_name in RANGES:
+            self._renew(range_name)
 
-        charts = self._run(read, f"the charts of the last {range_name}")
+    def forget_charts(self) -> None:
+        """Drop the charts held, so the next view of each range waits for its read (the
+        bench times that read)."""
         with self._lock:
-            self._charts[range_name] = (time.monotonic(), charts)
-        return charts
+            self._charts.clear()
 
-    async def _renew_charts(self, range_name: str) -> Charts:
+    def _renew(self, range_name: str) -> concurrent.futures.Future[Charts]:
+        """The read of `range_name` under way, started if none is."""
+        with self._lock:
+            reading = self._charts_reading.get(range_name)
+            if reading is not None:
+                return reading
+            reading = self._charts_reading[range_name] = self._thread.submit(
+                self._read_charts(range_name)
+            )
+        # Outside the lock: a read already done runs the callback right here.
+        reading.add_done_callback(functools.partial(self._charts_landed, range_name))
+        return reading
+
+    async def _read_charts(self, range_name: str) -> Charts:
         try:
             return await _read_charts(await self._store.get(), range_name)
         except Exception:
@@ -706,9 +728,9 @@ class DashboardData:
 
     def _charts_landed(self, range_name: str, done: concurrent.futures.Future[Charts]) -> None:
         with self._lock:
-            self._charts_reading.discard(range_name)
+            self._charts_reading.pop(range_name, None)
             if done.cancelled() or done.exception() is not None:
-                return  # the stale charts stay; the next view tries again
+                return  # stale charts stay; the next view tries again
             self._charts[range_name] = (time.monotonic(), done.result())
 
     def task(self, task_id: str) -> tuple[Task | None, str | None]:

@@ -538,6 +538,7 @@ class DashboardServer:
         self.port = int(httpd.server_address[1])
         self.data.start()
         self.data.build_indexes()
+        self.data.warm_charts()
         self._thread = threading.Thread(
             target=httpd.serve_forever,
             kwargs={"poll_interval": 0.2},
