@@ -1,0 +1,213 @@
+"""Task dependencies in the store (docs/dependencies.md), on both dialects: a task
+submitted `after` others waits, queued but never due, until every parent succeeded;
+a failed or canceled ancestor cancels the whole waiting graph below it, and a retry of
+that ancestor brings it back; purge keeps what a waiting task still needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cairnqd.models import Task
+from cairnqd.store.base import TaskStore
+from cairnqd.store.dependencies import WAITING_RUN_AT, is_waiting
+
+
+_BOOM = {"type": "E", "code": "boom", "message": "no", "retryable": False, "details": {}}
+
+
+async def _run(store: TaskStore, *, name: str | None = None) -> list[str]:
+    """Claim everything claimable now (one worker), in claim order; the ids."""
+    tasks = await store.claim(
+        queues=["default"], worker_id="w1", limit=100, names=None if name is None else [name]
+    )
+    return sorted(t.id for t in tasks)
+
+
+async def _succeed(store: TaskStore, task: Task, result: Any = None) -> None:
+    """Claim `task` alone (by its name, which the caller keeps unique) and complete it."""
+    [claimed] = await store.claim(queues=["default"], worker_id="w1", limit=1, names=[task.name])
+    assert claimed.id == task.id
+    await store.complete(task_id=claimed.id, worker_id="w1", result=result)
+
+
+async def _get(store: TaskStore, task: Task) -> Task:
+    found = await store.get(task.id)
+    assert found is not None
+    return found
+
+
+async def test_a_chain_runs_in_order(store: TaskStore) -> None:
+    a = await store.submit(name="a")
+    b = await store.submit(name="b", after=[a])
+    c = await store.submit(name="c", after=[b.id])
+    assert is_waiting(b) and is_waiting(c)
+    assert (await _get(store, b)).run_at_ms == WAITING_RUN_AT
+    assert await store.waiting_counts() == {"default": 2}
+
+    claimed = await store.claim(queues=["default"], worker_id="w1", limit=10)
+    assert [t.id for t in claimed] == [a.id], "only the head of the chain is due"
+    await store.complete(task_id=a.id, worker_id="w1", result={"a": 1})
+    b_now = await _get(store, b)
+    assert b_now.status == "queued" and b_now.run_at_ms < WAITING_RUN_AT
+    claimed = await store.claim(queues=["default"], worker_id="w1", limit=10)
+    assert [t.id for t in claimed] == [b.id]
+    await store.complete(task_id=b.id, worker_id="w1", result={"b": 2})
+    claimed = await store.claim(queues=["default"], worker_id="w1", limit=10)
+    assert [t.id for t in claimed] == [c.id]
+    assert [t.result for t in await store.dependencies(c.id)] == [{"b": 2}]
+    assert await store.waiting_counts() == {}
+
+
+async def test_a_fan_in_waits_for_every_parent_and_keeps_its_order(store: TaskStore) -> None:
+    parents = [await store.submit(name="map", payload={"i": i}) for i in range(3)]
+    reduce = await store.submit(name="reduce", after=list(reversed(parents)), delay_ms=0)
+    claimed = await store.claim(queues=["default"], worker_id="w1", limit=10)
+    assert {t.id for t in claimed} == {p.id for p in parents}
+    for p in parents[:2]:
+        await store.complete(task_id=p.id, worker_id="w1", result=p.payload)
+        assert is_waiting(await _get(store, reduce))
+    await store.complete(task_id=parents[2].id, worker_id="w1", result=parents[2].payload)
+    assert [t.id for t in await store.claim(queues=["default"], worker_id="w1", limit=10)] == [
+        reduce.id
+    ]
+    deps = await store.dependencies(reduce.id)
+    assert [t.id for t in deps] == [p.id for p in reversed(parents)]
+    assert [t.result for t in deps] == [{"i": 2}, {"i": 1}, {"i": 0}]
+
+
+async def test_a_succeeded_parent_does_not_hold_and_a_missing_one_is_refused(
+    store: TaskStore,
+) -> None:
+    done = await store.submit(name="a")
+    await _succeed(store, done)
+    free = await store.submit(name="b", after=[done])
+    assert not is_waiting(free) and free.status == "queued"
+    assert [t.id for t in await store.claim(queues=["default"], worker_id="w1", limit=5)] == [
+        free.id
+    ]
+    before = len(await store.list(limit=1000))
+    with pytest.raises(ValueError, match="after names task_nope, which is not a task"):
+        await store.submit(name="c", after=[done.id, "task_nope"])
+    assert len(await store.list(limit=1000)) == before, "nothing was written"
+    with pytest.raises(TypeError, match="after must be a list"):
+        await store.submit(name="c", after=done.id)  # type: ignore[arg-type]
+
+
+async def test_a_failed_parent_cancels_the_whole_downstream_graph(store: TaskStore) -> None:
+    a = await store.submit(name="a", max_attempts=1)
+    other = await store.submit(name="other")
+    b = await store.submit(name="b", after=[a, other])
+    c = await store.submit(name="c", after=[b])
+    d = await store.submit(name="d", after=[other])
+    await store.claim(queues=["default"], worker_id="w1", limit=10)
+    await store.fail(task_id=a.id, worker_id="w1", error=_BOOM, retryable=False)
+    for t in (b, c):
+        now = await _get(store, t)
+        assert now.status == "canceled" and now.completed_at_ms is not None
+        assert now.error is not None and now.error["code"] == "dependency_failed"
+        assert a.id in now.error["message"] and now.error["details"]["dependency"] == a.id
+    assert is_waiting(await _get(store, d)), "a task on another branch keeps waiting"
+    assert (await _get(store, other)).status == "running", "parents are never touched"
+    # A task submitted after a canceled one is canceled at once, naming the root cause.
+    e = await store.submit(name="e", after=[c])
+    assert e.status == "canceled" and e.error is not None
+    assert e.error["details"]["dependency"] == a.id
+
+    # Retry brings every task the failure canceled back to waiting.
+    retried = await store.retry(a.id)
+    assert retried is not None
+    for t in (b, c, e):
+        now = await _get(store, t)
+        assert is_waiting(now) and now.error is None and now.completed_at_ms is None
+    await _succeed(store, a)
+    assert is_waiting(await _get(store, b)), "b still waits for `other`"
+    await store.complete(task_id=other.id, worker_id="w1", result=None)
+    claimed = await store.claim(queues=["default"], worker_id="w1", limit=10)
+    assert {t.id for t in claimed} == {b.id, d.id}
+
+
+async def test_retry_leaves_canceled_what_another_failed_ancestor_holds(store: TaskStore) -> None:
+    a = await store.submit(name="a", max_attempts=1)
+    x = await store.submit(name="x")
+    b = await store.submit(name="b", after=[a, x])
+    await store.cancel(x.id)  # a queued parent canceled: b goes at once
+    assert (await _get(store, b)).error["details"]["dependency"] == x.id  # type: ignore[index]
+    await store.claim(queues=["default"], worker_id="w1", limit=10)
+    await store.fail(task_id=a.id, worker_id="w1", error=_BOOM, retryable=False)
+    await store.retry(x.id)
+    now = await _get(store, b)
+    assert now.status == "canceled", "a has failed too: b stays canceled"
+    await store.retry(a.id)
+    assert is_waiting(await _get(store, b))
+
+
+async def test_a_waiting_task_canceled_by_hand_cancels_its_dependents(store: TaskStore) -> None:
+    a = await store.submit(name="a")
+    b = await store.submit(name="b", after=[a])
+    c = await store.submit(name="c", after=[b])
+    canceled = await store.cancel(b.id)
+    assert canceled is not None and canceled.status == "canceled"
+    assert (await _get(store, c)).status == "canceled"
+    assert (await _get(store, a)).status == "queued"
+    # Retried by hand, b waits again for a, and c with it.
+    await store.retry(b.id)
+    assert is_waiting(await _get(store, b)) and is_waiting(await _get(store, c))
+    assert await _run(store) == [a.id]
+
+
+async def test_submit_many_takes_a_graph_by_index(store: TaskStore) -> None:
+    root = await store.submit(name="root")
+    tasks = await store.submit_many(
+        [
+            {"name": "split", "after": [root]},
+            {"name": "map", "payload": {"i": 0}, "after": [0]},
+            {"name": "map", "payload": {"i": 1}, "after": [0]},
+            {"name": "reduce", "after": [1, 2, root.id]},
+        ]
+    )
+    assert all(is_waiting(t) for t in tasks)
+    order: list[str] = []
+    for _ in range(5):
+        claimed = await store.claim(queues=["default"], worker_id="w1", limit=10)
+        order += [t.name for t in sorted(claimed, key=lambda t: t.name)]
+        for t in claimed:
+            await store.complete(task_id=t.id, worker_id="w1", result=t.payload)
+    assert order == ["root", "split", "map", "map", "reduce"]
+    deps = await store.dependencies(tasks[3].id)
+    assert [t.id for t in deps] == [tasks[1].id, tasks[2].id, root.id]
+
+
+@pytest.mark.parametrize(
+    ("after", "error", "match"),
+    [
+        ([1], ValueError, r"tasks\[1\]\.after\[0\] refers to tasks\[1\]"),
+        ([5], ValueError, r"tasks\[1\]\.after\[0\] refers to tasks\[5\]"),
+        ([-1], ValueError, r"tasks\[1\]\.after\[0\] refers to tasks\[-1\]"),
+        (["task_nope"], ValueError, r"tasks\[1\]\.after\[0\] names task_nope, which is not"),
+        ("task_x", TypeError, r"tasks\[1\]\.after must be a list"),
+    ],
+)
+async def test_submit_many_refuses_bad_refs_and_writes_nothing(
+    store: TaskStore, after: Any, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        await store.submit_many([{"name": "a"}, {"name": "b", "after": after}])
+    assert await store.list(limit=10) == []
+    assert await store.waiting_counts() == {}
+
+
+async def test_purge_keeps_a_parent_a_waiting_task_needs(store: TaskStore) -> None:
+    a = await store.submit(name="a")
+    b = await store.submit(name="b")
+    c = await store.submit(name="c", after=[a, b])
+    await _succeed(store, a)
+    assert await store.count_purgeable() == 0
+    assert await store.purge() == [], "c still waits on b: a is kept for its result"
+    await _succeed(store, b)
+    claimed = await store.claim(queues=["default"], worker_id="w1", limit=5)
+    await store.complete(task_id=claimed[0].id, worker_id="w1", result=None)
+    assert await store.count_purgeable() == 3
+    assert sorted(await store.purge()) == sorted([a.id, b.id, c.id])
+    assert await store.dependencies(c.id) == []
