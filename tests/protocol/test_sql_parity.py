@@ -108,6 +108,19 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "sqlite_autoindex_cairnqd_interruptions_1",
         "cairnqd_queue_counts",
         "sqlite_autoindex_cairnqd_queue_counts_1",
+        "cairnqd_task_deps",
+        "sqlite_autoindex_cairnqd_task_deps_1",
+        "cairnqd_task_deps_parent_idx",
+        "cairnqd_task_ancestors",
+        "sqlite_autoindex_cairnqd_task_ancestors_1",
+        "cairnqd_task_ancestors_ancestor_idx",
+        "cairnqd_task_waits",
+        "sqlite_autoindex_cairnqd_task_waits_1",
+        "cairnqd_task_waits_failed_by_idx",
+        "cairnqd_tasks_dependency_succeeded",
+        "cairnqd_tasks_dependency_failed",
+        "cairnqd_tasks_dependency_retried",
+        "cairnqd_tasks_dependency_deleted",
     }
     assert sqlite_ledger(ours, "cairnqd_migrations") == {
         "cairnqd_0001_task_keys_task_idx.sql",
@@ -120,6 +133,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_0009_limit_bypasses.sql",
         "cairnqd_0011_interruptions.sql",
         "cairnqd_0013_queue_counts.sql",
+        "cairnqd_0014_dependencies.sql",
     }
 
 
@@ -152,6 +166,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0009_limit_bypasses.sql",
             "cairnqd_0011_interruptions.sql",
             "cairnqd_0013_queue_counts.sql",
+            "cairnqd_0014_dependencies.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
@@ -170,7 +185,20 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_limit_bypasses_pkey",
             "cairnqd_interruptions_pkey",
             "cairnqd_queue_counts_pkey",
+            "cairnqd_task_deps_pkey",
+            "cairnqd_task_deps_parent_idx",
+            "cairnqd_task_ancestors_pkey",
+            "cairnqd_task_ancestors_ancestor_idx",
+            "cairnqd_task_waits_pkey",
+            "cairnqd_task_waits_failed_by_idx",
         }
+        # Our triggers on the protocol's table are ours by name.
+        all_triggers = [t[1] for t in pg_schema(ours, skip_prefix=None)["triggers"]]
+        assert sorted(all_triggers) == [
+            "cairnq_tasks_notify",
+            "cairnqd_tasks_dependencies",
+            "cairnqd_tasks_dependencies_deleted",
+        ]
 
 
 def _upstream_connect_sqlite(path: Path) -> None:

@@ -13,7 +13,6 @@ from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
 from cairnqd.store.dependencies import WAITING_RUN_AT, is_waiting
 
-
 _BOOM = {"type": "E", "code": "boom", "message": "no", "retryable": False, "details": {}}
 
 

@@ -450,7 +450,7 @@ def _pg_schema(dsn: str) -> dict[str, Any]:
         ).fetchall()
         out["triggers"] = conn.execute(
             """select tgname, pg_get_triggerdef(t.oid) from pg_trigger t
-               where not tgisinternal order by tgname"""
+               where not tgisinternal and tgname not like 'cairnqd%' order by tgname"""
         ).fetchall()
         out["functions"] = conn.execute(
             """select p.proname, pg_get_function_result(p.oid), l.lanname
