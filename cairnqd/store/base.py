@@ -735,7 +735,9 @@ class TaskStore(ABC):
     async def retry(self, task_id: str, *, reset_attempt: bool = False) -> Task | None:
         require_str(task_id, "task_id")
         rows = await self._fetch("retry", {"id": task_id, "reset_attempt": bool(reset_attempt)})
-        return self._task(rows[0]) if rows else None
+        # Read again: a task whose parents have not all succeeded was put back to wait
+        # by a trigger after the statement's row was returned (docs/dependencies.md).
+        return (await self.get(task_id) or self._task(rows[0])) if rows else None
 
     async def _by_key(self, key: str, op: str, params: Params) -> Task | None:
         require_str(key, "key")

@@ -151,7 +151,8 @@ async def test_a_waiting_task_canceled_by_hand_cancels_its_dependents(store: Tas
     assert (await _get(store, c)).status == "canceled"
     assert (await _get(store, a)).status == "queued"
     # Retried by hand, b waits again for a, and c with it.
-    await store.retry(b.id)
+    retried = await store.retry(b.id)
+    assert retried is not None and is_waiting(retried), "retry returns the task as it is"
     assert is_waiting(await _get(store, b)) and is_waiting(await _get(store, c))
     assert await _run(store) == [a.id]
 
