@@ -280,31 +280,50 @@ RUNNING_NOTE = (
 )
 
 
-async def _stats(store: TaskStore, queue: str | None) -> tuple[dict[str, dict[str, int]], set[str]]:
+#: Under `stats`, when a task waits on its dependencies.
+WAITING_NOTE = (
+    "WAITING counts the QUEUED tasks held until every task they were submitted after "
+    "has succeeded (docs/dependencies.md); they are not due yet."
+)
+
+
+async def _stats(
+    store: TaskStore, queue: str | None
+) -> tuple[dict[str, dict[str, int]], set[str], dict[str, int]]:
     paused = {p.queue for p in await store.pauses.all()}
-    return await store.stats(queue), paused if queue is None else paused & {queue}
+    waiting = await store.waiting_counts()
+    if queue is not None:
+        waiting = {q: n for q, n in waiting.items() if q == queue}
+    return await store.stats(queue), paused if queue is None else paused & {queue}, waiting
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     config = load(args.config)
-    counts, paused = with_store(config, lambda store: _stats(store, args.queue))
+    counts, paused, waiting = with_store(config, lambda store: _stats(store, args.queue))
     if args.json:
+        for queue, by_status in counts.items():
+            by_status["waiting"] = waiting.get(queue, 0)
         print(_json(dict(sorted(counts.items()))))
         return exitcodes.OK
     for queue in paused:  # a paused queue shows even when it holds no task
         counts.setdefault(queue, dict.fromkeys(STATUSES, 0))
+    # WAITING (a part of QUEUED, not added to TOTAL) shows only when a task waits.
+    extra = ["WAITING"] if waiting else []
     rows: list[list[Any]] = [
-        [queue, *(by_status[s] for s in STATUSES), sum(by_status.values()),
+        [queue, *(by_status[s] for s in STATUSES),
+         *([waiting.get(queue, 0)] if waiting else []), sum(by_status.values()),
          "paused" if queue in paused else ""]
         for queue, by_status in sorted(counts.items())
     ]  # fmt: skip
     if len(rows) > 1:
-        totals = [sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2)]
+        totals = [sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2 + len(extra))]
         rows.append(["(all)", *totals, ""])
-    print(table(["QUEUE", *(s.upper() for s in STATUSES), "TOTAL", ""], rows))
+    print(table(["QUEUE", *(s.upper() for s in STATUSES), *extra, "TOTAL", ""], rows))
     if not rows:
         print("(no tasks)")
     else:
+        if waiting:
+            print(WAITING_NOTE)
         print(RUNNING_NOTE)
     return exitcodes.OK
 
