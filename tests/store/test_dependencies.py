@@ -5,13 +5,18 @@ that ancestor brings it back; purge keeps what a waiting task still needs."""
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from typing import Any
 
+import psycopg
 import pytest
 
 from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
 from cairnqd.store.dependencies import WAITING_RUN_AT, is_waiting
+from tests.support.store import scalar
+from tests.support.waiting import wait_for_async
 
 _BOOM = {"type": "E", "code": "boom", "message": "no", "retryable": False, "details": {}}
 
@@ -211,3 +216,86 @@ async def test_purge_keeps_a_parent_a_waiting_task_needs(store: TaskStore) -> No
     assert await store.count_purgeable() == 3
     assert sorted(await store.purge()) == sorted([a.id, b.id, c.id])
     assert await store.dependencies(c.id) == []
+
+
+async def _caller_connection(dialect: str, target: str) -> Any:
+    if dialect == "sqlite":
+        return sqlite3.connect(target)
+    return await psycopg.AsyncConnection.connect(target)
+
+
+async def _end(dialect: str, conn: Any, how: str) -> None:
+    result = getattr(conn, how)()
+    if dialect != "sqlite":
+        await result
+
+
+async def test_after_through_the_callers_transaction(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    parent = await store.submit(name="a")
+    conn = await _caller_connection(dialect, db_target)
+    try:
+        child = await store.submit(name="b", after=[parent], tx=conn)
+        graph = await store.submit_many(
+            [{"name": "c", "after": [child.id]}, {"name": "d", "after": [0, parent.id]}], tx=conn
+        )
+        assert await store.get(child.id) is None, "visible before the caller committed"
+        await _end(dialect, conn, "commit")
+        for task in (child, *graph):
+            assert is_waiting(await _get(store, task))
+        assert [t.id for t in await store.dependencies(graph[1].id)] == [graph[0].id, parent.id]
+
+        gone = await store.submit(name="e", after=[parent], tx=conn)
+        await _end(dialect, conn, "rollback")
+        assert await store.get(gone.id) is None
+        assert await store.dependencies(gone.id) == []
+        assert scalar(dialect, db_target, "select count(*) from cairnqd_task_deps") == 4
+        assert scalar(dialect, db_target, "select count(*) from cairnqd_task_waits") == 3
+    finally:
+        await _end(dialect, conn, "close")
+
+
+async def test_a_submit_waits_for_a_parent_being_settled(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    """Postgres: a settle under way when the dependent is submitted either commits
+    first (and the submit sees the parent succeeded) or sees the dependent's edges;
+    the dependent is never left waiting for a parent that has already succeeded."""
+    if dialect == "sqlite":
+        pytest.skip("one writer at a time: a SQLite submit cannot overlap a settle")
+    parent = await store.submit(name="a")
+    [claimed] = await store.claim(queues=["default"], worker_id="w1", limit=1)
+    settler = await psycopg.AsyncConnection.connect(db_target)
+    try:
+        await settler.execute(
+            "update cairnq_tasks set status = 'succeeded', lease_until_ms = null, "
+            "completed_at_ms = updated_at_ms where id = %s",
+            (claimed.id,),
+        )
+        submitting = asyncio.create_task(store.submit(name="b", after=[parent]))
+
+        other = await psycopg.AsyncConnection.connect(db_target, autocommit=True)
+        try:
+
+            async def waiting_on_lock() -> bool:
+                row = await (
+                    await other.execute(
+                        "select count(*) from pg_stat_activity "
+                        "where wait_event_type = 'Lock' and datname = current_database()"
+                    )
+                ).fetchone()
+                return row is not None and row[0] >= 1
+
+            await wait_for_async("the submit to wait on the parent's row", waiting_on_lock)
+        finally:
+            await other.close()
+        assert not submitting.done()
+        await settler.commit()
+        child = await submitting
+    finally:
+        await settler.close()
+    assert not is_waiting(child) and child.status == "queued"
+    assert [t.id for t in await store.claim(queues=["default"], worker_id="w1", limit=5)] == [
+        child.id
+    ]
