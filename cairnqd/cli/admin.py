@@ -43,6 +43,7 @@ from cairnqd.errors import (
 )
 from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
 from cairnqd.store.base import TaskStore, wall_clock_ms
+from cairnqd.store.dependencies import WAITING_RUN_AT
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import missing_sqlite_file, store_for
 from cairnqd.store.tables.fleet import FleetMember
@@ -143,6 +144,8 @@ def _unavailable(config: Config, exc: BaseException) -> str:
 def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
+    if ms == WAITING_RUN_AT:  # past any datetime: a task held by its dependencies
+        return "when its dependencies have succeeded"
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 

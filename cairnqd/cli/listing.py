@@ -11,6 +11,7 @@ from typing import Any
 
 from cairnqd.models import STATUSES, Task
 from cairnqd.store.base import TaskStore
+from cairnqd.store.dependencies import WAITING_RUN_AT
 from cairnqd.store.operator import TaskFilter
 
 LIST_HEADERS = [
@@ -25,6 +26,8 @@ FOLLOW_POLL_S = 0.5
 def _clock(ms: int | None) -> str:
     if ms is None:
         return "-"
+    if ms == WAITING_RUN_AT:  # past any datetime: a task held by its dependencies
+        return "after-deps"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

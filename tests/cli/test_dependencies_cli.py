@@ -49,6 +49,13 @@ def test_stats_cancel_and_retry_with_a_waiting_task(
     assert lines[1].split() == ["mail", "2", "0", "0", "0", "0", "1", "2"]
     assert lines[-2].startswith("WAITING counts the QUEUED tasks held")
 
+    # A waiting task's run_at is past any date: shown as what it waits for.
+    listed = run("list", "--queue", "mail")
+    assert listed.returncode == 0 and "after-deps" in listed.stdout
+    shown = run("inspect", child.id)
+    assert shown.returncode == 0
+    assert "run_at_ms: 9007199254740991 (when its dependencies have succeeded)" in shown.stdout
+
     assert run("cancel", parent.id).returncode == 0
     canceled = asyncio.run(_get(dialect, db_target, child.id))
     assert canceled.status == "canceled" and canceled.error is not None
