@@ -17,9 +17,11 @@ from cairnqd.models import Task
 from cairnqd.store.arguments import require_str
 from cairnqd.store.executor import Session
 
-#: The run_at_ms of a task waiting on its dependencies: 2^53 - 1, later than any clock
-#: and still exact as a JavaScript number (the TypeScript SDK reads it as one).
-WAITING_RUN_AT = 9007199254740991
+#: The run_at_ms of a task waiting on its dependencies: 9999-12-31T00:00Z, later than any
+#: clock, exact as a JavaScript number (the TypeScript SDK reads it as one) and still a
+#: date every reader can format (Python's datetime ends with year 9999, JavaScript's
+#: Date at 8.64e15 ms; 2^53 - 1 would be past both and break any display of the task).
+WAITING_RUN_AT = 253_402_214_400_000
 
 #: An `after` entry of a `submit_many` item: an earlier item's index, or a task id.
 ItemRef = int | str

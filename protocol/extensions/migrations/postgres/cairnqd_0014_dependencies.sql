@@ -1,7 +1,7 @@
 -- Task dependencies (docs/dependencies.md): a task submitted `after` others is written
--- queued but due at 9007199254740991 (2^53 - 1), so no claim of any SDK takes it, and
--- these tables and triggers make it due, in the transaction that settles its last
--- parent, or cancel it when an ancestor fails. Everything here is cairnqd's own,
+-- queued but due at 253402214400000 (9999-12-31T00:00Z), so no claim of any SDK takes
+-- it, and these tables and triggers make it due, in the transaction that settles its
+-- last parent, or cancel it when an ancestor fails. Everything here is cairnqd's own,
 -- recorded in cairnqd_migrations; the protocol's tables are untouched.
 
 -- One row per edge, in the order the submit named the parents (ctx.dependencies()).
@@ -102,7 +102,7 @@ begin
         where n > 0
         on conflict (task_id) do update set remaining = excluded.remaining, failed_by = null;
         update cairnq_tasks
-        set run_at_ms = 9007199254740991
+        set run_at_ms = 253402214400000
         where id = new.id
           and exists (
             select 1 from cairnqd_task_waits w where w.task_id = new.id and w.failed_by is null
@@ -133,7 +133,7 @@ begin
           );
         update cairnq_tasks
         set status = 'queued',
-            run_at_ms = 9007199254740991,
+            run_at_ms = 253402214400000,
             error = null,
             completed_at_ms = null,
             updated_at_ms = new.updated_at_ms

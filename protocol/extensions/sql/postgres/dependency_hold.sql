@@ -1,9 +1,9 @@
--- Hold a task that must wait (dependency_wait wrote its row): due at 2^53 - 1, which no
--- claim of any SDK reaches, until its last parent succeeds. With :failed_by set an
+-- Hold a task that must wait (dependency_wait wrote its row): due at 9999-12-31T00:00Z,
+-- which no claim of any SDK reaches, until its last parent succeeds. With :failed_by set an
 -- ancestor already failed or was canceled, and the task is canceled at once with the
 -- envelope the trigger writes for the same case.
 update cairnq_tasks
-set run_at_ms = 9007199254740991,
+set run_at_ms = 253402214400000,
     status = case when :failed_by::text is null then status else 'canceled' end,
     completed_at_ms = case
         when :failed_by::text is null then completed_at_ms
