@@ -143,6 +143,7 @@ async def test_retry_leaves_canceled_what_another_failed_ancestor_holds(store: T
     await store.retry(x.id)
     now = await _get(store, b)
     assert now.status == "canceled", "a has failed too: b stays canceled"
+    assert now.error is not None and now.error["details"]["dependency"] == a.id, "named anew"
     await store.retry(a.id)
     assert is_waiting(await _get(store, b))
 
@@ -208,12 +209,16 @@ async def test_purge_keeps_a_parent_a_waiting_task_needs(store: TaskStore) -> No
     b = await store.submit(name="b")
     c = await store.submit(name="c", after=[a, b])
     await _succeed(store, a)
-    assert await store.count_purgeable() == 0
-    assert await store.purge() == [], "c still waits on b: a is kept for its result"
+    loose = await store.submit(name="z")
+    await _succeed(store, loose)
+    # Once `loose` (finished after a) is purgeable, a would be too, but for c.
+    await wait_for_async("z purgeable", store.count_purgeable, accept=lambda n: n == 1)
+    assert await store.purge() == [loose.id], "c still waits on b: a is kept for its result"
     await _succeed(store, b)
     claimed = await store.claim(queues=["default"], worker_id="w1", limit=5)
     await store.complete(task_id=claimed[0].id, worker_id="w1", result=None)
-    assert await store.count_purgeable() == 3
+    # A task finished this very millisecond is not purgeable yet (the cut-off is strict).
+    await wait_for_async("all three purgeable", store.count_purgeable, accept=lambda n: n == 3)
     assert sorted(await store.purge()) == sorted([a.id, b.id, c.id])
     assert await store.dependencies(c.id) == []
 
@@ -299,3 +304,26 @@ async def test_a_submit_waits_for_a_parent_being_settled(
     assert [t.id for t in await store.claim(queues=["default"], worker_id="w1", limit=5)] == [
         child.id
     ]
+
+
+async def test_postgres_wakes_the_dependents_queue_when_it_is_released(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    """The protocol's notify trigger fires on status changes only; a released task's
+    status does not change, so ours sends `cairnq_queued` with its queue."""
+    if dialect == "sqlite":
+        pytest.skip("SQLite has no notifications: waiters watch the file")
+    parent = await store.submit(name="a", queue="first")
+    child = await store.submit(name="b", queue="second", after=[parent])
+    listener = await psycopg.AsyncConnection.connect(db_target, autocommit=True)
+    try:
+        await listener.execute("listen cairnq_queued")
+        [claimed] = await store.claim(queues=["first"], worker_id="w1", limit=1)
+        await store.complete(task_id=claimed.id, worker_id="w1", result=None)
+        heard: list[str] = []
+        async for note in listener.notifies(timeout=10, stop_after=1):
+            heard.append(note.payload)
+    finally:
+        await listener.close()
+    assert heard == ["second"]
+    assert not is_waiting(await _get(store, child))

@@ -6,6 +6,8 @@ parent has succeeded (docs/dependencies.md).
 
 The store's clock stands still, so a released task is due at once and every claim
 sees the same now; the triggers alone move tasks between waiting, due and canceled.
+The same model runs on Postgres, whose trigger is a different program (one plpgsql
+function, which the statements it runs fire again).
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from cairnqd.models import Task
+from cairnqd.store.base import TaskStore
 from cairnqd.store.dependencies import WAITING_RUN_AT
+from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
 
 NOW_MS = 1_800_000_000_000
@@ -33,9 +38,12 @@ class DependencyModel(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.folder = Path(tempfile.mkdtemp(prefix="cairnqd-deps-model-"))
-        self.store = SQLiteStore(str(self.folder / "model.db"), clock=lambda: NOW_MS)
+        self.store = self.new_store()
         self.parents: dict[str, list[str]] = {}
         self.running: list[str] = []
+
+    def new_store(self) -> TaskStore:
+        return SQLiteStore(str(self.folder / "model.db"), clock=lambda: NOW_MS)
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -123,7 +131,15 @@ class DependencyModel(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def retry(self, data: st.DataObject) -> None:
-        ended = [i for i, t in self.tasks().items() if t.status in ("failed", "canceled")]
+        """A retry of a task that ended on its own, not of one an ancestor's failure
+        canceled (retried by hand, that one would wait for the ancestor's retry)."""
+        tasks = self.tasks()
+        ended = [
+            i
+            for i, t in tasks.items()
+            if t.status in ("failed", "canceled")
+            and not any(tasks[a].status in ("failed", "canceled") for a in self.ancestors(i))
+        ]
         task_id = self.pick(data, ended)
         if task_id is not None:
             self.run(self.store.retry(task_id))
@@ -138,6 +154,29 @@ class DependencyModel(RuleBasedStateMachine):
                 continue
             ready = all(tasks[p].status == "succeeded" for p in self.parents[task_id])
             assert (task.run_at_ms != WAITING_RUN_AT) == ready, (task_id, self.parents[task_id])
+
+    @invariant()
+    def a_failed_ancestor_leaves_nothing_queued_below_it(self) -> None:
+        tasks = self.tasks()
+        for task_id, task in tasks.items():
+            if task.status == "queued":
+                for ancestor in self.ancestors(task_id):
+                    assert tasks[ancestor].status not in ("failed", "canceled"), (
+                        task_id,
+                        ancestor,
+                    )
+
+    @invariant()
+    def only_a_failed_ancestor_keeps_a_dependent_canceled(self) -> None:
+        """A retry brought back every task the failure canceled, unless another
+        failed ancestor still holds it."""
+        tasks = self.tasks()
+        for task_id, task in tasks.items():
+            if task.status == "canceled" and task.error is not None:
+                assert task.error["code"] == "dependency_failed"
+                blamed = task.error["details"]["dependency"]
+                assert blamed in self.ancestors(task_id)
+                assert tasks[blamed].status in ("failed", "canceled"), (task_id, blamed)
 
     @invariant()
     def nothing_runs_before_every_ancestor_succeeded(self) -> None:
@@ -156,3 +195,31 @@ def test_dependency_graph_invariants() -> None:
         suppress_health_check=[HealthCheck.too_slow],
     )
     DependencyModel.TestCase().runTest()
+
+
+class PostgresDependencyModel(DependencyModel):
+    dsn = ""
+
+    def new_store(self) -> TaskStore:
+        return PostgresStore(self.dsn)
+
+    @initialize()
+    def open(self) -> None:
+        super().open()
+        # One database serves every example: each starts from empty tables.
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(
+                "truncate cairnq_tasks, cairnq_task_keys, cairnqd_task_deps, "
+                "cairnqd_task_ancestors, cairnqd_task_waits"
+            )
+
+
+def test_dependency_graph_invariants_on_postgres(pg_dsn: str) -> None:
+    PostgresDependencyModel.dsn = pg_dsn
+    PostgresDependencyModel.TestCase.settings = settings(
+        max_examples=25,
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    PostgresDependencyModel.TestCase().runTest()

@@ -107,6 +107,39 @@ begin
           and exists (
             select 1 from cairnqd_task_waits w where w.task_id = new.id and w.failed_by is null
           );
+        -- Held by another ancestor that failed on its own: stays canceled, naming it.
+        update cairnq_tasks d
+        set error = (
+            select jsonb_build_object(
+                'type', 'DependencyFailed',
+                'code', 'dependency_failed',
+                'message', 'dependency ' || t.id || ' ' || t.status,
+                'retryable', false,
+                'details', jsonb_build_object('dependency', t.id, 'status', t.status)
+            )
+            from cairnqd_task_ancestors a
+            join cairnq_tasks t on t.id = a.ancestor_id
+            where a.task_id = d.id
+              and t.status in ('failed', 'canceled')
+              and not exists (
+                select 1 from cairnqd_task_waits o
+                where o.task_id = t.id and o.failed_by is not null
+              )
+            order by a.ancestor_id
+            limit 1
+        )
+        where d.status = 'canceled'
+          and d.id in (select task_id from cairnqd_task_waits where failed_by = new.id)
+          and exists (
+            select 1 from cairnqd_task_ancestors a
+            join cairnq_tasks t on t.id = a.ancestor_id
+            where a.task_id = d.id
+              and t.status in ('failed', 'canceled')
+              and not exists (
+                select 1 from cairnqd_task_waits o
+                where o.task_id = t.id and o.failed_by is not null
+              )
+          );
         update cairnqd_task_waits w
         set failed_by = (
             select a.ancestor_id from cairnqd_task_ancestors a

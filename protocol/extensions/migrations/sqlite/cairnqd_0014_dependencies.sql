@@ -94,7 +94,8 @@ end;
 
 -- A failed or canceled task is queued again (a retry). If some parent of its own has
 -- not succeeded it waits again; the dependents it canceled wait again too, unless
--- another ancestor that failed on its own still holds them (they are then its).
+-- another ancestor that failed on its own still holds them: they are then its, and
+-- their error names it instead.
 create trigger if not exists cairnqd_tasks_dependency_retried
 after update of status on cairnq_tasks
 when new.status = 'queued' and old.status in ('failed', 'canceled')
@@ -113,6 +114,38 @@ begin
     where id = new.id
       and exists (
         select 1 from cairnqd_task_waits w where w.task_id = new.id and w.failed_by is null
+      );
+    update cairnq_tasks
+    set error = (
+        select json_object(
+            'type', 'DependencyFailed',
+            'code', 'dependency_failed',
+            'message', 'dependency ' || t.id || ' ' || t.status,
+            'retryable', json('false'),
+            'details', json_object('dependency', t.id, 'status', t.status)
+        )
+        from cairnqd_task_ancestors a
+        join cairnq_tasks t on t.id = a.ancestor_id
+        where a.task_id = cairnq_tasks.id
+          and t.status in ('failed', 'canceled')
+          and not exists (
+            select 1 from cairnqd_task_waits o
+            where o.task_id = t.id and o.failed_by is not null
+          )
+        order by a.ancestor_id
+        limit 1
+    )
+    where status = 'canceled'
+      and id in (select task_id from cairnqd_task_waits where failed_by = new.id)
+      and exists (
+        select 1 from cairnqd_task_ancestors a
+        join cairnq_tasks t on t.id = a.ancestor_id
+        where a.task_id = cairnq_tasks.id
+          and t.status in ('failed', 'canceled')
+          and not exists (
+            select 1 from cairnqd_task_waits o
+            where o.task_id = t.id and o.failed_by is not null
+          )
       );
     update cairnqd_task_waits
     set failed_by = (
