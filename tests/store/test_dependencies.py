@@ -327,3 +327,22 @@ async def test_postgres_wakes_the_dependents_queue_when_it_is_released(
         await listener.close()
     assert heard == ["second"]
     assert not is_waiting(await _get(store, child))
+
+
+async def test_keys_work_as_usual_on_a_waiting_task(store: TaskStore) -> None:
+    a = await store.submit(name="a")
+    held = await store.submit(name="b", key="nightly", after=[a])
+    assert is_waiting(held)
+    found = await store.get_by_key("nightly")
+    assert found is not None and found.id == held.id and is_waiting(found)
+    # reuse hands back the waiting task as it is (queued): its dependencies stand.
+    again = await store.submit(name="b", key="nightly")
+    assert again.id == held.id and is_waiting(again)
+    # replace cancels it (a live task) and the new one waits on what it names.
+    fresh = await store.submit(name="b", key="nightly", conflict="replace", after=[a])
+    assert fresh.id != held.id and is_waiting(fresh)
+    assert (await _get(store, held)).status == "canceled"
+    await _succeed(store, a)
+    assert [t.id for t in await store.claim(queues=["default"], worker_id="w1", limit=5)] == [
+        fresh.id
+    ]
