@@ -489,6 +489,7 @@ async def _submit(store: TaskStore, args: argparse.Namespace, payload: Any) -> t
         max_attempts=args.max_attempts,
         priority=args.priority,
         delay_ms=to_ms(args.delay),
+        after=args.after or None,
     )
     if not args.wait:
         return task, task
@@ -642,6 +643,13 @@ def add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         default=timedelta(0),
         metavar="DURATION",
         help="run no earlier than this from now (e.g. 30s, 5m)",
+    )
+    p.add_argument(
+        "--after",
+        action="append",
+        metavar="TASK_ID",
+        help="run only once this task has succeeded (repeat for several; canceled if one "
+        "fails; docs/dependencies.md)",
     )
     p.add_argument("--wait", action="store_true", help="wait for the outcome; print the result")
     p.add_argument("--timeout", type=duration, metavar="DURATION", help="with --wait (30s)")

@@ -64,3 +64,13 @@ def test_stats_cancel_and_retry_with_a_waiting_task(
 
     assert run("retry", parent.id).returncode == 0
     assert is_waiting(asyncio.run(_get(dialect, db_target, child.id)))
+
+
+def test_submit_after(db_config: Path, run: Run, dialect: str, db_target: str) -> None:
+    parent = run("submit", "demo.echo").stdout.strip()
+    child = run("submit", "demo.echo", "--after", parent, "--after", parent).stdout.strip()
+    assert child.startswith("task_") and child != parent
+    assert is_waiting(asyncio.run(_get(dialect, db_target, child)))
+    refused = run("submit", "demo.echo", "--after", "task_nope")
+    assert refused.returncode == 65
+    assert "submit: after names task_nope, which is not a task" in refused.stderr
