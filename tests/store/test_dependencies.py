@@ -15,6 +15,7 @@ import pytest
 from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
 from cairnqd.store.dependencies import WAITING_RUN_AT, is_waiting
+from tests.support.databases import make_store
 from tests.support.store import scalar
 from tests.support.waiting import wait_for_async
 
@@ -345,4 +346,35 @@ async def test_keys_work_as_usual_on_a_waiting_task(store: TaskStore) -> None:
     await _succeed(store, a)
     assert [t.id for t in await store.claim(queues=["default"], worker_id="w1", limit=5)] == [
         fresh.id
+    ]
+
+
+async def test_parents_settled_at_once_release_their_dependents_once(
+    store: TaskStore, dialect: str, db_target: str
+) -> None:
+    """Several connections settle the parents of two shared fan-ins at the same time:
+    each fan-in is released exactly when its last parent succeeded, never lost."""
+    parents = [await store.submit(name="p", payload={"i": i}) for i in range(12)]
+    await store.submit(name="left", after=parents)
+    right = await store.submit(name="right", after=list(reversed(parents)))
+    claimed = await store.claim(queues=["default"], worker_id="w1", limit=20, names=["p"])
+    assert len(claimed) == 12
+    others = [make_store(dialect, db_target) for _ in range(3)]
+    for other in others:
+        await other.connect()
+    try:
+
+        async def settle(other: TaskStore, share: list[Task]) -> None:
+            for task in share:
+                await other.complete(task_id=task.id, worker_id="w1", result=task.payload)
+
+        await asyncio.gather(*(settle(o, claimed[i::3]) for i, o in enumerate(others)))
+    finally:
+        for other in others:
+            await other.close()
+    got = await store.claim(queues=["default"], worker_id="w1", limit=5)
+    assert sorted(t.name for t in got) == ["left", "right"]
+    assert await store.waiting_counts() == {}
+    assert [t.result for t in await store.dependencies(right.id)] == [
+        {"i": i} for i in reversed(range(12))
     ]

@@ -47,6 +47,13 @@ declare
     released_queue text;
 begin
     if new.status = 'succeeded' then
+        -- Parents of one fan-in settled at once by several workers lock its wait row in
+        -- one order (id), so their transactions queue instead of deadlocking.
+        perform 1 from cairnqd_task_waits
+        where failed_by is null
+          and task_id in (select task_id from cairnqd_task_deps where parent_id = new.id)
+        order by task_id
+        for update;
         update cairnqd_task_waits
         set remaining = remaining - 1
         where failed_by is null and remaining > 0
