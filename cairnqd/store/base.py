@@ -747,6 +747,8 @@ class TaskStore(ABC):
             if not key_rows:
                 return None
             rows = await session.fetch(op, {**params, "id": key_rows[0]["task_id"]})
+            if rows and op == "retry":  # as the dependency triggers left it (see retry)
+                rows = await session.fetch("get", {"id": key_rows[0]["task_id"]}) or rows
             return self._task(rows[0]) if rows else None
 
     async def cancel_by_key(self, key: str) -> Task | None:

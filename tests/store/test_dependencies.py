@@ -343,6 +343,10 @@ async def test_keys_work_as_usual_on_a_waiting_task(store: TaskStore) -> None:
     fresh = await store.submit(name="b", key="nightly", conflict="replace", after=[a])
     assert fresh.id != held.id and is_waiting(fresh)
     assert (await _get(store, held)).status == "canceled"
+    canceled = await store.cancel_by_key("nightly")
+    assert canceled is not None and canceled.status == "canceled"
+    retried = await store.retry_by_key("nightly")
+    assert retried is not None and is_waiting(retried), "as the triggers left it"
     await _succeed(store, a)
     assert [t.id for t in await store.claim(queues=["default"], worker_id="w1", limit=5)] == [
         fresh.id
