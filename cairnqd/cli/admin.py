@@ -379,23 +379,30 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return _follow(config, task_id, key)
     limits = config.flow_limits()
 
-    async def read(store: TaskStore) -> tuple[Task | None, list[RoomWait]]:
+    async def read(store: TaskStore) -> tuple[Task | None, list[RoomWait], list[Task]]:
         task = await _fetch(store, task_id, key)
-        if task is None or not limits:
-            return task, []
+        if task is None:
+            return task, [], []
+        # The tasks it was submitted after, and their state (docs/dependencies.md).
+        parents = await store.dependencies(task.id)
+        if not limits:
+            return task, [], parents
         # A queued, due task that a full limit holds back says so (docs/limits.md).
-        return task, await store.limit_table.waiting_for(task, limits)
+        return task, await store.limit_table.waiting_for(task, limits), parents
 
-    task, waits = with_store(config, read)
+    task, waits, parents = with_store(config, read)
     if task is None:
         raise _missing(task_id, key)
     if args.json:
         data = dataclasses.asdict(task)
         data["waiting_for"] = [w.to_json() for w in waits]
+        data["after"] = [{"id": p.id, "status": p.status} for p in parents]
         print(_json(data))
         return exitcodes.OK
     for field, value in dataclasses.asdict(task).items():
         print(f"{field}:{_shown(field, value)}")
+    if parents:
+        print("after: " + ", ".join(f"{p.id} ({p.status})" for p in parents))
     for wait in waits:
         print(wait.describe())
     return exitcodes.OK

@@ -55,6 +55,10 @@ def test_stats_cancel_and_retry_with_a_waiting_task(
     shown = run("inspect", child.id)
     assert shown.returncode == 0
     assert "run_at_ms: 253402214400000 (when its dependencies have succeeded)" in shown.stdout
+    assert f"after: {parent.id} (queued)" in shown.stdout
+    assert json.loads(run("inspect", child.id, "--json").stdout)["after"] == [
+        {"id": parent.id, "status": "queued"}
+    ]
 
     assert run("cancel", parent.id).returncode == 0
     canceled = asyncio.run(_get(dialect, db_target, child.id))
