@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -382,3 +383,32 @@ async def test_parents_settled_at_once_release_their_dependents_once(
     assert [t.result for t in await store.dependencies(right.id)] == [
         {"i": i} for i in reversed(range(12))
     ]
+
+
+def test_sqlite_plans_reach_the_dependency_indexes(store: TaskStore, db_target: str) -> None:
+    """The lookups every settle, failure and purge makes go through an index, not a
+    scan of the edge tables (the triggers' statements are explained as written)."""
+    if store.dialect != "sqlite":
+        pytest.skip("SQLite's EXPLAIN QUERY PLAN")
+    conn = sqlite3.connect(db_target)
+    try:
+
+        def plan(sql: str) -> str:
+            rows = conn.execute(f"explain query plan {sql}", {"id": "task_x"}).fetchall()
+            return " | ".join(str(r[-1]) for r in rows)
+
+        by_parent = plan("select task_id from cairnqd_task_deps where parent_id = :id")
+        assert "cairnqd_task_deps_parent_idx" in by_parent
+        below = plan("select task_id from cairnqd_task_ancestors where ancestor_id = :id")
+        assert "cairnqd_task_ancestors_ancestor_idx" in below
+        held = plan("select task_id from cairnqd_task_waits where failed_by = :id")
+        assert "cairnqd_task_waits_failed_by_idx" in held
+        purge = (Path(__file__).parents[2] / "protocol/sql/sqlite/purge.sql").read_text()
+        purge_plan = plan(
+            purge.replace(":before_ms", "0").replace(":limit", "10")
+            .replace(":queue", "null").replace(":status", "null").replace(":name", "null")
+        )  # fmt: skip
+        assert "cairnqd_task_deps_parent_idx" in purge_plan
+        assert "SCAN cairnqd_task_deps" not in purge_plan
+    finally:
+        conn.close()
