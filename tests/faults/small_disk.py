@@ -41,7 +41,8 @@ class SmallDisk:
         finally:
             conn.close()
         try:
-            out = open(self._filler, "ab")  # noqa: SIM115 (closed below)
+            # Unbuffered: a buffer left unwritten at ENOSPC would fail again on close.
+            out = open(self._filler, "ab", buffering=0)  # noqa: SIM115 (closed below)
         except OSError as exc:
             # The database's own writes filled the disk first (a daemon's WAL and its
             # attempt records grow while it runs): full is what was wanted.
@@ -52,7 +53,6 @@ class SmallDisk:
             try:
                 while True:
                     out.write(_CHUNK)
-                    out.flush()
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
                     raise
