@@ -230,10 +230,12 @@ async def test_stop_during_a_pause_read_ends_the_run_at_once(
     _slow_pause_reads(worker, store)
     read = store.pauses.all
     stop_now = asyncio.Event()
+    stopped_in_read = asyncio.Event()
 
     async def read_then_stop() -> Any:
         if stop_now.is_set():
             worker.stop()  # the loop is inside this read: the stop lands mid-await
+            stopped_in_read.set()
         return await read()
 
     store.pauses.all = read_then_stop  # type: ignore[method-assign]
@@ -247,9 +249,18 @@ async def test_stop_during_a_pause_read_ends_the_run_at_once(
     try:
         await wait_all(store, [task.id], "succeeded")
         stop_now.set()
-        # Wakes the loop (a commit; on Postgres a notification for the queue) for a pass
-        # whose pause read the stop lands in, and whose claim finds nothing it handles.
-        await client.submit("not.handled.here")
+
+        async def stop_landed() -> bool:
+            # Wakes the loop (a commit; on Postgres a notification for the queue) for a
+            # pass whose pause read the stop lands in, and whose claim finds nothing it
+            # handles. A pass already past its read when the flag was set can take that
+            # wake-up and find nothing to do: then the next submit wakes it again.
+            if not stopped_in_read.is_set():
+                await client.submit("not.handled.here")
+            return stopped_in_read.is_set()
+
+        await wait_for_async("a pass whose pause read the stop lands in", stop_landed)
+        # From the stop on, nothing wakes the loop: run() must return by itself.
         await asyncio.wait_for(asyncio.shield(runner), 5.0)
     finally:
         worker.stop()
