@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from cairnqd._inflight import InFlight
+from cairnqd._leaseguard import OverrunHook, report_overrun
 from cairnqd.store.base import TaskStore
 
 if TYPE_CHECKING:
@@ -40,7 +40,8 @@ MIN_TICK_S = 0.05
 #: `Worker(cancel_grace=...)`'s default, seconds.
 DEFAULT_CANCEL_GRACE_S = 10.0
 
-CancelOverrunHook = Callable[[Sequence["TaskContext"]], None]
+#: The same hook shape as a lease overrun's.
+CancelOverrunHook = OverrunHook
 
 
 class CancelWatch:
@@ -154,19 +155,14 @@ class CancelWatch:
         call.cancel()
 
     def _overrun(self, call: Call) -> None:
-        contexts = [ctx for ctx in call.contexts if not ctx.settled]
-        hook = self.on_overrun
-        if hook is not None:
-            hook(contexts)
-            return
-        ids = ", ".join(f"{c.task_id} attempt {c.attempt}" for c in contexts)
-        log.error(
-            "handler of %s did not stop after its cancel (2 x cancel_grace %gs); it keeps "
+        report_overrun(
+            call,
+            self.on_overrun,
+            f"did not stop after its cancel (2 x cancel_grace {self._grace_s:g}s); it keeps "
             "its task, renewed, until it returns, and the task then ends canceled (a sync "
             "handler's thread cannot be stopped: under cairnqd the worker process is "
             "replaced instead)",
-            ids, self._grace_s,
-        )  # fmt: skip
+        )
 
 
 def _all_cancel_seen(call: Call) -> bool:

@@ -80,18 +80,24 @@ class LeaseGuard:
         call.cancel()
 
     def _overrun(self, call: Call) -> None:
-        contexts = [ctx for ctx in call.contexts if not ctx.settled]
-        hook = self.on_overrun
-        if hook is not None:
-            hook(contexts)
-            return
-        ids = ", ".join(f"{c.task_id} attempt {c.attempt}" for c in contexts)
-        log.error(
-            "handler of %s did not stop when its lease could not be renewed; its task may "
-            "now run elsewhere beside it (a sync handler's thread cannot be cancelled: "
-            "under cairnqd the worker process is replaced instead)",
-            ids,
+        report_overrun(
+            call,
+            self.on_overrun,
+            "did not stop when its lease could not be renewed; its task may now run "
+            "elsewhere beside it (a sync handler's thread cannot be cancelled: under "
+            "cairnqd the worker process is replaced instead)",
         )
+
+
+def report_overrun(call: Call, hook: OverrunHook | None, why: str) -> None:
+    """A handler that did not stop when told to: its unsettled tasks go to `hook`
+    (the daemon's child replaces itself), or without one an error names them and `why`."""
+    contexts = [ctx for ctx in call.contexts if not ctx.settled]
+    if hook is not None:
+        hook(contexts)
+        return
+    ids = ", ".join(f"{c.task_id} attempt {c.attempt}" for c in contexts)
+    log.error("handler of %s %s", ids, why)
 
 
 def _lease_of(call: Call) -> tuple[float | None, bool]:
