@@ -9,42 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import cairnq
 import pytest
 
 import cairnqd
-from tests.support.databases import make_store
-from tests.support.store import connect_upstream, count_rows, pg_url, query
+from tests.support.store import count_rows, query
 from tests.support.waiting import wait_for_async
 
 WAIT = {"timeout_ms": 15_000, "poll_ms": 20, "max_poll_ms": 100}
-
-
-@pytest.fixture
-async def theirs(dialect: str, db_target: str) -> AsyncIterator[Any]:
-    """The public SDK's client handle, connected first: it creates the database."""
-    if dialect == "sqlite":
-        client = cairnq.CairnQ.sqlite(db_target)
-    else:
-        client = cairnq.CairnQ.postgres(pg_url(db_target), max_size=4)
-    await connect_upstream(client)
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
-async def ours(theirs: Any, dialect: str, db_target: str) -> AsyncIterator[cairnqd.CairnQ]:
-    client = cairnqd.CairnQ(make_store(dialect, db_target))
-    await client.connect()
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 async def test_their_task_runs_on_our_store(theirs: Any, ours: cairnqd.CairnQ) -> None:
