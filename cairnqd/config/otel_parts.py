@@ -2,7 +2,11 @@
 OpenTelemetry SDK reads: the SDK itself, and an exporter for each name in
 `OTEL_TRACES_EXPORTER` (the SDK finds exporters by entry point, as here). The config
 check and the worker child's setup (cairnqd/daemon/otelsetup.py) share it, so
-`cairnqd check` refuses exactly what a child could not start."""
+`cairnqd check` refuses exactly what a child could not start.
+
+`otlp` names no exporter by itself: as in the SDK's auto-configuration, it is the gRPC
+exporter, or the one `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` (else
+`OTEL_EXPORTER_OTLP_PROTOCOL`) names: `grpc` or `http/protobuf`."""
 
 from __future__ import annotations
 
@@ -23,6 +27,16 @@ _PROVIDERS = {
 }
 
 
+#: The exporter each OTLP protocol names (the SDK's table), and the variables naming the
+#: protocol for traces, the first set winning.
+OTLP_BY_PROTOCOL = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
+PROTOCOL_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+
+
+class ProtocolError(ValueError):
+    """An OTLP protocol variable names no protocol an exporter speaks."""
+
+
 def exporter_names(env: Mapping[str, str]) -> list[str]:
     """`OTEL_TRACES_EXPORTER` as a list (the SDK's default: otlp); `none` exports nothing."""
     raw = env.get("OTEL_TRACES_EXPORTER", "").strip() or "otlp"
@@ -30,8 +44,36 @@ def exporter_names(env: Mapping[str, str]) -> list[str]:
     return [] if names == ["none"] else names
 
 
-def exporter_entry_point(name: str) -> EntryPoint | None:
-    found = entry_points(group=EXPORTER_GROUP, name=name)
+def otlp_protocol(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """(variable, protocol) of the first protocol variable set, or None."""
+    for variable in PROTOCOL_VARIABLES:
+        value = env.get(variable, "").strip()
+        if value:
+            return variable, value
+    return None
+
+
+def entry_point_name(name: str, env: Mapping[str, str]) -> str:
+    """The entry point the SDK loads for `name`: `otlp` by its protocol, others as they
+    are. Raises ProtocolError for a protocol no exporter speaks."""
+    if name != "otlp":
+        return name
+    chosen = otlp_protocol(env)
+    if chosen is None:
+        return OTLP_BY_PROTOCOL["grpc"]
+    variable, protocol = chosen
+    try:
+        return OTLP_BY_PROTOCOL[protocol]
+    except KeyError:
+        known = " or ".join(OTLP_BY_PROTOCOL)
+        raise ProtocolError(
+            f"{variable}={protocol} is not a protocol the OTLP exporters speak: use {known}"
+        ) from None
+
+
+def exporter_entry_point(name: str, env: Mapping[str, str]) -> EntryPoint | None:
+    """The installed exporter `name` (in `OTEL_TRACES_EXPORTER`) stands for, or None."""
+    found = entry_points(group=EXPORTER_GROUP, name=entry_point_name(name, env))
     return next(iter(found), None)
 
 
@@ -43,11 +85,39 @@ def missing(env: Mapping[str, str]) -> list[str]:
         return ["needs the OpenTelemetry SDK: pip install opentelemetry-sdk"]
     problems = []
     for name in exporter_names(env):
-        if exporter_entry_point(name) is None:
-            package = _PROVIDERS.get(name)
-            fix = f"pip install {package}" if package else "no installed package provides it"
-            problems.append(f"OTEL_TRACES_EXPORTER={name} has no exporter installed: {fix}")
+        try:
+            entry = exporter_entry_point(name, env)
+        except ProtocolError as exc:
+            problems.append(f"OTEL_TRACES_EXPORTER={name}: {exc}")
+            continue
+        if entry is None:
+            problems.append(
+                f"OTEL_TRACES_EXPORTER={name}{_over(name, env)} has no exporter "
+                f"installed: {_fix(name, env)}"
+            )
     return problems
 
 
-__all__ = ["EXPORTER_GROUP", "exporter_entry_point", "exporter_names", "missing"]
+def _over(name: str, env: Mapping[str, str]) -> str:
+    """For `otlp` over a protocol the environment chose: which, as the variable says."""
+    chosen = otlp_protocol(env) if name == "otlp" else None
+    return "" if chosen is None else f" ({chosen[0]}={chosen[1]})"
+
+
+def _fix(name: str, env: Mapping[str, str]) -> str:
+    # Plain `otlp` (gRPC) is what the opentelemetry-exporter-otlp bundle installs.
+    chosen = otlp_protocol(env) if name == "otlp" else None
+    package = _PROVIDERS.get(name if chosen is None else entry_point_name(name, env))
+    return f"pip install {package}" if package else "no installed package provides it"
+
+
+__all__ = [
+    "EXPORTER_GROUP",
+    "OTLP_BY_PROTOCOL",
+    "ProtocolError",
+    "entry_point_name",
+    "exporter_entry_point",
+    "exporter_names",
+    "missing",
+    "otlp_protocol",
+]

@@ -4,9 +4,10 @@ Everything an operator tunes comes from the SDK's own `OTEL_*` variables: the se
 name and resource attributes (`Resource.create`), the sampler (the `TracerProvider`
 default reads `OTEL_TRACES_SAMPLER`), the batching (`BatchSpanProcessor` reads
 `OTEL_BSP_*`) and the exporters (`OTEL_TRACES_EXPORTER`, found by entry point as the
-SDK's own auto-configuration does; each reads its own endpoint variables). We add the
-group and slot as resource attributes, and flush before the child exits: on drain, and
-on QUIT before `os._exit`, which would lose the batch still queued.
+SDK's own auto-configuration does, `otlp` by its protocol variables; each reads its own
+endpoint variables). We add the group and slot as resource attributes, and flush before
+the child exits: on drain, and on QUIT before `os._exit`, which would lose the batch
+still queued.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def start_tracing(
         attributes["service.name"] = "cairnqd"
     provider = TracerProvider(resource=Resource.create(attributes))
     for name in exporter_names(env):
-        entry = exporter_entry_point(name)
+        entry = exporter_entry_point(name, env)
         assert entry is not None  # missing() found it
         try:
             exporter = entry.load()()

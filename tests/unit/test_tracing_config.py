@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cairnqd.config import ConfigError, load_config
-from cairnqd.config.otel_parts import exporter_names, missing
+from cairnqd.config.otel_parts import entry_point_name, exporter_names, missing
 
 BASE = """\
 version: 1
@@ -45,13 +45,14 @@ def test_tracing_is_off_by_default_and_on_with_an_installed_exporter(tmp_path: P
 def test_a_missing_exporter_is_named_at_its_line(tmp_path: Path) -> None:
     path = write(tmp_path, "tracing:\n  enabled: true\n")
     with pytest.raises(ConfigError) as info:
-        load_config(path, env={"OTEL_TRACES_EXPORTER": "console,otlp_proto_http"})
+        load_config(path, env={"OTEL_TRACES_EXPORTER": "console,zipkin"})
     [problem] = info.value.problems
     assert str(problem) == (
-        f"{path}:9:12: tracing.enabled: OTEL_TRACES_EXPORTER=otlp_proto_http has no exporter "
-        "installed: pip install opentelemetry-exporter-otlp-proto-http"
+        f"{path}:9:12: tracing.enabled: OTEL_TRACES_EXPORTER=zipkin has no exporter "
+        "installed: pip install opentelemetry-exporter-zipkin"
     )
-    # The SDK's default exporter is otlp, which this environment lacks.
+    # The SDK's default exporter is otlp over gRPC, which this environment lacks (the
+    # test extra brings only the http/protobuf one).
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
     assert "OTEL_TRACES_EXPORTER=otlp has no exporter installed" in str(info.value)
@@ -73,6 +74,30 @@ def test_exporter_names_follow_the_sdk() -> None:
     assert missing({"OTEL_TRACES_EXPORTER": "none"}) == []
     assert missing({"OTEL_TRACES_EXPORTER": "nosuch"}) == [
         "OTEL_TRACES_EXPORTER=nosuch has no exporter installed: no installed package provides it"
+    ]
+
+
+def test_otlp_is_the_exporter_of_its_protocol_as_in_the_sdk() -> None:
+    http = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    assert entry_point_name("otlp", http) == "otlp_proto_http"
+    assert entry_point_name("otlp", {}) == "otlp_proto_grpc"
+    # The traces' own variable wins over the general one.
+    assert (
+        entry_point_name("otlp", {**http, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"})
+        == "otlp_proto_grpc"
+    )
+    # Other names are entry points as they are, whatever the protocol says.
+    assert entry_point_name("otlp_proto_grpc", http) == "otlp_proto_grpc"
+    assert entry_point_name("console", http) == "console"
+    # The test extra installs the http/protobuf exporter: otlp over it is complete.
+    assert missing(http) == []
+    assert missing({**http, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}) == [
+        "OTEL_TRACES_EXPORTER=otlp (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc) has no exporter "
+        "installed: pip install opentelemetry-exporter-otlp-proto-grpc"
+    ]
+    assert missing({**http, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}) == [
+        "OTEL_TRACES_EXPORTER=otlp: OTEL_EXPORTER_OTLP_PROTOCOL=http/json is not a protocol "
+        "the OTLP exporters speak: use grpc or http/protobuf"
     ]
 
 
