@@ -2,6 +2,7 @@
 
     python -m bench.drain [--backend sqlite|postgres]... [--impl NAME]... [--procs 1 --procs 2]
                           [--tasks 20000] [--repeats 3] [--prefetch N]...
+                          [--tracing off|api|provider]...
 
 Implementations:
 - `ours`, `cairnq`: worker processes (`bench/worker_proc.py`, concurrency 8) on rows
@@ -14,6 +15,13 @@ Implementations:
   own consumer with `--concurrency` worker threads, tasks queued through huey itself.
 - `procrastinate`, `pgqueuer` (Postgres only): their own workers on jobs pre-loaded with
   their own batch enqueue.
+
+Tracing's cost (`--tracing`, repeatable; ours only, a label of its own): `off`, the
+workers import no OpenTelemetry at all; `api`, the API is imported but no provider is
+set (the `otel` extra installed, the application not tracing); `provider`, the SDK's
+`TracerProvider` with a `BatchSpanProcessor` feeding an exporter that drops everything
+(every span is built and batched, nothing is sent). Each run checks from the workers'
+`DONE` line that OpenTelemetry was loaded, or not, as asked.
 
 On Postgres the database is ANALYZEd after the preload (`--no-analyze` skips it):
 stock autovacuum would do that after a bulk load, but this machine's server runs with
@@ -176,6 +184,7 @@ def commands(
     procs: int,
     args: argparse.Namespace,
     prefetch: int | str | None = None,
+    tracing: str | None = None,
 ) -> list[tuple[str, list[str]]]:
     if impl in RAW:
         argv = [sys.executable, str(BENCH_DIR / "raw_proc.py"), "--backend", backend,
@@ -184,6 +193,8 @@ def commands(
         extra: list[str] = []
         if impl == "pgqueuer":
             extra = ["--pgq-batch", str(args.pgq_batch)]
+        if tracing is not None:
+            extra = ["--tracing", tracing]
         argv = worker_argv(
             impl,
             backend,
@@ -201,6 +212,7 @@ async def drain_once(
     procs: int,
     args: argparse.Namespace,
     prefetch: int | str | None = None,
+    tracing: str | None = None,
 ) -> Run:
     n = args.tasks
     split: list[int] = []
@@ -216,7 +228,7 @@ async def drain_once(
             await analyze(target)
         async with (
             Table(backend, target) as table,
-            children(commands(impl, backend, target, procs, args, prefetch)) as workers,
+            children(commands(impl, backend, target, procs, args, prefetch, tracing)) as workers,
         ):
             cpu0 = {w.pid: cpu_seconds(w.pid) for w in workers}
             db_cpu0 = await table.backend_cpu()
@@ -253,6 +265,8 @@ async def drain_once(
                 db_cpu = sum(v - db_cpu0.get(pid, 0.0) for pid, v in db_cpu1.items())
         if impl in peers.PEERS or impl == "huey":
             split = [int(w.done.get("handled", 0)) for w in workers]
+    if tracing is not None:
+        check_tracing(tracing, workers)
     elapsed = end - t0
     metrics = {"tasks_per_s": n / elapsed, "elapsed_s": elapsed, "load_s": load_s}
     if cpu:
@@ -270,6 +284,16 @@ async def drain_once(
         metrics["cycles_per_1k_tasks"] = 1000 * len(cycles) / max(1, sum(cycles))
         detail["cycle_histogram"] = cycle_histogram(cycles)
     return Run(metrics, detail)
+
+
+def check_tracing(tracing: str, workers: Sequence[Child]) -> None:
+    """A run counts only if its workers held OpenTelemetry as `tracing` asked."""
+    wanted = "0" if tracing == "off" else "1"
+    for w in workers:
+        if w.done.get("otel") != wanted:
+            raise RuntimeError(
+                f"--tracing {tracing}: {w.ident} said otel={w.done.get('otel')}, not {wanted}"
+            )
 
 
 async def preload_huey(path: str, n: int) -> float:
@@ -362,6 +386,8 @@ def report(points: Sequence[Point]) -> None:
             name = p.labels["impl"]
             if p.labels.get("prefetch") is not None:
                 name += f" (prefetch {p.labels['prefetch']})"
+            if p.labels.get("tracing") is not None:
+                name += f" (tracing {p.labels['tracing']})"
             rows.append(
                 [
                     name,
@@ -387,10 +413,13 @@ def report(points: Sequence[Point]) -> None:
             if p.labels["backend"] == backend and last:
                 shown = ", ".join(f"{size}: {tasks}" for size, tasks in last.items())
                 print(f"{p.labels['impl']} x{p.labels['procs']} tasks by claim-cycle size: {shown}")
+        tracing_ratios(points, backend)
         by_key = {
             (p.labels["impl"], p.labels["procs"]): p
             for p in points
-            if p.labels["backend"] == backend and p.labels.get("prefetch") in (None, "auto")
+            if p.labels["backend"] == backend
+            and p.labels.get("prefetch") in (None, "auto")
+            and p.labels.get("tracing") in (None, "off")
         }
         for procs in (1, 2):
             ours, theirs = by_key.get(("ours", procs)), by_key.get(("cairnq", procs))
@@ -398,6 +427,26 @@ def report(points: Sequence[Point]) -> None:
                 a, b = ours.median("tasks_per_s"), theirs.median("tasks_per_s")
                 if a and b:
                     print(f"{backend}, {procs} proc: ours/cairnq = {a / b:.2f}x")
+
+
+def tracing_ratios(points: Sequence[Point], backend: str) -> None:
+    """Each tracing mode against `off`: throughput and worker CPU per task."""
+    by_mode = {
+        (p.labels["procs"], p.labels["tracing"]): p
+        for p in points
+        if p.labels["backend"] == backend and p.labels.get("tracing") is not None
+    }
+    for (procs, mode), point in sorted(by_mode.items()):
+        base = by_mode.get((procs, "off"))
+        if mode == "off" or base is None:
+            continue
+        shown = []
+        for key, label in (("tasks_per_s", "tasks/s"), ("worker_cpu_ms_per_task", "CPU/task")):
+            a, b = point.median(key), base.median(key)
+            if a and b:
+                shown.append(f"{label} {a / b:.3f}x")
+        if shown:
+            print(f"{backend}, {procs} proc: tracing {mode} / off: {', '.join(shown)}")
 
 
 async def main(argv: Sequence[str] | None = None) -> None:
@@ -413,6 +462,13 @@ async def main(argv: Sequence[str] | None = None) -> None:
         type=prefetch_arg,
         help="repeatable; ours only: Worker(prefetch=N or auto). Without it ours runs with "
         "its default (auto); 0 claims only free slots, like the public SDK",
+    )
+    parser.add_argument(
+        "--tracing",
+        action="append",
+        choices=("off", "api", "provider"),
+        help="repeatable; ours only: no OpenTelemetry, its API without a provider, or an "
+        "SDK provider with a batch processor and an exporter that drops everything",
     )
     parser.add_argument("--pgq-batch", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=300.0)
@@ -435,11 +491,16 @@ async def main(argv: Sequence[str] | None = None) -> None:
             prefetches: list[int | str | None] = [None]
             if impl == "ours" and args.prefetch:
                 prefetches = list(args.prefetch)
+            tracings: list[str | None] = [None]
+            if impl == "ours" and args.tracing:
+                tracings = list(dict.fromkeys(args.tracing))
             for procs in args.procs or (1, 2):
-                for prefetch in prefetches:
+                for prefetch, tracing in itertools.product(prefetches, tracings):
                     labels: dict[str, object] = {"backend": backend, "impl": impl, "procs": procs}
                     if prefetch is not None:
                         labels["prefetch"] = prefetch
+                    if tracing is not None:
+                        labels["tracing"] = tracing
 
                     async def once(
                         run: int,
@@ -447,8 +508,9 @@ async def main(argv: Sequence[str] | None = None) -> None:
                         procs: int = procs,
                         b: Backend = backend,
                         prefetch: int | str | None = prefetch,
+                        tracing: str | None = tracing,
                     ) -> Run:
-                        return await drain_once(b, impl, procs, args, prefetch)
+                        return await drain_once(b, impl, procs, args, prefetch, tracing)
 
                     cases.append(Case(labels, once))
     config = {k: v for k, v in vars(args).items() if k != "backend"}

@@ -10,6 +10,13 @@ returns `{"t": time.time()}` taken as the handler starts, for pickup latency. Th
 (procrastinate, pgqueuer) keep no result, so with `--stamp-file PATH` their handler
 appends `<i> <time.time()>` to PATH instead, `i` being the job's payload.
 
+`--tracing` (ours only) sets what OpenTelemetry the process holds: `off`, none imported
+(checked again on the way out); `api`, the API imported and no provider set (the `otel`
+extra installed, the application not tracing); `provider`, the SDK's `TracerProvider`
+with a `BatchSpanProcessor` feeding an exporter that drops every span, so the spans are
+built, batched and handed over without any I/O. `DONE` then also says `otel=0|1`,
+whether any `opentelemetry` module was loaded.
+
 Self-contained on purpose (imports nothing from `bench`), so it starts as a plain
 script.
 """
@@ -75,6 +82,36 @@ async def run_until_stopped(
             loop.remove_signal_handler(sig)
 
 
+# -- tracing (ours) ----------------------------------------------------------------------
+
+
+def set_tracing(mode: str) -> None:
+    """Load (or not) OpenTelemetry as `--tracing` says, before the worker starts: ours
+    decides when `run()` starts whether a provider is set."""
+    if mode == "off":
+        return
+    import opentelemetry.trace
+
+    if mode == "api":
+        return
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Drop(SpanExporter):
+        """Takes every batch and keeps nothing: the spans' cost without an exporter's."""
+
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Drop()))
+    opentelemetry.trace.set_tracer_provider(provider)
+
+
+def otel_loaded() -> int:
+    return int(any(name.split(".")[0] == "opentelemetry" for name in sys.modules))
+
+
 # -- cairnq protocol SDKs (ours and the public one) -------------------------------------
 
 
@@ -99,6 +136,7 @@ async def serve_sdk(args: argparse.Namespace) -> None:
     if args.limits is not None:
         options["limits"] = json.loads(args.limits)
     worker = worker_cls(store, [QUEUE], **options)
+    set_tracing(args.tracing)
     pause = args.sleep_ms / 1000
 
     if args.stamp:
@@ -267,9 +305,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--limits", default=None, help="ours: Worker(limits=) as JSON")
     parser.add_argument("--sleep-ms", type=float, default=0.0, help="the handler sleeps this")
+    parser.add_argument(
+        "--tracing",
+        choices=["off", "api", "provider"],
+        default="off",
+        help="ours: no OpenTelemetry, its API without a provider, or an SDK provider",
+    )
     args = parser.parse_args(argv)
     if args.limits is not None and args.impl != "ours":
         parser.error("--limits is for ours only")
+    if args.tracing != "off" and args.impl != "ours":
+        parser.error("--tracing is for ours only")
     if args.impl in ("procrastinate", "pgqueuer") and args.backend != "postgres":
         parser.error(f"{args.impl} runs on Postgres only")
     if args.impl == "huey" and args.backend != "sqlite":
@@ -293,7 +339,7 @@ def main() -> None:
         "pgqueuer": serve_pgqueuer,
     }[args.impl]
     asyncio.run(serve(args))
-    print(f"DONE handled={Stats.handled}", flush=True)
+    print(f"DONE handled={Stats.handled} otel={otel_loaded()}", flush=True)
 
 
 if __name__ == "__main__":
