@@ -3,7 +3,8 @@ configured by the standard `OTEL_*` variables alone, to a collector: here a rece
 test runs (tests/support/otlp.py). The spans continue the trace of the submit made in
 this process, carry the messaging attributes and the child's resource, and reach the
 collector when a drain stops the daemon, though the batch would not have sent them on
-its own for a minute.
+its own for a minute. A task a public-SDK application submits starts a trace of its
+own, unless the application wrote a W3C `traceparent` into its metadata itself.
 
 The children load `registry` from this module.
 """
@@ -11,11 +12,13 @@ The children load `registry` from this module.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cairnq
 import pytest
 from opentelemetry import trace
 
@@ -25,6 +28,7 @@ from cairnqd.registry import TaskRegistry
 from tests.support.daemon import Daemon, base_config
 from tests.support.databases import make_store
 from tests.support.otlp import ReceivedSpan, Receiver
+from tests.support.store import connect_upstream, pg_url
 from tests.support.tracing import ids, one, traced
 from tests.support.waiting import wait_for
 
@@ -82,28 +86,37 @@ def wait_status(dialect: str, target: str, task_id: str, status: str) -> None:
     wait_for(f"{task_id} to be {status}", lambda: status_of(dialect, target, task_id) == status)
 
 
-def test_process_spans_reach_an_otlp_http_collector_on_drain(
-    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Callable[..., Daemon]
-) -> None:
+def otlp_env(receiver: Receiver, **more: str) -> dict[str, str]:
+    """The daemon's environment for exporting to `receiver`: the standard variables,
+    which the SDK reads as the otlp_proto_http exporter posting to ENDPOINT/v1/traces."""
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_SERVICE_NAME": "billing",
+        **more,
+    }
+
+
+def traced_config(tmp_path: Path, dialect: str, target: str) -> dict[str, Any]:
     config = base_config(
         tmp_path,
-        database_config(dialect, db_target),
+        database_config(dialect, target),
         {"default": {"queues": ["q"], "processes": 1, "concurrency": 1}},
     )
     config["handlers"] = ["tests.daemon.test_tracing_otlp:registry"]
     config["tracing"] = {"enabled": True}
+    return config
+
+
+def test_process_spans_reach_an_otlp_http_collector_on_drain(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Callable[..., Daemon]
+) -> None:
+    config = traced_config(tmp_path, dialect, db_target)
     with Receiver() as receiver:
-        env = {
-            # The SDK's own reading of these: `otlp` over http/protobuf is the
-            # otlp_proto_http exporter, which posts to ENDPOINT + /v1/traces.
-            "OTEL_TRACES_EXPORTER": "otlp",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-            "OTEL_SERVICE_NAME": "billing",
-            # Nothing leaves on the batch's own schedule within the test: only the
-            # flush of the drain exports.
-            "OTEL_BSP_SCHEDULE_DELAY": "60000",
-        }
+        # Nothing leaves on the batch's own schedule within the test: only the flush of
+        # the drain exports.
+        env = otlp_env(receiver, OTEL_BSP_SCHEDULE_DELAY="60000")
         daemon = daemon_factory(config).start(env=env)
         try:
             done, done_create = submit_traced(dialect, db_target, "otlp.work", 1)
@@ -130,6 +143,51 @@ def test_process_spans_reach_an_otlp_http_collector_on_drain(
     assert spans[failed.id].attributes["cairnq.task.outcome"] == "failed"
     assert spans[failed.id].status_code == "STATUS_CODE_ERROR"
     assert spans[failed.id].status_message == "ValueError: refused 2"
+
+
+def test_a_public_sdk_task_starts_its_own_trace_unless_its_metadata_names_one(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Callable[..., Daemon]
+) -> None:
+    config = traced_config(tmp_path, dialect, db_target)
+    # The application's own trace, as its tracer would have written it.
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    traceparent = f"00-{trace_id}-{parent_id}-01"
+
+    async def submit_both() -> tuple[Any, Any]:
+        if dialect == "sqlite":
+            theirs = cairnq.CairnQ(cairnq.SQLiteStore(db_target))
+        else:
+            theirs = cairnq.CairnQ.postgres(pg_url(db_target), max_size=2)
+        await connect_upstream(theirs)
+        try:
+            plain = await theirs.submit("otlp.work", {"n": 1}, queue="q")
+            carried = await theirs.submit(
+                "otlp.work", {"n": 2}, queue="q", metadata={"traceparent": traceparent}
+            )
+            return plain, carried
+        finally:
+            await theirs.close()
+
+    with Receiver() as receiver:
+        # Exported on the batch's own schedule, while the daemon runs.
+        daemon = daemon_factory(config).start(env=otlp_env(receiver, OTEL_BSP_SCHEDULE_DELAY="50"))
+        plain, carried = asyncio.run(submit_both())
+        spans = wait_for(
+            "both process spans at the collector, the daemon running",
+            lambda: {s.attributes["messaging.message.id"]: s for s in receiver.spans()},
+            accept=lambda found: {plain.id, carried.id} <= set(found),
+        )
+        assert daemon.stop() == 0, daemon.output()
+        assert receiver.refused == []
+
+    own, continued = spans[plain.id], spans[carried.id]
+    for span in (own, continued):
+        assert (span.name, span.kind) == ("process q", "SPAN_KIND_CONSUMER")
+        assert span.attributes["cairnq.task.outcome"] == "succeeded"
+    assert own.parent_span_id is None and own.links == []
+    assert own.trace_id != trace_id
+    assert (continued.trace_id, continued.parent_span_id) == (trace_id, parent_id)
+    assert continued.links == [(trace_id, parent_id)]
 
 
 def assert_process_span(span: ReceivedSpan, task: Task, create: tuple[str, str]) -> None:
