@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,13 +36,27 @@ class ChildTracing:
         self.provider = provider
 
     def flush(self, timeout_s: float) -> None:
-        """Export what is queued, within `timeout_s` (an unreachable collector must not
-        hold the exit up)."""
-        try:
-            if not self.provider.force_flush(int(timeout_s * 1000)):
-                log.warning("tracing: spans not exported within %gs of exiting", timeout_s)
-        except Exception as exc:  # the exit goes on whatever an exporter does
-            log.warning("tracing: flushing spans failed: %s", exc)
+        """Export what is queued, waiting at most `timeout_s`: a collector that does not
+        answer must hold up neither the exit nor the child's loop, which this blocks.
+
+        The SDK's `force_flush` is not bounded by its argument (its batch processor
+        exports all that is queued, each request bounded only by the exporter's own
+        timeout, 10 s by default, and retries), so the export runs on a daemon thread,
+        which the exit does not wait for once `timeout_s` has passed."""
+        done: list[bool] = []
+
+        def export() -> None:
+            try:
+                done.append(bool(self.provider.force_flush(int(timeout_s * 1000))))
+            except Exception as exc:  # the exit goes on whatever an exporter does
+                log.warning("tracing: flushing spans failed: %s", exc)
+                done.append(True)  # said already
+
+        thread = threading.Thread(target=export, name="cairnqd-trace-flush", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if not done or not done[0]:
+            log.warning("tracing: spans not exported within %gs of exiting", timeout_s)
 
 
 def start_tracing(
@@ -67,7 +82,10 @@ def start_tracing(
     )
     if not named:
         attributes["service.name"] = "cairnqd"
-    provider = TracerProvider(resource=Resource.create(attributes))
+    # No shutdown at exit: `flush` has exported what there was, and the SDK's own would
+    # wait up to 30 s for the batch thread, held by an export to a collector that does
+    # not answer.
+    provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
     for name in exporter_names(env):
         entry = exporter_entry_point(name, env)
         assert entry is not None  # missing() found it

@@ -4,7 +4,9 @@ test runs (tests/support/otlp.py). The spans continue the trace of the submit ma
 this process, carry the messaging attributes and the child's resource, and reach the
 collector when a drain stops the daemon, though the batch would not have sent them on
 its own for a minute. A task a public-SDK application submits starts a trace of its
-own, unless the application wrote a W3C `traceparent` into its metadata itself.
+own, unless the application wrote a W3C `traceparent` into its metadata itself. A
+collector that never answers holds neither a drain nor a QUIT past the child's bounds
+for its flush.
 
 The children load `registry` from this module.
 """
@@ -12,7 +14,9 @@ The children load `registry` from this module.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -25,9 +29,9 @@ from opentelemetry import trace
 from cairnqd import CairnQ
 from cairnqd.models import Task
 from cairnqd.registry import TaskRegistry
-from tests.support.daemon import Daemon, base_config
+from tests.support.daemon import Daemon, base_config, gone
 from tests.support.databases import make_store
-from tests.support.otlp import ReceivedSpan, Receiver
+from tests.support.otlp import Blackhole, ReceivedSpan, Receiver
 from tests.support.store import connect_upstream, pg_url
 from tests.support.tracing import ids, one, traced
 from tests.support.waiting import wait_for
@@ -86,7 +90,7 @@ def wait_status(dialect: str, target: str, task_id: str, status: str) -> None:
     wait_for(f"{task_id} to be {status}", lambda: status_of(dialect, target, task_id) == status)
 
 
-def otlp_env(receiver: Receiver, **more: str) -> dict[str, str]:
+def otlp_env(receiver: Receiver | Blackhole, **more: str) -> dict[str, str]:
     """The daemon's environment for exporting to `receiver`: the standard variables,
     which the SDK reads as the otlp_proto_http exporter posting to ENDPOINT/v1/traces."""
     return {
@@ -188,6 +192,36 @@ def test_a_public_sdk_task_starts_its_own_trace_unless_its_metadata_names_one(
     assert own.trace_id != trace_id
     assert (continued.trace_id, continued.parent_span_id) == (trace_id, parent_id)
     assert continued.links == [(trace_id, parent_id)]
+
+
+@pytest.mark.timing
+def test_a_collector_that_never_answers_holds_up_neither_quit_nor_drain(
+    tmp_path: Path, daemon_factory: Callable[..., Daemon]
+) -> None:
+    """The exporter would wait a minute per request; the child gives its flush 1 s on
+    QUIT and 5 s on a drain, then exits, well before the parent's shutdown_timeout
+    would have to stop it."""
+    db = str(tmp_path / "tasks.db")
+    config = traced_config(tmp_path, "sqlite", db)
+    config["shutdown_timeout"] = "40s"
+    with Blackhole() as collector:
+        env = otlp_env(collector, OTEL_BSP_SCHEDULE_DELAY="60000", OTEL_EXPORTER_OTLP_TIMEOUT="60")
+        daemon = daemon_factory(config).start(env=env)
+        first, _ = submit_traced("sqlite", db, "otlp.work", 1)
+        wait_status("sqlite", db, first.id, "succeeded")
+        [child] = daemon.children()
+        os.kill(child, signal.SIGQUIT)
+        wait_for("the child gone after QUIT", lambda: gone(child), timeout=20)
+        wait_for("a new child", lambda: set(daemon.children()) - {child})
+        second, _ = submit_traced("sqlite", db, "otlp.work", 2)
+        wait_status("sqlite", db, second.id, "succeeded")
+        daemon.signal(signal.SIGTERM)
+        wait_for("the daemon drained", lambda: gone(daemon.pid), timeout=25)
+    assert daemon.stop() == 0, daemon.output()
+    log = daemon.output()
+    assert "still draining at its shutdown_timeout" not in log
+    assert log.count("tracing: spans not exported within 1s of exiting") == 1, log
+    assert log.count("tracing: spans not exported within 5s of exiting") == 1, log
 
 
 def assert_process_span(span: ReceivedSpan, task: Task, create: tuple[str, str]) -> None:

@@ -6,11 +6,15 @@ test process), decodes each body as an `ExportTraceServiceRequest` (protobuf, th
 keeps every span it was sent, flattened with its resource's and scope's attributes so a
 test asserts on plain values. Anything else it is sent is answered 4xx and recorded in
 `refused`, so a test can show that a wrong request was not silently taken.
+
+`Blackhole` is a collector that never answers: connections are taken (by the kernel's
+backlog) and no byte comes back, so each export waits out the exporter's own timeout.
 """
 
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -180,6 +184,29 @@ class Receiver:
         self._thread.join(10)
 
     def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Blackhole:
+    """An endpoint on 127.0.0.1 whose connections open and are never served."""
+
+    def __init__(self) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(64)  # never accepted: the handshakes complete in the kernel
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self._socket.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def __enter__(self) -> Blackhole:
         return self
 
     def __exit__(self, *exc: object) -> None:
