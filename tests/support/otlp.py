@@ -16,7 +16,7 @@ from __future__ import annotations
 import gzip
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -43,7 +43,7 @@ def value_of(value: AnyValue) -> Any:
     return getattr(value, kind)
 
 
-def attributes_of(pairs: Iterator[KeyValue] | Any) -> dict[str, Any]:
+def attributes_of(pairs: Iterable[KeyValue]) -> dict[str, Any]:
     return {pair.key: value_of(pair.value) for pair in pairs}
 
 
