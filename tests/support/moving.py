@@ -199,13 +199,11 @@ def pg_rows(
 
 
 def differences(
-    path: str, dsn: str, table: str, *, except_ids: set[str] = frozenset()
-) -> list[str]:  # type: ignore[assignment]
+    path: str, dsn: str, table: str, *, except_ids: frozenset[str] = frozenset()
+) -> list[str]:
     """Each way the Postgres copy of `table` differs from the SQLite one, rows whose
     first key column is in `except_ids` left out."""
     source = sqlite_rows(path, table)
-    if not source:
-        key: list[str] = []
     with sqlite3.connect(path) as conn:
         info = conn.execute(f"pragma table_info({table})").fetchall()
         key = [r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5])]
