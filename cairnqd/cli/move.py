@@ -10,7 +10,6 @@ verdict.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ from cairnqd.config.dsn import dsn_problem
 from cairnqd.daemon import exitcodes
 from cairnqd.daemon.parent.statefile import StateFile, running_masters, state_path
 from cairnqd.errors import DatabaseUnavailable, NotACairnqDatabase, ProtocolVersionMismatch
+from cairnqd.queue_counts import FLUSH_EVERY_S
 from cairnqd.store.base import TaskStore
 from cairnqd.store.move import DEFAULT_BATCH, SKIPPED, TABLES, Move, MoveError, Plan
 
@@ -43,11 +43,11 @@ class ProgressView:
         self.tty = stream.isatty() if tty is None else tty
         self.started = time.monotonic()
         self._finished: dict[str, int] = {}
-        self._current = ("", 0)
         self._last_line = 0.0
 
     def __call__(self, table: str, done: int, of: int) -> None:
-        self._current = (table, done)
+        if table in self._finished:
+            return
         if done >= of:
             self._finished[table] = of
         moved = sum(self._finished.values()) + (0 if done >= of else done)
@@ -166,6 +166,18 @@ def pause_and_wait(config: Config, timeout_s: float, out: IO[str]) -> list[str]:
     last = -1
     while True:
         n = with_store(config, running, migrate=False)
+        if n == 0 and last > 0:
+            # The workers add the counts of the attempts that just ended at their next
+            # flush: let that land at the source before it is copied.
+            settle = FLUSH_EVERY_S + 2.0
+            print(
+                f"move: no task runs at the source; {settle:.0f} s for the workers' last "
+                "queue counts",
+                file=out,
+                flush=True,
+            )
+            time.sleep(settle)
+            return paused
         if n == 0:
             print("move: no task runs at the source", file=out, flush=True)
             return paused
@@ -186,7 +198,7 @@ def pause_and_wait(config: Config, timeout_s: float, out: IO[str]) -> list[str]:
                 flush=True,
             )
             return paused
-        asyncio.run(asyncio.sleep(0.5))
+        time.sleep(0.5)
 
 
 def _plan_lines(plan: Plan) -> list[str]:

@@ -156,6 +156,7 @@ class Move:
             raise
         self._settled_tasks: dict[Row, Row] = {}
         self._settled_attempts: dict[Row, Row] = {}
+        self._key_at: dict[str, list[int]] = {}
 
     def close(self) -> None:
         self.source.close()
@@ -253,8 +254,11 @@ class Move:
         self._settled_attempts = {self._key("cairnqd_attempts", r): r for r in closed}
 
     def _key(self, table: str, row: Row) -> Row:
-        columns = self.source.columns(table)
-        return tuple(row[columns.index(c)] for c in self.source.primary_key(table))
+        at = self._key_at.get(table)
+        if at is None:
+            columns = self.source.columns(table)
+            at = self._key_at[table] = [columns.index(c) for c in self.source.primary_key(table)]
+        return tuple(row[i] for i in at)
 
     def _source_batches(self, table: str, after: Sequence[Any] | None) -> Iterator[list[Row]]:
         """The source's rows of `table` after `after`, batch by batch, each row as it
@@ -273,12 +277,10 @@ class Move:
             after = self._key(table, rows[-1])
 
     def _move_table(self, table: str, done: Progress, progress: ProgressFn | None) -> TableResult:
+        # A table finished by an earlier run is read again after its last key, all the
+        # same: rows added at the source since (a late submit) carry on from there.
         total = self.source.count(table)
         result = TableResult(table, total, done.moved, done.skipped)
-        if done.finished_at_ms is not None:
-            if progress:
-                progress(table, total, total)
-            return result
         columns = self.source.columns(table)
         key = self.source.primary_key(table)
         for rows in self._source_batches(table, done.last_key):
@@ -313,6 +315,8 @@ class Move:
             if progress:
                 progress(table, min(result.moved + result.skipped, total), total)
         self.target.finish(self.source.path, table, _now_ms())
+        if progress:
+            progress(table, total, total)
         return result
 
     # -- verification ------------------------------------------------------------------

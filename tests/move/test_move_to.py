@@ -20,7 +20,7 @@ from cairnqd.store.move import SKIPPED, TABLES
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite.migrate import apply_sqlite
 from cairnqd.store.tables.schedules import ScheduleTable
-from tests.support.cli import REPO_ENV, cli, database_line, write_config
+from tests.support.cli import REPO_ENV, cli, database_line, running_daemon, write_config
 from tests.support.databases import PgDatabases
 from tests.support.moving import SCHEDULE, Source, add_bulk, differences, populate
 from tests.support.waiting import wait_for
@@ -295,3 +295,52 @@ def test_bad_command_lines_name_what_is_wrong(source: tuple[Path, Source], tmp_p
     assert sqlite_target.returncode == 64
     assert "names a SQLite path" in sqlite_target.stderr
     assert cli(config, "move-to", "postgresql://x/y", "--batch", "0").returncode == 64
+
+
+def _source_status(path: Path, task_id: str) -> str | None:
+    with sqlite3.connect(path) as conn:
+        row = conn.execute("select status from cairnq_tasks where id = ?", (task_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+@pytest.mark.slow
+def test_live_move_beside_a_running_daemon_loses_nothing(
+    tmp_path: Path, pg_databases: PgDatabases
+) -> None:
+    db = tmp_path / "tasks.db"
+    config = write_config(tmp_path, database_line("sqlite", str(db)))
+    assert cli(config, "migrate").returncode == 0
+    dsn = pg_databases.new()
+    with running_daemon(config, tmp_path, env=REPO_ENV):
+        echoes = []
+        for i in range(5):
+            submitted = cli(config, "submit", "demo.echo", "--payload", f'{{"i": {i}}}')
+            assert submitted.returncode == 0, submitted.stderr
+            echoes.append(submitted.stdout.strip())
+        for task_id in echoes:
+            wait_for("the echoes to finish", lambda t=task_id: _source_status(db, t) == "succeeded")
+        refused = cli(config, "move-to", dsn)
+        assert refused.returncode == 75, refused.stderr
+        assert "a daemon runs on the source" in refused.stderr
+        slow = cli(config, "submit", "demo.sleep", "--payload", '{"seconds": 3}')
+        assert slow.returncode == 0, slow.stderr
+        slow_id = slow.stdout.strip()
+        wait_for("the slow task to run", lambda: _source_status(db, slow_id) == "running")
+        moved = cli(config, "move-to", "--live", dsn, "--live-timeout", "60")
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        assert "move: paused 2 queues at the source (default, mail)" in moved.stdout
+        assert "waiting for 1 running tasks" in moved.stdout
+        assert moved.stdout.splitlines()[-2].startswith("moved 6 tasks")
+        assert moved.stdout.splitlines()[-2].endswith(": verified")
+        assert "resume --queue default --queue mail" in moved.stdout.splitlines()[-1]
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(
+            "select status from cairnq_tasks where id = %s", (slow_id,)
+        ).fetchone() == ("succeeded",)
+        assert conn.execute("select count(*) from cairnq_tasks").fetchone() == (6,)
+        pauses = {r[0] for r in conn.execute("select queue from cairnqd_queue_pauses")}
+    assert pauses == {"default", "mail"}
+    with sqlite3.connect(db) as conn:
+        assert {r[0] for r in conn.execute("select queue from cairnqd_queue_pauses")} == pauses
+    for table in TABLES:
+        assert differences(str(db), dsn, table.name) == [], table.name
