@@ -216,6 +216,11 @@ class Move:
         """Migrate the target and copy every table, carrying on after any earlier run
         of this move. The source's tables are checked against `TABLES` first."""
         self._check_tables()
+        if not self.target.lock(self.source.path):
+            raise MoveError(
+                f"another move of {self.source.path} into {self.target.where} is running; "
+                "let it finish (or end it) and run this again"
+            )
         self.target.migrate()
         names = [t.name for t in TABLES]
         self.target.begin(self.source.path, names, _now_ms())

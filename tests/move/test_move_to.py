@@ -344,3 +344,32 @@ def test_live_move_beside_a_running_daemon_loses_nothing(
         assert {r[0] for r in conn.execute("select queue from cairnqd_queue_pauses")} == pauses
     for table in TABLES:
         assert differences(str(db), dsn, table.name) == [], table.name
+
+
+def test_two_runs_of_one_move_never_write_together(
+    source: tuple[Path, Source], pg_databases: PgDatabases
+) -> None:
+    config, made = source
+    dsn = pg_databases.new()
+    with psycopg.connect(dsn, autocommit=True) as holder:
+        # What a first run holds while it copies.
+        holder.execute(
+            "select pg_advisory_lock(%s::integer, hashtext(%s))", (0x63716D76, made.path)
+        )
+        second = cli(config, "move-to", dsn)
+    assert second.returncode == 65, second.stderr
+    assert f"another move of {made.path} into" in second.stderr
+    assert not _has_tasks_table(dsn)
+
+
+def test_the_target_can_come_from_another_config(
+    source: tuple[Path, Source], pg_databases: PgDatabases, tmp_path: Path
+) -> None:
+    config, _ = source
+    dsn = pg_databases.new()
+    (tmp_path / "pg").mkdir()
+    target = write_config(tmp_path / "pg", database_line("postgres", dsn))
+    moved = cli(config, "move-to", "--to-config", str(target))
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert moved.stdout.strip().endswith(": verified")
+    assert _scalar(dsn, "select count(*) from cairnq_tasks") == 15

@@ -22,6 +22,9 @@ Row = tuple[Any, ...]
 
 #: The move's progress table (migration cairnqd_0014_moves.sql).
 PROGRESS_TABLE = "cairnqd_moves"
+#: The first key of a move's advisory lock (the second: a hash of its source's path);
+#: the daemon's namespace holds the others.
+_MOVE_LOCK = 0x63716D76
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,14 @@ class PostgresMoveTarget:
             )
             for r in rows
         }
+
+    def lock(self, source: str) -> bool:
+        """Take the session lock of moves from `source` into this database; False when
+        another process holds it (two runs of one move would write the same rows)."""
+        row = self._conn.execute(
+            "select pg_try_advisory_lock(%s::integer, hashtext(%s))", (_MOVE_LOCK, source)
+        ).fetchone()
+        return bool(row and row[0])
 
     def begin(self, source: str, tables: Sequence[str], now_ms: int) -> None:
         """A progress row for every table of the move (kept as they are on a re-run)."""
