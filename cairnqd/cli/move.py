@@ -43,16 +43,22 @@ class ProgressView:
         self.tty = stream.isatty() if tty is None else tty
         self.started = time.monotonic()
         self._finished: dict[str, int] = {}
-        self._last_line = 0.0
+        self._earlier: dict[str, int] = {}
+        self._last_line = self.started
 
     def __call__(self, table: str, done: int, of: int) -> None:
         if table in self._finished:
             return
+        # The first call of a table says what earlier runs of the move did: not this
+        # run's speed.
+        earlier = self._earlier.setdefault(table, done)
         if done >= of:
             self._finished[table] = of
         moved = sum(self._finished.values()) + (0 if done >= of else done)
         elapsed = max(time.monotonic() - self.started, 1e-6)
-        rate = moved / elapsed
+        rate = max(moved - sum(self._earlier.values()), 0) / elapsed
+        if done >= of and earlier >= of:
+            return  # finished by an earlier run: nothing to show
         left = (self.total - moved) / rate if rate > 0 else float("inf")
         eta = "--:--" if left == float("inf") else f"{int(left) // 60:d}:{int(left) % 60:02d}"
         share = min(moved / self.total, 1.0)

@@ -124,7 +124,8 @@ class Verdict:
         return text + f": NOT verified, {len(self.differences)} differences"
 
 
-#: (table, rows done, rows of the table) after each batch.
+#: (table, rows done, rows of the table): once before a table's first batch (what
+#: earlier runs did), after each batch, and at its end.
 ProgressFn = Callable[[str, int, int], None]
 
 
@@ -288,6 +289,8 @@ class Move:
         result = TableResult(table, total, done.moved, done.skipped)
         columns = self.source.columns(table)
         key = self.source.primary_key(table)
+        if progress:
+            progress(table, min(done.moved + done.skipped, total), total)
         for rows in self._source_batches(table, done.last_key):
             skipped = 0
             if self.merge:
