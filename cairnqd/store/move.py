@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -362,20 +361,20 @@ class Move:
         columns = self.source.columns(table)
         key = self.source.primary_key(table)
         types = self.target.column_types(table)
-        kinds = [types.get(c, "text") for c in columns]
+        text = RowText([types.get(c, "text") for c in columns])
         differing = 0
         for number, rows in enumerate(self._source_batches(table, None), start=1):
             keys = [self._key(table, r) for r in rows]
             there = self.target.by_keys(table, columns, key, keys)
             target_rows = [there.get(k) for k in keys]
-            ours = batch_checksum(rows, kinds)
-            theirs = batch_checksum(target_rows, kinds)
+            ours = text.checksum(rows)
+            theirs = text.checksum(target_rows)
             if ours == theirs:
                 continue
             bad = [
                 k
                 for k, r, t in zip(keys, rows, target_rows, strict=True)
-                if t is None or canonical_row(r, kinds) != canonical_row(t, kinds)
+                if t is None or text(r) != text(t)
             ]
             differing += len(bad)
             if not self.merge:
@@ -394,35 +393,48 @@ class Move:
 # -- the checksum: one text per row, the same from either side -----------------------------
 
 
-def canonical_value(value: Any, kind: str) -> str:
-    """One value as text, by the target column's type: JSON re-serialized with sorted
-    keys (SQLite keeps the text, Postgres parses jsonb), floats by `repr`."""
-    if value is None:
-        return "\\N"
+def _json_value(value: Any) -> Any:
+    # SQLite keeps JSON as text; psycopg hands jsonb over parsed.
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _reader(kind: str) -> Callable[[Any], Any]:
+    """How a value of a column of type `kind` (the target's) is taken before it is
+    written out: JSON parsed (its keys are sorted when written), numbers as Postgres
+    types them."""
     if kind in ("jsonb", "json"):
-        decoded = json.loads(value) if isinstance(value, str | bytes) else value
-        return json.dumps(decoded, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return _json_value
     if kind in ("double precision", "real"):
-        number = float(value)
-        return "nan" if math.isnan(number) else repr(number)
+        return float
     if kind in ("integer", "bigint", "smallint"):
-        return str(int(value))
-    return str(value)
+        return int
+    return _same
 
 
-def canonical_row(row: Row, kinds: Sequence[str]) -> str:
-    return "\t".join(
-        canonical_value(v, k).replace("\\", "\\\\").replace("\t", "\\t") if v is not None else "\\N"
-        for v, k in zip(row, kinds, strict=True)
-    )
+class RowText:
+    """Rows of one table written out as one JSON array each, values read by the target
+    column's type, keys sorted: equal rows from either database give equal text."""
 
+    def __init__(self, kinds: Sequence[str]) -> None:
+        self._readers = [_reader(k) for k in kinds]
 
-def batch_checksum(rows: Sequence[Row | None], kinds: Sequence[str]) -> str:
-    digest = hashlib.sha256()
-    for row in rows:
-        digest.update(b"<missing>" if row is None else canonical_row(row, kinds).encode())
-        digest.update(b"\n")
-    return digest.hexdigest()
+    def __call__(self, row: Row) -> str:
+        values = [
+            None if v is None else read(v) for read, v in zip(self._readers, row, strict=True)
+        ]
+        return json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    def checksum(self, rows: Sequence[Row | None]) -> str:
+        """SHA-256 of a batch's rows in order; None (a row missing) counts too."""
+        digest = hashlib.sha256()
+        for row in rows:
+            digest.update(b"<missing>" if row is None else self(row).encode())
+            digest.update(b"\n")
+        return digest.hexdigest()
 
 
 __all__ = [
@@ -433,6 +445,7 @@ __all__ = [
     "Move",
     "MoveError",
     "Plan",
+    "RowText",
     "Table",
     "TableResult",
     "Verdict",
