@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from cairnqd.store.arguments import SubmitRequest
-from cairnqd.store.move import SKIPPED, TABLES
+from cairnqd.store.move import SKIPPED, TABLES, RowText
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite.migrate import apply_sqlite
 from cairnqd.store.tables.schedules import ScheduleTable
@@ -373,3 +373,43 @@ def test_the_target_can_come_from_another_config(
     assert moved.returncode == 0, moved.stdout + moved.stderr
     assert moved.stdout.strip().endswith(": verified")
     assert _scalar(dsn, "select count(*) from cairnq_tasks") == 15
+
+
+def test_the_verification_names_a_row_that_differs(
+    source: tuple[Path, Source], pg_databases: PgDatabases
+) -> None:
+    config, made = source
+    dsn = pg_databases.new()
+    assert cli(config, "move-to", dsn, "--batch", "4").returncode == 0
+    changed = made.ids["succeeded"][0]
+    with psycopg.connect(dsn) as conn:
+        conn.execute("update cairnq_tasks set result = '{\"ok\": false}' where id = %s", (changed,))
+    again = cli(config, "move-to", dsn, "--batch", "4")
+    assert again.returncode == 65, again.stdout + again.stderr
+    assert "cairnq_tasks batch " in again.stdout and "1 rows differ" in again.stdout
+    assert f"the first with key ['{changed}']" in again.stdout
+    assert again.stdout.strip().endswith("NOT verified, 1 differences")
+
+
+def test_a_source_that_is_not_a_cairnq_database_is_refused(
+    tmp_path: Path, pg_databases: PgDatabases
+) -> None:
+    db = tmp_path / "other.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("create table notes (id integer primary key, body text)")
+    config = write_config(tmp_path, database_line("sqlite", str(db)))
+    dsn = pg_databases.new()
+    out = cli(config, "move-to", dsn)
+    assert out.returncode == 65, out.stderr
+    assert f"{db}: not a cairnq database" in out.stderr
+    assert not _has_tasks_table(dsn)
+
+
+def test_rows_read_back_from_either_side_write_out_the_same() -> None:
+    text = RowText(["text", "jsonb", "double precision", "bigint", "jsonb"])
+    from_sqlite = ("a\tb", '{"b": [1, 2.5], "a": "é"}', 0.5, 3, None)
+    from_postgres = ("a\tb", {"a": "é", "b": [1, 2.5]}, 0.5, 3, None)
+    assert text(from_sqlite) == text(from_postgres)
+    assert text.checksum([from_sqlite]) == text.checksum([from_postgres])
+    assert text.checksum([from_sqlite]) != text.checksum([None])
+    assert text(from_sqlite) != text(("a\tb", '{"a": "e", "b": [1, 2.5]}', 0.5, 3, None))
