@@ -15,15 +15,17 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from cairnqd.context import TaskContext
 from cairnqd.store.arguments import SubmitRequest
 from cairnqd.store.move import SKIPPED, TABLES, RowText
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite.migrate import apply_sqlite
 from cairnqd.store.tables.schedules import ScheduleTable
+from cairnqd.worker import Worker
 from tests.support.cli import REPO_ENV, cli, database_line, running_daemon, write_config
 from tests.support.databases import PgDatabases
 from tests.support.moving import SCHEDULE, Source, add_bulk, differences, populate
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for, wait_for_async
 
 pytestmark = pytest.mark.postgres
 
@@ -131,18 +133,32 @@ def test_every_row_arrives_and_the_target_carries_on(
             assert await table.fire(SCHEDULE, nxt, request, host="h", at_ms=now) is None
             # The pause came along.
             assert [p.queue for p in await store.pauses.all()] == ["b"]
-            # A worker drains what was queued (and due) in a and c.
-            drained: list[str] = []
-            while claimed := await store.claim(queues=["a", "c"], worker_id="w-new", limit=50):
-                for task in claimed:
-                    await store.complete(task_id=task.id, worker_id="w-new", result=None)
-                    drained.append(task.id)
-            expected = {*made.ids["queued"], *made.keys.values(), again}
-            assert expected <= set(drained)
-            stats = await store.stats()
-            assert stats["a"]["queued"] == 0 and stats["c"]["queued"] == 0
         finally:
             await store.close()
+        # A worker on the target drains what was queued (and due) in a and c.
+        worker = Worker.postgres(dsn, queues=["a", "c"], concurrency=4, poll_interval_ms=50)
+        ran: list[str] = []
+
+        async def handle(ctx: TaskContext, payload: object = None) -> None:
+            ran.append(ctx.task_id)
+
+        for name in ("job.queued", "job.keyed", "job.again", "job.nightly"):
+            worker.register(name, handle)
+        runner = asyncio.create_task(worker.run())
+        expected = {*made.ids["queued"], *made.keys.values(), again}
+        try:
+            await wait_for_async("the worker to drain a and c", lambda: expected <= set(ran))
+        finally:
+            worker.stop()
+            await asyncio.wait_for(runner, 30)
+        check = PostgresStore(dsn, max_size=2)
+        await check.connect()
+        try:
+            stats = await check.stats()
+            assert stats["a"]["queued"] == 0 and stats["c"]["queued"] == 0, stats
+            assert stats["a"]["running"] == 0 and stats["c"]["running"] == 0, stats
+        finally:
+            await check.close()
 
     asyncio.run(carry_on())
 
