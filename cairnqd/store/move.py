@@ -25,7 +25,12 @@ from typing import Any
 
 from cairnqd.errors import CairnQError, ProtocolVersionMismatch
 from cairnqd.store.migrate import STORAGE_PROTOCOL_VERSION, check_protocol_version
-from cairnqd.store.postgres.movetarget import PROGRESS_TABLE, PostgresMoveTarget, Progress
+from cairnqd.store.postgres.movetarget import (
+    PROGRESS_TABLE,
+    PostgresMoveTarget,
+    Progress,
+    RowsAlreadyThere,
+)
 from cairnqd.store.sqlite.movesource import SqliteMoveSource, settle_running
 from cairnqd.store.statement_params import LEASE_EXPIRED_ERROR_JSON
 from cairnqd.store.tables.fleet import LIVE_MS
@@ -312,10 +317,15 @@ class Move:
                 )
             except Exception as exc:
                 first, last = self._key(table, rows[0]), self._key(table, rows[-1])
+                hint = (
+                    " (give --merge to skip rows the target already has)"
+                    if isinstance(exc, RowsAlreadyThere)
+                    else ""
+                )
                 raise MoveError(
                     f"{table}: the batch of keys {list(first)} to {list(last)} was not "
                     f"written: {' '.join(str(exc).split())}; rows before it are in place, "
-                    "and a re-run carries on from this batch"
+                    f"and a re-run carries on from this batch{hint}"
                 ) from exc
             result.moved += len(kept)
             result.skipped += skipped

@@ -429,3 +429,27 @@ def test_rows_read_back_from_either_side_write_out_the_same() -> None:
     assert text.checksum([from_sqlite]) == text.checksum([from_postgres])
     assert text.checksum([from_sqlite]) != text.checksum([None])
     assert text(from_sqlite) != text(("a\tb", '{"a": "e", "b": [1, 2.5]}', 0.5, 3, None))
+
+
+def test_a_rerun_meeting_a_row_already_there_says_merge_would_skip_it(
+    source: tuple[Path, Source], pg_databases: PgDatabases
+) -> None:
+    config, made = source
+    dsn = pg_databases.new()
+    assert cli(config, "move-to", dsn).returncode == 0
+    add_bulk(made.path, 10)  # submitted at the source after the move
+    with sqlite3.connect(made.path) as conn:
+        (late,) = conn.execute("select max(id) from cairnq_tasks").fetchone()
+    with psycopg.connect(dsn) as conn:
+        conn.execute(
+            "insert into cairnq_tasks (id, name, queue, status, payload, run_at_ms, "
+            "created_at_ms, updated_at_ms) values (%s, 'job.other', 'd', 'queued', '{}', 1, 1, 1)",
+            (late,),
+        )
+    again = cli(config, "move-to", dsn)
+    assert again.returncode == 65, again.stdout + again.stderr
+    assert "already exists" in again.stderr and "give --merge to skip" in again.stderr
+    merged = cli(config, "move-to", dsn, "--merge")
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert "(1 tasks already on the target kept as they were)" in merged.stdout
+    assert _scalar(dsn, "select count(*) from cairnq_tasks") == 25

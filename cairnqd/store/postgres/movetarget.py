@@ -15,7 +15,7 @@ import psycopg
 from psycopg import sql
 
 from cairnqd.config.dsn import redact_dsn
-from cairnqd.errors import DatabaseUnavailable
+from cairnqd.errors import CairnQError, DatabaseUnavailable
 from cairnqd.store.postgres.migrate import apply_postgres
 
 Row = tuple[Any, ...]
@@ -25,6 +25,10 @@ PROGRESS_TABLE = "cairnqd_moves"
 #: The first key of a move's advisory lock (the second: a hash of its source's path);
 #: the daemon's namespace holds the others.
 _MOVE_LOCK = 0x63716D76
+
+
+class RowsAlreadyThere(CairnQError):
+    """A batch holds a row whose key the target already has."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,22 @@ class PostgresMoveTarget:
         copy = sql.SQL("copy {} ({}) from stdin").format(
             sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(c) for c in columns)
         )
+        try:
+            self._write(copy, rows, source, table, last_key, skipped, now_ms)
+        except psycopg.errors.UniqueViolation as exc:
+            detail = exc.diag.message_detail or str(exc)
+            raise RowsAlreadyThere(f"{table}: {' '.join(detail.split())}") from None
+
+    def _write(
+        self,
+        copy: sql.Composed,
+        rows: Sequence[Row],
+        source: str,
+        table: str,
+        last_key: Sequence[Any],
+        skipped: int,
+        now_ms: int,
+    ) -> None:
         with self._conn.transaction():
             if rows:
                 with self._conn.cursor() as cur, cur.copy(copy) as writer:
