@@ -69,13 +69,7 @@ def test_every_table_of_the_sqlite_schema_is_moved_or_skipped_on_purpose(
     assert moved <= tables
     # Every moved table exists on a migrated Postgres database.
     dsn = pg_databases.new()
-
-    async def migrate() -> None:
-        store = PostgresStore(dsn, max_size=2)
-        await store.connect()
-        await store.close()
-
-    asyncio.run(migrate())
+    asyncio.run(_migrate(dsn))
     for table in moved:
         assert _scalar(dsn, f"select to_regclass('{table}') is not null"), table
 
@@ -180,21 +174,37 @@ def test_a_move_killed_halfway_completes_on_a_rerun_without_duplicates(
     config, made = source
     add_bulk(made.path, 5_000)
     dsn = pg_databases.new()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cairnqd.cli", "-c", str(config), "move-to", dsn, "--batch", "20"],
-        cwd=config.parent,
-        env=REPO_ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    asyncio.run(_migrate(dsn))
+    with sqlite3.connect(made.path) as conn:
+        ids = [r[0] for r in conn.execute("select id from cairnq_tasks order by id")]
+    # An uncommitted insert of the 1,001st id holds the move inside its 51st batch (of
+    # 20), so the kill lands halfway through the table whatever the machine's speed.
+    blocker = psycopg.connect(dsn)
+    blocker.execute(
+        "insert into cairnq_tasks (id, name, queue, status, payload, run_at_ms, "
+        "created_at_ms, updated_at_ms) values (%s, 'x', 'x', 'queued', '{}', 1, 1, 1)",
+        (ids[1_000],),
     )
+    argv = ["-m", "cairnqd.cli", "-c", str(config), "move-to", dsn, "--batch", "20"]
     try:
-        wait_for("a part of the tasks moved", lambda: _progress(dsn) >= 400, timeout=60)
-        os.kill(proc.pid, signal.SIGKILL)
+        proc = subprocess.Popen(
+            [sys.executable, *argv],
+            cwd=config.parent,
+            env=REPO_ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for("1,000 tasks moved", lambda: _progress(dsn) >= 1_000, timeout=60)
+            wait_for("the move to wait on the held id", lambda: _waiting_on_a_lock(dsn))
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.wait(timeout=30)
     finally:
-        proc.wait(timeout=30)
-    moved_before = _progress(dsn)
-    assert 400 <= moved_before < 5_015, moved_before
-    assert _scalar(dsn, "select count(*) from cairnq_tasks") == moved_before
+        blocker.rollback()
+        blocker.close()
+    assert _progress(dsn) == 1_000
+    assert _scalar(dsn, "select count(*) from cairnq_tasks") == 1_000
     rerun = cli(config, "move-to", dsn, "--batch", "500")
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert rerun.stdout.strip().endswith(": verified"), rerun.stdout
@@ -203,6 +213,22 @@ def test_a_move_killed_halfway_completes_on_a_rerun_without_duplicates(
     # The attempt history has no key on Postgres: duplicates would show in the count.
     assert _scalar(dsn, "select count(*) from cairnqd_attempts") == 6
     assert differences(made.path, dsn, "cairnq_task_keys") == []
+
+
+async def _migrate(dsn: str) -> None:
+    store = PostgresStore(dsn, max_size=2)
+    await store.connect()
+    await store.close()
+
+
+def _waiting_on_a_lock(dsn: str) -> bool:
+    return bool(
+        _scalar(
+            dsn,
+            "select count(*) from pg_stat_activity where datname = current_database() "
+            "and wait_event_type = 'Lock' and query ilike 'copy%'",
+        )
+    )
 
 
 def test_a_target_holding_tasks_is_refused_unless_merging(
