@@ -364,7 +364,7 @@ def test_live_move_beside_a_running_daemon_loses_nothing(
         refused = cli(config, "move-to", dsn)
         assert refused.returncode == 75, refused.stderr
         assert "a daemon runs on the source" in refused.stderr
-        slow = cli(config, "submit", "demo.sleep", "--payload", '{"seconds": 3}')
+        slow = cli(config, "submit", "demo.sleep", "--payload", '{"seconds": 6}')
         assert slow.returncode == 0, slow.stderr
         slow_id = slow.stdout.strip()
         wait_for("the slow task to run", lambda: _source_status(db, slow_id) == "running")
