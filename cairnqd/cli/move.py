@@ -278,14 +278,24 @@ def _run(move: Move, args: argparse.Namespace, config: Config, out: IO[str]) -> 
     paused: list[str] = []
     if args.live:
         paused = pause_and_wait(config, args.live_timeout, out)
-        plan = move.plan()
-    view = ProgressView(sys.stderr, sum(plan.counts.values()))
     try:
-        results = move.run(view)
-    finally:
-        view.end()
-    print("move: verifying", file=out, flush=True)
-    verdict = move.verify(results)
+        plan = move.plan()
+        view = ProgressView(sys.stderr, sum(plan.counts.values()))
+        try:
+            results = move.run(view)
+        finally:
+            view.end()
+        print("move: verifying", file=out, flush=True)
+        verdict = move.verify(results)
+    except BaseException:
+        if paused:
+            names = " ".join(f"--queue {q}" for q in paused)
+            print(
+                f"cairnqd: the source's queues stay paused: `cairnqd -c {args.config} "
+                f"resume {names}` to carry on there, or run the move again",
+                file=sys.stderr,
+            )
+        raise
     for difference in verdict.differences[:20]:
         print(f"  {difference}", file=out)
     if len(verdict.differences) > 20:
