@@ -30,6 +30,7 @@ from cairnqd.cli import check as cli_check
 from cairnqd.cli import fleet as cli_fleet
 from cairnqd.cli import init as cli_init
 from cairnqd.cli import limits as cli_limits
+from cairnqd.cli import move as cli_move
 from cairnqd.cli import purge as cli_purge
 from cairnqd.cli import queues as cli_queues
 from cairnqd.cli import rollpreview
@@ -583,6 +584,7 @@ COMMANDS: tuple[Register, ...] = (
     cli_status.add_parsers,
     cli_top.add_parsers,
     cli_schedules.add_parsers,
+    cli_move.add_parser,
     _add_dashboard,
     _add_version,
 )

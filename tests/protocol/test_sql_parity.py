@@ -160,6 +160,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0010_attempts.sql",
             "cairnqd_0011_interruptions.sql",
             "cairnqd_0012_queue_counts.sql",
+            "cairnqd_0014_moves.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
         assert pg_schema(ours, skip_prefix=None)["indexes"] != ours_schema["indexes"]
@@ -178,6 +179,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_limit_bypasses_pkey",
             "cairnqd_interruptions_pkey",
             "cairnqd_queue_counts_pkey",
+            "cairnqd_moves_pkey",
             "cairnqd_attempts_task_idx",
         }
         # The attempt history's triggers and functions, ours by name, on the task table.
