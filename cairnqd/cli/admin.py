@@ -44,6 +44,7 @@ from cairnqd.errors import (
 )
 from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
 from cairnqd.store.base import TaskStore, wall_clock_ms
+from cairnqd.store.dependencies import WAITING_RUN_AT
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import missing_sqlite_file, store_for
 from cairnqd.store.tables.fleet import FleetMember
@@ -144,6 +145,8 @@ def _unavailable(config: Config, exc: BaseException) -> str:
 def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
+    if ms == WAITING_RUN_AT:  # past any datetime: a task held by its dependencies
+        return "when its dependencies have succeeded"
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
@@ -281,31 +284,50 @@ RUNNING_NOTE = (
 )
 
 
-async def _stats(store: TaskStore, queue: str | None) -> tuple[dict[str, dict[str, int]], set[str]]:
+#: Under `stats`, when a task waits on its dependencies.
+WAITING_NOTE = (
+    "WAITING counts the QUEUED tasks held until every task they were submitted after "
+    "has succeeded (docs/dependencies.md); they are not due yet."
+)
+
+
+async def _stats(
+    store: TaskStore, queue: str | None
+) -> tuple[dict[str, dict[str, int]], set[str], dict[str, int]]:
     paused = {p.queue for p in await store.pauses.all()}
-    return await store.stats(queue), paused if queue is None else paused & {queue}
+    waiting = await store.waiting_counts()
+    if queue is not None:
+        waiting = {q: n for q, n in waiting.items() if q == queue}
+    return await store.stats(queue), paused if queue is None else paused & {queue}, waiting
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     config = load(args.config)
-    counts, paused = with_store(config, lambda store: _stats(store, args.queue))
+    counts, paused, waiting = with_store(config, lambda store: _stats(store, args.queue))
     if args.json:
+        for queue, by_status in counts.items():
+            by_status["waiting"] = waiting.get(queue, 0)
         print(_json(dict(sorted(counts.items()))))
         return exitcodes.OK
     for queue in paused:  # a paused queue shows even when it holds no task
         counts.setdefault(queue, dict.fromkeys(STATUSES, 0))
+    # WAITING (a part of QUEUED, not added to TOTAL) shows only when a task waits.
+    extra = ["WAITING"] if waiting else []
     rows: list[list[Any]] = [
-        [queue, *(by_status[s] for s in STATUSES), sum(by_status.values()),
+        [queue, *(by_status[s] for s in STATUSES),
+         *([waiting.get(queue, 0)] if waiting else []), sum(by_status.values()),
          "paused" if queue in paused else ""]
         for queue, by_status in sorted(counts.items())
     ]  # fmt: skip
     if len(rows) > 1:
-        totals = [sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2)]
+        totals = [sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2 + len(extra))]
         rows.append(["(all)", *totals, ""])
-    print(table(["QUEUE", *(s.upper() for s in STATUSES), "TOTAL", ""], rows))
+    print(table(["QUEUE", *(s.upper() for s in STATUSES), *extra, "TOTAL", ""], rows))
     if not rows:
         print("(no tasks)")
     else:
+        if waiting:
+            print(WAITING_NOTE)
         print(RUNNING_NOTE)
     return exitcodes.OK
 
@@ -360,17 +382,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     async def read(
         store: TaskStore,
-    ) -> tuple[Task | None, list[RoomWait], list[AttemptRecord]]:
+    ) -> tuple[Task | None, list[RoomWait], list[AttemptRecord], list[Task]]:
         task = await _fetch(store, task_id, key)
         if task is None:
-            return None, [], []
+            return None, [], [], []
         records = await store.attempts.of(task.id)
+        # The tasks it was submitted after, and their state (docs/dependencies.md).
+        parents = await store.dependencies(task.id)
         if not limits:
-            return task, [], records
+            return task, [], records, parents
         # A queued, due task that a full limit holds back says so (docs/limits.md).
-        return task, await store.limit_table.waiting_for(task, limits), records
+        return task, await store.limit_table.waiting_for(task, limits), records, parents
 
-    task, waits, records = with_store(config, read)
+    task, waits, records, parents = with_store(config, read)
     if task is None:
         raise _missing(task_id, key)
     if args.json:
@@ -378,6 +402,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         data["waiting_for"] = [w.to_json() for w in waits]
         data["error_attempt"] = inspect_text.error_attempt(task, records)
         data["attempts"] = [r.to_json() for r in records]
+        data["after"] = [{"id": p.id, "status": p.status} for p in parents]
         print(_json(data))
         return exitcodes.OK
     for field, value in dataclasses.asdict(task).items():
@@ -385,6 +410,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             continue  # below, labelled, its traceback as text
         shown = attempts_shown(task.attempt, task.max_attempts) if field == "attempt" else None
         print(f"{field}: {shown}" if shown else f"{field}:{_shown(field, value)}")
+    if parents:
+        print("after: " + ", ".join(f"{p.id} ({p.status})" for p in parents))
     for wait in waits:
         print(wait.describe())
     if task.error is not None:
@@ -486,6 +513,7 @@ async def _submit(store: TaskStore, args: argparse.Namespace, payload: Any) -> t
         max_attempts=args.max_attempts,
         priority=args.priority,
         delay_ms=to_ms(args.delay),
+        after=args.after or None,
     )
     if not args.wait:
         return task, task
@@ -639,6 +667,13 @@ def add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         default=timedelta(0),
         metavar="DURATION",
         help="run no earlier than this from now (e.g. 30s, 5m)",
+    )
+    p.add_argument(
+        "--after",
+        action="append",
+        metavar="TASK_ID",
+        help="run only once this task has succeeded (repeat for several; canceled if one "
+        "fails; docs/dependencies.md)",
     )
     p.add_argument("--wait", action="store_true", help="wait for the outcome; print the result")
     p.add_argument("--timeout", type=duration, metavar="DURATION", help="with --wait (30s)")

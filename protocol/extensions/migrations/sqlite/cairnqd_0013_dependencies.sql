@@ -1,0 +1,199 @@
+-- Task dependencies (docs/dependencies.md): a task submitted `after` others is written
+-- queued but due at 253402214400000 (9999-12-31T00:00Z), so no claim of any SDK takes
+-- it, and these tables and triggers make it due, in the transaction that settles its
+-- last parent, or cancel it when an ancestor fails. Everything here is cairnqd's own,
+-- recorded in cairnqd_migrations; the protocol's tables are untouched.
+
+-- One row per edge, in the order the submit named the parents (ctx.dependencies()).
+create table if not exists cairnqd_task_deps (
+    task_id text not null,
+    parent_id text not null,
+    position integer not null check (position >= 0),
+    primary key (task_id, parent_id)
+);
+create index if not exists cairnqd_task_deps_parent_idx on cairnqd_task_deps (parent_id);
+
+-- Every ancestor of a task (parents, their parents, ...), written once at submit: a
+-- failed ancestor cancels every waiting descendant with one statement, since SQLite
+-- triggers do not fire from each other's writes (recursive_triggers is off).
+create table if not exists cairnqd_task_ancestors (
+    task_id text not null,
+    ancestor_id text not null,
+    primary key (task_id, ancestor_id)
+);
+create index if not exists cairnqd_task_ancestors_ancestor_idx
+    on cairnqd_task_ancestors (ancestor_id);
+
+-- A task held back by its dependencies: while failed_by is null it waits for
+-- `remaining` parents to succeed and is then due at max(due_ms, that moment); with
+-- failed_by set it was canceled because that ancestor failed or was canceled, and a
+-- retry of that ancestor brings it back. The row goes once the task is released.
+create table if not exists cairnqd_task_waits (
+    task_id text primary key,
+    remaining integer not null check (remaining >= 0),
+    due_ms integer not null,
+    failed_by text
+);
+create index if not exists cairnqd_task_waits_failed_by_idx
+    on cairnqd_task_waits (failed_by) where failed_by is not null;
+
+-- A parent succeeded: each waiting dependent has one parent less to wait for, and one
+-- with none left becomes due. "update of status" and the WHEN keep claims, heartbeats
+-- and progress out; every other settle costs one probe of the parent index.
+create trigger if not exists cairnqd_tasks_dependency_succeeded
+after update of status on cairnq_tasks
+when new.status = 'succeeded' and old.status <> 'succeeded'
+begin
+    update cairnqd_task_waits
+    set remaining = remaining - 1
+    where failed_by is null and remaining > 0
+      and task_id in (select task_id from cairnqd_task_deps where parent_id = new.id);
+    update cairnq_tasks
+    set run_at_ms = max(
+        new.updated_at_ms,
+        (select w.due_ms from cairnqd_task_waits w where w.task_id = cairnq_tasks.id)
+    )
+    where status = 'queued'
+      and id in (
+        select w.task_id from cairnqd_task_waits w
+        join cairnqd_task_deps d on d.task_id = w.task_id
+        where d.parent_id = new.id and w.remaining = 0 and w.failed_by is null
+      );
+    delete from cairnqd_task_waits
+    where remaining = 0 and failed_by is null
+      and task_id in (select task_id from cairnqd_task_deps where parent_id = new.id);
+end;
+
+-- A task failed or was canceled: it stops waiting itself, and every waiting descendant
+-- is canceled with the dependency_failed envelope naming it.
+create trigger if not exists cairnqd_tasks_dependency_failed
+after update of status on cairnq_tasks
+when new.status in ('failed', 'canceled') and old.status in ('queued', 'running')
+begin
+    delete from cairnqd_task_waits where task_id = new.id and failed_by is null;
+    update cairnqd_task_waits
+    set failed_by = new.id
+    where failed_by is null
+      and task_id in (
+        select task_id from cairnqd_task_ancestors where ancestor_id = new.id
+      );
+    update cairnq_tasks
+    set status = 'canceled',
+        completed_at_ms = new.updated_at_ms,
+        updated_at_ms = new.updated_at_ms,
+        error = json_object(
+            'type', 'DependencyFailed',
+            'code', 'dependency_failed',
+            'message', 'dependency ' || new.id || ' ' || new.status,
+            'retryable', json('false'),
+            'details', json_object('dependency', new.id, 'status', new.status)
+        )
+    where status = 'queued'
+      and id in (select task_id from cairnqd_task_waits where failed_by = new.id);
+end;
+
+-- A failed or canceled task is queued again (a retry). If some parent of its own has
+-- not succeeded it waits again; the dependents it canceled wait again too, unless
+-- another ancestor that failed on its own still holds them: they are then its, and
+-- their error names it instead.
+create trigger if not exists cairnqd_tasks_dependency_retried
+after update of status on cairnq_tasks
+when new.status = 'queued' and old.status in ('failed', 'canceled')
+begin
+    insert into cairnqd_task_waits (task_id, remaining, due_ms, failed_by)
+    select new.id, n, new.run_at_ms, null
+    from (
+        select count(*) as n from cairnqd_task_deps d
+        join cairnq_tasks p on p.id = d.parent_id
+        where d.task_id = new.id and p.status <> 'succeeded'
+    )
+    where n > 0
+    on conflict (task_id) do update set remaining = excluded.remaining, failed_by = null;
+    update cairnq_tasks
+    set run_at_ms = 253402214400000
+    where id = new.id
+      and exists (
+        select 1 from cairnqd_task_waits w where w.task_id = new.id and w.failed_by is null
+      );
+    update cairnq_tasks
+    set error = (
+        select json_object(
+            'type', 'DependencyFailed',
+            'code', 'dependency_failed',
+            'message', 'dependency ' || t.id || ' ' || t.status,
+            'retryable', json('false'),
+            'details', json_object('dependency', t.id, 'status', t.status)
+        )
+        from cairnqd_task_ancestors a
+        join cairnq_tasks t on t.id = a.ancestor_id
+        where a.task_id = cairnq_tasks.id
+          and t.status in ('failed', 'canceled')
+          and not exists (
+            select 1 from cairnqd_task_waits o
+            where o.task_id = t.id and o.failed_by is not null
+          )
+        order by a.ancestor_id
+        limit 1
+    )
+    where status = 'canceled'
+      and id in (select task_id from cairnqd_task_waits where failed_by = new.id)
+      and exists (
+        select 1 from cairnqd_task_ancestors a
+        join cairnq_tasks t on t.id = a.ancestor_id
+        where a.task_id = cairnq_tasks.id
+          and t.status in ('failed', 'canceled')
+          and not exists (
+            select 1 from cairnqd_task_waits o
+            where o.task_id = t.id and o.failed_by is not null
+          )
+      );
+    update cairnqd_task_waits
+    set failed_by = (
+        select a.ancestor_id from cairnqd_task_ancestors a
+        join cairnq_tasks t on t.id = a.ancestor_id
+        where a.task_id = cairnqd_task_waits.task_id
+          and t.status in ('failed', 'canceled')
+          and not exists (
+            select 1 from cairnqd_task_waits o
+            where o.task_id = t.id and o.failed_by is not null
+          )
+        order by a.ancestor_id
+        limit 1
+    )
+    where failed_by = new.id
+      and exists (
+        select 1 from cairnqd_task_ancestors a
+        join cairnq_tasks t on t.id = a.ancestor_id
+        where a.task_id = cairnqd_task_waits.task_id
+          and t.status in ('failed', 'canceled')
+          and not exists (
+            select 1 from cairnqd_task_waits o
+            where o.task_id = t.id and o.failed_by is not null
+          )
+      );
+    update cairnq_tasks
+    set status = 'queued',
+        run_at_ms = 253402214400000,
+        error = null,
+        completed_at_ms = null,
+        updated_at_ms = new.updated_at_ms
+    where status = 'canceled'
+      and id in (select task_id from cairnqd_task_waits where failed_by = new.id);
+    update cairnqd_task_waits
+    set failed_by = null,
+        remaining = (
+            select count(*) from cairnqd_task_deps d
+            join cairnq_tasks p on p.id = d.parent_id
+            where d.task_id = cairnqd_task_waits.task_id and p.status <> 'succeeded'
+        )
+    where failed_by = new.id;
+end;
+
+-- A deleted task (a purge, a discard) takes its own edges and wait along.
+create trigger if not exists cairnqd_tasks_dependency_deleted
+after delete on cairnq_tasks
+begin
+    delete from cairnqd_task_waits where task_id = old.id;
+    delete from cairnqd_task_deps where task_id = old.id;
+    delete from cairnqd_task_ancestors where task_id = old.id;
+end;
