@@ -123,9 +123,11 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_task_waits",
         "sqlite_autoindex_cairnqd_task_waits_1",
         "cairnqd_task_waits_failed_by_idx",
-        "cairnqd_tasks_dependency_succeeded",
-        "cairnqd_tasks_dependency_failed",
-        "cairnqd_tasks_dependency_retried",
+        "cairnqd_task_dep_moves",
+        "cairnqd_tasks_dependency_moved",
+        "cairnqd_task_dep_moves_succeeded",
+        "cairnqd_task_dep_moves_failed",
+        "cairnqd_task_dep_moves_retried",
         "cairnqd_tasks_dependency_deleted",
     }
     assert sqlite_ledger(ours, "cairnqd_migrations") == {
@@ -218,6 +220,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_attempts_track",
             "cairnqd_attempts_forget",
             "cairnqd_task_dependencies",
+            "cairnqd_task_dependency_step",
             "cairnqd_task_dependencies_deleted",
         }
 

@@ -37,35 +37,40 @@ create table if not exists cairnqd_task_waits (
 create index if not exists cairnqd_task_waits_failed_by_idx
     on cairnqd_task_waits (failed_by) where failed_by is not null;
 
--- One function for the three status moves that matter. The statements below also fire
--- it for the rows they change (Postgres triggers recurse); each step only touches rows
+-- One step of the graph for one task's status move: a parent succeeded (release the
+-- dependents left with nothing to wait for), failed or was canceled (cancel every
+-- waiting descendant), or was queued again after either (a retry: wait again, and bring
+-- back what it canceled). The statements below change cairnq_tasks and so fire the
+-- trigger again for those rows (Postgres triggers recurse); each step only touches rows
 -- still in the state it expects, so a nested call finds its work done.
-create or replace function cairnqd_task_dependencies() returns trigger
+create or replace function cairnqd_task_dependency_step(
+    moved_id text, new_status text, moved_at_ms bigint, due_at_ms bigint
+) returns void
 language plpgsql
 as $$
 declare
     released_queue text;
 begin
-    if new.status = 'succeeded' then
+    if new_status = 'succeeded' then
         -- Parents of one fan-in settled at once by several workers lock its wait row in
         -- one order (id), so their transactions queue instead of deadlocking.
         perform 1 from cairnqd_task_waits
         where failed_by is null
-          and task_id in (select task_id from cairnqd_task_deps where parent_id = new.id)
+          and task_id in (select task_id from cairnqd_task_deps where parent_id = moved_id)
         order by task_id
         for update;
         update cairnqd_task_waits
         set remaining = remaining - 1
         where failed_by is null and remaining > 0
-          and task_id in (select task_id from cairnqd_task_deps where parent_id = new.id);
+          and task_id in (select task_id from cairnqd_task_deps where parent_id = moved_id);
         -- The protocol's notify trigger fires on status changes only: wake the workers
         -- of each queue a dependent became due in.
         for released_queue in
             with released as (
                 update cairnq_tasks t
-                set run_at_ms = greatest(new.updated_at_ms, w.due_ms)
+                set run_at_ms = greatest(moved_at_ms, w.due_ms)
                 from cairnqd_task_waits w, cairnqd_task_deps d
-                where d.parent_id = new.id and w.task_id = d.task_id
+                where d.parent_id = moved_id and w.task_id = d.task_id
                   and w.remaining = 0 and w.failed_by is null
                   and t.id = w.task_id and t.status = 'queued'
                 returning t.queue
@@ -76,43 +81,43 @@ begin
         end loop;
         delete from cairnqd_task_waits
         where remaining = 0 and failed_by is null
-          and task_id in (select task_id from cairnqd_task_deps where parent_id = new.id);
-    elsif new.status in ('failed', 'canceled') then
-        delete from cairnqd_task_waits where task_id = new.id and failed_by is null;
+          and task_id in (select task_id from cairnqd_task_deps where parent_id = moved_id);
+    elsif new_status in ('failed', 'canceled') then
+        delete from cairnqd_task_waits where task_id = moved_id and failed_by is null;
         update cairnqd_task_waits
-        set failed_by = new.id
+        set failed_by = moved_id
         where failed_by is null
           and task_id in (
-            select task_id from cairnqd_task_ancestors where ancestor_id = new.id
+            select task_id from cairnqd_task_ancestors where ancestor_id = moved_id
           );
         update cairnq_tasks
         set status = 'canceled',
-            completed_at_ms = new.updated_at_ms,
-            updated_at_ms = new.updated_at_ms,
+            completed_at_ms = moved_at_ms,
+            updated_at_ms = moved_at_ms,
             error = jsonb_build_object(
                 'type', 'DependencyFailed',
                 'code', 'dependency_failed',
-                'message', 'dependency ' || new.id || ' ' || new.status,
+                'message', 'dependency ' || moved_id || ' ' || new_status,
                 'retryable', false,
-                'details', jsonb_build_object('dependency', new.id, 'status', new.status)
+                'details', jsonb_build_object('dependency', moved_id, 'status', new_status)
             )
         where status = 'queued'
-          and id in (select task_id from cairnqd_task_waits where failed_by = new.id);
+          and id in (select task_id from cairnqd_task_waits where failed_by = moved_id);
     else -- queued again after failed or canceled: a retry
         insert into cairnqd_task_waits (task_id, remaining, due_ms, failed_by)
-        select new.id, n, new.run_at_ms, null
+        select moved_id, n, due_at_ms, null
         from (
             select count(*)::integer as n from cairnqd_task_deps d
             join cairnq_tasks p on p.id = d.parent_id
-            where d.task_id = new.id and p.status <> 'succeeded'
+            where d.task_id = moved_id and p.status <> 'succeeded'
         ) c
         where n > 0
         on conflict (task_id) do update set remaining = excluded.remaining, failed_by = null;
         update cairnq_tasks
         set run_at_ms = 253402214400000
-        where id = new.id
+        where id = moved_id
           and exists (
-            select 1 from cairnqd_task_waits w where w.task_id = new.id and w.failed_by is null
+            select 1 from cairnqd_task_waits w where w.task_id = moved_id and w.failed_by is null
           );
         -- Held by another ancestor that failed on its own: stays canceled, naming it.
         update cairnq_tasks d
@@ -136,7 +141,7 @@ begin
             limit 1
         )
         where d.status = 'canceled'
-          and d.id in (select task_id from cairnqd_task_waits where failed_by = new.id)
+          and d.id in (select task_id from cairnqd_task_waits where failed_by = moved_id)
           and exists (
             select 1 from cairnqd_task_ancestors a
             join cairnq_tasks t on t.id = a.ancestor_id
@@ -160,7 +165,7 @@ begin
             order by a.ancestor_id
             limit 1
         )
-        where w.failed_by = new.id
+        where w.failed_by = moved_id
           and exists (
             select 1 from cairnqd_task_ancestors a
             join cairnq_tasks t on t.id = a.ancestor_id
@@ -176,9 +181,9 @@ begin
             run_at_ms = 253402214400000,
             error = null,
             completed_at_ms = null,
-            updated_at_ms = new.updated_at_ms
+            updated_at_ms = moved_at_ms
         where status = 'canceled'
-          and id in (select task_id from cairnqd_task_waits where failed_by = new.id);
+          and id in (select task_id from cairnqd_task_waits where failed_by = moved_id);
         update cairnqd_task_waits w
         set failed_by = null,
             remaining = (
@@ -186,26 +191,50 @@ begin
                 join cairnq_tasks p on p.id = d.parent_id
                 where d.task_id = w.task_id and p.status <> 'succeeded'
             )
-        where w.failed_by = new.id;
+        where w.failed_by = moved_id;
     end if;
+end
+$$;
+
+-- One call per statement that updates cairnq_tasks, reading its rows from the
+-- transition tables: a settle of tasks without edges costs one join against
+-- cairnqd_task_deps, not a plpgsql call per row. (A trigger with transition tables
+-- cannot name columns, so heartbeats and progress writes call it too, and leave at the
+-- first test.)
+create or replace function cairnqd_task_dependencies() returns trigger
+language plpgsql
+as $$
+declare
+    moved record;
+begin
+    for moved in
+        select n.id, n.status, n.updated_at_ms, n.run_at_ms
+        from cairnqd_dep_new_rows as n
+        join cairnqd_dep_old_rows as o on o.id = n.id
+        where (
+                (n.status in ('succeeded', 'failed', 'canceled')
+                    and o.status in ('queued', 'running'))
+                or (n.status = 'queued' and o.status in ('failed', 'canceled'))
+            )
+            and (
+                exists (select 1 from cairnqd_task_deps as d where d.parent_id = n.id)
+                or exists (select 1 from cairnqd_task_deps as d where d.task_id = n.id)
+            )
+        order by n.id
+    loop
+        perform cairnqd_task_dependency_step(
+            moved.id, moved.status, moved.updated_at_ms, moved.run_at_ms
+        );
+    end loop;
     return null;
 end
 $$;
 
--- "update of status" keeps heartbeats and progress writes out; the WHEN keeps claims
--- (queued -> running) and retryable failures (running -> queued) out of plpgsql.
 drop trigger if exists cairnqd_tasks_dependencies on cairnq_tasks;
 create trigger cairnqd_tasks_dependencies
-    after update of status on cairnq_tasks
-    for each row
-    when (
-        old.status is distinct from new.status
-        and (
-            new.status = 'succeeded'
-            or (new.status in ('failed', 'canceled') and old.status in ('queued', 'running'))
-            or (new.status = 'queued' and old.status in ('failed', 'canceled'))
-        )
-    )
+    after update on cairnq_tasks
+    referencing old table as cairnqd_dep_old_rows new table as cairnqd_dep_new_rows
+    for each statement
     execute function cairnqd_task_dependencies();
 
 -- A deleted task (a purge, a discard) takes its own edges and wait along: one call per

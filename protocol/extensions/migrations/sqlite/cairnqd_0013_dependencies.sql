@@ -14,8 +14,8 @@ create table if not exists cairnqd_task_deps (
 create index if not exists cairnqd_task_deps_parent_idx on cairnqd_task_deps (parent_id);
 
 -- Every ancestor of a task (parents, their parents, ...), written once at submit: a
--- failed ancestor cancels every waiting descendant with one statement, since SQLite
--- triggers do not fire from each other's writes (recursive_triggers is off).
+-- failed ancestor cancels every waiting descendant with one statement, since a SQLite
+-- trigger does not fire again while it runs (recursive_triggers is off by default).
 create table if not exists cairnqd_task_ancestors (
     task_id text not null,
     ancestor_id text not null,
@@ -37,45 +37,79 @@ create table if not exists cairnqd_task_waits (
 create index if not exists cairnqd_task_waits_failed_by_idx
     on cairnqd_task_waits (failed_by) where failed_by is not null;
 
--- A parent succeeded: each waiting dependent has one parent less to wait for, and one
--- with none left becomes due. "update of status" and the WHEN keep claims, heartbeats
--- and progress out; every other settle costs one probe of the parent index.
-create trigger if not exists cairnqd_tasks_dependency_succeeded
+-- A status move of a task that has dependency edges. The one trigger on cairnq_tasks
+-- below only writes a row here; the triggers on this table do the work and delete the
+-- row again, so it is empty outside a statement. This keeps the program SQLite runs for
+-- every settled row of cairnq_tasks small: a settle of a task without edges costs two
+-- index probes, and the writes back into cairnq_tasks (which carry every status
+-- trigger's program with them) are compiled only into the triggers below, which run
+-- only for tasks that have edges.
+create table if not exists cairnqd_task_dep_moves (
+    task_id text not null,
+    old_status text not null,
+    new_status text not null,
+    updated_at_ms integer not null,
+    run_at_ms integer not null
+);
+
+-- The moves that matter: a parent settling, a task failing or canceled while it waits
+-- or runs, and a retry of a failed or canceled task. Claims (queued -> running) and
+-- retryable failures (running -> queued) fail the first test; tasks without edges, the
+-- second.
+create trigger if not exists cairnqd_tasks_dependency_moved
 after update of status on cairnq_tasks
-when new.status = 'succeeded' and old.status <> 'succeeded'
+when (
+        (new.status in ('succeeded', 'failed', 'canceled') and old.status in ('queued', 'running'))
+        or (new.status = 'queued' and old.status in ('failed', 'canceled'))
+    )
+    and (
+        exists (select 1 from cairnqd_task_deps where parent_id = new.id)
+        or exists (select 1 from cairnqd_task_deps where task_id = new.id)
+    )
+begin
+    insert into cairnqd_task_dep_moves (task_id, old_status, new_status, updated_at_ms, run_at_ms)
+    values (new.id, old.status, new.status, new.updated_at_ms, new.run_at_ms);
+end;
+
+-- A parent succeeded: each waiting dependent has one parent less to wait for, and one
+-- with none left becomes due.
+create trigger if not exists cairnqd_task_dep_moves_succeeded
+after insert on cairnqd_task_dep_moves
+when new.new_status = 'succeeded'
 begin
     update cairnqd_task_waits
     set remaining = remaining - 1
     where failed_by is null and remaining > 0
-      and task_id in (select task_id from cairnqd_task_deps where parent_id = new.id);
+      and task_id in (select task_id from cairnqd_task_deps where parent_id = new.task_id);
     update cairnq_tasks
     set run_at_ms = max(
         new.updated_at_ms,
         (select w.due_ms from cairnqd_task_waits w where w.task_id = cairnq_tasks.id)
     )
-    where status = 'queued'
+    where +status = 'queued'
       and id in (
         select w.task_id from cairnqd_task_waits w
         join cairnqd_task_deps d on d.task_id = w.task_id
-        where d.parent_id = new.id and w.remaining = 0 and w.failed_by is null
+        where d.parent_id = new.task_id and w.remaining = 0 and w.failed_by is null
       );
     delete from cairnqd_task_waits
     where remaining = 0 and failed_by is null
-      and task_id in (select task_id from cairnqd_task_deps where parent_id = new.id);
+      and task_id in (select task_id from cairnqd_task_deps where parent_id = new.task_id);
+    delete from cairnqd_task_dep_moves where rowid = new.rowid;
 end;
 
 -- A task failed or was canceled: it stops waiting itself, and every waiting descendant
 -- is canceled with the dependency_failed envelope naming it.
-create trigger if not exists cairnqd_tasks_dependency_failed
-after update of status on cairnq_tasks
-when new.status in ('failed', 'canceled') and old.status in ('queued', 'running')
+create trigger if not exists cairnqd_task_dep_moves_failed
+after insert on cairnqd_task_dep_moves
+when new.new_status in ('failed', 'canceled')
 begin
-    delete from cairnqd_task_waits where task_id = new.id and failed_by is null;
+    delete from cairnqd_task_waits where task_id = new.task_id and failed_by is null;
     update cairnqd_task_waits
-    set failed_by = new.id
+    set failed_by = new.task_id
     where failed_by is null
       and task_id in (
-        select task_id from cairnqd_task_ancestors where ancestor_id = new.id
+        select task_id from cairnqd_task_ancestors where ancestor_id = new.task_id
       );
     update cairnq_tasks
     set status = 'canceled',
@@ -84,36 +118,37 @@ begin
         error = json_object(
             'type', 'DependencyFailed',
             'code', 'dependency_failed',
-            'message', 'dependency ' || new.id || ' ' || new.status,
+            'message', 'dependency ' || new.task_id || ' ' || new.new_status,
             'retryable', json('false'),
-            'details', json_object('dependency', new.id, 'status', new.status)
+            'details', json_object('dependency', new.task_id, 'status', new.new_status)
         )
-    where status = 'queued'
-      and id in (select task_id from cairnqd_task_waits where failed_by = new.id);
+    where +status = 'queued'
+      and id in (select task_id from cairnqd_task_waits where failed_by = new.task_id);
+    delete from cairnqd_task_dep_moves where rowid = new.rowid;
 end;
 
 -- A failed or canceled task is queued again (a retry). If some parent of its own has
 -- not succeeded it waits again; the dependents it canceled wait again too, unless
 -- another ancestor that failed on its own still holds them: they are then its, and
 -- their error names it instead.
-create trigger if not exists cairnqd_tasks_dependency_retried
-after update of status on cairnq_tasks
-when new.status = 'queued' and old.status in ('failed', 'canceled')
+create trigger if not exists cairnqd_task_dep_moves_retried
+after insert on cairnqd_task_dep_moves
+when new.new_status = 'queued'
 begin
     insert into cairnqd_task_waits (task_id, remaining, due_ms, failed_by)
-    select new.id, n, new.run_at_ms, null
+    select new.task_id, n, new.run_at_ms, null
     from (
         select count(*) as n from cairnqd_task_deps d
         join cairnq_tasks p on p.id = d.parent_id
-        where d.task_id = new.id and p.status <> 'succeeded'
+        where d.task_id = new.task_id and p.status <> 'succeeded'
     )
     where n > 0
     on conflict (task_id) do update set remaining = excluded.remaining, failed_by = null;
     update cairnq_tasks
     set run_at_ms = 253402214400000
-    where id = new.id
+    where id = new.task_id
       and exists (
-        select 1 from cairnqd_task_waits w where w.task_id = new.id and w.failed_by is null
+        select 1 from cairnqd_task_waits w where w.task_id = new.task_id and w.failed_by is null
       );
     update cairnq_tasks
     set error = (
@@ -135,8 +170,8 @@ begin
         order by a.ancestor_id
         limit 1
     )
-    where status = 'canceled'
-      and id in (select task_id from cairnqd_task_waits where failed_by = new.id)
+    where +status = 'canceled'
+      and id in (select task_id from cairnqd_task_waits where failed_by = new.task_id)
       and exists (
         select 1 from cairnqd_task_ancestors a
         join cairnq_tasks t on t.id = a.ancestor_id
@@ -160,7 +195,7 @@ begin
         order by a.ancestor_id
         limit 1
     )
-    where failed_by = new.id
+    where failed_by = new.task_id
       and exists (
         select 1 from cairnqd_task_ancestors a
         join cairnq_tasks t on t.id = a.ancestor_id
@@ -177,8 +212,8 @@ begin
         error = null,
         completed_at_ms = null,
         updated_at_ms = new.updated_at_ms
-    where status = 'canceled'
-      and id in (select task_id from cairnqd_task_waits where failed_by = new.id);
+    where +status = 'canceled'
+      and id in (select task_id from cairnqd_task_waits where failed_by = new.task_id);
     update cairnqd_task_waits
     set failed_by = null,
         remaining = (
@@ -186,12 +221,14 @@ begin
             join cairnq_tasks p on p.id = d.parent_id
             where d.task_id = cairnqd_task_waits.task_id and p.status <> 'succeeded'
         )
-    where failed_by = new.id;
+    where failed_by = new.task_id;
+    delete from cairnqd_task_dep_moves where rowid = new.rowid;
 end;
 
 -- A deleted task (a purge, a discard) takes its own edges and wait along.
 create trigger if not exists cairnqd_tasks_dependency_deleted
 after delete on cairnq_tasks
+when exists (select 1 from cairnqd_task_deps where task_id = old.id)
 begin
     delete from cairnqd_task_waits where task_id = old.id;
     delete from cairnqd_task_deps where task_id = old.id;
