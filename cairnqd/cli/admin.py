@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from cairnqd._jsoncodec import shown
 from cairnqd._protocol import migrations
 from cairnqd.attempts import AttemptRecord, attempts_shown
-from cairnqd.cli import inspect_text, listing
+from cairnqd.cli import inspect_text, inspect_tree, listing
 from cairnqd.client import wait_for_task
 from cairnqd.config import (
     Config,
@@ -44,7 +44,7 @@ from cairnqd.errors import (
 )
 from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
 from cairnqd.store.base import TaskStore, wall_clock_ms
-from cairnqd.store.dependencies import WAITING_RUN_AT
+from cairnqd.store.dependencies import WAITING_RUN_AT, TaskGraph, is_waiting
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import missing_sqlite_file, store_for
 from cairnqd.store.tables.fleet import FleetMember
@@ -351,6 +351,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def _list(store: TaskStore, args: argparse.Namespace) -> tuple[list[Task], int]:
+    if args.waiting:  # queued behind their dependencies (docs/workflows.md)
+        return await store.waiting(
+            queue=args.queue, name=args.name, limit=args.limit, offset=args.offset
+        )
     filters = {"status": args.status, "queue": args.queue, "name": args.name}
     tasks = await store.list(**filters, limit=args.limit, offset=args.offset)
     if args.json or len(tasks) < args.limit:
@@ -373,36 +377,52 @@ def _missing(task_id: str | None, key: str | None) -> CliError:
     return CliError(exitcodes.NOTHING_DONE, what)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Inspected:
+    """What `inspect` prints of one task beside its row."""
+
+    task: Task
+    waits: list[RoomWait]
+    records: list[AttemptRecord]
+    parents: list[Task]
+    dependents: list[Task]
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     task_id, key = _one_target(args)
     config = load(args.config)
     if args.follow:
         return _follow(config, task_id, key)
+    if args.tree:
+        return _tree(config, task_id, key, args.json)
     limits = config.flow_limits()
 
-    async def read(
-        store: TaskStore,
-    ) -> tuple[Task | None, list[RoomWait], list[AttemptRecord], list[Task]]:
+    async def read(store: TaskStore) -> _Inspected | None:
         task = await _fetch(store, task_id, key)
         if task is None:
-            return None, [], [], []
-        records = await store.attempts.of(task.id)
-        # The tasks it was submitted after, and their state (docs/dependencies.md).
-        parents = await store.dependencies(task.id)
-        if not limits:
-            return task, [], records, parents
+            return None
         # A queued, due task that a full limit holds back says so (docs/limits.md).
-        return task, await store.limit_table.waiting_for(task, limits), records, parents
+        waits = await store.limit_table.waiting_for(task, limits) if limits else []
+        return _Inspected(
+            task,
+            waits,
+            await store.attempts.of(task.id),
+            # The tasks it was submitted after, and those after it (docs/workflows.md).
+            await store.dependencies(task.id),
+            await store.dependents(task.id),
+        )
 
-    task, waits, records, parents = with_store(config, read)
-    if task is None:
+    seen = with_store(config, read)
+    if seen is None:
         raise _missing(task_id, key)
+    task, records = seen.task, seen.records
     if args.json:
         data = dataclasses.asdict(task)
-        data["waiting_for"] = [w.to_json() for w in waits]
+        data["waiting_for"] = [w.to_json() for w in seen.waits]
         data["error_attempt"] = inspect_text.error_attempt(task, records)
         data["attempts"] = [r.to_json() for r in records]
-        data["after"] = [{"id": p.id, "status": p.status} for p in parents]
+        data["after"] = [_linked(t) for t in seen.parents]
+        data["dependents"] = [_linked(t) for t in seen.dependents]
         print(_json(data))
         return exitcodes.OK
     for field, value in dataclasses.asdict(task).items():
@@ -410,9 +430,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             continue  # below, labelled, its traceback as text
         shown = attempts_shown(task.attempt, task.max_attempts) if field == "attempt" else None
         print(f"{field}: {shown}" if shown else f"{field}:{_shown(field, value)}")
-    if parents:
-        print("after: " + ", ".join(f"{p.id} ({p.status})" for p in parents))
-    for wait in waits:
+    for label, linked in (("after", seen.parents), ("dependents", seen.dependents)):
+        if linked:
+            print(f"{label}: " + ", ".join(f"{t.id} ({_state(t)})" for t in linked))
+    for wait in seen.waits:
         print(wait.describe())
     if task.error is not None:
         print(inspect_text.error_heading(task, records))
@@ -421,6 +442,33 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for line in inspect_text.envelope_lines(task.error, traceback=not known):
             print(line)
     for line in inspect_text.attempt_lines(records, wall_clock_ms(), _when, table):
+        print(line)
+    return exitcodes.OK
+
+
+def _state(task: Task) -> str:
+    """A task's status, or `waiting` while its dependencies hold it."""
+    return "waiting" if is_waiting(task) else task.status
+
+
+def _linked(task: Task) -> dict[str, Any]:
+    return {"id": task.id, "name": task.name, "status": task.status, "waiting": is_waiting(task)}
+
+
+def _tree(config: Config, task_id: str | None, key: str | None, as_json: bool) -> int:
+    async def read(store: TaskStore) -> tuple[Task, TaskGraph] | None:
+        task = await _fetch(store, task_id, key)
+        return None if task is None else (task, await store.graph(task.id))
+
+    found = with_store(config, read)
+    if found is None:
+        raise _missing(task_id, key)
+    task, graph = found
+    if as_json:
+        print(_json(graph.to_json()))
+        return exitcodes.OK
+    print(inspect_tree.summary(graph))
+    for line in inspect_tree.tree_lines(graph, task.id):
         print(line)
     return exitcodes.OK
 
@@ -704,7 +752,13 @@ def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         help="list tasks, newest first",
         description="List tasks, newest first, optionally filtered.",
     )
-    p.add_argument("--status", choices=STATUSES, help="only tasks in this status")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--status", choices=STATUSES, help="only tasks in this status")
+    shown.add_argument(
+        "--waiting",
+        action="store_true",
+        help="only queued tasks waiting for their dependencies to succeed (docs/workflows.md)",
+    )
     p.add_argument("--queue", help="only this queue")
     p.add_argument("--name", help="only this task name")
     p.add_argument(
@@ -729,6 +783,12 @@ def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     _add_target(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--follow", action="store_true", help="print progress until the task ends")
+    p.add_argument(
+        "--tree",
+        action="store_true",
+        help="draw the dependency graph the task belongs to, from its roots, with each "
+        "task's state (--json: the graph's tasks with their `after`; docs/workflows.md)",
+    )
     p.set_defaults(func=cmd_inspect)
 
 

@@ -51,7 +51,9 @@ from cairnqd.store.arguments import (
 from cairnqd.store.callers import driver_connection
 from cairnqd.store.clockstep import WallClockWatch
 from cairnqd.store.dependencies import (
+    GRAPH_LIMIT,
     ItemRef,
+    TaskGraph,
     hold,
     item_refs,
     missing_parents,
@@ -544,6 +546,41 @@ class TaskStore(ABC):
         """Per queue, the tasks queued behind their dependencies (not yet due)."""
         rows = await self._fetch("dependency_waiting", {})
         return {row["queue"]: int(row["n"]) for row in rows}
+
+    async def dependents(self, task_id: str) -> builtins.list[Task]:
+        """The tasks submitted `after` `task_id`, oldest first."""
+        require_str(task_id, "task_id")
+        return self._tasks(await self._fetch("dependency_dependents", {"task_id": task_id}))
+
+    async def graph(self, task_id: str, *, limit: int = GRAPH_LIMIT) -> TaskGraph:
+        """The dependency graph `task_id` belongs to: its roots and every task that
+        descends from them, at most `limit` (docs/workflows.md)."""
+        require_str(task_id, "task_id")
+        require_int(limit, "limit", minimum=1)
+        nodes = await self._fetch("dependency_graph", {"task_id": task_id, "limit": limit + 1})
+        ids = [row["id"] for row in nodes[:limit]]
+        edges = await self._fetch("dependency_graph_edges", {"ids": ids}) if ids else []
+        return TaskGraph.from_rows(nodes[:limit], edges, truncated=len(nodes) > limit)
+
+    async def waiting(
+        self,
+        *,
+        queue: str | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[builtins.list[Task], int]:
+        """The tasks waiting on dependencies, newest first, and how many match."""
+        require_str(queue, "queue", optional=True)
+        require_str(name, "name", optional=True)
+        require_int(limit, "limit", minimum=0)
+        require_int(offset, "offset", minimum=0)
+        rows = await self._fetch(
+            "dependency_waiting_list",
+            {"queue": queue, "name": name, "limit": limit, "offset": offset},
+        )
+        matched = int(rows[0]["matched"]) if rows else 0
+        return self._tasks([{k: v for k, v in r.items() if k != "matched"} for r in rows]), matched
 
     async def _caller_session(self, tx: object) -> Session:
         """The caller's open transaction `tx` (a driver connection) as a session for

@@ -11,6 +11,7 @@ or canceled at once. Everything after that is done by the triggers of migration
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from cairnqd.models import Task
@@ -22,6 +23,9 @@ from cairnqd.store.executor import Session
 #: date every reader can format (Python's datetime ends with year 9999, JavaScript's
 #: Date at 8.64e15 ms; 2^53 - 1 would be past both and break any display of the task).
 WAITING_RUN_AT = 253_402_214_400_000
+
+#: The most tasks a graph read returns (inspect --tree, the dashboard's graph).
+GRAPH_LIMIT = 2_000
 
 #: An `after` entry of a `submit_many` item: an earlier item's index, or a task id.
 ItemRef = int | str
@@ -109,8 +113,104 @@ def is_waiting(task: Task) -> bool:
     return task.status == "queued" and task.run_at_ms == WAITING_RUN_AT
 
 
+@dataclass(frozen=True)
+class GraphNode:
+    """One task of a dependency graph, with the parents its submit named, in order."""
+
+    id: str
+    name: str
+    queue: str
+    status: str
+    attempt: int
+    max_attempts: int
+    run_at_ms: int
+    updated_at_ms: int
+    after: tuple[str, ...] = ()
+
+    @property
+    def waiting(self) -> bool:
+        """Queued behind its dependencies, not yet due."""
+        return self.status == "queued" and self.run_at_ms == WAITING_RUN_AT
+
+    @property
+    def state(self) -> str:
+        """The status, or `waiting` for a queued task held by its dependencies."""
+        return "waiting" if self.waiting else self.status
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "queue": self.queue,
+            "status": self.status,
+            "waiting": self.waiting,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "after": list(self.after),
+        }
+
+
+@dataclass(frozen=True)
+class TaskGraph:
+    """The tasks of one dependency graph in id order (submit order, since ids grow),
+    cut at a limit when `truncated`. A parent outside `nodes` (purged, or past the
+    cut) is still named in its dependents' `after`."""
+
+    nodes: list[GraphNode]
+    truncated: bool = False
+    by_id: dict[str, GraphNode] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_id", {n.id: n for n in self.nodes})
+
+    @classmethod
+    def from_rows(
+        cls, nodes: Sequence[Mapping[str, Any]], edges: Sequence[Mapping[str, Any]], *,
+        truncated: bool = False,
+    ) -> TaskGraph:  # fmt: skip
+        after: dict[str, list[str]] = {}
+        for edge in edges:  # ordered by task, then position
+            after.setdefault(edge["task_id"], []).append(edge["parent_id"])
+        return cls(
+            [
+                GraphNode(
+                    id=row["id"],
+                    name=row["name"],
+                    queue=row["queue"],
+                    status=row["status"],
+                    attempt=int(row["attempt"]),
+                    max_attempts=int(row["max_attempts"]),
+                    run_at_ms=int(row["run_at_ms"]),
+                    updated_at_ms=int(row["updated_at_ms"]),
+                    after=tuple(after.get(row["id"], ())),
+                )
+                for row in nodes
+            ],
+            truncated,
+        )
+
+    def roots(self) -> list[GraphNode]:
+        """The tasks that wait for no task of this graph."""
+        return [n for n in self.nodes if not any(p in self.by_id for p in n.after)]
+
+    def children(self) -> dict[str, list[GraphNode]]:
+        """Each task's dependents within the graph, in id order."""
+        out: dict[str, list[GraphNode]] = {n.id: [] for n in self.nodes}
+        for node in self.nodes:
+            for parent in node.after:
+                if parent in out:
+                    out[parent].append(node)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tasks": [n.to_json() for n in self.nodes], "truncated": self.truncated}
+
+
 __all__ = [
+    "GRAPH_LIMIT",
     "WAITING_RUN_AT",
+    "GraphNode",
+    "TaskGraph",
     "ItemRef",
     "hold",
     "is_waiting",

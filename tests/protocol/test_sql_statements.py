@@ -359,6 +359,10 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/dependency_hold": ({}, 1),
     "extensions/dependency_tasks": ({}, 0),
     "extensions/dependency_waiting": ({}, 0),
+    # task_run waits for nothing: it is its own graph's one root and member.
+    "extensions/dependency_dependents": ({}, 0),
+    "extensions/dependency_graph": ({}, 1),
+    "extensions/dependency_graph_edges": ({}, 0),
 }
 
 #: What the store fills into a composed statement's `{part}`s for a draw that meets
