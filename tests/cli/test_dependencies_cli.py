@@ -123,9 +123,7 @@ def test_inspect_tree_and_list_waiting(
     assert graph["tasks"][3]["after"] == [b.id, c.id] and graph["tasks"][3]["waiting"]
     assert not graph["truncated"]
     # A task of no graph is a graph of one.
-    assert run("inspect", lone.id, "--tree").stdout.splitlines()[0] == (
-        "graph: 1 tasks: 1 queued"
-    )
+    assert run("inspect", lone.id, "--tree").stdout.splitlines()[0] == ("graph: 1 tasks: 1 queued")
 
     waiting = run("list", "--waiting")
     assert waiting.returncode == 0, waiting.stderr
