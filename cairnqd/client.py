@@ -115,7 +115,7 @@ class CairnQ:
         exists exactly when your transaction commits (docs/transactions.md).
 
         `after` (cairnqd only): tasks or task ids that must all succeed before this one
-        can be claimed; one that fails or is canceled cancels it (docs/dependencies.md)."""
+        can be claimed; one that fails or is canceled cancels it (docs/workflows.md)."""
         return await traced_submit(
             self._store.submit,
             name=task_name(name),
@@ -175,7 +175,7 @@ class CairnQ:
         Each item is a mapping of `submit` arguments: `name` (a string or TaskDef)
         plus any of payload, key, queue, conflict, max_attempts, priority, metadata,
         delay_ms, and `after`: earlier items of the list by index, or existing tasks
-        or ids, that must succeed first (docs/dependencies.md). A bad item raises
+        or ids, that must succeed first (docs/workflows.md). A bad item raises
         ValueError naming its index; nothing is written.
         `tx`: your own open transaction, as for `submit`.
         """

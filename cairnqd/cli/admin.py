@@ -287,7 +287,7 @@ RUNNING_NOTE = (
 #: Under `stats`, when a task waits on its dependencies.
 WAITING_NOTE = (
     "WAITING counts the QUEUED tasks held until every task they were submitted after "
-    "has succeeded (docs/dependencies.md); they are not due yet."
+    "has succeeded (docs/workflows.md); they are not due yet."
 )
 
 
@@ -721,7 +721,7 @@ def add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         action="append",
         metavar="TASK_ID",
         help="run only once this task has succeeded (repeat for several; canceled if one "
-        "fails; docs/dependencies.md)",
+        "fails; docs/workflows.md)",
     )
     p.add_argument("--wait", action="store_true", help="wait for the outcome; print the result")
     p.add_argument("--timeout", type=duration, metavar="DURATION", help="with --wait (30s)")

@@ -440,7 +440,7 @@ class TaskStore(ABC):
         work; the store never commits, rolls back or closes it.
 
         `after`: tasks (or ids) that must all succeed before this one can be claimed
-        (docs/dependencies.md); a missing one raises ValueError naming it, and nothing
+        (docs/workflows.md); a missing one raises ValueError naming it, and nothing
         is written."""
         parents = parent_ids(after) if after is not None else []
         params = submit_params(
@@ -499,7 +499,7 @@ class TaskStore(ABC):
     async def _submit_many_after(
         self, items: Sequence[Any], refs: list[list[ItemRef]], tx: object
     ) -> list[Task]:
-        """`submit_many` of a list where some items wait for others (docs/dependencies.md):
+        """`submit_many` of a list where some items wait for others (docs/workflows.md):
         every item inserted in list order, then each waiting one held, in list order, so
         an item's ancestors are written before its own. All or nothing."""
         prepared = prepare_items(without_after(items), new_task_ids(len(items)), 0, len(items))
@@ -779,7 +779,7 @@ class TaskStore(ABC):
         require_str(task_id, "task_id")
         rows = await self._fetch("retry", {"id": task_id, "reset_attempt": bool(reset_attempt)})
         # Read again: a task whose parents have not all succeeded was put back to wait
-        # by a trigger after the statement's row was returned (docs/dependencies.md).
+        # by a trigger after the statement's row was returned (docs/workflows.md).
         return (await self.get(task_id) or self._task(rows[0])) if rows else None
 
     async def _by_key(self, key: str, op: str, params: Params) -> Task | None:

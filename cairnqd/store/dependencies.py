@@ -1,4 +1,4 @@
-"""Task dependencies, the store's side (docs/dependencies.md).
+"""Task dependencies, the store's side (docs/workflows.md).
 
 A task submitted `after` others is inserted as usual, then, in the same transaction,
 its edges (`dependency_link`), its ancestors (`dependency_closure`) and, when a parent

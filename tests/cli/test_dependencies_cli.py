@@ -1,4 +1,4 @@
-"""The command line and task dependencies (docs/dependencies.md), on both dialects:
+"""The command line and task dependencies (docs/workflows.md), on both dialects:
 `stats` counts the tasks waiting on their parents apart, and `cancel`/`retry` of a
 parent cancel and bring back what waits on it."""
 

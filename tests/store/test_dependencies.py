@@ -1,4 +1,4 @@
-"""Task dependencies in the store (docs/dependencies.md), on both dialects: a task
+"""Task dependencies in the store (docs/workflows.md), on both dialects: a task
 submitted `after` others waits, queued but never due, until every parent succeeded;
 a failed or canceled ancestor cancels the whole waiting graph below it, and a retry of
 that ancestor brings it back; purge keeps what a waiting task still needs."""

@@ -2,7 +2,7 @@
 interleaving of submits after earlier tasks, claims, successes, failures, cancels and
 retries, no task starts before all its parents succeeded, a task whose ancestor has
 failed or was canceled never starts, and a queued task is due exactly when every
-parent has succeeded (docs/dependencies.md).
+parent has succeeded (docs/workflows.md).
 
 The store's clock stands still, so a released task is due at once and every claim
 sees the same now; the triggers alone move tasks between waiting, due and canceled.

@@ -1,4 +1,4 @@
-"""Task dependencies with real workers (docs/dependencies.md), on both dialects: a
+"""Task dependencies with real workers (docs/workflows.md), on both dialects: a
 map -> reduce graph submitted from a handler, the public `cairnq` 0.15.1 worker settling
 a parent (the dependent is due within a second, with no step of ours in between), and
 that worker never taking a task that still waits."""

@@ -1,4 +1,4 @@
--- Task dependencies (docs/dependencies.md): a task submitted `after` others is written
+-- Task dependencies (docs/workflows.md): a task submitted `after` others is written
 -- queued but due at 253402214400000 (9999-12-31T00:00Z), so no claim of any SDK takes
 -- it, and these tables and triggers make it due, in the transaction that settles its
 -- last parent, or cancel it when an ancestor fails. Everything here is cairnqd's own,
