@@ -83,6 +83,65 @@ async def test_a_fan_in_waits_for_every_parent_and_keeps_its_order(store: TaskSt
     assert [t.result for t in deps] == [{"i": 2}, {"i": 1}, {"i": 0}]
 
 
+async def test_a_diamond_releases_its_join_once_when_both_sides_succeeded(
+    store: TaskStore,
+) -> None:
+    a, b, c, d = await store.submit_many(
+        [
+            {"name": "a"},
+            {"name": "b", "after": [0]},
+            {"name": "c", "after": [0]},
+            {"name": "d", "after": [1, 2]},
+        ]
+    )
+    assert not is_waiting(a) and all(is_waiting(t) for t in (b, c, d))
+    await _succeed(store, a, {"a": 1})
+    assert await _run(store) == sorted([b.id, c.id]), "both sides are due, the join is not"
+    await store.complete(task_id=c.id, worker_id="w1", result={"c": 3})
+    assert is_waiting(await _get(store, d)), "one side left"
+    assert await _run(store) == []
+    await store.complete(task_id=b.id, worker_id="w1", result={"b": 2})
+    released = await _get(store, d)
+    settled_b = await _get(store, b)
+    assert released.status == "queued" and released.run_at_ms == settled_b.updated_at_ms
+    assert await _run(store) == [d.id]
+    assert await _run(store) == [], "released once"
+    assert [t.result for t in await store.dependencies(d.id)] == [{"b": 2}, {"c": 3}]
+    assert [t.id for t in await store.dependents(a.id)] == [b.id, c.id]
+
+
+async def test_a_thousand_wide_fan_in_is_released_exactly_at_its_last_parent(
+    store: TaskStore,
+) -> None:
+    width = 1_000
+    items: list[dict[str, Any]] = [{"name": "part", "payload": {"i": i}} for i in range(width)]
+    items.append({"name": "merge", "after": list(range(width))})
+    *parts, merge = await store.submit_many(items)
+    assert await store.waiting_counts() == {"default": 1}
+    claimed = await store.claim(queues=["default"], worker_id="w1", limit=width + 1)
+    assert len(claimed) == width and merge.id not in {t.id for t in claimed}
+    # All but one settle, in an order that is neither submit order nor its reverse.
+    order = sorted(claimed, key=lambda t: (t.payload["i"] * 7919) % width)
+    last, rest = order[-1], order[:-1]
+    for start in range(0, len(rest), 100):
+        await asyncio.gather(
+            *(
+                store.complete(task_id=t.id, worker_id="w1", result=t.payload["i"])
+                for t in rest[start : start + 100]
+            )
+        )
+    assert is_waiting(await _get(store, merge)), "999 of 1,000 parents is not enough"
+    assert await _run(store) == []
+    await store.complete(task_id=last.id, worker_id="w1", result=last.payload["i"])
+    released = await _get(store, merge)
+    assert released.run_at_ms == (await _get(store, last)).updated_at_ms
+    assert await _run(store) == [merge.id]
+    assert await _run(store) == [], "released once"
+    results = [t.result for t in await store.dependencies(merge.id)]
+    assert results == list(range(width)), "parents read back in the order named"
+    assert await store.waiting_counts() == {}
+
+
 async def test_a_succeeded_parent_does_not_hold_and_a_missing_one_is_refused(
     store: TaskStore,
 ) -> None:
