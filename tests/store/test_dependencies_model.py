@@ -1,8 +1,11 @@
 """A stateful property test of task dependencies on a real SQLite file: whatever the
-interleaving of submits after earlier tasks, claims, successes, failures, cancels and
-retries, no task starts before all its parents succeeded, a task whose ancestor has
-failed or was canceled never starts, and a queued task is due exactly when every
-parent has succeeded (docs/workflows.md).
+interleaving of submits after earlier tasks, claims, successes, failures, cancels,
+retries and crashes of the worker running a task (the daemon's hand-back of a dead
+child, which spends the attempt), no task starts before all its parents succeeded, a
+task whose ancestor has failed or was canceled never starts, and a queued task is due
+exactly when every parent has succeeded. At the end every task left is run to its end:
+each one succeeded if and only if all its ancestors did, and one with an ancestor that
+did not was never claimed (docs/workflows.md).
 
 The store's clock stands still, so a released task is due at once and every claim
 sees the same now; the triggers alone move tasks between waiting, due and canceled.
@@ -41,6 +44,9 @@ class DependencyModel(RuleBasedStateMachine):
         self.store = self.new_store()
         self.parents: dict[str, list[str]] = {}
         self.running: list[str] = []
+        self.worker_of: dict[str, str] = {}
+        self.claimed: set[str] = set()
+        self.claims = 0
 
     def new_store(self) -> TaskStore:
         return SQLiteStore(str(self.folder / "model.db"), clock=lambda: NOW_MS)
@@ -48,12 +54,43 @@ class DependencyModel(RuleBasedStateMachine):
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
 
+    store_open = False
+
     @initialize()
     def open(self) -> None:
         self.run(self.store.connect())
+        self.store_open = True
+
+    def drain_and_check(self) -> None:
+        """Settle what runs, then run everything that becomes due to success."""
+        for task_id in list(self.running):
+            self.complete(task_id)
+        while claimed := self.run(self.store.claim(queues=["default"], worker_id="end", limit=50)):
+            for task in claimed:
+                self.claimed.add(task.id)
+                self.run(self.store.complete(task_id=task.id, worker_id="end", result=None))
+        tasks = self.tasks()
+        for task_id, task in tasks.items():
+            ancestors = self.ancestors(task_id)
+            all_ok = all(tasks[a].status == "succeeded" for a in ancestors)
+            if task.status == "succeeded":
+                assert all_ok and task_id in self.claimed, task_id
+            elif not all_ok:
+                assert task_id not in self.claimed, ("ran below a failed ancestor", task_id)
+            else:  # every ancestor succeeded: it ended on its own, by a failure or cancel
+                assert task.status in ("failed", "canceled"), (task_id, task.status)
+                assert task.error is None or task.error.get("code") != "dependency_failed"
 
     def teardown(self) -> None:
-        self.run(self.store.close())
+        try:
+            if self.store_open:
+                self.drain_and_check()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.store_open:
+            self.run(self.store.close())
         self.loop.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -83,7 +120,8 @@ class DependencyModel(RuleBasedStateMachine):
         after = (
             data.draw(st.lists(st.sampled_from(known), max_size=n, unique=True)) if known else []
         )
-        task = self.run(self.store.submit(name="n", max_attempts=1, after=after))
+        attempts = data.draw(st.integers(1, 2))
+        task = self.run(self.store.submit(name="n", max_attempts=attempts, after=after))
         self.parents[task.id] = after
 
     @rule(data=st.data())
@@ -104,23 +142,47 @@ class DependencyModel(RuleBasedStateMachine):
 
     @rule(n=st.integers(1, 3))
     def claim(self, n: int) -> None:
+        """One worker (a child of its own) claims up to n tasks."""
         before = self.tasks()
-        claimed = self.run(self.store.claim(queues=["default"], worker_id="w", limit=n))
+        self.claims += 1
+        worker = f"w{self.claims}"
+        claimed = self.run(self.store.claim(queues=["default"], worker_id=worker, limit=n))
         for task in claimed:
             for ancestor in self.ancestors(task.id):
                 assert before[ancestor].status == "succeeded", (task.id, ancestor)
             self.running.append(task.id)
+            self.worker_of[task.id] = worker
+            self.claimed.add(task.id)
+
+    def complete(self, task_id: str) -> None:
+        self.running.remove(task_id)
+        worker = self.worker_of.pop(task_id)
+        self.run(self.store.complete(task_id=task_id, worker_id=worker, result={"id": task_id}))
 
     @rule(data=st.data(), outcome=st.sampled_from(["succeed", "fail"]))
     def settle(self, data: st.DataObject, outcome: str) -> None:
         task_id = self.pick(data, self.running)
         if task_id is None:
             return
-        self.running.remove(task_id)
         if outcome == "succeed":
-            self.run(self.store.complete(task_id=task_id, worker_id="w", result={"id": task_id}))
-        else:
-            self.run(self.store.fail(task_id=task_id, worker_id="w", error=BOOM, retryable=False))
+            self.complete(task_id)
+            return
+        self.running.remove(task_id)
+        worker = self.worker_of.pop(task_id)
+        self.run(self.store.fail(task_id=task_id, worker_id=worker, error=BOOM, retryable=False))
+
+    @rule(data=st.data())
+    def crash(self, data: st.DataObject) -> None:
+        """The child running a task dies: the daemon hands back everything its worker
+        held, each attempt spent (queued again if one is left, else failed)."""
+        task_id = self.pick(data, self.running)
+        if task_id is None:
+            return
+        worker = self.worker_of[task_id]
+        self.run(self.store.release_worker(worker, message="killed by the model"))
+        for held in [t for t, w in self.worker_of.items() if w == worker]:
+            self.running.remove(held)
+            del self.worker_of[held]
 
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
@@ -210,7 +272,7 @@ class PostgresDependencyModel(DependencyModel):
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(
                 "truncate cairnq_tasks, cairnq_task_keys, cairnqd_task_deps, "
-                "cairnqd_task_ancestors, cairnqd_task_waits"
+                "cairnqd_task_ancestors, cairnqd_task_waits, cairnqd_attempts"
             )
 
 
