@@ -363,6 +363,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/dependency_dependents": ({}, 0),
     "extensions/dependency_graph": ({}, 1),
     "extensions/dependency_graph_edges": ({}, 0),
+    "extensions/dependency_waiting_list": ({"queue": None, "name": None}, 0),
 }
 
 #: What the store fills into a composed statement's `{part}`s for a draw that meets

@@ -25,64 +25,33 @@ create index if not exists cairnqd_task_ancestors_ancestor_idx
     on cairnqd_task_ancestors (ancestor_id);
 
 -- A task held back by its dependencies: while failed_by is null it waits for
--- `remaining` parents to succeed and is then due at greatest(due_ms, that moment);
--- with failed_by set it was canceled because that ancestor failed or was canceled, and
--- a retry of that ancestor brings it back. The row goes once the task is released.
+-- `remaining` parents to succeed and is then due at greatest(due_ms, settled_at_ms), the
+-- moment the last of them succeeded; with failed_by set it was canceled because that
+-- ancestor failed or was canceled, and a retry of that ancestor brings it back. The row
+-- goes once the task is released.
 create table if not exists cairnqd_task_waits (
     task_id text primary key,
     remaining integer not null check (remaining >= 0),
     due_ms bigint not null,
-    failed_by text
+    failed_by text,
+    settled_at_ms bigint
 );
 create index if not exists cairnqd_task_waits_failed_by_idx
     on cairnqd_task_waits (failed_by) where failed_by is not null;
 
--- One step of the graph for one task's status move: a parent succeeded (release the
--- dependents left with nothing to wait for), failed or was canceled (cancel every
--- waiting descendant), or was queued again after either (a retry: wait again, and bring
--- back what it canceled). The statements below change cairnq_tasks and so fire the
--- trigger again for those rows (Postgres triggers recurse); each step only touches rows
--- still in the state it expects, so a nested call finds its work done.
+-- One step of the graph for one task that failed or was canceled (cancel every waiting
+-- descendant), or was queued again after either (a retry: wait again, and bring back
+-- what it canceled). Successes are counted for a whole statement at once, in
+-- cairnqd_task_dependencies below. The statements here change cairnq_tasks and so fire
+-- that trigger again for those rows (Postgres triggers recurse); each step only touches
+-- rows still in the state it expects, so a nested call finds its work done.
 create or replace function cairnqd_task_dependency_step(
     moved_id text, new_status text, moved_at_ms bigint, due_at_ms bigint
 ) returns void
 language plpgsql
 as $$
-declare
-    released_queue text;
 begin
-    if new_status = 'succeeded' then
-        -- Parents of one fan-in settled at once by several workers lock its wait row in
-        -- one order (id), so their transactions queue instead of deadlocking.
-        perform 1 from cairnqd_task_waits
-        where failed_by is null
-          and task_id in (select task_id from cairnqd_task_deps where parent_id = moved_id)
-        order by task_id
-        for update;
-        update cairnqd_task_waits
-        set remaining = remaining - 1
-        where failed_by is null and remaining > 0
-          and task_id in (select task_id from cairnqd_task_deps where parent_id = moved_id);
-        -- The protocol's notify trigger fires on status changes only: wake the workers
-        -- of each queue a dependent became due in.
-        for released_queue in
-            with released as (
-                update cairnq_tasks t
-                set run_at_ms = greatest(moved_at_ms, w.due_ms)
-                from cairnqd_task_waits w, cairnqd_task_deps d
-                where d.parent_id = moved_id and w.task_id = d.task_id
-                  and w.remaining = 0 and w.failed_by is null
-                  and t.id = w.task_id and t.status = 'queued'
-                returning t.queue
-            )
-            select distinct queue from released
-        loop
-            perform pg_notify('cairnq_queued', released_queue);
-        end loop;
-        delete from cairnqd_task_waits
-        where remaining = 0 and failed_by is null
-          and task_id in (select task_id from cairnqd_task_deps where parent_id = moved_id);
-    elsif new_status in ('failed', 'canceled') then
+    if new_status in ('failed', 'canceled') then
         delete from cairnqd_task_waits where task_id = moved_id and failed_by is null;
         update cairnqd_task_waits
         set failed_by = moved_id
@@ -197,23 +166,72 @@ end
 $$;
 
 -- One call per statement that updates cairnq_tasks, reading its rows from the
--- transition tables: a settle of tasks without edges costs one join against
--- cairnqd_task_deps, not a plpgsql call per row. (A trigger with transition tables
--- cannot name columns, so heartbeats and progress writes call it too, and leave at the
--- first test.)
+-- transition tables. A settle of tasks without edges costs one join against
+-- cairnqd_task_deps; the parents a statement settled are counted off their dependents'
+-- waits together, so a batch of parents of one fan-in is one update of its wait row; a
+-- failure, a cancel or a retry of a task with edges runs cairnqd_task_dependency_step.
+-- (A trigger with transition tables cannot name columns, so heartbeats and progress
+-- writes call it too, and leave at the first test.)
 create or replace function cairnqd_task_dependencies() returns trigger
 language plpgsql
 as $$
 declare
     moved record;
+    released_queue text;
+    -- The dependents of the parents this statement settled, in task id order: how many
+    -- of their parents it settled, and when the last of them did.
+    hit_ids text[];
+    hit_parents integer[];
+    hit_settled_at bigint[];
 begin
+    select array_agg(h.task_id order by h.task_id),
+           array_agg(h.parents order by h.task_id),
+           array_agg(h.settled_at_ms order by h.task_id)
+    into hit_ids, hit_parents, hit_settled_at
+    from (
+        select d.task_id, count(*)::integer as parents, max(n.updated_at_ms) as settled_at_ms
+        from cairnqd_dep_new_rows as n
+        join cairnqd_dep_old_rows as o on o.id = n.id
+        join cairnqd_task_deps as d on d.parent_id = n.id
+        where n.status = 'succeeded' and o.status <> 'succeeded'
+        group by d.task_id
+    ) as h;
+    if hit_ids is not null then
+        -- Parents of one fan-in settled at once by several workers lock its wait row,
+        -- and any others, in one order (task id): their transactions queue instead of
+        -- deadlocking.
+        perform 1 from cairnqd_task_waits
+        where failed_by is null and task_id = any(hit_ids)
+        order by task_id
+        for update;
+        update cairnqd_task_waits as w
+        set remaining = greatest(w.remaining - h.parents, 0), settled_at_ms = h.settled_at_ms
+        from unnest(hit_ids, hit_parents, hit_settled_at) as h(task_id, parents, settled_at_ms)
+        where w.task_id = h.task_id and w.failed_by is null and w.remaining > 0;
+        -- The protocol's notify trigger fires on status changes only: wake the workers
+        -- of each queue a dependent became due in.
+        for released_queue in
+            with released as (
+                update cairnq_tasks as t
+                set run_at_ms = greatest(w.settled_at_ms, w.due_ms)
+                from cairnqd_task_waits as w
+                where w.task_id = any(hit_ids) and w.remaining = 0 and w.failed_by is null
+                  and t.id = w.task_id and t.status = 'queued'
+                returning t.queue
+            )
+            select distinct queue from released
+        loop
+            perform pg_notify('cairnq_queued', released_queue);
+        end loop;
+        delete from cairnqd_task_waits
+        where task_id = any(hit_ids) and remaining = 0 and failed_by is null;
+    end if;
     for moved in
         select n.id, n.status, n.updated_at_ms, n.run_at_ms
         from cairnqd_dep_new_rows as n
         join cairnqd_dep_old_rows as o on o.id = n.id
         where (
-                (n.status in ('succeeded', 'failed', 'canceled')
-                    and o.status in ('queued', 'running'))
+                (n.status in ('failed', 'canceled') and o.status in ('queued', 'running'))
                 or (n.status = 'queued' and o.status in ('failed', 'canceled'))
             )
             and (

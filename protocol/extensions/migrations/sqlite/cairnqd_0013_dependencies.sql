@@ -25,41 +25,71 @@ create index if not exists cairnqd_task_ancestors_ancestor_idx
     on cairnqd_task_ancestors (ancestor_id);
 
 -- A task held back by its dependencies: while failed_by is null it waits for
--- `remaining` parents to succeed and is then due at max(due_ms, that moment); with
--- failed_by set it was canceled because that ancestor failed or was canceled, and a
--- retry of that ancestor brings it back. The row goes once the task is released.
+-- `remaining` parents to succeed and is then due at max(due_ms, settled_at_ms), the
+-- moment the last of them succeeded; with failed_by set it was canceled because that
+-- ancestor failed or was canceled, and a retry of that ancestor brings it back. The row
+-- goes once the task is released.
 create table if not exists cairnqd_task_waits (
     task_id text primary key,
     remaining integer not null check (remaining >= 0),
     due_ms integer not null,
-    failed_by text
+    failed_by text,
+    settled_at_ms integer
 );
 create index if not exists cairnqd_task_waits_failed_by_idx
     on cairnqd_task_waits (failed_by) where failed_by is not null;
 
--- A status move of a task that has dependency edges. The one trigger on cairnq_tasks
--- below only writes a row here; the triggers on this table do the work and delete the
--- row again, so it is empty outside a statement. This keeps the program SQLite runs for
--- every settled row of cairnq_tasks small: a settle of a task without edges costs two
--- index probes, and the writes back into cairnq_tasks (which carry every status
--- trigger's program with them) are compiled only into the triggers below, which run
--- only for tasks that have edges.
+-- What a settle costs. SQLite runs the program of every trigger on cairnq_tasks status
+-- changes for every updated row, and a program that writes cairnq_tasks carries the
+-- programs of every status trigger with it. So the triggers on cairnq_tasks below only
+-- write cairnqd's own tables, and only for tasks with edges (a probe of an index of
+-- cairnqd_task_deps decides): a settle of a task without edges costs one or two probes.
+-- The writes back into cairnq_tasks live in the triggers on cairnqd_task_waits and
+-- cairnqd_task_dep_moves, which run only for tasks with edges.
+
+-- A parent succeeded: each waiting dependent has one parent less to wait for. The
+-- common case, a parent of a wide fan-in that is not the last, costs one update.
+create trigger if not exists cairnqd_tasks_dependency_succeeded
+after update of status on cairnq_tasks
+when new.status = 'succeeded' and old.status <> 'succeeded'
+    and exists (select 1 from cairnqd_task_deps where parent_id = new.id)
+begin
+    update cairnqd_task_waits
+    set remaining = remaining - 1, settled_at_ms = new.updated_at_ms
+    where failed_by is null and remaining > 0
+      and task_id in (select task_id from cairnqd_task_deps where parent_id = new.id);
+end;
+
+-- A dependent with no parent left to wait for is released: due at the later of the
+-- time its submit asked for and the moment its last parent succeeded.
+create trigger if not exists cairnqd_task_waits_released
+after update of remaining on cairnqd_task_waits
+when new.remaining = 0 and new.failed_by is null
+begin
+    update cairnq_tasks
+    set run_at_ms = max(coalesce(new.settled_at_ms, new.due_ms), new.due_ms)
+    where id = new.task_id and +status = 'queued';
+    delete from cairnqd_task_waits where task_id = new.task_id;
+end;
+
+-- A failure, a cancel or a retry of a task with edges, handed from the trigger on
+-- cairnq_tasks to the triggers on this table, which do the work and delete the row
+-- again: the table is empty outside a statement.
 create table if not exists cairnqd_task_dep_moves (
     task_id text not null,
-    old_status text not null,
     new_status text not null,
     updated_at_ms integer not null,
     run_at_ms integer not null
 );
 
--- The moves that matter: a parent settling, a task failing or canceled while it waits
+-- The moves that matter besides a success: a task failing or canceled while it waits
 -- or runs, and a retry of a failed or canceled task. Claims (queued -> running) and
 -- retryable failures (running -> queued) fail the first test; tasks without edges, the
 -- second.
 create trigger if not exists cairnqd_tasks_dependency_moved
 after update of status on cairnq_tasks
 when (
-        (new.status in ('succeeded', 'failed', 'canceled') and old.status in ('queued', 'running'))
+        (new.status in ('failed', 'canceled') and old.status in ('queued', 'running'))
         or (new.status = 'queued' and old.status in ('failed', 'canceled'))
     )
     and (
@@ -67,35 +97,8 @@ when (
         or exists (select 1 from cairnqd_task_deps where task_id = new.id)
     )
 begin
-    insert into cairnqd_task_dep_moves (task_id, old_status, new_status, updated_at_ms, run_at_ms)
-    values (new.id, old.status, new.status, new.updated_at_ms, new.run_at_ms);
-end;
-
--- A parent succeeded: each waiting dependent has one parent less to wait for, and one
--- with none left becomes due.
-create trigger if not exists cairnqd_task_dep_moves_succeeded
-after insert on cairnqd_task_dep_moves
-when new.new_status = 'succeeded'
-begin
-    update cairnqd_task_waits
-    set remaining = remaining - 1
-    where failed_by is null and remaining > 0
-      and task_id in (select task_id from cairnqd_task_deps where parent_id = new.task_id);
-    update cairnq_tasks
-    set run_at_ms = max(
-        new.updated_at_ms,
-        (select w.due_ms from cairnqd_task_waits w where w.task_id = cairnq_tasks.id)
-    )
-    where +status = 'queued'
-      and id in (
-        select w.task_id from cairnqd_task_waits w
-        join cairnqd_task_deps d on d.task_id = w.task_id
-        where d.parent_id = new.task_id and w.remaining = 0 and w.failed_by is null
-      );
-    delete from cairnqd_task_waits
-    where remaining = 0 and failed_by is null
-      and task_id in (select task_id from cairnqd_task_deps where parent_id = new.task_id);
-    delete from cairnqd_task_dep_moves where rowid = new.rowid;
+    insert into cairnqd_task_dep_moves (task_id, new_status, updated_at_ms, run_at_ms)
+    values (new.id, new.status, new.updated_at_ms, new.run_at_ms);
 end;
 
 -- A task failed or was canceled: it stops waiting itself, and every waiting descendant
