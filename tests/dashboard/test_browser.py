@@ -479,6 +479,8 @@ def test_a_dependency_graph_renders_and_links(browser: Any, sqlite_dash: Dash) -
             tab = Tab(browser, dash, color_scheme=scheme, viewport={"width": wide, "height": 700})
             tab.login()
             tab.go(f"/task/{d}")
+            assert tab.page.locator("ul.deps.after li").count() == 2
+            assert tab.page.evaluate("document.documentElement.scrollWidth") <= wide
             tab.page.click("p.graph-link a")
             tab.page.wait_for_url(f"{dash.url}/task/{d}/graph")
             boxes = tab.page.locator("svg.graph a.node")

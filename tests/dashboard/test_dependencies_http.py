@@ -79,6 +79,9 @@ def test_a_diamond_on_the_task_pages_the_graph_and_the_lists(dash: Dash) -> None
         plain = http.get(f"/task/{dash.tasks['succeeded']}").text
         assert "<h2>After" not in plain and "<h2>Dependents" not in plain
         assert "/graph" not in plain
+        alone = http.get(f"/task/{dash.tasks['succeeded']}/graph")
+        assert alone.status == 200 and "This task has no parents and no dependents." in alone.text
+        assert len(_boxes(alone)) == 1 and not _edges(alone)
 
         # The graph: four boxes with their states, four edges, the task looked at
         # highlighted, live while a task of it runs.

@@ -131,3 +131,16 @@ def test_a_layer_asked_for_must_be_one_of_the_graph() -> None:
     for bad in ("2", "-1", "x", "1.0"):
         with pytest.raises(BadRequest, match=r"layer: .* is not a layer of this graph \(0 to 1\)"):
             graph_page(task, graph, 2000, bad)
+
+
+def test_a_graph_cut_at_its_limit_says_so() -> None:
+    graph = TaskGraph([node("a"), node("b", ["a"])], truncated=True)
+    page = graph_page(Task(id="b", name="step"), graph, 2)
+    assert (
+        "The graph has more than 2 tasks: only the first 2 (by id, the oldest) are shown." in page
+    )
+    # The task looked at may be past the cut: the page says so, and highlights nothing.
+    past = graph_page(Task(id="z", name="step"), graph, 2)
+    assert "; this task is past the cut." in past and "current" not in past
+    whole = graph_page(Task(id="b", name="step"), TaskGraph(graph.nodes), 2)
+    assert "graph-cut" not in whole
