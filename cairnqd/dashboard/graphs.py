@@ -26,8 +26,8 @@ from cairnqd.store.dependencies import WAITING_RUN_AT, GraphNode, TaskGraph
 
 #: A column (layer) of more tasks than this is drawn as one box.
 COLLAPSE_OVER = 50
-#: The most dependents the task page lists (the graph shows them all).
-DEPENDENTS_SHOWN = 50
+#: The most parents, and dependents, the task page lists (the graph shows them all).
+LISTED_MAX = 50
 #: The order states are counted in, in a collapsed box and the page's summary.
 STATES = ("waiting", "queued", "running", "succeeded", "failed", "canceled")
 
@@ -69,6 +69,18 @@ def _dep_item(task: Task) -> Markup:
     )
 
 
+def _listed(tasks: Sequence[Task]) -> Markup:
+    """Tasks as a list, the first `LISTED_MAX`, and how many more the graph shows."""
+    more = len(tasks) - LISTED_MAX
+    return render(
+        "{items}{more}",
+        items=join(_dep_item(t) for t in tasks[:LISTED_MAX]),
+        more=render('<li class="note more">and {m} more: see the graph.</li>', m=f"{more:,}")
+        if more > 0
+        else "",
+    )
+
+
 def dependency_sections(task: Task, parents: Sequence[Task], dependents: Sequence[Task]) -> Markup:
     """The task page's "After" (its parents, in the order its submit named them) and
     "Dependents" lists, with a link to the graph; nothing for a task with neither."""
@@ -88,17 +100,12 @@ def dependency_sections(task: Task, parents: Sequence[Task], dependents: Sequenc
             )
         parts.append(render(
             '<h2>After <small>{n}</small></h2>{note}<ul class="deps after">{items}</ul>',
-            n=len(parents), note=note, items=join(_dep_item(p) for p in parents),
+            n=len(parents), note=note, items=_listed(parents),
         ))  # fmt: skip
     if dependents:
-        shown = dependents[:DEPENDENTS_SHOWN]
-        more = len(dependents) - len(shown)
         parts.append(render(
-            '<h2>Dependents <small>{n}</small></h2><ul class="deps dependents">{items}</ul>'
-            "{more}",
-            n=len(dependents), items=join(_dep_item(d) for d in shown),
-            more=render('<p class="note">and {m} more: see the graph.</p>', m=f"{more:,}")
-            if more else "",
+            '<h2>Dependents <small>{n}</small></h2><ul class="deps dependents">{items}</ul>',
+            n=len(dependents), items=_listed(dependents),
         ))  # fmt: skip
     link = render(
         '<p class="graph-link"><a href="/task/{id}/graph">Dependency graph</a></p>', id=task.id
@@ -407,7 +414,7 @@ def _layer_param(drawing: Drawing, value: str | None) -> int | None:
 
 __all__ = [
     "COLLAPSE_OVER",
-    "DEPENDENTS_SHOWN",
+    "LISTED_MAX",
     "Box",
     "Drawing",
     "counted",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from cairnqd import CairnQ
-from cairnqd.dashboard.graphs import COLLAPSE_OVER, DEPENDENTS_SHOWN
+from cairnqd.dashboard.graphs import COLLAPSE_OVER, LISTED_MAX
 from tests.dashboard.conftest import VIEWER_TOKEN, Dash, Reply
 from tests.support.waiting import wait_for
 
@@ -176,14 +176,18 @@ def test_a_wide_fan_in_collapses_into_one_box(dash: Dash) -> None:
     assert all(f'href="/task/{m}"' in listed for m in maps)
     assert listed.count('<span class="status st-waiting">waiting</span>') == width
 
-    # The reduce waits for 200 parents; the split lists its first dependents only.
+    # The reduce waits for 200 parents and lists the first; the split, its first
+    # dependents.
     page = http.get(f"/task/{reduce}").text
     assert f"Waits for {width} parents to succeed." in page
-    assert page.count("dep-waiting") == width
+    assert "<h2>After <small>200</small></h2>" in page
+    assert page.count('class="status dep dep-waiting"') == LISTED_MAX
+    assert f"and {width - LISTED_MAX} more: see the graph." in page
+    assert f'href="/task/{maps[LISTED_MAX - 1]}"' in page and maps[LISTED_MAX] not in page
     split_page = http.get(f"/task/{split}").text
     assert f"<h2>Dependents <small>{width}</small></h2>" in split_page
-    assert split_page.count('class="status dep dep-waiting"') == DEPENDENTS_SHOWN
-    assert f"and {width - DEPENDENTS_SHOWN} more: see the graph." in split_page
+    assert split_page.count('class="status dep dep-waiting"') == LISTED_MAX
+    assert f"and {width - LISTED_MAX} more: see the graph." in split_page
     # A map's page: after the split, before the reduce.
     one = http.get(f"/task/{maps[0]}").text
     assert "<h2>After <small>1</small></h2>" in one and "Waits for 1 parent to succeed." in one
