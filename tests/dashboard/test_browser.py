@@ -7,6 +7,7 @@ CAIRNQD_DASHBOARD_SCREENSHOTS=1 the first test rewrites docs/dashboard/*.png.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -497,6 +498,14 @@ def test_a_dependency_graph_renders_and_links(browser: Any, sqlite_dash: Dash) -
             )
             if scheme == "light":
                 tab.shot("graph", full_page=False)
+                # The live refresh swaps the drawing in: it is drawn again, not lost.
+                swapped = functools.partial(
+                    tab.page.locator("main#page").get_attribute, "data-updated"
+                )
+                wait_for("a live swap of the graph", swapped, 30)
+                assert tab.page.locator("svg.graph a.node").count() == 4
+                again = tab.page.locator(f'svg.graph a.node[data-task="{b}"] rect').bounding_box()
+                assert again is not None and again["width"] > 100
             tab.clean()
             if scheme == "dark":
                 tab.page.locator(f'svg.graph a.node[data-task="{a}"]').click()

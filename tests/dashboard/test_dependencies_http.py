@@ -9,7 +9,7 @@ import re
 
 from cairnqd import CairnQ
 from cairnqd.dashboard.graphs import COLLAPSE_OVER, LISTED_MAX
-from tests.dashboard.conftest import VIEWER_TOKEN, Dash, Reply
+from tests.dashboard.conftest import SCRIPT_RAW, VIEWER_TOKEN, Dash, Reply
 from tests.support.waiting import wait_for
 
 #: A queue no group of the test daemon claims: its tasks stay as submitted.
@@ -188,6 +188,16 @@ def test_a_wide_fan_in_collapses_into_one_box(dash: Dash) -> None:
     assert f"<h2>Dependents <small>{width}</small></h2>" in split_page
     assert split_page.count('class="status dep dep-waiting"') == LISTED_MAX
     assert f"and {width - LISTED_MAX} more: see the graph." in split_page
+
+    # User data in a graph stays text: a task after the seeded one named like a script.
+    async def after_script(q: CairnQ) -> str:
+        return (await q.submit("d.echo", queue=IDLE_QUEUE, after=[dash.tasks["queued"]])).id
+
+    behind = dash.run(after_script)
+    for path in (f"/task/{behind}", f"/task/{behind}/graph", f"/task/{dash.tasks['queued']}"):
+        text = http.get(path).text
+        assert SCRIPT_RAW not in text and "&lt;script&gt;window.__xss=4" in text, path
+
     # A map's page: after the split, before the reduce.
     one = http.get(f"/task/{maps[0]}").text
     assert "<h2>After <small>1</small></h2>" in one and "Waits for 1 parent to succeed." in one
