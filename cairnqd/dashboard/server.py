@@ -79,6 +79,8 @@ _BODY_MAX = 64 * 1024
 #: which is meant for the page the browser is sent to.
 _LIVE_REQUEST = "cairnqd-live"
 _ULID = re.compile(r"[0-9A-Za-z]{26}")
+#: A task's dependency graph: /task/ID/graph (the id checked by `task_id`).
+_GRAPH_PATH = re.compile(r"/task/([^/]*)/graph")
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 _BIND_REASONS = {
     errno.EADDRINUSE: "the address is already in use",
@@ -210,9 +212,10 @@ class Dashboard:
             count = self.data.count(where)
             body = listing.bulk_page(op, values, count, described, viewer)
             return self._layout("Confirm", path, body, viewer, live=False)
-        if path.startswith("/task/") and path.endswith("/graph"):
+        graph_of = _GRAPH_PATH.fullmatch(path)
+        if graph_of is not None:
             values = parse_query(query, frozenset({"layer"}))
-            tid = task_id(path.removeprefix("/task/").removesuffix("/graph"))
+            tid = task_id(graph_of.group(1))
             task, graph = self.data.graph(tid)
             if task is None:
                 return _error(404, f"no task {tid} (it may have been purged)")

@@ -127,6 +127,9 @@ def test_a_diamond_on_the_task_pages_the_graph_and_the_lists(dash: Dash) -> None
         )
         assert http.get(f"/task/{d}/graph?color=red").status == 400
         assert http.get("/task/x%3Cy/graph").status == 400
+        assert http.get("/task//graph").status == 400
+        # A task whose id is "graph" is a task page, not a graph page.
+        assert "no task graph " in http.get("/task/graph").text
     finally:
         release.touch()
 
