@@ -105,7 +105,8 @@ async def drain_once(backend: Backend, args: argparse.Namespace, shape: str) -> 
         async with children([(f"w{i}", argv) for i in range(args.procs)]) as started:
             go = await release(started)
             await _wait_all_succeeded(backend, target, args.tasks, args.timeout)
-        ((last_ms,),) = await _rows(backend, target, "select max(completed_at_ms) from cairnq_tasks")
+        last = "select max(completed_at_ms) from cairnq_tasks"
+        ((last_ms,),) = await _rows(backend, target, last)
         seconds = last_ms / 1000 - go
         return Run({"tasks_per_s": args.tasks / seconds, "seconds": seconds})
 
@@ -145,8 +146,10 @@ def report(points: Sequence[Point]) -> None:
     by = {(p.labels["backend"], p.labels["case"]): p for p in points}
     rows = []
     for backend in dict.fromkeys(p.labels["backend"] for p in points):
-        flat, graph, rel = by.get((backend, "flat")), by.get((backend, "graph")), by.get(
-            (backend, "release")
+        flat, graph, rel = (
+            by.get((backend, "flat")),
+            by.get((backend, "graph")),
+            by.get((backend, "release")),
         )
         f = flat.median("tasks_per_s") if flat else None
         g = graph.median("tasks_per_s") if graph else None

@@ -116,7 +116,7 @@ async def test_a_thousand_wide_fan_in_is_released_exactly_at_its_last_parent(
     width = 1_000
     items: list[dict[str, Any]] = [{"name": "part", "payload": {"i": i}} for i in range(width)]
     items.append({"name": "merge", "after": list(range(width))})
-    *parts, merge = await store.submit_many(items)
+    *_, merge = await store.submit_many(items)
     assert await store.waiting_counts() == {"default": 1}
     claimed = await store.claim(queues=["default"], worker_id="w1", limit=width + 1)
     assert len(claimed) == width and merge.id not in {t.id for t in claimed}
