@@ -65,7 +65,7 @@ async def _rows(backend: Backend, target: str, sql: str) -> list[tuple[Any, ...]
             finally:
                 conn.close()
         with psycopg.connect(target) as pg:
-            return pg.execute(sql).fetchall()  # type: ignore[arg-type]
+            return pg.execute(sql.encode()).fetchall()
 
     return await asyncio.to_thread(read)
 
