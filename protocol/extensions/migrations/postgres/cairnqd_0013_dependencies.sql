@@ -184,6 +184,10 @@ declare
     hit_parents integer[];
     hit_settled_at bigint[];
 begin
+    -- Claims, lease renewals and progress writes leave every row running: no move.
+    if not exists (select 1 from cairnqd_dep_new_rows where status <> 'running') then
+        return null;
+    end if;
     select array_agg(h.task_id order by h.task_id),
            array_agg(h.parents order by h.task_id),
            array_agg(h.settled_at_ms order by h.task_id)
@@ -225,6 +229,11 @@ begin
         end loop;
         delete from cairnqd_task_waits
         where task_id = any(hit_ids) and remaining = 0 and failed_by is null;
+    end if;
+    if not exists (
+        select 1 from cairnqd_dep_new_rows where status in ('failed', 'canceled', 'queued')
+    ) then
+        return null;  -- successes only: counted above
     end if;
     for moved in
         select n.id, n.status, n.updated_at_ms, n.run_at_ms
