@@ -108,10 +108,14 @@ class CairnQ:
         metadata: Any = None,
         delay_ms: int = 0,
         tx: Any = None,
+        after: Sequence[Task | TaskRef | str] | None = None,
     ) -> Task:
         """Queue a task. `tx`: your own open transaction on the same database (a
         psycopg connection, or a sqlite3.Connection on the store's file): the task then
-        exists exactly when your transaction commits (docs/transactions.md)."""
+        exists exactly when your transaction commits (docs/transactions.md).
+
+        `after` (cairnqd only): tasks or task ids that must all succeed before this one
+        can be claimed; one that fails or is canceled cancels it (docs/workflows.md)."""
         return await traced_submit(
             self._store.submit,
             name=task_name(name),
@@ -124,6 +128,7 @@ class CairnQ:
             metadata=metadata,
             delay_ms=delay_ms,
             tx=tx,
+            after=after,
         )
 
     def submit_sync(
@@ -169,7 +174,9 @@ class CairnQ:
 
         Each item is a mapping of `submit` arguments: `name` (a string or TaskDef)
         plus any of payload, key, queue, conflict, max_attempts, priority, metadata,
-        delay_ms. A bad item raises ValueError naming its index; nothing is written.
+        delay_ms, and `after`: earlier items of the list by index, or existing tasks
+        or ids, that must succeed first (docs/workflows.md). A bad item raises
+        ValueError naming its index; nothing is written.
         `tx`: your own open transaction, as for `submit`.
         """
         return await traced_submit_many(self._store.submit_many, tasks, tx=tx)

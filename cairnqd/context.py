@@ -247,6 +247,11 @@ class TaskContext:
             self._host.store.submit, name=task_name(name), payload=payload, **kwargs
         )
 
+    async def dependencies(self) -> list[Task]:
+        """The tasks this one was submitted `after`, as they are now (results
+        included), in the order named; a parent purged since is left out."""
+        return await self._host.store.dependencies(self.task_id)
+
     async def wait(self, task_id: str, *, timeout_ms: int = 30_000, poll_ms: int = 100) -> Task:
         from cairnqd.client import wait_for_task
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from cairnqd._jsoncodec import shown
 from cairnqd._protocol import migrations
 from cairnqd.attempts import AttemptRecord, attempts_shown
-from cairnqd.cli import inspect_text, listing
+from cairnqd.cli import inspect_text, inspect_tree, listing
 from cairnqd.client import wait_for_task
 from cairnqd.config import (
     Config,
@@ -44,6 +44,7 @@ from cairnqd.errors import (
 )
 from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
 from cairnqd.store.base import TaskStore, wall_clock_ms
+from cairnqd.store.dependencies import WAITING_RUN_AT, TaskGraph, is_waiting
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import missing_sqlite_file, store_for
 from cairnqd.store.tables.fleet import FleetMember
@@ -144,6 +145,8 @@ def _unavailable(config: Config, exc: BaseException) -> str:
 def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
+    if ms == WAITING_RUN_AT:  # past any datetime: a task held by its dependencies
+        return "when its dependencies have succeeded"
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
@@ -281,31 +284,50 @@ RUNNING_NOTE = (
 )
 
 
-async def _stats(store: TaskStore, queue: str | None) -> tuple[dict[str, dict[str, int]], set[str]]:
+#: Under `stats`, when a task waits on its dependencies.
+WAITING_NOTE = (
+    "WAITING counts the QUEUED tasks held until every task they were submitted after "
+    "has succeeded (docs/workflows.md); they are not due yet."
+)
+
+
+async def _stats(
+    store: TaskStore, queue: str | None
+) -> tuple[dict[str, dict[str, int]], set[str], dict[str, int]]:
     paused = {p.queue for p in await store.pauses.all()}
-    return await store.stats(queue), paused if queue is None else paused & {queue}
+    waiting = await store.waiting_counts()
+    if queue is not None:
+        waiting = {q: n for q, n in waiting.items() if q == queue}
+    return await store.stats(queue), paused if queue is None else paused & {queue}, waiting
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     config = load(args.config)
-    counts, paused = with_store(config, lambda store: _stats(store, args.queue))
+    counts, paused, waiting = with_store(config, lambda store: _stats(store, args.queue))
     if args.json:
+        for queue, by_status in counts.items():
+            by_status["waiting"] = waiting.get(queue, 0)
         print(_json(dict(sorted(counts.items()))))
         return exitcodes.OK
     for queue in paused:  # a paused queue shows even when it holds no task
         counts.setdefault(queue, dict.fromkeys(STATUSES, 0))
+    # WAITING (a part of QUEUED, not added to TOTAL) shows only when a task waits.
+    extra = ["WAITING"] if waiting else []
     rows: list[list[Any]] = [
-        [queue, *(by_status[s] for s in STATUSES), sum(by_status.values()),
+        [queue, *(by_status[s] for s in STATUSES),
+         *([waiting.get(queue, 0)] if waiting else []), sum(by_status.values()),
          "paused" if queue in paused else ""]
         for queue, by_status in sorted(counts.items())
     ]  # fmt: skip
     if len(rows) > 1:
-        totals = [sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2)]
+        totals = [sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2 + len(extra))]
         rows.append(["(all)", *totals, ""])
-    print(table(["QUEUE", *(s.upper() for s in STATUSES), "TOTAL", ""], rows))
+    print(table(["QUEUE", *(s.upper() for s in STATUSES), *extra, "TOTAL", ""], rows))
     if not rows:
         print("(no tasks)")
     else:
+        if waiting:
+            print(WAITING_NOTE)
         print(RUNNING_NOTE)
     return exitcodes.OK
 
@@ -329,6 +351,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def _list(store: TaskStore, args: argparse.Namespace) -> tuple[list[Task], int]:
+    if args.waiting:  # queued behind their dependencies (docs/workflows.md)
+        return await store.waiting(
+            queue=args.queue, name=args.name, limit=args.limit, offset=args.offset
+        )
     filters = {"status": args.status, "queue": args.queue, "name": args.name}
     tasks = await store.list(**filters, limit=args.limit, offset=args.offset)
     if args.json or len(tasks) < args.limit:
@@ -351,33 +377,52 @@ def _missing(task_id: str | None, key: str | None) -> CliError:
     return CliError(exitcodes.NOTHING_DONE, what)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Inspected:
+    """What `inspect` prints of one task beside its row."""
+
+    task: Task
+    waits: list[RoomWait]
+    records: list[AttemptRecord]
+    parents: list[Task]
+    dependents: list[Task]
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     task_id, key = _one_target(args)
     config = load(args.config)
     if args.follow:
         return _follow(config, task_id, key)
+    if args.tree:
+        return _tree(config, task_id, key, args.json)
     limits = config.flow_limits()
 
-    async def read(
-        store: TaskStore,
-    ) -> tuple[Task | None, list[RoomWait], list[AttemptRecord]]:
+    async def read(store: TaskStore) -> _Inspected | None:
         task = await _fetch(store, task_id, key)
         if task is None:
-            return None, [], []
-        records = await store.attempts.of(task.id)
-        if not limits:
-            return task, [], records
+            return None
         # A queued, due task that a full limit holds back says so (docs/limits.md).
-        return task, await store.limit_table.waiting_for(task, limits), records
+        waits = await store.limit_table.waiting_for(task, limits) if limits else []
+        return _Inspected(
+            task,
+            waits,
+            await store.attempts.of(task.id),
+            # The tasks it was submitted after, and those after it (docs/workflows.md).
+            await store.dependencies(task.id),
+            await store.dependents(task.id),
+        )
 
-    task, waits, records = with_store(config, read)
-    if task is None:
+    seen = with_store(config, read)
+    if seen is None:
         raise _missing(task_id, key)
+    task, records = seen.task, seen.records
     if args.json:
         data = dataclasses.asdict(task)
-        data["waiting_for"] = [w.to_json() for w in waits]
+        data["waiting_for"] = [w.to_json() for w in seen.waits]
         data["error_attempt"] = inspect_text.error_attempt(task, records)
         data["attempts"] = [r.to_json() for r in records]
+        data["after"] = [_linked(t) for t in seen.parents]
+        data["dependents"] = [_linked(t) for t in seen.dependents]
         print(_json(data))
         return exitcodes.OK
     for field, value in dataclasses.asdict(task).items():
@@ -385,7 +430,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             continue  # below, labelled, its traceback as text
         shown = attempts_shown(task.attempt, task.max_attempts) if field == "attempt" else None
         print(f"{field}: {shown}" if shown else f"{field}:{_shown(field, value)}")
-    for wait in waits:
+    for label, linked in (("after", seen.parents), ("dependents", seen.dependents)):
+        if linked:
+            print(f"{label}: " + ", ".join(f"{t.id} ({_state(t)})" for t in linked))
+    for wait in seen.waits:
         print(wait.describe())
     if task.error is not None:
         print(inspect_text.error_heading(task, records))
@@ -394,6 +442,33 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for line in inspect_text.envelope_lines(task.error, traceback=not known):
             print(line)
     for line in inspect_text.attempt_lines(records, wall_clock_ms(), _when, table):
+        print(line)
+    return exitcodes.OK
+
+
+def _state(task: Task) -> str:
+    """A task's status, or `waiting` while its dependencies hold it."""
+    return "waiting" if is_waiting(task) else task.status
+
+
+def _linked(task: Task) -> dict[str, Any]:
+    return {"id": task.id, "name": task.name, "status": task.status, "waiting": is_waiting(task)}
+
+
+def _tree(config: Config, task_id: str | None, key: str | None, as_json: bool) -> int:
+    async def read(store: TaskStore) -> tuple[Task, TaskGraph] | None:
+        task = await _fetch(store, task_id, key)
+        return None if task is None else (task, await store.graph(task.id))
+
+    found = with_store(config, read)
+    if found is None:
+        raise _missing(task_id, key)
+    task, graph = found
+    if as_json:
+        print(_json(graph.to_json()))
+        return exitcodes.OK
+    print(inspect_tree.summary(graph))
+    for line in inspect_tree.tree_lines(graph, task.id):
         print(line)
     return exitcodes.OK
 
@@ -486,6 +561,7 @@ async def _submit(store: TaskStore, args: argparse.Namespace, payload: Any) -> t
         max_attempts=args.max_attempts,
         priority=args.priority,
         delay_ms=to_ms(args.delay),
+        after=args.after or None,
     )
     if not args.wait:
         return task, task
@@ -640,6 +716,13 @@ def add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         metavar="DURATION",
         help="run no earlier than this from now (e.g. 30s, 5m)",
     )
+    p.add_argument(
+        "--after",
+        action="append",
+        metavar="TASK_ID",
+        help="run only once this task has succeeded (repeat for several; canceled if one "
+        "fails; docs/workflows.md)",
+    )
     p.add_argument("--wait", action="store_true", help="wait for the outcome; print the result")
     p.add_argument("--timeout", type=duration, metavar="DURATION", help="with --wait (30s)")
     p.add_argument(
@@ -669,7 +752,13 @@ def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         help="list tasks, newest first",
         description="List tasks, newest first, optionally filtered.",
     )
-    p.add_argument("--status", choices=STATUSES, help="only tasks in this status")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--status", choices=STATUSES, help="only tasks in this status")
+    shown.add_argument(
+        "--waiting",
+        action="store_true",
+        help="only queued tasks waiting for their dependencies to succeed (docs/workflows.md)",
+    )
     p.add_argument("--queue", help="only this queue")
     p.add_argument("--name", help="only this task name")
     p.add_argument(
@@ -694,6 +783,12 @@ def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     _add_target(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--follow", action="store_true", help="print progress until the task ends")
+    p.add_argument(
+        "--tree",
+        action="store_true",
+        help="draw the dependency graph the task belongs to, from its roots, with each "
+        "task's state (--json: the graph's tasks with their `after`; docs/workflows.md)",
+    )
     p.set_defaults(func=cmd_inspect)
 
 

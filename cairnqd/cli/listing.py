@@ -12,6 +12,7 @@ from typing import Any
 from cairnqd.attempts import attempts_shown
 from cairnqd.models import STATUSES, Task
 from cairnqd.store.base import TaskStore
+from cairnqd.store.dependencies import WAITING_RUN_AT
 from cairnqd.store.operator import TaskFilter
 
 LIST_HEADERS = [
@@ -26,6 +27,8 @@ FOLLOW_POLL_S = 0.5
 def _clock(ms: int | None) -> str:
     if ms is None:
         return "-"
+    if ms == WAITING_RUN_AT:  # past any datetime: a task held by its dependencies
+        return "after-deps"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -36,6 +36,7 @@ from cairnqd.store.browse import (
     TaskQuery,
     TaskSummary,
 )
+from cairnqd.store.dependencies import GRAPH_LIMIT, TaskGraph
 from cairnqd.store.factory import store_for
 from cairnqd.store.lazy import LazyStore
 from cairnqd.store.operator import QueuePause, TaskFilter
@@ -100,6 +101,8 @@ class QueueRow:
     #: The last hour's 95th percentiles of wait and run time (ms), None without any.
     wait_p95_ms: float | None = None
     run_p95_ms: float | None = None
+    #: Of `counts["queued"]`, the tasks waiting on their dependencies (not yet due).
+    waiting: int = 0
 
 
 @dataclass(frozen=True)
@@ -573,6 +576,8 @@ class DashboardData:
             now_ms = store.now_ms()
             stats = await store.stats()
             oldest = await store.oldest_queued_age_ms()
+            # Rows of tasks held by dependencies only: an empty table without them.
+            waiting = await store.waiting_counts()
             pauses = {p.queue: p for p in await store.pauses.all()}
             first_ms = now_ms - now_ms % 60_000 - (HOUR_MINUTES - 1) * 60_000
             counted = await store.queue_counts.read(60, first_ms)
@@ -605,6 +610,7 @@ class DashboardData:
                     per_minute=per_minute,
                     wait_p95_ms=wait_p95,
                     run_p95_ms=run_p95,
+                    waiting=waiting.get(name, 0),
                 )
             )
         daemon, note = self._daemon()
@@ -748,6 +754,26 @@ class DashboardData:
             return await store.attempts.of(task_id)
 
         return self._run(read, f"the attempts of task {task_id}")
+
+    def dependencies(self, task_id: str) -> tuple[list[Task], list[Task]]:
+        """The parents of `task_id` (in the order its submit named them) and the tasks
+        submitted after it: two reads by the dependency edges' indexes."""
+
+        async def read(store: TaskStore) -> tuple[list[Task], list[Task]]:
+            return await store.dependencies(task_id), await store.dependents(task_id)
+
+        return self._run(read, f"the dependencies of task {task_id}")
+
+    def graph(self, task_id: str) -> tuple[Task | None, TaskGraph]:
+        """`task_id` and the dependency graph it belongs to, at most `GRAPH_LIMIT` tasks."""
+
+        async def read(store: TaskStore) -> tuple[Task | None, TaskGraph]:
+            task = await store.get(task_id)
+            if task is None:
+                return None, TaskGraph([])
+            return task, await store.graph(task_id, limit=GRAPH_LIMIT)
+
+        return self._run(read, f"the dependency graph of task {task_id}")
 
     def waiting_for(self, task: Task) -> list[RoomWait]:
         """Why `task` waits for room in a limit of the config, if it does (a queued,

@@ -24,6 +24,7 @@ from cairnqd.dashboard.attempts import attempt_timeline
 from cairnqd.dashboard.auth import Flash, Session
 from cairnqd.dashboard.charts import ms_text
 from cairnqd.dashboard.data import HOUR_MINUTES, HostView, LimitRow, Overview, QueueRow
+from cairnqd.dashboard.graphs import dependency_sections, task_state
 from cairnqd.dashboard.markup import Markup, join, render
 from cairnqd.dashboard.params import with_params
 from cairnqd.limits import NO_PARTITION, Limit
@@ -294,13 +295,25 @@ def overview_page(overview: Overview, viewer: Viewer) -> Markup:
         )
         for s in STATUSES
     )
+    # Tasks waiting on their dependencies are queued: shown apart, when there are any.
+    waiting = sum(q.waiting for q in overview.queues)
+    if waiting:
+        totals = render(
+            '{totals}<span class="total st-waiting" title="{t}"><b>{n}</b> waiting</span>',
+            totals=totals,
+            n=waiting,
+            t="queued tasks waiting for their dependencies to succeed (counted in queued)",
+        )
     rows = []
     for q in overview.queues:
         counts = join(
             render(
-                '<td class="num"><a href="{href}">{n}</a></td>',
+                '<td class="num"><a href="{href}">{n}</a></td>{waiting}',
                 href=with_params("/tasks", {"queue": q.queue, "status": s}),
                 n=q.counts[s],
+                waiting=render('<td class="num waiting-n">{w}</td>', w=q.waiting)
+                if waiting and s == "queued"
+                else "",
             )
             for s in STATUSES
         )
@@ -340,7 +353,19 @@ def overview_page(overview: Overview, viewer: Viewer) -> Markup:
             queue=q.queue, counts=counts, oldest=age(q.oldest_queued_s), chart=chart(q),
             paused=paused, control=control,
         ))  # fmt: skip
-    heads = join(render('<th scope="col" class="num">{s}</th>', s=s) for s in STATUSES)
+    heads = join(
+        render(
+            '<th scope="col" class="num">{s}</th>{waiting}',
+            s=s,
+            waiting=Markup(
+                '<th scope="col" class="num" title="of queued, waiting for their '
+                'dependencies">waiting</th>'
+            )
+            if waiting and s == "queued"
+            else "",
+        )
+        for s in STATUSES
+    )
     queues = (
         render(
             '<table class="grid"><thead><tr><th scope="col">queue</th>{heads}'
@@ -602,10 +627,14 @@ def task_page(
     attempts: Sequence[AttemptRecord] = (),
     *,
     cancel_grace: timedelta | None = None,
+    parents: Sequence[Task] = (),
+    dependents: Sequence[Task] = (),
 ) -> Markup:
     """One task in full; `waits` are the budgets of limits it waits for room in,
     `attempts` its recorded attempts, oldest first; `cancel_grace` is its group's
-    (`cancel_grace_of`), for the Cancel confirmation."""
+    (`cancel_grace_of`), for the Cancel confirmation; `parents` and `dependents` its
+    dependencies both ways (graphs.py)."""
+    state = task_state(task.status, task.run_at_ms)
     back = f"/task/{task.id}"
     controls = []
     if task.status in ("failed", "canceled"):
@@ -627,14 +656,14 @@ def task_page(
         ("id", task.id),
         ("name", task.name),
         ("queue", task.queue),
-        ("status", status_badge(task.status)),
+        ("status", status_badge(state)),
         ("key", key if key is not None else "-"),
         ("attempt", attempts_shown(task.attempt, task.max_attempts)),
         ("priority", task.priority),
         ("lease holder", task.worker_id or "-"),
         ("lease until", when(task.lease_until_ms)),
         ("created", when(task.created_at_ms)),
-        ("due", when(task.run_at_ms)),
+        ("due", "once its parents have succeeded" if state == "waiting" else when(task.run_at_ms)),
         ("updated", when(task.updated_at_ms)),
         ("finished", when(task.completed_at_ms)),
         ("cancel requested", when(task.cancel_requested_at_ms)),
@@ -685,12 +714,13 @@ def task_page(
         else Markup("")
     )
     return render(
-        '<div class="controls">{controls}</div>{waiting}<dl class="facts">{dl}</dl>{progress}'
-        "<h2>Payload</h2><pre>{payload}</pre>{result}{error}{attempts}"
+        '<div class="controls">{controls}</div>{waiting}<dl class="facts">{dl}</dl>{deps}'
+        "{progress}<h2>Payload</h2><pre>{payload}</pre>{result}{error}{attempts}"
         "<h2>Metadata</h2><pre>{metadata}</pre>",
         controls=join(controls),
         waiting=waiting,
         dl=dl,
+        deps=dependency_sections(task, parents, dependents),
         progress=progress,
         payload=pretty(task.payload),
         result=result,

@@ -23,9 +23,10 @@ PAGE_SIZE = 50
 _PAGE_MAX = 500
 _CURSOR_MAX = 400
 _TASK_ID = re.compile(r"[A-Za-z0-9_:.-]{1,255}")
-#: The pages an action or a login may send the browser back to (and /task/ID).
+#: The pages an action or a login may send the browser back to (and /task/ID, and
+#: /task/ID/graph).
 _PAGES = frozenset({"/", "/tasks", "/failed", "/workers", "/schedules", "/search", "/bulk"})
-_TASK_PATH = re.compile(r"/task/[A-Za-z0-9_:.-]{1,255}")
+_TASK_PATH = re.compile(r"/task/[A-Za-z0-9_:.-]{1,255}(/graph)?")
 #: The most tasks one "selected" action takes (the largest page of the list).
 SELECTED_MAX = 500
 #: What each bulk action changes, by the status of a task (as `cairnqd cancel` and

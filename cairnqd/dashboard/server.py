@@ -25,7 +25,7 @@ from urllib.parse import quote, urlsplit
 
 from cairnqd.config import Config
 from cairnqd.daemon.listening import serve_on
-from cairnqd.dashboard import listing, pages
+from cairnqd.dashboard import graphs, listing, pages
 from cairnqd.dashboard.actions import ACTIONS, FIELDS, MULTI, audit
 from cairnqd.dashboard.auth import (
     COOKIE,
@@ -53,6 +53,7 @@ from cairnqd.dashboard.params import (
     task_query,
 )
 from cairnqd.store.browse import TaskQuery
+from cairnqd.store.dependencies import GRAPH_LIMIT
 
 log = logging.getLogger("cairnqd.dashboard")
 
@@ -78,6 +79,8 @@ _BODY_MAX = 64 * 1024
 #: which is meant for the page the browser is sent to.
 _LIVE_REQUEST = "cairnqd-live"
 _ULID = re.compile(r"[0-9A-Za-z]{26}")
+#: A task's dependency graph: /task/ID/graph (the id checked by `task_id`).
+_GRAPH_PATH = re.compile(r"/task/([^/]*)/graph")
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 _BIND_REASONS = {
     errno.EADDRINUSE: "the address is already in use",
@@ -209,6 +212,16 @@ class Dashboard:
             count = self.data.count(where)
             body = listing.bulk_page(op, values, count, described, viewer)
             return self._layout("Confirm", path, body, viewer, live=False)
+        graph_of = _GRAPH_PATH.fullmatch(path)
+        if graph_of is not None:
+            values = parse_query(query, frozenset({"layer"}))
+            tid = task_id(graph_of.group(1))
+            task, graph = self.data.graph(tid)
+            if task is None:
+                return _error(404, f"no task {tid} (it may have been purged)")
+            body = graphs.graph_page(task, graph, GRAPH_LIMIT, values.get("layer"))
+            live = graphs.graph_live(graph)
+            return self._layout(f"Graph of {task.name}", path, body, viewer, live=live)
         if path.startswith("/task/"):
             parse_query(query, frozenset())
             tid = task_id(path.removeprefix("/task/"))
@@ -217,7 +230,11 @@ class Dashboard:
                 return _error(404, f"no task {tid} (it may have been purged)")
             grace = pages.cancel_grace_of(self.data.config, task.queue)
             waits, attempts = self.data.waiting_for(task), self.data.attempts(tid)
-            body = pages.task_page(task, key, viewer, waits, attempts, cancel_grace=grace)
+            parents, dependents = self.data.dependencies(tid)
+            body = pages.task_page(
+                task, key, viewer, waits, attempts, cancel_grace=grace,
+                parents=parents, dependents=dependents,
+            )  # fmt: skip
             live = task.status in ("queued", "running")
             return self._layout(f"Task {task.name}", path, body, viewer, live=live)
         if path == "/charts":

@@ -50,6 +50,16 @@ from cairnqd.store.arguments import (
 )
 from cairnqd.store.callers import driver_connection
 from cairnqd.store.clockstep import WallClockWatch
+from cairnqd.store.dependencies import (
+    GRAPH_LIMIT,
+    ItemRef,
+    TaskGraph,
+    hold,
+    item_refs,
+    missing_parents,
+    parent_ids,
+    without_after,
+)
 from cairnqd.store.executor import Row, Session, UserWrite
 from cairnqd.store.leadership import SOLE_HOST, Leadership
 from cairnqd.store.limits import RECLAIM_EVERY_S
@@ -418,6 +428,7 @@ class TaskStore(ABC):
         root_id: str | None = None,
         correlation_id: str | None = None,
         delay_ms: int = 0,
+        after: Sequence[Any] | None = None,
         tx: object = None,
     ) -> Task:
         """Queue one task. A bad argument raises ValueError (or SerializationError for
@@ -426,7 +437,12 @@ class TaskStore(ABC):
 
         `tx`: the caller's open transaction on this store's database (docs/transactions.md):
         the task is written through it and commits, or rolls back, with the caller's
-        work; the store never commits, rolls back or closes it."""
+        work; the store never commits, rolls back or closes it.
+
+        `after`: tasks (or ids) that must all succeed before this one can be claimed
+        (docs/workflows.md); a missing one raises ValueError naming it, and nothing
+        is written."""
+        parents = parent_ids(after) if after is not None else []
         params = submit_params(
             {
                 "name": name,
@@ -446,6 +462,13 @@ class TaskStore(ABC):
         with self._operation():
             if self._gate is not None:
                 await self._gate.admit(queue)
+            if parents:
+                if tx is not None:
+                    tx = await driver_connection(tx)
+                    async with self._in_caller_tx(tx) as session:
+                        return await self._submit_after(session, params, parents)
+                async with self._transaction() as session:
+                    return await self._submit_after(session, params, parents)
             if tx is not None:
                 tx = await driver_connection(tx)
                 if key is None:  # one statement, atomic by itself
@@ -457,6 +480,107 @@ class TaskStore(ABC):
                 return await self._insert_keyless(params)
             async with self._transaction() as session:
                 return await self._submit_keyed(session, params)
+
+    async def _submit_after(self, session: Session, params: Params, parents: list[str]) -> Task:
+        """One submit that waits for `parents`, inside `session`. A keyed submit that
+        hands back an existing task leaves that task's own dependencies as they are."""
+        missing = await missing_parents(session, parents)
+        if missing:
+            raise ValueError(f"after names {missing[0]}, which is not a task")
+        if params["key"] is None:
+            task = (await self._insert_run(session.fetch, [params]))[0]
+        else:
+            task = await self._submit_keyed(session, params)
+            if task.id != params["id"]:
+                return task
+        held = await hold(session, task.id, parents)
+        return task if held is None else self._task(held)
+
+    async def _submit_many_after(
+        self, items: Sequence[Any], refs: list[list[ItemRef]], tx: object
+    ) -> list[Task]:
+        """`submit_many` of a list where some items wait for others (docs/workflows.md):
+        every item inserted in list order, then each waiting one held, in list order, so
+        an item's ancestors are written before its own. All or nothing."""
+        prepared = prepare_items(without_after(items), new_task_ids(len(items)), 0, len(items))
+        named = [ref for mine in refs for ref in mine if isinstance(ref, str)]
+        with self._operation():
+            if self._gate is not None:
+                for params in prepared:
+                    await self._gate.admit(params["queue"])
+
+            async def write(session: Session) -> list[Task]:
+                missing = set(await missing_parents(session, list(dict.fromkeys(named))))
+                for index, mine in enumerate(refs):
+                    for n, ref in enumerate(mine):
+                        if isinstance(ref, str) and ref in missing:
+                            raise ValueError(
+                                f"tasks[{index}].after[{n}] names {ref}, which is not a task"
+                            )
+                tasks = await self._insert_prepared(session, prepared)
+                for index, mine in enumerate(refs):
+                    if not mine or tasks[index].id != prepared[index]["id"]:
+                        continue
+                    parents = list(
+                        dict.fromkeys(tasks[r].id if isinstance(r, int) else r for r in mine)
+                    )
+                    held = await hold(session, tasks[index].id, parents)
+                    if held is not None:
+                        tasks[index] = self._task(held)
+                return tasks
+
+            if tx is not None:
+                tx = await driver_connection(tx)
+                async with self._in_caller_tx(tx) as session:
+                    return await write(session)
+            async with self._transaction() as session:
+                return await write(session)
+
+    async def dependencies(self, task_id: str) -> builtins.list[Task]:
+        """The tasks `task_id` was submitted `after`, in the order named (a parent
+        purged since is left out)."""
+        require_str(task_id, "task_id")
+        return self._tasks(await self._fetch("dependency_tasks", {"task_id": task_id}))
+
+    async def waiting_counts(self) -> dict[str, int]:
+        """Per queue, the tasks queued behind their dependencies (not yet due)."""
+        rows = await self._fetch("dependency_waiting", {})
+        return {row["queue"]: int(row["n"]) for row in rows}
+
+    async def dependents(self, task_id: str) -> builtins.list[Task]:
+        """The tasks submitted `after` `task_id`, oldest first."""
+        require_str(task_id, "task_id")
+        return self._tasks(await self._fetch("dependency_dependents", {"task_id": task_id}))
+
+    async def graph(self, task_id: str, *, limit: int = GRAPH_LIMIT) -> TaskGraph:
+        """The dependency graph `task_id` belongs to: its roots and every task that
+        descends from them, at most `limit` (docs/workflows.md)."""
+        require_str(task_id, "task_id")
+        require_int(limit, "limit", minimum=1)
+        nodes = await self._fetch("dependency_graph", {"task_id": task_id, "limit": limit + 1})
+        ids = [row["id"] for row in nodes[:limit]]
+        edges = await self._fetch("dependency_graph_edges", {"ids": ids}) if ids else []
+        return TaskGraph.from_rows(nodes[:limit], edges, truncated=len(nodes) > limit)
+
+    async def waiting(
+        self,
+        *,
+        queue: str | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[builtins.list[Task], int]:
+        """The tasks waiting on dependencies, newest first, and how many match."""
+        require_str(queue, "queue", optional=True)
+        require_str(name, "name", optional=True)
+        require_int(limit, "limit", minimum=0)
+        require_int(offset, "offset", minimum=0)
+        rows = await self._fetch(
+            "dependency_waiting_list",
+            {"queue": queue, "name": name, "limit": limit, "offset": offset},
+        )
+        matched = int(rows[0]["matched"]) if rows else 0
+        return self._tasks([{k: v for k, v in r.items() if k != "matched"} for r in rows]), matched
 
     async def _caller_session(self, tx: object) -> Session:
         """The caller's open transaction `tx` (a driver connection) as a session for
@@ -533,6 +657,9 @@ class TaskStore(ABC):
         caller's open transaction, as for `submit`.
         """
         items = tasks if isinstance(tasks, list | tuple) else list(tasks)
+        refs = item_refs(items)
+        if refs is not None:
+            return await self._submit_many_after(items, refs, tx)
         prepared = prepare_items(items, new_task_ids(len(items)), 0, len(items))
         if not prepared:
             await asyncio.sleep(0)  # every operation yields, even one with nothing to do
@@ -651,7 +778,9 @@ class TaskStore(ABC):
     async def retry(self, task_id: str, *, reset_attempt: bool = False) -> Task | None:
         require_str(task_id, "task_id")
         rows = await self._fetch("retry", {"id": task_id, "reset_attempt": bool(reset_attempt)})
-        return self._task(rows[0]) if rows else None
+        # Read again: a task whose parents have not all succeeded was put back to wait
+        # by a trigger after the statement's row was returned (docs/workflows.md).
+        return (await self.get(task_id) or self._task(rows[0])) if rows else None
 
     async def _by_key(self, key: str, op: str, params: Params) -> Task | None:
         require_str(key, "key")
@@ -661,6 +790,8 @@ class TaskStore(ABC):
             if not key_rows:
                 return None
             rows = await session.fetch(op, {**params, "id": key_rows[0]["task_id"]})
+            if rows and op == "retry":  # as the dependency triggers left it (see retry)
+                rows = await session.fetch("get", {"id": key_rows[0]["task_id"]}) or rows
             return self._task(rows[0]) if rows else None
 
     async def cancel_by_key(self, key: str) -> Task | None:

@@ -63,6 +63,9 @@ TABLES: tuple[Table, ...] = (
     Table("cairnqd_limit_overrides", "limits set with `cairnqd limits set`"),
     Table("cairnqd_limit_bypasses", "bypassed limits noted for the operator"),
     Table("cairnqd_queue_counts", "the per-queue counters behind the dashboard's charts"),
+    Table("cairnqd_task_deps", "task dependencies: each task's parents, in the order named"),
+    Table("cairnqd_task_ancestors", "every ancestor of each task submitted after others"),
+    Table("cairnqd_task_waits", "tasks waiting for their parents, or canceled by an ancestor"),
 )
 
 #: Tables of the SQLite schema a move leaves behind, and why.
@@ -75,6 +78,8 @@ SKIPPED: dict[str, str] = {
     "target; the target's daemons register themselves when they start",
     "cairnqd_daemons": "dashboard reports of daemons on the SQLite file, rewritten by the "
     "target's daemons every refresh",
+    "cairnqd_task_dep_moves": "empty outside a statement: the SQLite triggers' hand-off of a "
+    "task's status move to the dependency triggers (Postgres has no such table)",
 }
 
 

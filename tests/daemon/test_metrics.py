@@ -134,6 +134,28 @@ async def test_tasks_gauge_equals_store_stats(
     assert value(found, "cairnq_db_scrape_errors_total") == 0
 
 
+async def test_tasks_waiting_for_dependencies_are_counted_apart_from_the_backlog(
+    dialect: str, db_target: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    store = make_store(dialect, db_target)
+    await store.connect()
+    try:
+        parent = await store.submit(name="demo.echo", queue="default")
+        for _ in range(3):
+            await store.submit(name="demo.echo", queue="email", after=[parent])
+        await store.submit(name="demo.echo", queue="email")
+    finally:
+        await store.close()
+
+    port = serve(served, Metrics(daemon_config(tmp_path, dialect, db_target)))
+    found = samples((await asyncio.to_thread(scrape, port))[1])
+    # stats counts 4 queued in email; 3 of them wait on a parent that has not run.
+    assert value(found, "cairnq_tasks", queue="email", status="queued") == 1
+    assert value(found, "cairnq_tasks_waiting", queue="email") == 3
+    assert value(found, "cairnq_tasks", queue="default", status="queued") == 1
+    assert value(found, "cairnq_tasks_waiting", queue="default") == 0
+
+
 async def test_configured_queue_without_rows_shows_zeros(
     sqlite_path: str, tmp_path: Path, served: list[Metrics]
 ) -> None:

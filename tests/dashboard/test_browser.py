@@ -7,6 +7,7 @@ CAIRNQD_DASHBOARD_SCREENSHOTS=1 the first test rewrites docs/dashboard/*.png.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -453,3 +454,66 @@ def test_a_viewer_sees_no_action_in_the_browser(browser: Any, sqlite_dash: Dash)
     )
     assert refused.status == 403
     tab.clean()
+
+
+def test_a_dependency_graph_renders_and_links(browser: Any, sqlite_dash: Dash) -> None:
+    """A diamond's graph page: four boxes drawn, colored by state in both schemes, the
+    page not wider than a 400 px screen in the dark one (the drawing scrolls in place),
+    a box a link."""
+    dash = sqlite_dash
+    release = dash.tmp / "release-graph"
+
+    async def diamond(q: CairnQ) -> list[str]:
+        a = await q.submit("d.echo", {"step": "a"}, queue="work")
+        b = await q.submit("d.block", {"until": str(release)}, queue="work", after=[a])
+        c = await q.submit("d.echo", {"step": "c"}, queue="work", after=[a])
+        d = await q.submit("d.echo", {"step": "d"}, queue="work", after=[b, c])
+        return [a.id, b.id, c.id, d.id]
+
+    a, b, c, d = dash.run(diamond)
+    try:
+        dash.wait_status(b, "running")
+        dash.wait_status(c, "succeeded")
+        fills = {}
+        for scheme in ("light", "dark"):
+            wide = 400 if scheme == "dark" else 900
+            tab = Tab(browser, dash, color_scheme=scheme, viewport={"width": wide, "height": 700})
+            tab.login()
+            tab.go(f"/task/{d}")
+            assert tab.page.locator("ul.deps.after li").count() == 2
+            assert tab.page.evaluate("document.documentElement.scrollWidth") <= wide
+            tab.page.click("p.graph-link a")
+            tab.page.wait_for_url(f"{dash.url}/task/{d}/graph")
+            boxes = tab.page.locator("svg.graph a.node")
+            assert boxes.count() == 4
+            assert tab.page.locator("svg.graph path.edge").count() == 4
+            size = tab.page.locator("svg.graph").bounding_box()
+            assert size is not None and size["width"] > 400 and size["height"] > 80
+            # At 400 px the drawing scrolls inside its frame; the page does not scroll
+            # sideways.
+            assert tab.page.evaluate("document.documentElement.scrollWidth") <= wide
+            fills[scheme] = tab.page.evaluate(
+                "[...document.querySelectorAll('svg.graph a.node rect')]"
+                ".map(r => getComputedStyle(r).fill)"
+            )
+            if scheme == "light":
+                tab.shot("graph", full_page=False)
+                # The live refresh swaps the drawing in: it is drawn again, not lost.
+                swapped = functools.partial(
+                    tab.page.locator("main#page").get_attribute, "data-updated"
+                )
+                wait_for("a live swap of the graph", swapped, 30)
+                assert tab.page.locator("svg.graph a.node").count() == 4
+                again = tab.page.locator(f'svg.graph a.node[data-task="{b}"] rect').bounding_box()
+                assert again is not None and again["width"] > 100
+            tab.clean()
+            if scheme == "dark":
+                tab.page.locator(f'svg.graph a.node[data-task="{a}"]').click()
+                tab.page.wait_for_url(f"{dash.url}/task/{a}")
+                tab.clean()
+            tab.context.close()
+        # Three states, three colors; the dark scheme has colors of its own.
+        assert len(set(fills["light"])) == 3, fills
+        assert fills["dark"] != fills["light"]
+    finally:
+        release.touch()

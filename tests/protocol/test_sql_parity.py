@@ -114,6 +114,22 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "sqlite_autoindex_cairnqd_interruptions_1",
         "cairnqd_queue_counts",
         "sqlite_autoindex_cairnqd_queue_counts_1",
+        "cairnqd_task_deps",
+        "sqlite_autoindex_cairnqd_task_deps_1",
+        "cairnqd_task_deps_parent_idx",
+        "cairnqd_task_ancestors",
+        "sqlite_autoindex_cairnqd_task_ancestors_1",
+        "cairnqd_task_ancestors_ancestor_idx",
+        "cairnqd_task_waits",
+        "sqlite_autoindex_cairnqd_task_waits_1",
+        "cairnqd_task_waits_failed_by_idx",
+        "cairnqd_tasks_dependency_succeeded",
+        "cairnqd_task_waits_released",
+        "cairnqd_task_dep_moves",
+        "cairnqd_tasks_dependency_moved",
+        "cairnqd_task_dep_moves_failed",
+        "cairnqd_task_dep_moves_retried",
+        "cairnqd_tasks_dependency_deleted",
     }
     assert sqlite_ledger(ours, "cairnqd_migrations") == {
         "cairnqd_0001_task_keys_task_idx.sql",
@@ -127,6 +143,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_0010_attempts.sql",
         "cairnqd_0011_interruptions.sql",
         "cairnqd_0012_queue_counts.sql",
+        "cairnqd_0013_dependencies.sql",
     }
 
 
@@ -160,6 +177,7 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_0010_attempts.sql",
             "cairnqd_0011_interruptions.sql",
             "cairnqd_0012_queue_counts.sql",
+            "cairnqd_0013_dependencies.sql",
             "cairnqd_0014_moves.sql",
         }
         # Nothing of ours outside the cairnqd_ namespace.
@@ -181,18 +199,33 @@ def test_postgres_schema_matches_upstream(pg: PgDatabases, upstream_pg: str) -> 
             "cairnqd_queue_counts_pkey",
             "cairnqd_moves_pkey",
             "cairnqd_attempts_task_idx",
+            "cairnqd_task_deps_pkey",
+            "cairnqd_task_deps_parent_idx",
+            "cairnqd_task_ancestors_pkey",
+            "cairnqd_task_ancestors_ancestor_idx",
+            "cairnqd_task_waits_pkey",
+            "cairnqd_task_waits_failed_by_idx",
         }
-        # The attempt history's triggers and functions, ours by name, on the task table.
+        # Our triggers and their functions on the protocol's task table, ours by name:
+        # the attempt history's and the dependencies'.
         everything = pg_schema(ours, skip_prefix=None)
         assert {t[1] for t in everything["triggers"]} - {
             t[1] for t in their_schema["triggers"]
         } == {
             "cairnqd_attempts_track",
             "cairnqd_attempts_forget",
+            "cairnqd_tasks_dependencies",
+            "cairnqd_tasks_dependencies_deleted",
         }
         assert {f[0] for f in everything["functions"]} - {
             f[0] for f in their_schema["functions"]
-        } == {"cairnqd_attempts_track", "cairnqd_attempts_forget"}
+        } == {
+            "cairnqd_attempts_track",
+            "cairnqd_attempts_forget",
+            "cairnqd_task_dependencies",
+            "cairnqd_task_dependency_step",
+            "cairnqd_task_dependencies_deleted",
+        }
 
 
 def _upstream_connect_sqlite(path: Path) -> None:

@@ -130,6 +130,9 @@ def _params(dialect: str) -> dict[str, Any]:
         "at_ms": now,
         "slot_ms": now,
         "skipped": 2,
+        # Task dependencies (store/dependencies.py): task_run waits on two seeds.
+        "parents": lst(["task_q", "task_done"]),
+        "failed_by": None,
         "host": "host-1",
         # Lease rows (cairnqd_leases): leadership behind a transaction pooler.
         "holder": "host-1:123:ab",
@@ -347,6 +350,20 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
         {"items": json.dumps([{"id": "task_run", "a": 1, "s": "queued"}])},
         None,
     ),
+    # Dependencies: the tables start empty, so task_run has no edge to read or wait on
+    # (no wait row written, none counted); the link writes two, the hold one task.
+    "extensions/dependency_parents": ({}, 1),
+    "extensions/dependency_link": ({}, None),
+    "extensions/dependency_closure": ({}, None),
+    "extensions/dependency_wait": ({}, 0),
+    "extensions/dependency_hold": ({}, 1),
+    "extensions/dependency_tasks": ({}, 0),
+    "extensions/dependency_waiting": ({}, 0),
+    # task_run waits for nothing: it is its own graph's one root and member.
+    "extensions/dependency_dependents": ({}, 0),
+    "extensions/dependency_graph": ({}, 1),
+    "extensions/dependency_graph_edges": ({}, 0),
+    "extensions/dependency_waiting_list": ({"queue": None, "name": None}, 0),
 }
 
 #: What the store fills into a composed statement's `{part}`s for a draw that meets

@@ -36,6 +36,7 @@ from cairnqd.models import Task
 from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
 from cairnqd.store.callers import in_sync_submit
 from cairnqd.store.coalesce import SubmitCoalescer
+from cairnqd.store.dependencies import item_refs
 from cairnqd.store.executor import UserWrite
 from cairnqd.store.migrate import check_protocol_version
 from cairnqd.store.postgres.bulk import STREAM_FROM, stream_tasks
@@ -413,7 +414,12 @@ class PostgresStore(TaskStore):
         self, tasks: Sequence[Mapping[str, Any]], *, tx: object = None
     ) -> list[Task]:
         items = tasks if isinstance(tasks, list | tuple) else list(tasks)
-        if tx is None and self._gate is None and len(items) > STREAM_FROM:
+        if (
+            tx is None
+            and self._gate is None
+            and len(items) > STREAM_FROM
+            and item_refs(items) is None
+        ):
             return await self._submit_many_streamed(items)
         return await super().submit_many(items, tx=tx)
 

@@ -31,6 +31,7 @@ from cairnqd.store.base import (
 from cairnqd.store.bulk import insert_in_runs
 from cairnqd.store.clockstep import WallClockWatch
 from cairnqd.store.coalesce import SubmitCoalescer
+from cairnqd.store.dependencies import item_refs
 from cairnqd.store.executor import unsupported_tx
 from cairnqd.store.sqlite.bulk import PIPELINE_FROM, insert_steps
 from cairnqd.store.sqlite.callertx import caller_session, plain_session
@@ -226,7 +227,12 @@ class SQLiteStore(TaskStore):
         nothing, a bad item late in the list rolls back the rows before it. Through
         the caller's transaction (`tx`) it is the plain path."""
         items = tasks if isinstance(tasks, list | tuple) else list(tasks)
-        if tx is not None or self._gate is not None or len(items) < PIPELINE_FROM:
+        if (
+            tx is not None
+            or self._gate is not None
+            or len(items) < PIPELINE_FROM
+            or item_refs(items) is not None
+        ):
             return await super().submit_many(items, tx=tx)
         ids = new_task_ids(len(items))
         async with self._write_locked() as conn:

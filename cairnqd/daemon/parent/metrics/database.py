@@ -39,7 +39,12 @@ DEFAULT_LOCK_NAMESPACE = 0x63716E64
 _TASKS_HELP = (
     "Tasks per queue and status (protocol stats; cached up to stats_ttl). running counts "
     "every claimed task, held (prefetched, not started) ones included; "
-    "cairnq_child_tasks{state} splits this host's into executing and held."
+    "cairnq_child_tasks{state} splits this host's into executing and held. queued leaves "
+    "out the tasks waiting for their dependencies (cairnq_tasks_waiting)."
+)
+_WAITING_HELP = (
+    "Queued tasks waiting for the tasks they were submitted after to succeed: not due, "
+    "so not a backlog (docs/workflows.md)."
 )
 _PAUSED_HELP = "1 while the queue is paused (cairnqd pause --queue); 0 otherwise."
 _FLEET_HELP = "Daemons live on the database, by version (cairnqd fleet); several: mid-upgrade."
@@ -80,6 +85,8 @@ class DatabaseSnapshot:
     limits: tuple[LimitUsage, ...] = ()
     #: Running tasks outside each limit (claimed by workers that do not keep it).
     bypassed: Mapping[str, int] = field(default_factory=dict)
+    #: Queued tasks waiting for their dependencies, a part of `tasks`' queued.
+    waiting: Mapping[str, int] = field(default_factory=dict)
     #: False on a `queue_stats: leader` host that is not the leader: the refresh
     #: succeeded, but the per-queue families are left to the leader.
     exported: bool = True
@@ -105,6 +112,7 @@ async def _query_snapshot(store: TaskStore, limits: tuple[Limit, ...] = ()) -> D
         leases_expired=await store.expired_leases(),
         paused=frozenset(p.queue for p in await store.pauses.all()),
         fleet=versions(await store.fleet.live()),
+        waiting=await store.waiting_counts(),
     )
 
 
@@ -348,6 +356,7 @@ class DatabaseCollector:
 
     def _db_families(self, snapshot: DatabaseSnapshot | None) -> list[Metric]:
         tasks = GaugeMetricFamily("cairnq_tasks", _TASKS_HELP, labels=["queue", "status"])
+        waiting = GaugeMetricFamily("cairnq_tasks_waiting", _WAITING_HELP, labels=["queue"])
         oldest = GaugeMetricFamily(
             "cairnq_queue_oldest_queued_age_seconds", _OLDEST_HELP, labels=["queue"]
         )
@@ -356,12 +365,12 @@ class DatabaseCollector:
         fleet = GaugeMetricFamily("cairnq_fleet_daemons", _FLEET_HELP, labels=["version"])
         limits = _limit_families()
         if snapshot is not None:
-            self._fill(snapshot, tasks, oldest, expired)
+            self._fill(snapshot, tasks, oldest, expired, waiting)
             self._fill_paused(snapshot, paused)
             for version, count in snapshot.fleet.items():
                 fleet.add_metric([version], float(count))
             _fill_limits(snapshot.limits, snapshot.bypassed, *limits)
-        return [tasks, oldest, expired, paused, fleet, *limits]
+        return [tasks, waiting, oldest, expired, paused, fleet, *limits]
 
     def _fill_paused(self, snapshot: DatabaseSnapshot, paused: GaugeMetricFamily) -> None:
         # Configured queues show 0 when running, so an alert can tell "not paused"
@@ -378,6 +387,7 @@ class DatabaseCollector:
         tasks: GaugeMetricFamily,
         oldest: GaugeMetricFamily,
         expired: GaugeMetricFamily,
+        waiting: GaugeMetricFamily,
     ) -> None:
         queues = (
             set(snapshot.tasks) | set(snapshot.oldest_queued_age_ms) | set(snapshot.leases_expired)
@@ -388,9 +398,17 @@ class DatabaseCollector:
         counts: dict[str, dict[str, int]] = {q: dict.fromkeys(STATUSES, 0) for q in shown}
         ages_ms = dict.fromkeys(shown, 0)
         leases = dict.fromkeys(shown, 0)
+        held = dict.fromkeys(shown, 0)
         for queue, by_status in snapshot.tasks.items():
             for status, n in by_status.items():
                 counts[label[queue]][status] = counts[label[queue]].get(status, 0) + n
+        # A task waiting for its dependencies is queued, but not a backlog: apart.
+        for queue, n in snapshot.waiting.items():
+            if queue in label:
+                held[label[queue]] += n
+                # Read after stats: never below zero when more began waiting since.
+                queued = counts[label[queue]]
+                queued["queued"] = max(0, queued["queued"] - n)
         for queue, age_ms in snapshot.oldest_queued_age_ms.items():
             ages_ms[label[queue]] = max(ages_ms[label[queue]], age_ms)
         for queue, n in snapshot.leases_expired.items():
@@ -400,6 +418,7 @@ class DatabaseCollector:
                 tasks.add_metric([queue, status], n)
             oldest.add_metric([queue], ages_ms[queue] / 1000)
             expired.add_metric([queue], leases[queue])
+            waiting.add_metric([queue], held[queue])
 
 
 def _limit_families() -> list[GaugeMetricFamily]:

@@ -40,6 +40,7 @@ DB_ERROR_KINDS = ("busy", "timeout", "connect", "full", "other")
 #: monitoring/ and its tests are held to this list.
 METRIC_NAMES: tuple[str, ...] = (
     "cairnq_tasks",
+    "cairnq_tasks_waiting",
     "cairnq_queue_oldest_queued_age_seconds",
     "cairnq_leases_expired",
     "cairnq_queue_paused",

@@ -9,3 +9,9 @@ where status in ('succeeded', 'failed', 'canceled')
   and (:queue::text is null or queue = :queue)
   and (:status::text is null or status = :status)
   and (:name::text is null or name = :name)
+  and not exists (
+    -- A parent a waiting task still needs (docs/workflows.md) stays.
+    select 1 from cairnqd_task_deps d
+    join cairnqd_task_waits w on w.task_id = d.task_id
+    where d.parent_id = cairnq_tasks.id and w.failed_by is null
+  )
