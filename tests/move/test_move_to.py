@@ -479,3 +479,70 @@ def test_a_rerun_meeting_a_row_already_there_says_merge_would_skip_it(
     assert merged.returncode == 0, merged.stdout + merged.stderr
     assert "(1 tasks already on the target kept as they were)" in merged.stdout
     assert _scalar(dsn, "select count(*) from cairnq_tasks") == 25
+
+
+async def _source_graph(path: str) -> dict[str, str]:
+    """A graph mid-way: a parent done, a join waiting on it and on one still queued, a
+    task below the join, and a dependent canceled by a failed parent."""
+    from cairnqd.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(path)
+    await store.connect()
+    try:
+        done, open_, join, below, failing, canceled = await store.submit_many(
+            [
+                {"name": "g.done", "queue": "g"},
+                {"name": "g.open", "queue": "g"},
+                {"name": "g.join", "queue": "g", "after": [0, 1]},
+                {"name": "g.below", "queue": "g", "after": [2]},
+                {"name": "g.failing", "queue": "g"},
+                {"name": "g.canceled", "queue": "g", "after": [4]},
+            ]
+        )
+        for task, settle in ((done, "complete"), (failing, "fail")):
+            [claimed] = await store.claim(queues=["g"], worker_id="w", names=[task.name])
+            if settle == "complete":
+                await store.complete(task_id=claimed.id, worker_id="w", result={"r": 1})
+            else:
+                error = {"type": "E", "code": "boom", "message": "no", "retryable": False}
+                await store.fail(task_id=claimed.id, worker_id="w", error=error, retryable=False)
+        return {
+            "open": open_.id, "join": join.id, "below": below.id,
+            "failing": failing.id, "canceled": canceled.id,
+        }  # fmt: skip
+    finally:
+        await store.close()
+
+
+def test_a_dependency_graph_moves_mid_way_and_carries_on(
+    tmp_path: Path, pg_databases: PgDatabases
+) -> None:
+    db = tmp_path / "graph.db"
+    ids = asyncio.run(_source_graph(str(db)))
+    config = write_config(tmp_path, database_line("sqlite", str(db)))
+    dsn = pg_databases.new()
+    moved = cli(config, "move-to", dsn)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    for table in ("cairnqd_task_deps", "cairnqd_task_ancestors", "cairnqd_task_waits"):
+        assert differences(str(db), dsn, table) == [], table
+
+    async def carry_on() -> None:
+        store = PostgresStore(dsn, max_size=2)
+        await store.connect()
+        try:
+            assert await store.waiting_counts() == {"g": 2}
+            [claimed] = await store.claim(queues=["g"], worker_id="t", limit=5)
+            assert claimed.id == ids["open"], "only the open parent is due on the target"
+            await store.complete(task_id=claimed.id, worker_id="t", result=None)
+            [join] = await store.claim(queues=["g"], worker_id="t", limit=5)
+            assert join.id == ids["join"], "its last parent, settled on the target, released it"
+            canceled = await store.get(ids["canceled"])
+            assert canceled is not None and canceled.error is not None
+            assert canceled.error["code"] == "dependency_failed"
+            await store.retry(ids["failing"])
+            back = await store.get(ids["canceled"])
+            assert back is not None and back.status == "queued" and back.error is None
+        finally:
+            await store.close()
+
+    asyncio.run(carry_on())
