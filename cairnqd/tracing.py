@@ -4,8 +4,8 @@ A submit inside an active span records a `create <queue>` span (kind PRODUCER) a
 stores its W3C trace context in the task's metadata (`traceparent`, `tracestate`), so a
 worker in any language can continue the trace; a worker runs each attempt inside a
 `process <queue>` span (kind CONSUMER) whose parent and link are that context. Names
-and attributes follow OpenTelemetry's messaging conventions (docs/operations.md,
-"Tracing and task logs").
+and attributes follow OpenTelemetry's messaging conventions (docs/observability.md,
+"Traces").
 
 The rule this module keeps: it imports nothing of OpenTelemetry until it is in use.
 A submit looks for `opentelemetry.trace` among the loaded modules (an application that

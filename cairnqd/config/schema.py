@@ -476,7 +476,7 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("logging.loggers", MapKind(_LOGGER, EnumKind(*_LEVELS, fold=True)), {}, _H,
             "Levels of single loggers, e.g. {psycopg: warning}."),
     Setting("tracing", SectionKind(TracingConfig, finish_tracing), {}, None,
-            "OpenTelemetry traces of tasks (docs/operations.md, \"Tracing and task logs\")."),
+            "OpenTelemetry traces of tasks (docs/observability.md, \"Traces\")."),
     Setting("tracing.enabled", BoolKind(), False, _L,
             "Each worker child sets up the OpenTelemetry SDK from the OTEL_* environment "
             "(needs opentelemetry-sdk and the exporter OTEL_TRACES_EXPORTER names)."),
