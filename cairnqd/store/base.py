@@ -56,6 +56,7 @@ from cairnqd.store.dependencies import (
     TaskGraph,
     hold,
     item_refs,
+    missing_parent,
     missing_parents,
     parent_ids,
     without_after,
@@ -486,7 +487,7 @@ class TaskStore(ABC):
         hands back an existing task leaves that task's own dependencies as they are."""
         missing = await missing_parents(session, parents)
         if missing:
-            raise ValueError(f"after names {missing[0]}, which is not a task")
+            raise missing_parent("after", missing[0])
         if params["key"] is None:
             task = (await self._insert_run(session.fetch, [params]))[0]
         else:
@@ -514,9 +515,7 @@ class TaskStore(ABC):
                 for index, mine in enumerate(refs):
                     for n, ref in enumerate(mine):
                         if isinstance(ref, str) and ref in missing:
-                            raise ValueError(
-                                f"tasks[{index}].after[{n}] names {ref}, which is not a task"
-                            )
+                            raise missing_parent(f"tasks[{index}].after[{n}]", ref)
                 tasks = await self._insert_prepared(session, prepared)
                 for index, mine in enumerate(refs):
                     if not mine or tasks[index].id != prepared[index]["id"]:

@@ -86,6 +86,12 @@ def without_after(items: Sequence[Any]) -> list[Any]:
     ]
 
 
+def missing_parent(where: str, task_id: str) -> ValueError:
+    """The error for an `after` naming no task: never submitted, or purged since (a
+    parent must exist when its dependent is submitted)."""
+    return ValueError(f"{where} names {task_id}, which is not a task (never submitted, or purged)")
+
+
 async def missing_parents(session: Session, ids: Sequence[str]) -> list[str]:
     """Those of `ids` with no task, in the order given. Postgres locks the others until
     the transaction ends, so none settles unseen between this read and the edges."""
@@ -215,6 +221,7 @@ __all__ = [
     "hold",
     "is_waiting",
     "item_refs",
+    "missing_parent",
     "missing_parents",
     "parent_id",
     "parent_ids",

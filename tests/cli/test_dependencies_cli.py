@@ -78,7 +78,7 @@ def test_submit_after(db_config: Path, run: Run, dialect: str, db_target: str) -
     assert is_waiting(asyncio.run(_get(dialect, db_target, child)))
     refused = run("submit", "demo.echo", "--after", "task_nope")
     assert refused.returncode == 65
-    assert "submit: after names task_nope, which is not a task" in refused.stderr
+    assert "submit: after names task_nope, which is not a task (never" in refused.stderr
 
 
 async def _submit_diamond(dialect: str, target: str) -> list[Task]:
