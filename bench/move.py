@@ -1,9 +1,10 @@
 """`cairnqd move-to`'s speed beside its limit: tasks per second from a SQLite file into
 Postgres, against a plain COPY of the same rows into an empty table.
 
-    python -m bench.move [--tasks 20000] [--batch 5000]
+    python -m bench.move [--tasks 20000] [--batch 5000] [--repeats 3]
 
-The source holds `--tasks` queued tasks (one `submit_many`). Three timings:
+The source holds `--tasks` queued tasks (filled once). Three timings, each round on
+fresh Postgres databases, move and plain COPY side by side; medians of `--repeats`:
 
 - `move`: `Move.run`, the copy of every table, batch by batch, each batch with its
   progress row in one transaction, into the protocol's indexed `cairnq_tasks`;
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sqlite3
+import statistics
 import time
 
 import psycopg
@@ -90,24 +92,32 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=20_000, help="tasks in the source")
     parser.add_argument("--batch", type=int, default=5_000, help="rows per batch")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds (medians)")
     args = parser.parse_args()
+    moves: list[float] = []
+    verifies: list[float] = []
+    plains: list[float] = []
     async with fresh_target("sqlite", "move_src") as path:
         await _fill(path, args.tasks)
-        async with fresh_target("postgres", "move_dst") as dsn:
-            move_s, verify_s, moved = await asyncio.to_thread(_move, path, dsn, args.batch)
-        async with fresh_target("postgres", "move_plain") as dsn:
-            plain_s = await asyncio.to_thread(_plain_copy, path, dsn)
-    rate = moved / move_s
+        for round_ in range(args.repeats):
+            async with fresh_target("postgres", "move_dst") as dsn:
+                move_s, verify_s, moved = await asyncio.to_thread(_move, path, dsn, args.batch)
+            async with fresh_target("postgres", "move_plain") as dsn:
+                plain_s = await asyncio.to_thread(_plain_copy, path, dsn)
+            moves.append(move_s)
+            verifies.append(verify_s)
+            plains.append(plain_s)
+            print(
+                f"  round {round_ + 1}/{args.repeats}: move {move_s:.2f} s, verify "
+                f"{verify_s:.2f} s, plain COPY {plain_s:.2f} s",
+                flush=True,
+            )
+    move_s, verify_s, plain_s = (statistics.median(v) for v in (moves, verifies, plains))
     print_table(
-        f"move-to, {args.tasks:,} tasks, batches of {args.batch:,}",
+        f"move-to, {args.tasks:,} tasks, batches of {args.batch:,} (medians of {args.repeats})",
         ["what", "seconds", "rows/s", "of plain COPY"],
         [
-            [
-                "move",
-                f"{move_s:.2f}",
-                f"{rate:,.0f}",
-                f"{(moved / move_s) / (moved / plain_s):.0%}",
-            ],
+            ["move", f"{move_s:.2f}", f"{moved / move_s:,.0f}", f"{plain_s / move_s:.0%}"],
             ["verify", f"{verify_s:.2f}", f"{moved / verify_s:,.0f}", "-"],
             ["plain COPY", f"{plain_s:.2f}", f"{moved / plain_s:,.0f}", "100%"],
         ],
