@@ -546,3 +546,56 @@ def test_a_dependency_graph_moves_mid_way_and_carries_on(
             await store.close()
 
     asyncio.run(carry_on())
+
+
+def _spread_statuses(path: str) -> None:
+    """Turn the bulk tasks into every status, each with what that status carries."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        now = int(time.time() * 1000)
+        conn.execute("begin")
+        conn.execute(
+            "update cairnq_tasks set status = 'succeeded', attempt = 1, progress = 1.0, "
+            "result = json_object('i', json_extract(payload, '$.i')), completed_at_ms = ?, "
+            "updated_at_ms = ? where name = 'job.bulk' and rowid % 5 = 1",
+            (now, now),
+        )
+        conn.execute(
+            "update cairnq_tasks set status = 'failed', attempt = max_attempts, "
+            "error = json_object('type', 'E', 'code', 'boom', 'message', 'no', "
+            "'retryable', json('false')), completed_at_ms = ?, updated_at_ms = ? "
+            "where name = 'job.bulk' and rowid % 5 = 2",
+            (now, now),
+        )
+        conn.execute(
+            "update cairnq_tasks set status = 'canceled', cancel_requested_at_ms = ?, "
+            "completed_at_ms = ?, updated_at_ms = ? where name = 'job.bulk' and rowid % 5 = 3",
+            (now, now, now),
+        )
+        conn.execute("commit")
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_a_hundred_thousand_tasks_in_every_status_arrive_row_for_row(
+    tmp_path: Path, pg_databases: PgDatabases
+) -> None:
+    db = tmp_path / "big.db"
+    made = populate(str(db), bulk=100_000)
+    _spread_statuses(str(db))
+    config = write_config(tmp_path, database_line("sqlite", str(db)))
+    dsn = pg_databases.new()
+    moved = cli(config, "move-to", dsn)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    last = moved.stdout.strip().splitlines()[-1]
+    assert last.startswith("moved 100015 tasks") and last.endswith(": verified"), last
+    running = frozenset(made.running)
+    for table in TABLES:
+        assert differences(made.path, dsn, table.name, except_ids=running) == [], table.name
+    statuses = dict(
+        psycopg.connect(dsn)
+        .execute("select status, count(*) from cairnq_tasks where name = 'job.bulk' group by 1")
+        .fetchall()
+    )
+    assert statuses == {"queued": 40_000, "succeeded": 20_000, "failed": 20_000, "canceled": 20_000}
