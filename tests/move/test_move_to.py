@@ -23,7 +23,9 @@ from cairnqd.store.sqlite.migrate import apply_sqlite
 from cairnqd.store.tables.schedules import ScheduleTable
 from cairnqd.worker import Worker
 from tests.support.cli import REPO_ENV, cli, database_line, running_daemon, write_config
+from tests.support.daemon import Daemon, base_config
 from tests.support.databases import PgDatabases
+from tests.support.harness import database_section, stats
 from tests.support.moving import SCHEDULE, Source, add_bulk, differences, populate
 from tests.support.waiting import wait_for, wait_for_async
 
@@ -599,3 +601,32 @@ def test_a_hundred_thousand_tasks_in_every_status_arrive_row_for_row(
         .fetchall()
     )
     assert statuses == {"queued": 40_000, "succeeded": 20_000, "failed": 20_000, "canceled": 20_000}
+
+
+@pytest.mark.slow
+def test_a_daemon_on_the_target_drains_what_was_queued(
+    source: tuple[Path, Source], pg_databases: PgDatabases, tmp_path: Path
+) -> None:
+    config, made = source
+    add_bulk(made.path, 2_000)
+    dsn = pg_databases.new()
+    moved = cli(config, "move-to", dsn)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    home = tmp_path / "target"
+    home.mkdir()
+    groups = {"g": {"queues": ["a", "c", "d"], "processes": 2, "concurrency": 8}}
+    daemon_config = base_config(home, database_section("postgres", dsn), groups)
+    daemon_config["handlers"] = ["tests.move.move_handlers:registry"]
+    daemon = Daemon(home, daemon_config).start()
+    try:
+
+        def drained() -> dict[str, dict[str, int]] | None:
+            counts = stats("postgres", dsn)
+            busy = any(counts[q]["queued"] + counts[q]["running"] for q in ("a", "c", "d"))
+            return None if busy else counts
+
+        counts = wait_for("the daemon to drain a, c and d", drained, 60)
+        assert counts["d"]["succeeded"] == 2_000
+        assert counts["b"]["queued"] == 1, "the paused queue's task waits, as it did"
+    finally:
+        assert daemon.stop() == 0
