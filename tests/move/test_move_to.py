@@ -595,11 +595,12 @@ def test_a_hundred_thousand_tasks_in_every_status_arrive_row_for_row(
     running = frozenset(made.running)
     for table in TABLES:
         assert differences(made.path, dsn, table.name, except_ids=running) == [], table.name
-    statuses = dict(
-        psycopg.connect(dsn)
-        .execute("select status, count(*) from cairnq_tasks where name = 'job.bulk' group by 1")
-        .fetchall()
-    )
+    with psycopg.connect(dsn) as conn:
+        statuses = dict(
+            conn.execute(
+                "select status, count(*) from cairnq_tasks where name = 'job.bulk' group by 1"
+            ).fetchall()
+        )
     assert statuses == {"queued": 40_000, "succeeded": 20_000, "failed": 20_000, "canceled": 20_000}
 
 
