@@ -21,19 +21,16 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairnqd.errors import CairnQError, ProtocolVersionMismatch
 from cairnqd.store.migrate import STORAGE_PROTOCOL_VERSION, check_protocol_version
-from cairnqd.store.postgres.movetarget import (
-    PROGRESS_TABLE,
-    PostgresMoveTarget,
-    Progress,
-    RowsAlreadyThere,
-)
 from cairnqd.store.sqlite.movesource import SqliteMoveSource, settle_running
 from cairnqd.store.statement_params import LEASE_EXPIRED_ERROR_JSON
 from cairnqd.store.tables.fleet import LIVE_MS
+
+if TYPE_CHECKING:  # psycopg loads only once a move starts: SQLite commands never load it
+    from cairnqd.store.postgres.movetarget import PostgresMoveTarget, Progress
 
 Row = tuple[Any, ...]
 
@@ -158,9 +155,13 @@ class Move:
             raise ValueError(f"batch size {batch}: must be at least 1")
         self.batch = batch
         self.merge = merge
+        from cairnqd.store.postgres.movetarget import PostgresMoveTarget
+
         self.source = SqliteMoveSource(source_path)
         try:
-            self.target = PostgresMoveTarget(dsn, connect_timeout_s=connect_timeout_s)
+            self.target: PostgresMoveTarget = PostgresMoveTarget(
+                dsn, connect_timeout_s=connect_timeout_s
+            )
         except BaseException:
             self.source.close()
             raise
@@ -321,6 +322,8 @@ class Move:
                     now_ms=_now_ms(),
                 )
             except Exception as exc:
+                from cairnqd.store.postgres.movetarget import RowsAlreadyThere
+
                 first, last = self._key(table, rows[0]), self._key(table, rows[-1])
                 hint = (
                     " (give --merge to skip rows the target already has)"
@@ -454,7 +457,6 @@ class RowText:
 
 __all__ = [
     "DEFAULT_BATCH",
-    "PROGRESS_TABLE",
     "SKIPPED",
     "TABLES",
     "Move",
