@@ -166,7 +166,9 @@ end
 $$;
 
 -- One call per statement that updates cairnq_tasks, reading its rows from the
--- transition tables. A settle of tasks without edges costs one join against
+-- transition tables. Each old row is paired with its task by primary key, never with
+-- the new rows: the plans are cached for whatever the first statement held, and a
+-- nested loop over two transition tables grows with the square of the rows. A settle of tasks without edges costs one join against
 -- cairnqd_task_deps; the parents a statement settled are counted off their dependents'
 -- waits together, so a batch of parents of one fan-in is one update of its wait row; a
 -- failure, a cancel or a retry of a task with edges runs cairnqd_task_dependency_step.
@@ -193,11 +195,21 @@ begin
            array_agg(h.settled_at_ms order by h.task_id)
     into hit_ids, hit_parents, hit_settled_at
     from (
-        select d.task_id, count(*)::integer as parents, max(n.updated_at_ms) as settled_at_ms
-        from cairnqd_dep_new_rows as n
-        join cairnqd_dep_old_rows as o on o.id = n.id
-        join cairnqd_task_deps as d on d.parent_id = n.id
-        where n.status = 'succeeded' and o.status <> 'succeeded'
+        -- Rows without dependents (most of them) drop out at one index probe each.
+        with parents as materialized (
+            select o.id from cairnqd_dep_old_rows as o
+            where o.status <> 'succeeded'
+              and exists (select 1 from cairnqd_task_deps as d where d.parent_id = o.id)
+        )
+        select d.task_id, count(*)::integer as parents, max(t.updated_at_ms) as settled_at_ms
+        from parents as p
+        cross join lateral (
+            -- By primary key, one row each (offset 0 keeps the planner from walking
+            -- every succeeded task by the status index instead).
+            select x.status, x.updated_at_ms from cairnq_tasks as x where x.id = p.id offset 0
+        ) as t
+        join cairnqd_task_deps as d on d.parent_id = p.id
+        where t.status = 'succeeded'
         group by d.task_id
     ) as h;
     if hit_ids is not null then
@@ -236,18 +248,22 @@ begin
         return null;  -- successes only: counted above
     end if;
     for moved in
-        select n.id, n.status, n.updated_at_ms, n.run_at_ms
-        from cairnqd_dep_new_rows as n
-        join cairnqd_dep_old_rows as o on o.id = n.id
-        where (
-                (n.status in ('failed', 'canceled') and o.status in ('queued', 'running'))
-                or (n.status = 'queued' and o.status in ('failed', 'canceled'))
-            )
-            and (
-                exists (select 1 from cairnqd_task_deps as d where d.parent_id = n.id)
-                or exists (select 1 from cairnqd_task_deps as d where d.task_id = n.id)
-            )
-        order by n.id
+        with edged as materialized (
+            select o.id, o.status from cairnqd_dep_old_rows as o
+            where (
+                    exists (select 1 from cairnqd_task_deps as d where d.parent_id = o.id)
+                    or exists (select 1 from cairnqd_task_deps as d where d.task_id = o.id)
+                )
+        )
+        select e.id, t.status, t.updated_at_ms, t.run_at_ms
+        from edged as e
+        cross join lateral (
+            select x.status, x.updated_at_ms, x.run_at_ms
+            from cairnq_tasks as x where x.id = e.id offset 0
+        ) as t
+        where (t.status in ('failed', 'canceled') and e.status in ('queued', 'running'))
+           or (t.status = 'queued' and e.status in ('failed', 'canceled'))
+        order by e.id
     loop
         perform cairnqd_task_dependency_step(
             moved.id, moved.status, moved.updated_at_ms, moved.run_at_ms
