@@ -755,12 +755,17 @@ class DashboardData:
 
         return self._run(read, f"the attempts of task {task_id}")
 
-    def dependencies(self, task_id: str) -> tuple[list[Task], list[Task]]:
-        """The parents of `task_id` (in the order its submit named them) and the tasks
-        submitted after it: two reads by the dependency edges' indexes."""
+    def dependencies(self, task_id: str, listed: int) -> tuple[list[Task], list[Task], int]:
+        """The parents of `task_id` (in the order its submit named them), the first
+        `listed` tasks submitted after it and how many there are: reads by the
+        dependency edges' indexes, never every dependent of a wide fan-out."""
 
-        async def read(store: TaskStore) -> tuple[list[Task], list[Task]]:
-            return await store.dependencies(task_id), await store.dependents(task_id)
+        async def read(store: TaskStore) -> tuple[list[Task], list[Task], int]:
+            return (
+                await store.dependencies(task_id),
+                await store.dependents(task_id, limit=listed),
+                await store.count_dependents(task_id),
+            )
 
         return self._run(read, f"the dependencies of task {task_id}")
 

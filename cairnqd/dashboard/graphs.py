@@ -69,9 +69,10 @@ def _dep_item(task: Task) -> Markup:
     )
 
 
-def _listed(tasks: Sequence[Task]) -> Markup:
-    """Tasks as a list, the first `LISTED_MAX`, and how many more the graph shows."""
-    more = len(tasks) - LISTED_MAX
+def _listed(tasks: Sequence[Task], total: int) -> Markup:
+    """Tasks as a list, the first `LISTED_MAX` of `total`, and how many more the graph
+    shows."""
+    more = total - min(len(tasks), LISTED_MAX)
     return render(
         "{items}{more}",
         items=join(_dep_item(t) for t in tasks[:LISTED_MAX]),
@@ -81,9 +82,16 @@ def _listed(tasks: Sequence[Task]) -> Markup:
     )
 
 
-def dependency_sections(task: Task, parents: Sequence[Task], dependents: Sequence[Task]) -> Markup:
+def dependency_sections(
+    task: Task,
+    parents: Sequence[Task],
+    dependents: Sequence[Task],
+    dependents_total: int | None = None,
+) -> Markup:
     """The task page's "After" (its parents, in the order its submit named them) and
-    "Dependents" lists, with a link to the graph; nothing for a task with neither."""
+    "Dependents" lists, with a link to the graph; nothing for a task with neither.
+    `dependents` may be the first of `dependents_total` (all of them when None)."""
+    dependents_total = len(dependents) if dependents_total is None else dependents_total
     if not parents and not dependents:
         return Markup("")
     parts = []
@@ -100,12 +108,12 @@ def dependency_sections(task: Task, parents: Sequence[Task], dependents: Sequenc
             )
         parts.append(render(
             '<h2>After <small>{n}</small></h2>{note}<ul class="deps after">{items}</ul>',
-            n=len(parents), note=note, items=_listed(parents),
+            n=len(parents), note=note, items=_listed(parents, len(parents)),
         ))  # fmt: skip
     if dependents:
         parts.append(render(
             '<h2>Dependents <small>{n}</small></h2><ul class="deps dependents">{items}</ul>',
-            n=len(dependents), items=_listed(dependents),
+            n=f"{dependents_total:,}", items=_listed(dependents, dependents_total),
         ))  # fmt: skip
     link = render(
         '<p class="graph-link"><a href="/task/{id}/graph">Dependency graph</a></p>', id=task.id

@@ -629,11 +629,13 @@ def task_page(
     cancel_grace: timedelta | None = None,
     parents: Sequence[Task] = (),
     dependents: Sequence[Task] = (),
+    dependents_total: int | None = None,
 ) -> Markup:
     """One task in full; `waits` are the budgets of limits it waits for room in,
     `attempts` its recorded attempts, oldest first; `cancel_grace` is its group's
     (`cancel_grace_of`), for the Cancel confirmation; `parents` and `dependents` its
-    dependencies both ways (graphs.py)."""
+    dependencies both ways, `dependents` perhaps the first of `dependents_total`
+    (graphs.py)."""
     state = task_state(task.status, task.run_at_ms)
     back = f"/task/{task.id}"
     controls = []
@@ -720,7 +722,7 @@ def task_page(
         controls=join(controls),
         waiting=waiting,
         dl=dl,
-        deps=dependency_sections(task, parents, dependents),
+        deps=dependency_sections(task, parents, dependents, dependents_total),
         progress=progress,
         payload=pretty(task.payload),
         result=result,

@@ -230,10 +230,10 @@ class Dashboard:
                 return _error(404, f"no task {tid} (it may have been purged)")
             grace = pages.cancel_grace_of(self.data.config, task.queue)
             waits, attempts = self.data.waiting_for(task), self.data.attempts(tid)
-            parents, dependents = self.data.dependencies(tid)
+            parents, dependents, dependents_total = self.data.dependencies(tid, graphs.LISTED_MAX)
             body = pages.task_page(
                 task, key, viewer, waits, attempts, cancel_grace=grace,
-                parents=parents, dependents=dependents,
+                parents=parents, dependents=dependents, dependents_total=dependents_total,
             )  # fmt: skip
             live = task.status in ("queued", "running")
             return self._layout(f"Task {task.name}", path, body, viewer, live=live)

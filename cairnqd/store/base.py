@@ -546,10 +546,19 @@ class TaskStore(ABC):
         rows = await self._fetch("dependency_waiting", {})
         return {row["queue"]: int(row["n"]) for row in rows}
 
-    async def dependents(self, task_id: str) -> builtins.list[Task]:
-        """The tasks submitted `after` `task_id`, oldest first."""
+    async def dependents(self, task_id: str, *, limit: int | None = None) -> builtins.list[Task]:
+        """The tasks submitted `after` `task_id`, oldest first: all, or the first `limit`."""
         require_str(task_id, "task_id")
-        return self._tasks(await self._fetch("dependency_dependents", {"task_id": task_id}))
+        if limit is not None:
+            require_int(limit, "limit", minimum=0)
+        params = {"task_id": task_id, "limit": limit}
+        return self._tasks(await self._fetch("dependency_dependents", params))
+
+    async def count_dependents(self, task_id: str) -> int:
+        """How many tasks were submitted `after` `task_id`."""
+        require_str(task_id, "task_id")
+        rows = await self._fetch("dependency_dependents_count", {"task_id": task_id})
+        return int(rows[0]["n"])
 
     async def graph(self, task_id: str, *, limit: int = GRAPH_LIMIT) -> TaskGraph:
         """The dependency graph `task_id` belongs to: its roots and every task that

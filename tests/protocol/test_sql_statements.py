@@ -361,6 +361,7 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/dependency_waiting": ({}, 0),
     # task_run waits for nothing: it is its own graph's one root and member.
     "extensions/dependency_dependents": ({}, 0),
+    "extensions/dependency_dependents_count": ({}, 1),
     "extensions/dependency_graph": ({}, 1),
     "extensions/dependency_graph_edges": ({}, 0),
     "extensions/dependency_waiting_list": ({"queue": None, "name": None}, 0),

@@ -108,6 +108,8 @@ async def test_a_diamond_releases_its_join_once_when_both_sides_succeeded(
     assert await _run(store) == [], "released once"
     assert [t.result for t in await store.dependencies(d.id)] == [{"b": 2}, {"c": 3}]
     assert [t.id for t in await store.dependents(a.id)] == [b.id, c.id]
+    assert [t.id for t in await store.dependents(a.id, limit=1)] == [b.id]
+    assert await store.count_dependents(a.id) == 2 and await store.count_dependents(d.id) == 0
 
 
 async def test_a_thousand_wide_fan_in_is_released_exactly_at_its_last_parent(
