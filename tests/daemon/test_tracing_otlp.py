@@ -22,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import cairnq
 import pytest
 from opentelemetry import trace
 
@@ -32,7 +31,7 @@ from cairnqd.registry import TaskRegistry
 from tests.support.daemon import Daemon, base_config, gone
 from tests.support.databases import make_store
 from tests.support.otlp import Blackhole, ReceivedSpan, Receiver
-from tests.support.store import connect_upstream, pg_url
+from tests.support.store import upstream_client
 from tests.support.tracing import ids, one, traced
 from tests.support.waiting import wait_for
 
@@ -158,19 +157,12 @@ def test_a_public_sdk_task_starts_its_own_trace_unless_its_metadata_names_one(
     traceparent = f"00-{trace_id}-{parent_id}-01"
 
     async def submit_both() -> tuple[Any, Any]:
-        if dialect == "sqlite":
-            theirs = cairnq.CairnQ(cairnq.SQLiteStore(db_target))
-        else:
-            theirs = cairnq.CairnQ.postgres(pg_url(db_target), max_size=2)
-        await connect_upstream(theirs)
-        try:
+        async with upstream_client(dialect, db_target, max_size=2) as theirs:
             plain = await theirs.submit("otlp.work", {"n": 1}, queue="q")
             carried = await theirs.submit(
                 "otlp.work", {"n": 2}, queue="q", metadata={"traceparent": traceparent}
             )
             return plain, carried
-        finally:
-            await theirs.close()
 
     with Receiver() as receiver:
         # Exported on the batch's own schedule, while the daemon runs.

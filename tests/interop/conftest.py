@@ -5,26 +5,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import cairnq
 import pytest
 
 import cairnqd
 from tests.support.databases import make_store
-from tests.support.store import connect_upstream, pg_url
+from tests.support.store import upstream_client
 
 
 @pytest.fixture
 async def theirs(dialect: str, db_target: str) -> AsyncIterator[Any]:
     """The public SDK's client, connected first: it creates the database."""
-    if dialect == "sqlite":
-        client = cairnq.CairnQ.sqlite(db_target)
-    else:
-        client = cairnq.CairnQ.postgres(pg_url(db_target), max_size=4)
-    await connect_upstream(client)
-    try:
+    async with upstream_client(dialect, db_target) as client:
         yield client
-    finally:
-        await client.close()
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from contextlib import closing
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, closing
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -163,6 +163,23 @@ async def connect_upstream(store: Any) -> Any:
     await store.connect()
     await settle_upstream_listener(getattr(store, "store", store))
     return store
+
+
+@asynccontextmanager
+async def upstream_client(dialect: str, target: str, *, max_size: int = 4) -> AsyncIterator[Any]:
+    """The public SDK's client on the test database, connected (on a fresh database it
+    runs the protocol's migrations) and closed after."""
+    import cairnq
+
+    if dialect == "sqlite":
+        client = cairnq.CairnQ.sqlite(target)
+    else:
+        client = cairnq.CairnQ.postgres(pg_url(target), max_size=max_size)
+    await connect_upstream(client)
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 # -- processes that start together -------------------------------------------------------

@@ -16,7 +16,7 @@ from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.store.dependencies import WAITING_RUN_AT, is_waiting
 from cairnqd.worker import Worker
-from tests.support.store import connect_upstream, pg_url
+from tests.support.store import upstream_client
 from tests.support.waiting import wait_for_async
 from tests.support.worker import running
 
@@ -26,15 +26,8 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture
 async def theirs(store: TaskStore, dialect: str, db_target: str) -> AsyncIterator[cairnq.CairnQ]:
     """A public-SDK handle on the same database (after ours has migrated it)."""
-    if dialect == "sqlite":
-        handle = cairnq.CairnQ(cairnq.SQLiteStore(db_target))
-    else:
-        handle = cairnq.CairnQ.postgres(pg_url(db_target), max_size=4)
-    await connect_upstream(handle)
-    try:
-        yield handle
-    finally:
-        await handle.close()
+    async with upstream_client(dialect, db_target) as client:
+        yield client
 
 
 def _their_worker(store: Any) -> cairnq.Worker:

@@ -16,7 +16,7 @@ from cairnqd.context import TaskContext
 from cairnqd.errors import TaskCanceled, TaskError, TaskFailed
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.support.store import connect_upstream, pg_url
+from tests.support.store import upstream_client
 from tests.support.waiting import wait_for_async
 from tests.support.worker import running
 
@@ -28,15 +28,8 @@ PAYLOAD = {"text": "naïve café ✓", "n": 6, "list": [1, 2.5, None, True, {"k"
 @pytest.fixture
 async def theirs(store: TaskStore, dialect: str, db_target: str) -> AsyncIterator[cairnq.CairnQ]:
     """A public-SDK handle on the same database (after ours has migrated it)."""
-    if dialect == "sqlite":
-        handle = cairnq.CairnQ(cairnq.SQLiteStore(db_target))
-    else:
-        handle = cairnq.CairnQ.postgres(pg_url(db_target), max_size=4)
-    await connect_upstream(handle)
-    try:
-        yield handle
-    finally:
-        await handle.close()
+    async with upstream_client(dialect, db_target) as client:
+        yield client
 
 
 def our_worker(store: TaskStore) -> Worker:

@@ -22,7 +22,7 @@ from cairnqd.client import CairnQ
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.support.store import connect_upstream, pg_url
+from tests.support.store import upstream_client
 from tests.support.tracing import attrs, ids, named, one, parent_id, traced
 from tests.support.worker import (
     REPO,
@@ -288,15 +288,8 @@ async def test_a_worker_in_another_process_continues_the_trace(
 @pytest.fixture
 async def theirs(store: TaskStore, dialect: str, db_target: str) -> AsyncIterator[Any]:
     """A public-SDK handle on the same database (after ours has migrated it)."""
-    if dialect == "sqlite":
-        handle = cairnq.CairnQ(cairnq.SQLiteStore(db_target))
-    else:
-        handle = cairnq.CairnQ.postgres(pg_url(db_target), max_size=4)
-    await connect_upstream(handle)
-    try:
-        yield handle
-    finally:
-        await handle.close()
+    async with upstream_client(dialect, db_target) as client:
+        yield client
 
 
 async def test_the_public_sdk_ignores_the_keys_and_its_tasks_start_a_trace(
