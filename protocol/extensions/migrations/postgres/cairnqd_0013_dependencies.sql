@@ -168,12 +168,13 @@ $$;
 -- One call per statement that updates cairnq_tasks, reading its rows from the
 -- transition tables. Each old row is paired with its task by primary key, never with
 -- the new rows: the plans are cached for whatever the first statement held, and a
--- nested loop over two transition tables grows with the square of the rows. A settle of tasks without edges costs one join against
--- cairnqd_task_deps; the parents a statement settled are counted off their dependents'
--- waits together, so a batch of parents of one fan-in is one update of its wait row; a
--- failure, a cancel or a retry of a task with edges runs cairnqd_task_dependency_step.
--- (A trigger with transition tables cannot name columns, so heartbeats and progress
--- writes call it too, and leave at the first test.)
+-- nested loop over two transition tables grows with the square of the rows. A settle
+-- of tasks without edges costs an index probe of cairnqd_task_deps per row; the parents
+-- a statement settled are counted off their dependents' waits together, so a batch of
+-- parents of one fan-in is one update of its wait row; a failure, a cancel or a retry
+-- of a task with edges runs cairnqd_task_dependency_step. (A trigger with transition
+-- tables cannot name columns, so claims, heartbeats and progress writes call it too,
+-- and leave at the first test.)
 create or replace function cairnqd_task_dependencies() returns trigger
 language plpgsql
 as $$
