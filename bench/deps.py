@@ -25,12 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sqlite3
-import time
 from collections.abc import Sequence
 from typing import Any
-
-import psycopg
 
 from bench.common import (
     NOOP,
@@ -52,35 +48,13 @@ from bench.common import (
     save,
     worker_argv,
 )
+from bench.drain import Table
 
 PAIR_GAP_S = 0.010
 
 
-async def _rows(backend: Backend, target: str, sql: str) -> list[tuple[Any, ...]]:
-    def read() -> list[tuple[Any, ...]]:
-        if backend == "sqlite":
-            conn = sqlite3.connect(target, timeout=30)
-            try:
-                return conn.execute(sql).fetchall()
-            finally:
-                conn.close()
-        with psycopg.connect(target) as pg:
-            return pg.execute(sql.encode()).fetchall()
-
-    return await asyncio.to_thread(read)
-
-
-async def _wait_all_succeeded(backend: Backend, target: str, n: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        ((done,),) = await _rows(
-            backend, target, "select count(*) from cairnq_tasks where status = 'succeeded'"
-        )
-        if done >= n:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{done} of {n} tasks succeeded after {timeout_s:.0f} s")
-        await asyncio.sleep(0.05)
+#: Tasks not yet succeeded: a run ends when this counts 0.
+UNFINISHED = "select count(*) from cairnq_tasks where status <> 'succeeded'"
 
 
 async def _preload(backend: Backend, target: str, tasks: int, width: int | None) -> None:
@@ -102,11 +76,11 @@ async def drain_once(backend: Backend, args: argparse.Namespace, shape: str) -> 
         width = args.width if shape == "graph" else None
         await _preload(backend, target, args.tasks, width)
         argv = worker_argv("ours", backend, target, concurrency=args.concurrency)
-        async with children([(f"w{i}", argv) for i in range(args.procs)]) as started:
+        workers = [(f"w{i}", argv) for i in range(args.procs)]
+        async with children(workers) as started, Table(backend, target) as table:
             go = await release(started)
-            await _wait_all_succeeded(backend, target, args.tasks, args.timeout)
-        last = "select max(completed_at_ms) from cairnq_tasks"
-        ((last_ms,),) = await _rows(backend, target, last)
+            await table.wait_until_zero(UNFINISHED, args.timeout)
+            last_ms = await table.scalar("select max(completed_at_ms) from cairnq_tasks")
         seconds = last_ms / 1000 - go
         return Run({"tasks_per_s": args.tasks / seconds, "seconds": seconds})
 
@@ -125,7 +99,8 @@ async def release_once(backend: Backend, args: argparse.Namespace) -> Run:
                 )
                 pairs.append((parent.id, child.id))
                 await asyncio.sleep(PAIR_GAP_S)
-            await _wait_all_succeeded(backend, target, 2 * args.pairs, args.timeout)
+            async with Table(backend, target) as table:
+                await table.wait_until_zero(UNFINISHED, args.timeout)
             latencies: list[float] = []
             for parent_id, child_id in pairs:
                 parent, child = await client.get(parent_id), await client.get(child_id)
