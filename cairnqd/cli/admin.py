@@ -44,7 +44,7 @@ from cairnqd.errors import (
 )
 from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
 from cairnqd.store.base import TaskStore, wall_clock_ms
-from cairnqd.store.dependencies import WAITING_RUN_AT, TaskGraph, is_waiting
+from cairnqd.store.dependencies import WAITING_RUN_AT, TaskGraph, is_waiting, state_shown
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import missing_sqlite_file, store_for
 from cairnqd.store.tables.fleet import FleetMember
@@ -432,7 +432,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"{field}: {shown}" if shown else f"{field}:{_shown(field, value)}")
     for label, linked in (("after", seen.parents), ("dependents", seen.dependents)):
         if linked:
-            print(f"{label}: " + ", ".join(f"{t.id} ({_state(t)})" for t in linked))
+            print(
+                f"{label}: "
+                + ", ".join(f"{t.id} ({state_shown(t.status, t.run_at_ms)})" for t in linked)
+            )
     for wait in seen.waits:
         print(wait.describe())
     if task.error is not None:
@@ -444,11 +447,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for line in inspect_text.attempt_lines(records, wall_clock_ms(), _when, table):
         print(line)
     return exitcodes.OK
-
-
-def _state(task: Task) -> str:
-    """A task's status, or `waiting` while its dependencies hold it."""
-    return "waiting" if is_waiting(task) else task.status
 
 
 def _linked(task: Task) -> dict[str, Any]:

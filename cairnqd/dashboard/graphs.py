@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from cairnqd.dashboard.markup import Markup, join, render
 from cairnqd.dashboard.params import BadRequest
 from cairnqd.models import Task
-from cairnqd.store.dependencies import WAITING_RUN_AT, GraphNode, TaskGraph
+from cairnqd.store.dependencies import GraphNode, TaskGraph, state_shown
 
 #: A column (layer) of more tasks than this is drawn as one box.
 COLLAPSE_OVER = 50
@@ -36,11 +36,6 @@ _BOX_W, _BOX_H = 176, 44
 _GAP_X, _GAP_Y, _PAD = 56, 12, 8
 _LINE = 15
 _NAME_CHARS = 24
-
-
-def task_state(status: str, run_at_ms: int) -> str:
-    """The status shown for a task: `waiting` for one queued behind its dependencies."""
-    return "waiting" if status == "queued" and run_at_ms == WAITING_RUN_AT else status
 
 
 def _clip(text: str, most: int) -> str:
@@ -58,7 +53,7 @@ def counted(states: Sequence[str]) -> str:
 
 
 def _dep_item(task: Task) -> Markup:
-    state = task_state(task.status, task.run_at_ms)
+    state = state_shown(task.status, task.run_at_ms)
     # dep-, not st-: `.st-<status>` names only the page's own task's status.
     return render(
         '<li><a class="mono" href="/task/{id}">{id}</a> {name} '
@@ -98,7 +93,7 @@ def dependency_sections(
     if parents:
         note = Markup("")
         pending = sum(1 for p in parents if p.status != "succeeded")
-        if task_state(task.status, task.run_at_ms) == "waiting" and pending:
+        if state_shown(task.status, task.run_at_ms) == "waiting" and pending:
             done = len(parents) - pending
             note = render(
                 '<p class="note waits-for">Waits for {n} parent{s} to succeed{done}.</p>',
@@ -432,5 +427,4 @@ __all__ = [
     "graph_svg",
     "layers_of",
     "layout",
-    "task_state",
 ]

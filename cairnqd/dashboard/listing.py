@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from cairnqd.attempts import attempts_shown
-from cairnqd.dashboard.graphs import task_state
 from cairnqd.dashboard.markup import Markup, join, render
 from cairnqd.dashboard.pages import Viewer, action_form, status_badge, when
 from cairnqd.dashboard.params import BULK_STATUSES, encode_cursor, with_params
 from cairnqd.models import STATUSES
 from cairnqd.store.browse import SORTS, SearchResult, TaskQuery, TaskSummary
+from cairnqd.store.dependencies import state_shown
 
 #: The most tasks the search page lists.
 SEARCH_SHOWN = 100
@@ -44,11 +44,11 @@ def _task_table(
             name=t.name,
             key=render("<td>{k}</td>", k=keys[i] or "-") if keys is not None else Markup(""),
             queue=t.queue,
-            status=status_badge(task_state(t.status, t.run_at_ms)),
+            status=status_badge(state_shown(t.status, t.run_at_ms)),
             attempt=attempts_shown(t.attempt, t.max_attempts),
             created=when(t.created_at_ms),
             run_at="after its parents"
-            if task_state(t.status, t.run_at_ms) == "waiting"
+            if state_shown(t.status, t.run_at_ms) == "waiting"
             else when(t.run_at_ms),
             finished=when(t.completed_at_ms),
         )

@@ -24,13 +24,14 @@ from cairnqd.dashboard.attempts import attempt_timeline
 from cairnqd.dashboard.auth import Flash, Session
 from cairnqd.dashboard.charts import ms_text
 from cairnqd.dashboard.data import HOUR_MINUTES, HostView, LimitRow, Overview, QueueRow
-from cairnqd.dashboard.graphs import dependency_sections, task_state
+from cairnqd.dashboard.graphs import dependency_sections
 from cairnqd.dashboard.markup import Markup, join, render
 from cairnqd.dashboard.params import with_params
 from cairnqd.limits import NO_PARTITION, Limit
 from cairnqd.models import STATUSES, Task
 from cairnqd.schedules import from_ms
 from cairnqd.store.base import wall_clock_ms
+from cairnqd.store.dependencies import state_shown
 from cairnqd.store.tables.fleet import versions
 from cairnqd.store.tables.limits import PartitionUsage, RoomWait, full_budgets, span_text
 from cairnqd.store.tables.schedules import ScheduleRow
@@ -636,7 +637,7 @@ def task_page(
     (`cancel_grace_of`), for the Cancel confirmation; `parents` and `dependents` its
     dependencies both ways, `dependents` perhaps the first of `dependents_total`
     (graphs.py)."""
-    state = task_state(task.status, task.run_at_ms)
+    state = state_shown(task.status, task.run_at_ms)
     back = f"/task/{task.id}"
     controls = []
     if task.status in ("failed", "canceled"):

@@ -114,9 +114,15 @@ async def hold(session: Session, task_id: str, parents: Sequence[str]) -> Mappin
     return rows[0]
 
 
+def state_shown(status: str, run_at_ms: int) -> str:
+    """A task's status as the operator's tools show it: `waiting` for a queued task
+    held by its dependencies (its run_at is the marker), else the status."""
+    return "waiting" if status == "queued" and run_at_ms == WAITING_RUN_AT else status
+
+
 def is_waiting(task: Task) -> bool:
-    """Whether `task` is queued behind its dependencies (its run_at is the marker)."""
-    return task.status == "queued" and task.run_at_ms == WAITING_RUN_AT
+    """Whether `task` is queued behind its dependencies."""
+    return state_shown(task.status, task.run_at_ms) == "waiting"
 
 
 @dataclass(frozen=True)
@@ -134,14 +140,14 @@ class GraphNode:
     after: tuple[str, ...] = ()
 
     @property
-    def waiting(self) -> bool:
-        """Queued behind its dependencies, not yet due."""
-        return self.status == "queued" and self.run_at_ms == WAITING_RUN_AT
-
-    @property
     def state(self) -> str:
         """The status, or `waiting` for a queued task held by its dependencies."""
-        return "waiting" if self.waiting else self.status
+        return state_shown(self.status, self.run_at_ms)
+
+    @property
+    def waiting(self) -> bool:
+        """Queued behind its dependencies, not yet due."""
+        return self.state == "waiting"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -225,5 +231,6 @@ __all__ = [
     "missing_parents",
     "parent_id",
     "parent_ids",
+    "state_shown",
     "without_after",
 ]

@@ -15,11 +15,10 @@ from cairnqd.dashboard.graphs import (
     graph_svg,
     layers_of,
     layout,
-    task_state,
 )
 from cairnqd.dashboard.params import BadRequest
 from cairnqd.models import Task
-from cairnqd.store.dependencies import WAITING_RUN_AT, GraphNode, TaskGraph
+from cairnqd.store.dependencies import WAITING_RUN_AT, GraphNode, TaskGraph, state_shown
 
 
 def node(
@@ -118,9 +117,9 @@ def test_names_are_escaped_and_clipped() -> None:
 
 
 def test_states_and_counts() -> None:
-    assert task_state("queued", WAITING_RUN_AT) == "waiting"
-    assert task_state("queued", 1) == "queued"
-    assert task_state("canceled", WAITING_RUN_AT) == "canceled"
+    assert state_shown("queued", WAITING_RUN_AT) == "waiting"
+    assert state_shown("queued", 1) == "queued"
+    assert state_shown("canceled", WAITING_RUN_AT) == "canceled"
     assert counted(["succeeded", "waiting", "succeeded", "odd"]) == "1 waiting, 2 succeeded, 1 odd"
 
 
