@@ -464,11 +464,7 @@ class TaskStore(ABC):
             if self._gate is not None:
                 await self._gate.admit(queue)
             if parents:
-                if tx is not None:
-                    tx = await driver_connection(tx)
-                    async with self._in_caller_tx(tx) as session:
-                        return await self._submit_after(session, params, parents)
-                async with self._transaction() as session:
+                async with self._all_or_none(tx) as session:
                     return await self._submit_after(session, params, parents)
             if tx is not None:
                 tx = await driver_connection(tx)
@@ -528,11 +524,7 @@ class TaskStore(ABC):
                         tasks[index] = self._task(held)
                 return tasks
 
-            if tx is not None:
-                tx = await driver_connection(tx)
-                async with self._in_caller_tx(tx) as session:
-                    return await write(session)
-            async with self._transaction() as session:
+            async with self._all_or_none(tx) as session:
                 return await write(session)
 
     async def dependencies(self, task_id: str) -> builtins.list[Task]:
@@ -601,6 +593,17 @@ class TaskStore(ABC):
         """`_caller_session` for statements that must land all or none: a savepoint in
         the caller's transaction, undone alone if they fail."""
         raise TypeError(f"{self.barrier.describe} cannot write through tx=")
+
+    @asynccontextmanager
+    async def _all_or_none(self, tx: object) -> AsyncIterator[Session]:
+        """A session whose statements land together: a savepoint in the caller's open
+        transaction `tx` (docs/transactions.md), or else a transaction of our own."""
+        if tx is None:
+            async with self._transaction() as session:
+                yield session
+            return
+        async with self._in_caller_tx(await driver_connection(tx)) as session:
+            yield session
 
     async def _insert_keyless(self, params: Params) -> Task:
         """One keyless submit. A dialect may queue it with concurrent ones (see
@@ -676,11 +679,7 @@ class TaskStore(ABC):
             if self._gate is not None:
                 for params in prepared:
                     await self._gate.admit(params["queue"])
-            if tx is not None:
-                tx = await driver_connection(tx)
-                async with self._in_caller_tx(tx) as session:
-                    return await self._insert_prepared(session, prepared)
-            async with self._transaction() as session:
+            async with self._all_or_none(tx) as session:
                 return await self._insert_prepared(session, prepared)
 
     async def _insert_prepared(self, session: Session, prepared: list[Params]) -> list[Task]:
