@@ -29,8 +29,9 @@ MAX_RUN_GRACE_S = 2.0
 #: A parent loop that ran its steps this much later than it planned to (stopped,
 #: swapped out) does not blame its children for the silence it could not hear.
 PARENT_STALL_S = 1.0
-#: Children in these states are stepped at the busy tick (`cadence.BUSY_TICK_S`).
-_BOOTING = ("starting", "db_wait")
+#: Not serving yet (booting), or not now (waiting for the database): no heartbeat
+#: deadline holds them, and the loop steps them at the busy tick (`cadence.py`).
+_NOT_SERVING = ("starting", "db_wait")
 
 
 def check_deadlines(pools: Iterable[GroupPool], sup: SupervisorConfig) -> None:
@@ -41,11 +42,11 @@ def check_deadlines(pools: Iterable[GroupPool], sup: SupervisorConfig) -> None:
 
 
 def next_due(pools: Iterable[GroupPool], sup: SupervisorConfig, now: float) -> Iterator[Due]:
-    """When `check_deadlines` could next act on each child, and why: what
-    `_check_child` compares, as the time each comparison turns. A booting child is
-    stepped at the busy tick; what a heartbeat reported (a stall, an overrun, a stuck
-    cancel) is due at once. Every other deadline moves only with what the child says,
-    which `check_deadlines` sees on the tick that message brings (`reported_trouble`)."""
+    """When `check_deadlines` could next act on each child, and why: the times its
+    comparisons turn (heartbeat, drain, SIGKILL after SIGQUIT or SIGABRT). A child
+    booting or waiting for the database is stepped at the busy tick. A stall, an
+    overrun or a stuck cancel changes only with a message, which ticks the loop at once
+    (`reported_trouble`); one already reported is due now."""
     heartbeat_s = sup.heartbeat_timeout.total_seconds()
     for pool in pools:
         for child in pool.children():
@@ -73,7 +74,7 @@ def _child_due(
         return
     if child.drain_deadline is not None:
         yield Due(child.drain_deadline, f"drain deadline of child {pid}")
-    if child.state in _BOOTING:
+    if child.state in _NOT_SERVING:
         yield Due(now, f"child {pid} {child.state}")
     else:
         yield Due(child.last_heard + heartbeat_s, f"heartbeat_timeout of child {pid}")
@@ -112,7 +113,7 @@ def _check_child(pool: GroupPool, child: ChildProcess, sup: SupervisorConfig, no
         child.quit(now)
     elif child.state == "starting" and now - child.spawned_at > sup.boot_timeout.total_seconds():
         _abort(child, "boot_timeout", "not ready within supervisor.boot_timeout")
-    elif child.state not in _BOOTING and (
+    elif child.state not in _NOT_SERVING and (
         now - child.last_heard > sup.heartbeat_timeout.total_seconds()
     ):
         _abort(child, "heartbeat_timeout", "silent for longer than supervisor.heartbeat_timeout")
