@@ -18,6 +18,7 @@ from cairnqd.daemon.wire.messages import (
     CancelStuck,
     Fatal,
     Goodbye,
+    Heartbeat,
     MessageError,
     Ready,
     decode_child,
@@ -32,10 +33,22 @@ MALFORMED_LOG_EVERY_S = 10.0
 _STATE_MESSAGES = (Ready, Goodbye, Fatal, CancelStuck)
 
 
+def _never(_child: ChildProcess) -> bool:
+    return False
+
+
 class ChildChannels:
-    def __init__(self, selector: selectors.BaseSelector, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        selector: selectors.BaseSelector,
+        metrics: Metrics,
+        alarming: Callable[[ChildProcess], bool] = _never,
+    ) -> None:
         self._selector = selector
         self._metrics = metrics
+        #: Whether a child's last heartbeat calls for the loop's steps now (a stall
+        #: or an overrun the deadlines act on), rather than at the next tick.
+        self._alarming = alarming
         self._by_fd: dict[int, ChildProcess] = {}
         self._by_pid: dict[int, ChildProcess] = {}
         #: Other processes of ours whose exit someone waits for (a successor parent).
@@ -58,7 +71,8 @@ class ChildChannels:
 
     def read(self, fd: int) -> bool:
         """Handle what the child on `fd` sent; True if its state changed (ready, bye,
-        fatal, closed pipe), which the loop acts on at once rather than next tick."""
+        fatal, closed pipe, a heartbeat that is `alarming`), which the loop acts on at
+        once rather than next tick."""
         child = self._by_fd.get(fd)
         if child is None:
             return False
@@ -79,6 +93,8 @@ class ChildChannels:
             child.on_message(message, time.monotonic())
             self._metrics.record_event(child.group, child.slot, message, child=child.worker_id)
             changed |= isinstance(message, _STATE_MESSAGES)
+            if isinstance(message, Heartbeat):
+                changed |= self._alarming(child)
         if child.events.closed:
             self._forget_fd(child)
             changed = True

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cairnqd.supervisor")
 
-#: The snapshot is rebuilt at most this often (the loop ticks ten times a second).
+#: The snapshot is rebuilt at most this often; a tick that finds it fresher than this
+#: leaves it, and the loop ticks again once it may be rebuilt (`next_publish`).
 PUBLISH_EVERY_S = 0.25
 _CLIENT_TIMEOUT_S = 2.0
 _REQUEST_MAX = 256
@@ -62,6 +63,8 @@ class ControlServer:
         self.name = os.path.basename(path)
         self._snapshot: Snapshot = {}
         self._published_at = float("-inf")
+        #: A tick came too soon after the last publish to rebuild the snapshot.
+        self._owed = False
         self._sock: socket.socket | None = None
         self._dir_fd: int | None = None
         self._thread: threading.Thread | None = None
@@ -115,9 +118,18 @@ class ControlServer:
             return
         now = time.monotonic()
         if now - self._published_at < PUBLISH_EVERY_S:
+            self._owed = True
             return
         self._published_at = now
+        self._owed = False
         self._snapshot = build()
+
+    def next_publish(self) -> float | None:
+        """When a snapshot a tick left stale (`publish_due`) may be rebuilt; None when
+        the last tick published."""
+        if self._sock is None or not self._owed:
+            return None
+        return self._published_at + PUBLISH_EVERY_S
 
     def stop(self) -> None:
         self._stopping.set()

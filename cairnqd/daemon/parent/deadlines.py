@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 
-from cairnqd.config import SupervisorConfig
+from cairnqd.config import GroupConfig, SupervisorConfig
+from cairnqd.daemon.parent.cadence import Due
 from cairnqd.daemon.parent.pool import ChildProcess, GroupPool
 from cairnqd.daemon.wire.messages import Overrun
 
@@ -25,9 +26,12 @@ FAST_KILL_GRACE_S = 1.0
 QUIT_GRACE_S = 2.0
 #: How long past `max_run` the parent waits for the child's own timeout to act.
 MAX_RUN_GRACE_S = 2.0
-#: A parent loop that went this long without a tick (stopped, swapped out) does not
-#: blame its children for the silence it could not hear.
+#: A parent loop that ran its steps this much later than it planned to (stopped,
+#: swapped out) does not blame its children for the silence it could not hear.
 PARENT_STALL_S = 1.0
+#: Not serving yet (booting), or not now (waiting for the database): no heartbeat
+#: deadline holds them, and the loop steps them at the busy tick (`cadence.py`).
+_NOT_SERVING = ("starting", "db_wait")
 
 
 def check_deadlines(pools: Iterable[GroupPool], sup: SupervisorConfig) -> None:
@@ -35,6 +39,52 @@ def check_deadlines(pools: Iterable[GroupPool], sup: SupervisorConfig) -> None:
     for pool in pools:
         for child in pool.children():
             _check_child(pool, child, sup, now)
+
+
+def next_due(pools: Iterable[GroupPool], sup: SupervisorConfig, now: float) -> Iterator[Due]:
+    """When `check_deadlines` could next act on each child, and why: the times its
+    comparisons turn (heartbeat, drain, SIGKILL after SIGQUIT or SIGABRT). A child
+    booting or waiting for the database is stepped at the busy tick. A stall, an
+    overrun or a stuck cancel changes only with a message, which ticks the loop at once
+    (`reported_trouble`); one already reported is due now."""
+    heartbeat_s = sup.heartbeat_timeout.total_seconds()
+    for pool in pools:
+        for child in pool.children():
+            yield from _child_due(pool.config, child, heartbeat_s, now)
+
+
+def reported_trouble(child: ChildProcess, group: GroupConfig) -> bool:
+    """What the child's last heartbeat said calls for an abort now (a stall, an
+    overrun), unless one is under way: the loop then ticks at once, not when due."""
+    if child.quit_sent_at is not None or child.abort_sent_at is not None:
+        return False
+    stalled = child.lag_s > group.stall_bound.total_seconds()
+    return stalled or bool(_overruns(child, group.max_run)) or bool(child.cancel_stuck)
+
+
+def _child_due(
+    group: GroupConfig, child: ChildProcess, heartbeat_s: float, now: float
+) -> Iterator[Due]:
+    pid = child.pid
+    if child.quit_sent_at is not None:
+        yield Due(child.quit_sent_at + QUIT_GRACE_S, f"SIGKILL of child {pid} after SIGQUIT")
+        return
+    if child.abort_sent_at is not None:
+        yield Due(child.abort_sent_at + _abort_grace_s(child), f"SIGKILL of child {pid}")
+        return
+    if child.drain_deadline is not None:
+        yield Due(child.drain_deadline, f"drain deadline of child {pid}")
+    if child.state in _NOT_SERVING:
+        yield Due(now, f"child {pid} {child.state}")
+    else:
+        yield Due(child.last_heard + heartbeat_s, f"heartbeat_timeout of child {pid}")
+    if reported_trouble(child, group):
+        yield Due(now, f"child {pid} reported trouble")
+
+
+def _abort_grace_s(child: ChildProcess) -> float:
+    fast = child.kill_reason in ("stall", "max_run", "cancel")
+    return FAST_KILL_GRACE_S if fast else KILL_GRACE_S
 
 
 def forgive_silence(pools: Iterable[GroupPool], now: float) -> None:
@@ -50,9 +100,7 @@ def _check_child(pool: GroupPool, child: ChildProcess, sup: SupervisorConfig, no
             child.signal(signal.SIGKILL)
         return
     if child.abort_sent_at is not None:
-        fast = child.kill_reason in ("stall", "max_run", "cancel")
-        grace = FAST_KILL_GRACE_S if fast else KILL_GRACE_S
-        if now - child.abort_sent_at > grace:
+        if now - child.abort_sent_at > _abort_grace_s(child):
             child.signal(signal.SIGKILL)
         return
     stall_s = pool.config.stall_bound.total_seconds()
@@ -65,7 +113,7 @@ def _check_child(pool: GroupPool, child: ChildProcess, sup: SupervisorConfig, no
         child.quit(now)
     elif child.state == "starting" and now - child.spawned_at > sup.boot_timeout.total_seconds():
         _abort(child, "boot_timeout", "not ready within supervisor.boot_timeout")
-    elif child.state not in ("starting", "db_wait") and (
+    elif child.state not in _NOT_SERVING and (
         now - child.last_heard > sup.heartbeat_timeout.total_seconds()
     ):
         _abort(child, "heartbeat_timeout", "silent for longer than supervisor.heartbeat_timeout")

@@ -19,6 +19,7 @@ from cairnqd._ids import new_ulid
 from cairnqd.config import Config, GroupConfig
 from cairnqd.daemon.boot import boot_for
 from cairnqd.daemon.handler_probe import child_argv_prefix
+from cairnqd.daemon.parent.cadence import Due
 from cairnqd.daemon.parent.restart_budget import HEALTHY_AFTER_S, RestartBudget, backoff_s
 from cairnqd.daemon.starts import StartTable
 from cairnqd.daemon.systemd import child_environment
@@ -433,6 +434,20 @@ class GroupPool:
     def cooled_down(self, now: float) -> bool:
         """FATAL for at least `supervisor.fatal_cooldown`: time to try again."""
         return self.state == "fatal" and now - self.fatal_at >= self.fatal_cooldown_s
+
+    def next_spawn(self, now: float) -> Due | None:
+        """When `Fleet.fill` could next spawn into this pool, if it has an empty slot:
+        once the FATAL cool-down ends, once the earliest backoff ends, or (crash-looping)
+        at the busy tick, which looks whether the restart window has room."""
+        if self.state == "fatal":
+            return Due(self.fatal_at + self.fatal_cooldown_s, f"group {self.name} cool-down")
+        empty = [slot for slot in self.slots if slot.child is None]
+        if not empty:
+            return None
+        if self.state == "crashloop":
+            return Due(now, f"group {self.name} crash-looping")
+        slot = min(empty, key=lambda s: s.restart_at)
+        return Due(slot.restart_at, f"restart of {self.name}/{slot.index}")
 
     def may_spawn(self, slot: Slot, now: float) -> bool:
         if self.state == "fatal" or slot.restart_at > now:

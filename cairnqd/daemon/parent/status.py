@@ -11,10 +11,12 @@ from typing import Any
 from setproctitle import setproctitle
 
 from cairnqd.daemon import systemd
+from cairnqd.daemon.parent.cadence import Due
 from cairnqd.daemon.parent.pool import ChildProcess, GroupPool
 from cairnqd.daemon.wire.messages import STALL_WARN_S
 
-#: `/healthz` fails once the loop has not ticked for this long.
+#: `/healthz` fails once the loop has not ticked for this long (it ticks at least
+#: every `cadence.IDLE_TICK_S`, 1 s).
 _STALE_LOOP_S = 5.0
 #: A write refused for want of space keeps /healthz unhealthy this long: a full disk
 #: fails writes only when there are some to make, so a quiet spell proves nothing.
@@ -102,6 +104,14 @@ class StatusReport:
         if self.watchdog_every is not None and now - self.last_watchdog >= self.watchdog_every:
             self.last_watchdog = now
             systemd.watchdog()
+
+    def next_due(self) -> Due | None:
+        """When `tick()` must next run to ping the systemd watchdog, if it pings. (Its
+        start-time extensions need no reason of their own: they are sent while children
+        wait for the database, whom the loop steps at the busy tick anyway.)"""
+        if self.watchdog_every is None:
+            return None
+        return Due(self.last_watchdog + self.watchdog_every, "systemd watchdog")
 
     def take_over_systemd(self, status_text: str) -> None:
         """A binary upgrade's successor became the main process: READY (which also

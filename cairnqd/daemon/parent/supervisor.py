@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 from setproctitle import setproctitle
@@ -31,6 +31,7 @@ from cairnqd.daemon.logs import (
     logging_settings,
     reopen_logs,
 )
+from cairnqd.daemon.parent.cadence import Cadence, Due
 from cairnqd.daemon.parent.channels import ChildChannels
 from cairnqd.daemon.parent.control import (
     ControlServer,
@@ -39,7 +40,13 @@ from cairnqd.daemon.parent.control import (
     daemon_view,
     restarts_by_group,
 )
-from cairnqd.daemon.parent.deadlines import PARENT_STALL_S, check_deadlines, forgive_silence
+from cairnqd.daemon.parent.deadlines import (
+    PARENT_STALL_S,
+    check_deadlines,
+    forgive_silence,
+    next_due,
+    reported_trouble,
+)
 from cairnqd.daemon.parent.exits import ChildExits, describe_exit
 from cairnqd.daemon.parent.fleet import Fleet, Retiring
 from cairnqd.daemon.parent.leftovers import Leftovers
@@ -89,7 +96,6 @@ _HANDLED = (
 )  # fmt: skip
 #: The parent's process label in log lines; a child's is `[group] slot/slots`.
 PARENT_LABEL = "master"
-_TICK_S = 0.1
 
 
 class Supervisor:
@@ -117,7 +123,8 @@ class Supervisor:
                 inheritance, list(config.groups), config.reload.upgrade_timeout.total_seconds()
             )
             self.generation = int(inheritance.state.get("generation", 0)) + 1
-        self._last_tick = time.monotonic()
+        #: When the loop next runs its steps, and why (`cadence.py`).
+        self.cadence = Cadence(time.monotonic())
         self.fleet = Fleet(config)
         self.selector = selectors.DefaultSelector()
         self.signals: deque[int] = deque()
@@ -130,7 +137,7 @@ class Supervisor:
         self.maintenance = Maintenance(config, self.metrics, version=__version__)
         self.scheduler = Scheduler(config, self.metrics)
         self.metrics.database.set_outage_source(self._processes_without_database)
-        self.channels = ChildChannels(self.selector, self.metrics)
+        self.channels = ChildChannels(self.selector, self.metrics, alarming=self._heard_trouble)
         #: Process groups of reaped children that still hold what their handlers started.
         self.leftovers = Leftovers()
         #: The host's one LISTEN on direct_dsn, passed on to the children (or None).
@@ -258,7 +265,7 @@ class Supervisor:
         )  # fmt: skip
         self._log_push_mode()
         # The preflight and start-up above are not a stall of the loop, which starts now.
-        self._last_tick = time.monotonic()
+        self.cadence = Cadence(time.monotonic())
         return wakeup_r
 
     def _log_push_mode(self) -> None:
@@ -306,19 +313,45 @@ class Supervisor:
         log.info("dashboard on http://%s:%d/", host, port)
 
     def _loop(self, wakeup_r: int) -> None:
-        next_housekeeping = 0.0
+        cadence = self.cadence
         while True:
-            timeout = max(0.0, next_housekeeping - time.monotonic())
-            urgent = self._read_events(wakeup_r, timeout)
+            urgent = self._read_events(wakeup_r, cadence.wait_s(time.monotonic()))
             self._dispatch_signals()
             # Task events arrive thousands of times a second; the steps below only
-            # need to run on a signal, a child's change of state, or every tick.
-            now = time.monotonic()
-            if not urgent and now < next_housekeeping:
+            # need to run on a signal, a child's change of state, or when due.
+            started = time.monotonic()
+            if not urgent and not cadence.due(started):
                 continue
-            next_housekeeping = now + _TICK_S
             if self._tick():
                 return
+            cadence.plan(started, self._reasons_to_tick(time.monotonic()))
+
+    def _reasons_to_tick(self, now: float) -> Iterator[Due]:
+        """Everything that needs the loop's steps again, and when (`cadence.py`): work
+        that moves step by step is due `now`, which the cadence makes the busy tick;
+        the rest is due at its deadline. With none, the loop ticks after a second."""
+        stepping = (
+            (self.stopping, "stopping"),
+            (self.reload.busy, "reload"),
+            (self.fleet.rolling(), "roll"),
+            (self.upgrade is not None and self.upgrade.state == "starting", "upgrade"),
+            (self.succession is not None and not self.succession.serving, "taking over"),
+            (not self.leftovers.empty, "processes children left"),
+        )
+        yield from (Due(now, why) for busy, why in stepping if busy)
+        for pool in self.fleet.groups.values():
+            if (spawn := pool.next_spawn(now)) is not None:
+                yield spawn
+        yield from next_due(self.fleet.pools(), self.config.supervisor, now)
+        if (watchdog := self.status.next_due()) is not None:
+            yield watchdog
+        if (publish := self.control.next_publish()) is not None:
+            yield Due(publish, "status snapshot")
+
+    def _heard_trouble(self, child: ChildProcess) -> bool:
+        """A heartbeat reported what the deadlines act on: tick now, not when due."""
+        pool = self.fleet.groups.get(child.group)
+        return pool is not None and reported_trouble(child, pool.config)
 
     def _read_events(self, wakeup_r: int, timeout: float) -> bool:
         """Wait up to `timeout` for signals and child messages; True if one of them
@@ -354,11 +387,11 @@ class Supervisor:
         self._reap()
         self.fleet.check_ownership(self.channels.live())
         now = time.monotonic()
-        if now - self._last_tick > PARENT_STALL_S:
+        late_s = self.cadence.late_s(now)
+        if late_s > PARENT_STALL_S:
             # We were stopped or starved, not the children: their silence was ours.
-            log.warning("the supervisor loop stalled for %.1fs", now - self._last_tick)
+            log.warning("the supervisor loop stalled for %.1fs", late_s)
             forgive_silence(self.fleet.pools(), now)
-        self._last_tick = now
         check_deadlines(self.fleet.pools(), self.config.supervisor)
         if self.stopping:
             if self._stop_step():
@@ -920,6 +953,8 @@ class Supervisor:
     def _control_view(self) -> Snapshot:
         """What `cairnqd status` shows: built on this loop, served by another thread."""
         view = self._daemon_view()
+        # How often the loop runs its steps, and what it last planned them for.
+        view["loop"] = {"ticks": self.cadence.ticks, "planned_for": self.cadence.next.why}
         if self.upgrade is not None and self.upgrade.state == "starting":
             view["upgrade"] = self.upgrade.describe()
         return view
