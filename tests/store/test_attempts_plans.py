@@ -96,6 +96,51 @@ def test_postgres_trigger_plans_scale_with_the_rows(pg_dsn: str) -> None:
     assert "cairnqd_attempts_task_idx" in closing, closing
 
 
+_GROW = (
+    """insert into cairnqd_attempts (task_id, attempt, worker_id, started_at_ms,
+        finished_at_ms, outcome)
+    select 'old_' || g, 1, 'w0', g, g, 'succeeded' from generate_series(%s::integer, %s::integer) as g""",
+    """insert into cairnqd_task_deps (task_id, parent_id, position)
+    select 'child_' || g, 'old_' || g, 0 from generate_series(%s::integer, %s::integer) as g""",
+)
+
+
+def _grow(conn: psycopg.Connection[Any], first: int, last: int) -> None:
+    """Old attempt records and dependency edges, none of them the seeded tasks'."""
+    for sql in _GROW:
+        conn.execute(sql, (first, last))
+
+
+def test_postgres_trigger_plans_made_on_small_tables_still_probe_grown_ones(
+    pg_dsn: str,
+) -> None:
+    """A connection's trigger plans are made while the attempt and dependency tables are
+    small (autovacuum analyzed them at a hundred rows); the tables then grow with no
+    ANALYZE since. Settling must still probe them by index, not read them whole: a scan
+    made each settle of a drain slower than the last (cairnqd_0015_trigger_plans.sql)."""
+    asyncio.run(_migrate(PostgresStore(pg_dsn)))
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(_SEED)
+        _grow(conn, 1, 100)
+        conn.execute("analyze cairnqd_attempts")
+        conn.execute("analyze cairnqd_task_deps")
+        # Past PL/pgSQL's five custom plans: from here on the cached generic ones run.
+        for _ in range(8):
+            conn.execute(_CLAIM, (1,))
+            conn.execute(_SETTLE)
+        _grow(conn, 101, 20000)
+        conn.execute("load 'auto_explain'")
+        conn.execute("set auto_explain.log_min_duration = 0")
+        conn.execute("set auto_explain.log_nested_statements = on")
+        conn.execute("set auto_explain.log_level = notice")
+        conn.execute("set client_min_messages = notice")
+        conn.execute(_CLAIM, (32,))
+        settle = _trigger_plans(_plans(conn, _SETTLE))
+    assert any("Update on cairnqd_attempts" in p for p in settle), settle
+    for plan in settle:
+        assert "Seq Scan on cairnqd_" not in plan, plan
+
+
 def _trigger_plans(notices: list[str]) -> list[str]:
     """The plans of the statements the triggers ran: the test's own name no table of ours."""
     return [n for n in notices if "cairnqd_" in n]
