@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cairnqd.attempts import attempts_shown
+
 if TYPE_CHECKING:
     from cairnqd.models import Task
 
@@ -101,10 +103,10 @@ def _describe_stuck(task: Task | None, key: str | None) -> str:
                 f"'{task.name}' on queue '{task.queue}', against this same database?"
             )
         when = f", next run in ~{due_in_ms}ms" if due_in_ms > 0 else ""
-        return f"still queued (attempt {task.attempt}/{task.max_attempts}){when}"
+        return f"still queued (attempt {attempts_shown(task.attempt, task.max_attempts)}){when}"
     if task.cancel_requested:
         return "cancel requested, waiting for the handler to observe it"
-    return f"still running (attempt {task.attempt}/{task.max_attempts})"
+    return f"still running (attempt {attempts_shown(task.attempt, task.max_attempts)})"
 
 
 class TaskTimeout(CairnQError):
