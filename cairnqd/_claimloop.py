@@ -79,8 +79,10 @@ class ClaimLoop:
         #: slot and no claimed task waiting for one), False when not; only on a flip.
         self.on_room: Callable[[bool], None] | None = None
         self._roomy: bool | None = None
-        #: Claims that asked for tasks and found none.
-        self.empty_claims = 0
+        #: Wake-ups (from the store, or the poll) whose claim found nothing: another
+        #: worker answered the same notification first, or nothing was queued.
+        self.empty_wakes = 0
+        self._woken = False
 
     @property
     def calls(self) -> set[asyncio.Task[None]]:
@@ -177,6 +179,7 @@ class ClaimLoop:
                 # would otherwise carry a backlog it must still run.
                 free = min(free, self.claim_budget)
                 ahead = min(ahead, self.claim_budget - free + len(backlog))
+            woken, self._woken = self._woken, False
             try:
                 claimed = await self._claim(queues, free, len(backlog) if settle_only else ahead)
             except Exception as exc:
@@ -193,8 +196,8 @@ class ClaimLoop:
                     self._held = len(self._inflight)
                     continue  # waits for room above
                 if not settle_only and (free > 0 or len(backlog) < ahead):
-                    self.empty_claims += 1
-                    await self._idle()  # asked for tasks and found none
+                    self.empty_wakes += woken
+                    self._woken = await self._idle()  # asked for tasks and found none
                 # else: a cycle only to write due results; nothing was asked for
                 continue
             self._dispatch(claimed, free)

@@ -262,9 +262,9 @@ class Worker:
         self._loop.on_room = value
 
     @property
-    def empty_claims(self) -> int:
-        """Claims that asked for tasks and found none."""
-        return self._loop.empty_claims
+    def empty_wakes(self) -> int:
+        """Wake-ups (a notification, or the poll) whose claim found nothing."""
+        return self._loop.empty_wakes
 
     @property
     def handled(self) -> int:

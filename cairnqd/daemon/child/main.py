@@ -694,7 +694,7 @@ class Child:
             running=report.running, paused=paused,
             db_down_s=round(self._db_down_s(), 1), listen_deaf=self._listen_deaf(),
             stalled_s=round(stalled, 1),
-            empty_claims=worker.empty_claims if worker is not None else 0,
+            empty_wakes=worker.empty_wakes if worker is not None else 0,
         )  # fmt: skip
 
     # -- the events pipe ---------------------------------------------------------------

@@ -265,7 +265,7 @@ def child_view(child: ChildProcess, role: str, now: float) -> dict[str, Any]:
         },
         "paused": list(child.paused),
         "room": child.room,
-        "empty_claims": child.empty_claims,
+        "empty_wakes": child.empty_wakes,
         "running": [
             {"id": t.id, "name": t.name, "age_s": round(t.age_s + since_heard, 1)}
             for t in child.running

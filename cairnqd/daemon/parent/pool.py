@@ -78,8 +78,8 @@ class ChildProcess:
     #: Whether a task it claimed now would start at once, as it last said (`room`);
     #: relayed wake-ups go to such a child first (wakerouting.py).
     room: bool = False
-    #: Its claims that asked for tasks and found none (from its heartbeat).
-    empty_claims: int = 0
+    #: Its wake-ups whose claim found nothing (from its heartbeat).
+    empty_wakes: int = 0
     #: Overruns that got it killed; each is failed as max_run_exceeded once reaped.
     max_run_kills: tuple[Overrun, ...] = ()
     #: The tasks of a canceled handler that did not stop: it asked to be replaced.
@@ -153,7 +153,7 @@ class ChildProcess:
                 self.db_down_s = message.db_down_s
                 self.stalled_s = message.stalled_s
                 self.paused = message.paused
-                self.empty_claims = message.empty_claims
+                self.empty_wakes = message.empty_wakes
             case Room():
                 # One sent before we told it to stop may come after.
                 stopping = self.drain_deadline is not None or self.quit_sent_at is not None

@@ -95,9 +95,9 @@ class Heartbeat:
     #: past shutdown_timeout would cut these short). Optional on the wire: a parent
     #: ignores it, or finds it missing, across releases.
     running: tuple[LongestTask, ...] = ()
-    #: Claims since it started that asked for tasks and found none (a wake-up that
-    #: another child answered first, or a poll with nothing queued).
-    empty_claims: int = 0
+    #: Wake-ups since it started (a notification, or the poll) whose claim found
+    #: nothing: another worker answered it first, or nothing was queued.
+    empty_wakes: int = 0
 
 
 #: What a tally counts; "failed" counts every failed attempt, "retried" the requeued
