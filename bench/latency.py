@@ -187,15 +187,20 @@ DAEMON_CHILDREN = 2
 
 
 @asynccontextmanager
-async def daemon_serving(backend: Backend, target: str, scratch: Path) -> AsyncIterator[None]:
+async def daemon_serving(
+    backend: Backend, target: str, scratch: Path, *, relay: bool = False
+) -> AsyncIterator[None]:
     """`cairnqd` with one group of DAEMON_CHILDREN children (concurrency 8, prefetch
     auto) on the queue, serving bench/daemon_handlers.py; back once every child is
-    ready, stopped (TERM) on exit."""
+    ready, stopped (TERM) on exit. `relay` (Postgres): `direct_dsn` set to the same
+    DSN, so the parent holds the one LISTEN and routes wake-ups to the children."""
     run_dir = scratch / "run"
     run_dir.mkdir()
     database: dict[str, Any] = (
         {"path": target} if backend == "sqlite" else {"dsn": target, "auto_migrate": True}
     )
+    if relay and backend == "postgres":
+        database["direct_dsn"] = target
     group = {"queues": [QUEUE], "processes": DAEMON_CHILDREN, "concurrency": 8}
     config = daemon_config(database, run_dir, {"stream": group})
     path = scratch / "cairnq.yaml"
@@ -303,7 +308,9 @@ async def stream_once(
                         await client.submit(name, {"i": i})
 
                 if impl == "daemon":
-                    await stack.enter_async_context(daemon_serving(backend, target, Path(scratch)))
+                    await stack.enter_async_context(
+                        daemon_serving(backend, target, Path(scratch), relay=args.daemon_relay)
+                    )
                 else:
                     workers = await stack.enter_async_context(children([(f"{impl}-stream", argv)]))
                     await release(workers)
@@ -389,6 +396,11 @@ async def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--rate", type=float, help="stream mode: tasks submitted a second")
     parser.add_argument("--seconds", type=float, default=20.0, help="stream mode: its length")
+    parser.add_argument(
+        "--daemon-relay",
+        action="store_true",
+        help="the daemon on Postgres with direct_dsn: the parent LISTENs and relays wake-ups",
+    )
     parser.add_argument("--out", default=None, help="bench/out/<name>.json")
     args = parser.parse_args(argv)
     stream = args.rate is not None
@@ -403,7 +415,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
             if impl in peers.PEERS:
                 poll = "its default (LISTEN)"
             elif impl == "daemon":
-                poll = "group default (1 s)"
+                poll = "group default (1 s)" + (", relayed" if args.daemon_relay else "")
             else:
                 poll = "default (500)" if poll_ms is None else f"{poll_ms} ms"
             labels = {"backend": backend, "impl": impl, "poll": poll}
