@@ -19,7 +19,9 @@ Stream mode (`--rate R`): the driver submits one task every 1/R s on a fixed sch
 (open loop: a submit that runs late does not push the schedule back) for `--seconds`,
 while one worker process runs them; pickup is each task's handler start minus the
 moment its submit returned. Rows: ours (a bare worker process), the daemon (`cairnqd`
-with one group of two children, `bench.stamp` from bench/daemon_handlers.py), the public
+with one group of two children, `bench.stamp` from bench/daemon_handlers.py), on
+Postgres the daemon with `direct_dsn` (daemon-relay: the parent holds the one LISTEN and
+wakes one child with a free slot per notification), the public
 SDK (25 ms poll: at its default of
 500 ms it cannot keep up) and, on Postgres, pgqueuer. Besides the whole run's
 percentiles (the first second, the warm-up, left out) it reports p50/p95/p99/max per
@@ -180,10 +182,14 @@ async def latency_once(
 STREAM_VARIANTS: tuple[tuple[str, int | None], ...] = (
     ("ours", None),
     ("daemon", None),
+    ("daemon-relay", None),
     ("cairnq", 25),
     ("pgqueuer", None),
 )
 DAEMON_CHILDREN = 2
+#: The daemon as configured by default (each child LISTENs on Postgres), and with
+#: `direct_dsn` (the parent holds the one LISTEN and routes wake-ups to the children).
+DAEMONS = ("daemon", "daemon-relay")
 
 
 @asynccontextmanager
@@ -290,7 +296,7 @@ async def stream_once(
         peer = impl in peers.PEERS
         async with fresh_target(backend, "latency") as target:
             argv = worker_argv(
-                "ours" if impl == "daemon" else impl,
+                "ours" if impl in DAEMONS else impl,
                 backend,
                 target,
                 poll_interval_ms=poll_ms,
@@ -302,14 +308,15 @@ async def stream_once(
                     one, _ = await stack.enter_async_context(peers.enqueuer(impl, target))
                 else:
                     client = await stack.enter_async_context(ours_client(backend, target))
-                    name = "bench.stamp" if impl == "daemon" else NOOP
+                    name = "bench.stamp" if impl in DAEMONS else NOOP
 
                     async def one(i: int) -> None:
                         await client.submit(name, {"i": i})
 
-                if impl == "daemon":
+                if impl in DAEMONS:
+                    relay = impl == "daemon-relay"
                     await stack.enter_async_context(
-                        daemon_serving(backend, target, Path(scratch), relay=args.daemon_relay)
+                        daemon_serving(backend, target, Path(scratch), relay=relay)
                     )
                 else:
                     workers = await stack.enter_async_context(children([(f"{impl}-stream", argv)]))
@@ -392,15 +399,12 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument(
-        "--impl", action="append", choices=["ours", "daemon", "cairnq", "procrastinate", "pgqueuer"]
+        "--impl",
+        action="append",
+        choices=["ours", "daemon", "daemon-relay", "cairnq", "procrastinate", "pgqueuer"],
     )
     parser.add_argument("--rate", type=float, help="stream mode: tasks submitted a second")
     parser.add_argument("--seconds", type=float, default=20.0, help="stream mode: its length")
-    parser.add_argument(
-        "--daemon-relay",
-        action="store_true",
-        help="the daemon on Postgres with direct_dsn: the parent LISTENs and relays wake-ups",
-    )
     parser.add_argument("--out", default=None, help="bench/out/<name>.json")
     args = parser.parse_args(argv)
     stream = args.rate is not None
@@ -412,10 +416,12 @@ async def main(argv: Sequence[str] | None = None) -> None:
                 continue
             if impl in peers.PEERS and (backend != "postgres" or not peers.available(impl)):
                 continue
+            if impl == "daemon-relay" and backend != "postgres":
+                continue  # no LISTEN to relay: SQLite children watch the file
             if impl in peers.PEERS:
                 poll = "its default (LISTEN)"
-            elif impl == "daemon":
-                poll = "group default (1 s)" + (", relayed" if args.daemon_relay else "")
+            elif impl in DAEMONS:
+                poll = "group default (1 s)"
             else:
                 poll = "default (500)" if poll_ms is None else f"{poll_ms} ms"
             labels = {"backend": backend, "impl": impl, "poll": poll}
