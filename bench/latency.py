@@ -19,7 +19,9 @@ Stream mode (`--rate R`): the driver submits one task every 1/R s on a fixed sch
 (open loop: a submit that runs late does not push the schedule back) for `--seconds`,
 while one worker process runs them; pickup is each task's handler start minus the
 moment its submit returned. Rows: ours (a bare worker process), the daemon (`cairnqd`
-with one group of two children, `bench.stamp` from bench/daemon_handlers.py), the public
+with one group of two children, `bench.stamp` from bench/daemon_handlers.py), on
+Postgres the daemon with `direct_dsn` (daemon-relay: the parent holds the one LISTEN and
+wakes one child with a free slot per notification), the public
 SDK (25 ms poll: at its default of
 500 ms it cannot keep up) and, on Postgres, pgqueuer. Besides the whole run's
 percentiles (the first second, the warm-up, left out) it reports p50/p95/p99/max per
@@ -180,22 +182,31 @@ async def latency_once(
 STREAM_VARIANTS: tuple[tuple[str, int | None], ...] = (
     ("ours", None),
     ("daemon", None),
+    ("daemon-relay", None),
     ("cairnq", 25),
     ("pgqueuer", None),
 )
 DAEMON_CHILDREN = 2
+#: The daemon as configured by default (each child LISTENs on Postgres), and with
+#: `direct_dsn` (the parent holds the one LISTEN and routes wake-ups to the children).
+DAEMONS = ("daemon", "daemon-relay")
 
 
 @asynccontextmanager
-async def daemon_serving(backend: Backend, target: str, scratch: Path) -> AsyncIterator[None]:
+async def daemon_serving(
+    backend: Backend, target: str, scratch: Path, *, relay: bool = False
+) -> AsyncIterator[None]:
     """`cairnqd` with one group of DAEMON_CHILDREN children (concurrency 8, prefetch
     auto) on the queue, serving bench/daemon_handlers.py; back once every child is
-    ready, stopped (TERM) on exit."""
+    ready, stopped (TERM) on exit. `relay` (Postgres): `direct_dsn` set to the same
+    DSN, so the parent holds the one LISTEN and routes wake-ups to the children."""
     run_dir = scratch / "run"
     run_dir.mkdir()
     database: dict[str, Any] = (
         {"path": target} if backend == "sqlite" else {"dsn": target, "auto_migrate": True}
     )
+    if relay and backend == "postgres":
+        database["direct_dsn"] = target
     group = {"queues": [QUEUE], "processes": DAEMON_CHILDREN, "concurrency": 8}
     config = daemon_config(database, run_dir, {"stream": group})
     path = scratch / "cairnq.yaml"
@@ -285,7 +296,7 @@ async def stream_once(
         peer = impl in peers.PEERS
         async with fresh_target(backend, "latency") as target:
             argv = worker_argv(
-                "ours" if impl == "daemon" else impl,
+                "ours" if impl in DAEMONS else impl,
                 backend,
                 target,
                 poll_interval_ms=poll_ms,
@@ -297,13 +308,16 @@ async def stream_once(
                     one, _ = await stack.enter_async_context(peers.enqueuer(impl, target))
                 else:
                     client = await stack.enter_async_context(ours_client(backend, target))
-                    name = "bench.stamp" if impl == "daemon" else NOOP
+                    name = "bench.stamp" if impl in DAEMONS else NOOP
 
                     async def one(i: int) -> None:
                         await client.submit(name, {"i": i})
 
-                if impl == "daemon":
-                    await stack.enter_async_context(daemon_serving(backend, target, Path(scratch)))
+                if impl in DAEMONS:
+                    relay = impl == "daemon-relay"
+                    await stack.enter_async_context(
+                        daemon_serving(backend, target, Path(scratch), relay=relay)
+                    )
                 else:
                     workers = await stack.enter_async_context(children([(f"{impl}-stream", argv)]))
                     await release(workers)
@@ -385,7 +399,9 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument(
-        "--impl", action="append", choices=["ours", "daemon", "cairnq", "procrastinate", "pgqueuer"]
+        "--impl",
+        action="append",
+        choices=["ours", "daemon", "daemon-relay", "cairnq", "procrastinate", "pgqueuer"],
     )
     parser.add_argument("--rate", type=float, help="stream mode: tasks submitted a second")
     parser.add_argument("--seconds", type=float, default=20.0, help="stream mode: its length")
@@ -400,9 +416,11 @@ async def main(argv: Sequence[str] | None = None) -> None:
                 continue
             if impl in peers.PEERS and (backend != "postgres" or not peers.available(impl)):
                 continue
+            if impl == "daemon-relay" and backend != "postgres":
+                continue  # no LISTEN to relay: SQLite children watch the file
             if impl in peers.PEERS:
                 poll = "its default (LISTEN)"
-            elif impl == "daemon":
+            elif impl in DAEMONS:
                 poll = "group default (1 s)"
             else:
                 poll = "default (500)" if poll_ms is None else f"{poll_ms} ms"

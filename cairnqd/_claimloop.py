@@ -75,6 +75,14 @@ class ClaimLoop:
         self.before_claim: Callable[[], bool] | None = None
         #: Set by a worker that honours queue pauses (`Worker(honour_pauses=True)`).
         self.pauses: PausedQueues | None = None
+        #: Called with True when a task claimed now would start at once (a free call
+        #: slot and no claimed task waiting for one), False when not; only on a flip.
+        self.on_room: Callable[[bool], None] | None = None
+        self._roomy: bool | None = None
+        #: Wake-ups (from the store, or the poll) whose claim found nothing: another
+        #: worker answered the same notification first, or nothing was queued.
+        self.empty_wakes = 0
+        self._woken = False
 
     @property
     def calls(self) -> set[asyncio.Task[None]]:
@@ -82,6 +90,8 @@ class ClaimLoop:
 
     async def run(self, slots: int) -> None:
         self._slots = slots
+        self._roomy = None
+        self._note_room()
         state = self._state
         state.looping = True
         try:
@@ -169,6 +179,7 @@ class ClaimLoop:
                 # would otherwise carry a backlog it must still run.
                 free = min(free, self.claim_budget)
                 ahead = min(ahead, self.claim_budget - free + len(backlog))
+            woken, self._woken = self._woken, False
             try:
                 claimed = await self._claim(queues, free, len(backlog) if settle_only else ahead)
             except Exception as exc:
@@ -185,7 +196,8 @@ class ClaimLoop:
                     self._held = len(self._inflight)
                     continue  # waits for room above
                 if not settle_only and (free > 0 or len(backlog) < ahead):
-                    await self._idle()  # asked for tasks and found none
+                    self.empty_wakes += woken
+                    self._woken = await self._idle()  # asked for tasks and found none
                 # else: a cycle only to write due results; nothing was asked for
                 continue
             self._dispatch(claimed, free)
@@ -373,6 +385,17 @@ class ClaimLoop:
             else:
                 self._spawn(runner.execute(Call(handler, [ctx])))
             free -= 1
+        self._note_room()
+
+    def _note_room(self) -> None:
+        """Tell `on_room` when a task claimed now would start at once, or no longer
+        would: a call slot free and no claimed task waiting for one. Checked where calls
+        start and end, a comparison each; the hook runs only on a flip."""
+        roomy = len(self._calls) + len(self._inflight.backlog) < self._slots
+        if roomy is not self._roomy:
+            self._roomy = roomy
+            if self.on_room is not None:
+                self.on_room(roomy)
 
     def _hold(self, task: Task) -> TaskContext:
         ctx = TaskContext(self._settlement, task)
@@ -387,3 +410,4 @@ class ClaimLoop:
     def _call_done(self, call: asyncio.Task[None]) -> None:
         self._calls.discard(call)
         self._state.freed.set()
+        self._note_room()

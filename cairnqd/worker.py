@@ -252,6 +252,21 @@ class Worker:
         self._loop.before_claim = value
 
     @property
+    def on_room(self) -> Callable[[bool], None] | None:
+        """Called with True when a task claimed now would start at once (a free call
+        slot, no claimed task waiting for one), False when not; only when that flips."""
+        return self._loop.on_room
+
+    @on_room.setter
+    def on_room(self, value: Callable[[bool], None] | None) -> None:
+        self._loop.on_room = value
+
+    @property
+    def empty_wakes(self) -> int:
+        """Wake-ups (a notification, or the poll) whose claim found nothing."""
+        return self._loop.empty_wakes
+
+    @property
     def handled(self) -> int:
         """Tasks whose handler call has ended (returned, raised or was abandoned)."""
         return self.in_flight.handled

@@ -26,7 +26,7 @@ from cairnqd._lograte import Repeats
 from cairnqd.daemon.boot import Boot, BootVersionMismatch, decode_boot
 from cairnqd.daemon.child.loopwatch import LoopWatch, tick_for
 from cairnqd.daemon.child.outbox import Outbox
-from cairnqd.daemon.child.reporter import ChildReporter, RunningReport
+from cairnqd.daemon.child.reporter import ChildReporter, RoomReport, RunningReport
 from cairnqd.daemon.exitcodes import CONFIG, OK, TEMPFAIL
 from cairnqd.daemon.handler_probe import describe_import_error, use_python_path
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
@@ -134,6 +134,8 @@ class Child:
         self.stop_requested = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.reporter: ChildReporter | None = None
+        #: Set when the parent relays our wake-ups: it routes them by our room.
+        self.room: RoomReport | None = None
         self.loop_watch = LoopWatch()
         self._control: MessageReader | None = None
         self._aborting = False
@@ -286,6 +288,9 @@ class Child:
             worker.in_flight.contexts,
         )
         worker.observer = self.reporter
+        if self.boot.database.push == "pipe":
+            self.room = RoomReport(self.events, lambda: worker.claiming and not self.stop_requested)
+            worker.on_room = self.room.slots
         worker.store.on_undecodable = self._undecodable
         # Retire on the limits before claiming, not only after a task ends: a claim
         # (prefetch included) made after the limit is work the retiring child must
@@ -305,6 +310,8 @@ class Child:
         self.loop_watch.start(loop)
         if self.reporter is not None:
             self.reporter.start(loop)
+        if self.room is not None:
+            self.room.start(loop)
         loop.add_signal_handler(signal.SIGTERM, self.request_stop, "drain")
         loop.add_signal_handler(signal.SIGQUIT, self._abort)
         loop.add_signal_handler(signal.SIGUSR1, self._quiet)
@@ -401,6 +408,7 @@ class Child:
         self._title("draining")
         if self.worker is not None:
             self.worker.stop()
+        self._room_check()
 
     def _memory_allows_claim(self) -> bool:
         # Only once this child has finished something: one that boots above the
@@ -425,6 +433,12 @@ class Child:
             self.worker.claiming = False
         self.state = "quiet"
         self._title("quiet")
+        self._room_check()
+
+    def _room_check(self) -> None:
+        """Claiming was switched on or off: the parent's view of our room may change."""
+        if self.room is not None:
+            self.room.check()
 
     def _set_claiming(self, on: bool) -> None:
         """The parent ends (or starts) a quiet: a reload after SIGTSTP resumes."""
@@ -437,6 +451,7 @@ class Child:
             self.worker.claiming = True
         self.state = "run"
         self._title("ready")
+        self._room_check()
         log.info("claiming again: the quiet is over")
 
     def _abort(self) -> None:
@@ -502,6 +517,7 @@ class Child:
         worker = self.worker
         if worker is not None:
             worker.claiming = False
+        self._room_check()
         named = [f"{c.task_id} attempt {c.attempt}" for c in contexts]
         log.error(
             "the canceled handler of %s did not stop within twice cancel_grace (%gs); "
@@ -678,6 +694,7 @@ class Child:
             running=report.running, paused=paused,
             db_down_s=round(self._db_down_s(), 1), listen_deaf=self._listen_deaf(),
             stalled_s=round(stalled, 1),
+            empty_wakes=worker.empty_wakes if worker is not None else 0,
         )  # fmt: skip
 
     # -- the events pipe ---------------------------------------------------------------

@@ -21,6 +21,7 @@ from cairnqd.daemon.wire.messages import (
     Heartbeat,
     MessageError,
     Ready,
+    Room,
     decode_child,
 )
 from cairnqd.daemon.wire.pipes import PipeError
@@ -53,6 +54,9 @@ class ChildChannels:
         self._by_pid: dict[int, ChildProcess] = {}
         #: Other processes of ours whose exit someone waits for (a successor parent).
         self._watched: dict[int, Callable[[int], None]] = {}
+        #: Called when a child said whether it has room (`ChildProcess.room`), and when
+        #: one is reaped (no room): relayed wake-ups are routed by it (wakerouting.py).
+        self.on_room: Callable[[ChildProcess], None] | None = None
 
     def add(self, child: ChildProcess) -> None:
         """Watch a child just spawned."""
@@ -91,6 +95,8 @@ class ChildChannels:
                 self._malformed(child, exc)
                 continue
             child.on_message(message, time.monotonic())
+            if isinstance(message, Room) and self.on_room is not None:
+                self.on_room(child)
             self._metrics.record_event(child.group, child.slot, message, child=child.worker_id)
             changed |= isinstance(message, _STATE_MESSAGES)
             if isinstance(message, Heartbeat):
@@ -122,6 +128,9 @@ class ChildChannels:
             self._forget_fd(child)
             child.close_pipes()
             self._metrics.forget_incarnation(child.worker_id)
+            child.room = False
+            if self.on_room is not None:
+                self.on_room(child)  # what it was sent alone goes to another
             yield child, code
 
     def _forget_fd(self, child: ChildProcess) -> None:

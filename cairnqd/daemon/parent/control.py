@@ -276,6 +276,8 @@ def child_view(child: ChildProcess, role: str, now: float) -> dict[str, Any]:
             "age_s": round(longest.age_s + since_heard, 1),
         },
         "paused": list(child.paused),
+        "room": child.room,
+        "empty_wakes": child.empty_wakes,
         "running": [
             {"id": t.id, "name": t.name, "age_s": round(t.age_s + since_heard, 1)}
             for t in child.running

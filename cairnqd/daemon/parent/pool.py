@@ -33,6 +33,7 @@ from cairnqd.daemon.wire.messages import (
     LongestTask,
     Overrun,
     Ready,
+    Room,
     Tally,
     encode,
 )
@@ -75,6 +76,11 @@ class ChildProcess:
     stalled_s: float = 0.0
     #: Its queues it reported paused (`cairnqd pause`), skipped by its claims.
     paused: tuple[str, ...] = ()
+    #: Whether a task it claimed now would start at once, as it last said (`room`);
+    #: relayed wake-ups go to such a child first (wakerouting.py).
+    room: bool = False
+    #: Its wake-ups whose claim found nothing (from its heartbeat).
+    empty_wakes: int = 0
     #: Overruns that got it killed; each is failed as max_run_exceeded once reaped.
     max_run_kills: tuple[Overrun, ...] = ()
     #: The tasks of a canceled handler that did not stop: it asked to be replaced.
@@ -116,6 +122,7 @@ class ChildProcess:
         if self.drain_deadline is None or deadline < self.drain_deadline:
             self.drain_deadline = deadline
         self.state = "draining"
+        self.room = False  # it claims no more; it will say so too
         self.signal(signal.SIGTERM)
 
     def quit(self, now: float) -> None:
@@ -123,6 +130,7 @@ class ChildProcess:
         deadlines follow up with SIGKILL."""
         if self.quit_sent_at is None:
             self.quit_sent_at = now
+            self.room = False
             self.signal(signal.SIGQUIT)
 
     def on_message(self, message: ChildMessage, now: float) -> None:
@@ -146,6 +154,11 @@ class ChildProcess:
                 self.db_down_s = message.db_down_s
                 self.stalled_s = message.stalled_s
                 self.paused = message.paused
+                self.empty_wakes = message.empty_wakes
+            case Room():
+                # One sent before we told it to stop may come after.
+                stopping = self.drain_deadline is not None or self.quit_sent_at is not None
+                self.room = message.free and not stopping
             case Goodbye():
                 self.bye = message.reason
             case Fatal():

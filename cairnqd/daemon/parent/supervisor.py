@@ -73,6 +73,7 @@ from cairnqd.daemon.parent.succession import Succession, report_failed_start
 from cairnqd.daemon.parent.upgrade import Relaunch, Upgrade, start_successor
 from cairnqd.daemon.parent.upgrade_link import Inheritance, InheritanceError, take_inheritance
 from cairnqd.daemon.parent.wakerelay import WakeRelay, backed_up
+from cairnqd.daemon.parent.wakerouting import WakeRouter, deliver
 from cairnqd.daemon.systemd import SYSTEMD_ONLY_VARS
 from cairnqd.daemon.wire.messages import (
     PROTOCOL_VERSION,
@@ -81,7 +82,6 @@ from cairnqd.daemon.wire.messages import (
     SetCancelGrace,
     SetLimits,
     SetLogging,
-    Wake,
     encode,
 )
 from cairnqd.dashboard import DashboardBindError, DashboardData, DashboardServer
@@ -142,8 +142,11 @@ class Supervisor:
         self.leftovers = Leftovers()
         #: The host's one LISTEN on direct_dsn, passed on to the children (or None).
         self.wakes: WakeRelay | None = None
+        #: Which children each relayed wake-up goes to.
+        self.wake_router = WakeRouter(self._group_queues)
         if child_push(config.database) == "pipe":
             self.wakes = WakeRelay(config.database, on_deaf=self.metrics.parent_listen_deaf)
+            self.channels.on_room = self._room_changed
         self.exits = ChildExits(self.fleet, self.maintenance, self.metrics, self.reload.roll_failed)
         path = state_path(self.config_path, config.runtime_dir)
         if inheritance is not None:
@@ -373,14 +376,24 @@ class Supervisor:
                 urgent |= self.channels.read(key.fd)
         return urgent
 
-    def _send_wakes(self, queues: set[str]) -> None:
-        """One `wake` to each child whose group claims from one of `queues`; a child
-        whose control pipe is backed up is skipped (it polls, see wakerelay.py)."""
-        for child in self.channels.live():
-            group = self.config.groups.get(child.group)
-            hit = tuple(q for q in group.queues if q in queues) if group is not None else ()
-            if hit and not backed_up(child.control.fd):
-                child.control.send_whole(encode(Wake(queues=hit)))
+    def _send_wakes(self, notified: dict[str, int]) -> None:
+        """Each notification to one child with room of each group claiming from its
+        queue, in turn, or to all of the group's children when none has room
+        (wakerouting.py). A child whose control pipe is backed up is skipped (it
+        polls, see wakerelay.py)."""
+        deliver(self.wake_router.route(notified, self._wakeable()))
+
+    def _room_changed(self, child: ChildProcess) -> None:
+        """A child said whether it has room, or was reaped: what it was sent alone
+        goes to another if it has none (wakerouting.py)."""
+        deliver(self.wake_router.room_changed(child, self._wakeable()))
+
+    def _wakeable(self) -> list[ChildProcess]:
+        return [c for c in self.channels.live() if not backed_up(c.control.fd)]
+
+    def _group_queues(self, name: str) -> tuple[str, ...]:
+        group = self.config.groups.get(name)
+        return tuple(group.queues) if group is not None else ()
 
     def _tick(self) -> bool:
         """The loop's named steps; True once the parent should exit."""

@@ -33,7 +33,8 @@ class WakeRelay:
         self._on_deaf = on_deaf
         self._thread = LoopThread("cairnqd-wakes")
         self._lock = threading.Lock()
-        self._pending: set[str] = set()
+        #: Queue -> notifications heard since the last `take()`.
+        self._pending: dict[str, int] = {}
         self.fd, self._fd_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stopped = threading.Event()
         #: The LISTEN (a store/postgres/listen.py `Listener`), once the thread started it.
@@ -66,18 +67,19 @@ class WakeRelay:
     def _heard(self, queue: str) -> None:
         with self._lock:
             first = not self._pending
-            self._pending.add(queue)
+            self._pending[queue] = self._pending.get(queue, 0) + 1
         if first:
             with contextlib.suppress(BlockingIOError, OSError):
                 os.write(self._fd_w, b"w")
 
-    def take(self) -> set[str]:
-        """The queues notified since the last call (drains the wake-up pipe)."""
+    def take(self) -> dict[str, int]:
+        """The queues notified since the last call, with how many notifications each
+        (drains the wake-up pipe)."""
         with contextlib.suppress(BlockingIOError, OSError):
             while os.read(self.fd, 4096):
                 pass
         with self._lock:
-            pending, self._pending = self._pending, set()
+            pending, self._pending = self._pending, {}
         return pending
 
     def stop(self, timeout_s: float = 5.0) -> None:

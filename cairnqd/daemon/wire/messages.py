@@ -95,6 +95,9 @@ class Heartbeat:
     #: past shutdown_timeout would cut these short). Optional on the wire: a parent
     #: ignores it, or finds it missing, across releases.
     running: tuple[LongestTask, ...] = ()
+    #: Wake-ups since it started (a notification, or the poll) whose claim found
+    #: nothing: another worker answered it first, or nothing was queued.
+    empty_wakes: int = 0
 
 
 #: What a tally counts; "failed" counts every failed attempt, "retried" the requeued
@@ -167,7 +170,17 @@ class CancelStuck:
     tasks: tuple[str, ...]
 
 
-ChildMessage = Ready | Heartbeat | Tally | DatabaseTrouble | Goodbye | Fatal | CancelStuck
+@dataclass(frozen=True)
+class Room:
+    """Whether a task it claimed now would start at once (a free call slot, nothing
+    claimed ahead waiting for one, claiming on): sent when that flips, and only by a
+    child whose wake-ups the parent relays (daemon/parent/wakerouting.py routes them)."""
+
+    kind: ClassVar[Literal["room"]] = "room"
+    free: bool
+
+
+ChildMessage = Ready | Heartbeat | Tally | DatabaseTrouble | Goodbye | Fatal | CancelStuck | Room
 
 # -- parent to child -------------------------------------------------------------------------
 
@@ -225,7 +238,8 @@ class SetCancelGrace:
 ControlMessage = SetLogging | ReopenLogs | Claiming | Wake | SetLimits | SetCancelGrace
 
 _CHILD_KINDS: dict[str, type[Any]] = {
-    cls.kind: cls for cls in (Ready, Heartbeat, Tally, DatabaseTrouble, Goodbye, Fatal, CancelStuck)
+    cls.kind: cls
+    for cls in (Ready, Heartbeat, Tally, DatabaseTrouble, Goodbye, Fatal, CancelStuck, Room)
 }
 _CONTROL_KINDS: dict[str, type[Any]] = {
     cls.kind: cls for cls in (SetLogging, ReopenLogs, Claiming, Wake, SetLimits, SetCancelGrace)
