@@ -99,7 +99,8 @@ def test_postgres_trigger_plans_scale_with_the_rows(pg_dsn: str) -> None:
 _GROW = (
     """insert into cairnqd_attempts (task_id, attempt, worker_id, started_at_ms,
         finished_at_ms, outcome)
-    select 'old_' || g, 1, 'w0', g, g, 'succeeded' from generate_series(%s::integer, %s::integer) as g""",
+    select 'old_' || g, 1, 'w0', g, g, 'succeeded'
+    from generate_series(%s::integer, %s::integer) as g""",
     """insert into cairnqd_task_deps (task_id, parent_id, position)
     select 'child_' || g, 'old_' || g, 0 from generate_series(%s::integer, %s::integer) as g""",
 )
