@@ -43,6 +43,9 @@ from tests.support.store import (
     upstream_migrations,
 )
 
+# What a migration writes (its ledger rows and their times) is what these tests read.
+pytestmark = pytest.mark.fresh_schema
+
 # -- fresh databases ---------------------------------------------------------------------
 
 
@@ -222,6 +225,7 @@ async def test_postgres_mixed_concurrent_cold_start(pg_dsn: str) -> None:
 LEGACY_020 = """
 import asyncio
 import cairnq
+
 async def main():
     if ARGS["dialect"] == "sqlite":
         client = cairnq.CairnQ.sqlite(ARGS["target"])

@@ -171,9 +171,12 @@ def db_target(
     """A path (SQLite) or DSN (Postgres) of a fresh database, per the `dialect` param.
 
     Empty, unless the test also uses a `store` fixture: that store would migrate it before
-    the test begins, so the test gets a copy of a template this run migrated once instead
-    (the same schema, without running every migration again)."""
-    migrated = "store" in request.fixturenames
+    the test begins, so the test gets a copy of a template migrated once instead (the same
+    schema, without running every migration again; its ledger's times are the template's).
+    A test about migrating itself is marked `fresh_schema` and always starts empty."""
+    migrated = (
+        "store" in request.fixturenames and request.node.get_closest_marker("fresh_schema") is None
+    )
     if dialect == "sqlite":
         path = tmp_path / "tasks.db"
         if migrated:
