@@ -390,7 +390,10 @@ class ClaimLoop:
     def _note_room(self) -> None:
         """Tell `on_room` when a task claimed now would start at once, or no longer
         would: a call slot free and no claimed task waiting for one. Checked where calls
-        start and end, a comparison each; the hook runs only on a flip."""
+        start and end, a comparison each; the hook runs only on a flip. Without a hook
+        (a bare worker), nothing: `run()` looks afresh once one is set."""
+        if self.on_room is None:
+            return
         roomy = len(self._calls) + len(self._inflight.backlog) < self._slots
         if roomy is not self._roomy:
             self._roomy = roomy

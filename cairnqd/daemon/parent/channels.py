@@ -128,7 +128,7 @@ class ChildChannels:
             self._forget_fd(child)
             child.close_pipes()
             self._metrics.forget_incarnation(child.worker_id)
-            child.room = False
+            child.said_room = False
             if self.on_room is not None:
                 self.on_room(child)  # what it was sent alone goes to another
             yield child, code

@@ -77,8 +77,8 @@ class ChildProcess:
     #: Its queues it reported paused (`cairnqd pause`), skipped by its claims.
     paused: tuple[str, ...] = ()
     #: Whether a task it claimed now would start at once, as it last said (`room`);
-    #: relayed wake-ups go to such a child first (wakerouting.py).
-    room: bool = False
+    #: False once it is reaped. `room` also asks that it was not told to stop.
+    said_room: bool = False
     #: Its wake-ups whose claim found nothing (from its heartbeat).
     empty_wakes: int = 0
     #: Overruns that got it killed; each is failed as max_run_exceeded once reaped.
@@ -115,6 +115,12 @@ class ChildProcess:
             else:
                 os.kill(self.pid, signum)
 
+    @property
+    def room(self) -> bool:
+        """Whether relayed wake-ups may go to it first (wakerouting.py): it said it has
+        room, and we have not told it to stop (a `room` it sent before may come after)."""
+        return self.said_room and self.drain_deadline is None and self.quit_sent_at is None
+
     def retire(self, now: float, timeout_s: float) -> None:
         """Stop claiming and finish what it holds (SIGTERM), within `timeout_s`: past
         that the deadlines stop it hard and its tasks are handed back."""
@@ -122,7 +128,6 @@ class ChildProcess:
         if self.drain_deadline is None or deadline < self.drain_deadline:
             self.drain_deadline = deadline
         self.state = "draining"
-        self.room = False  # it claims no more; it will say so too
         self.signal(signal.SIGTERM)
 
     def quit(self, now: float) -> None:
@@ -130,7 +135,6 @@ class ChildProcess:
         deadlines follow up with SIGKILL."""
         if self.quit_sent_at is None:
             self.quit_sent_at = now
-            self.room = False
             self.signal(signal.SIGQUIT)
 
     def on_message(self, message: ChildMessage, now: float) -> None:
@@ -156,9 +160,7 @@ class ChildProcess:
                 self.paused = message.paused
                 self.empty_wakes = message.empty_wakes
             case Room():
-                # One sent before we told it to stop may come after.
-                stopping = self.drain_deadline is not None or self.quit_sent_at is not None
-                self.room = message.free and not stopping
+                self.said_room = message.free
             case Goodbye():
                 self.bye = message.reason
             case Fatal():
