@@ -29,6 +29,30 @@ SendNotify = Callable[[str, str], Awaitable[None]]
 log = logging.getLogger("cairnqd.store")
 
 
+async def _readable(fd: int, timeout_s: float) -> None:
+    """Return when `fd` has something to read, or after `timeout_s`.
+
+    An idle LISTEN waits here rather than in psycopg's `notifies(timeout=...)`, which
+    wakes every 100 ms to look for an interrupt: ten turns a second of an idle loop,
+    most of an idle worker's CPU on Postgres (bench/RESULTS.md, "Idle cost")."""
+    if timeout_s <= 0:
+        return
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    timer = loop.call_later(timeout_s, wake)
+    try:
+        await ready
+    finally:
+        timer.cancel()
+        loop.remove_reader(fd)
+
+
 class _Deaf(Exception):
     """The LISTEN was accepted but its self-addressed NOTIFY never came back."""
 
@@ -212,20 +236,12 @@ class Listener:
         loop = asyncio.get_running_loop()
         next_ping = loop.time() + _PING_EVERY_S
         while True:
-            wake_at = next_ping
-            if self._probe_deadline is not None:
-                wake_at = min(wake_at, self._probe_deadline)
-            elif self._send_notify is not None:
-                wake_at = min(wake_at, self._next_probe)
-            async for note in conn.notifies(timeout=max(0.01, wake_at - loop.time())):
-                if note.channel != self._probe_channel:
+            # What arrived: on the socket, or read while the ping below ran.
+            async for note in conn.notifies(timeout=0.0):
+                if note.channel == self._probe_channel:
+                    self._heard(note.payload)
+                else:
                     self._dispatch(note.payload)
-                    continue
-                self._heard(note.payload)
-                if self._probe_deadline is None:
-                    # The echo came: wake for the next probe, not at the old deadline
-                    # (the probes ran every PROBE_TIMEOUT_S, whatever probe_every_s).
-                    break
             now = loop.time()
             if self._probe_deadline is not None and now >= self._probe_deadline:
                 await self._deaf_or_dead(conn)
@@ -237,6 +253,13 @@ class Listener:
                 async with asyncio.timeout(_PING_TIMEOUT_S):
                     await conn.execute("select 1")
                 next_ping = loop.time() + _PING_EVERY_S
+                continue
+            wake_at = next_ping
+            if self._probe_deadline is not None:
+                wake_at = min(wake_at, self._probe_deadline)
+            elif self._send_notify is not None:
+                wake_at = min(wake_at, self._next_probe)
+            await _readable(conn.fileno(), wake_at - loop.time())
 
     async def _deaf_or_dead(self, conn: psycopg.AsyncConnection[object]) -> None:
         """The proving NOTIFY did not come back. A session that a network partition
