@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 #: The entry point group exporters register under (the SDK's own name for it).
 EXPORTER_GROUP = "opentelemetry_traces_exporter"
@@ -73,6 +76,10 @@ def entry_point_name(name: str, env: Mapping[str, str]) -> str:
 
 def exporter_entry_point(name: str, env: Mapping[str, str]) -> EntryPoint | None:
     """The installed exporter `name` (in `OTEL_TRACES_EXPORTER`) stands for, or None."""
+    # Imported here: importlib.metadata is a sixth of a daemon child's start-up, and
+    # only a child that traces looks an exporter up.
+    from importlib.metadata import entry_points
+
     found = entry_points(group=EXPORTER_GROUP, name=entry_point_name(name, env))
     return next(iter(found), None)
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from cairnqd.config import Config, DatabaseConfig, GroupConfig, to_ms
+from cairnqd.config.units import to_ms
 from cairnqd.daemon.logs import logging_settings
 from cairnqd.daemon.wire.messages import PROTOCOL_VERSION, MessageError, decode_fields, parse_line
+
+if TYPE_CHECKING:  # a child decodes a boot and never loads the config schema
+    from cairnqd.config import Config, DatabaseConfig, GroupConfig
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,12 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from cairnqd import tasklog
-from cairnqd.config import LoggingConfig
+
+if TYPE_CHECKING:
+    from cairnqd.config import LoggingConfig
 
 __all__ = [
     "LoggingSetupError",
@@ -72,7 +74,7 @@ def logging_settings(config: LoggingConfig) -> dict[str, Any]:
 
 
 def _normalize(settings: LoggingConfig | Mapping[str, Any]) -> _Settings:
-    if isinstance(settings, LoggingConfig):
+    if not isinstance(settings, Mapping):  # a LoggingConfig (the parent) or its dict (a child)
         settings = logging_settings(settings)
     fmt = str(settings.get("format") or "text")
     if fmt not in ("text", "json"):

@@ -7,12 +7,15 @@ bounded statements) or a CLI command. Postgres is imported only when a DSN asks 
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from cairnqd.config import DatabaseConfig, to_ms
+from cairnqd.config.units import to_ms
 from cairnqd.store.base import Clock, TaskStore
 from cairnqd.store.sqlite import SQLiteStore
 from cairnqd.store.sqlite.files import is_memory
+
+if TYPE_CHECKING:
+    from cairnqd.config import DatabaseConfig
 
 # How long one Postgres operation may take on our side before it fails instead of
 # hanging on a server that stopped answering. The same value as PostgresStore's own
