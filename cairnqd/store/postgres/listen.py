@@ -235,13 +235,8 @@ class Listener:
         proving NOTIFY does not come back: `_Deaf`)."""
         loop = asyncio.get_running_loop()
         next_ping = loop.time() + _PING_EVERY_S
+        await self._drain(conn)  # what came in with the LISTEN statements
         while True:
-            # What arrived: on the socket, or read while the ping below ran.
-            async for note in conn.notifies(timeout=0.0):
-                if note.channel == self._probe_channel:
-                    self._heard(note.payload)
-                else:
-                    self._dispatch(note.payload)
             now = loop.time()
             if self._probe_deadline is not None and now >= self._probe_deadline:
                 await self._deaf_or_dead(conn)
@@ -253,6 +248,7 @@ class Listener:
                 async with asyncio.timeout(_PING_TIMEOUT_S):
                     await conn.execute("select 1")
                 next_ping = loop.time() + _PING_EVERY_S
+                await self._drain(conn)  # what came in during the round trip
                 continue
             wake_at = next_ping
             if self._probe_deadline is not None:
@@ -260,6 +256,28 @@ class Listener:
             elif self._send_notify is not None:
                 wake_at = min(wake_at, self._next_probe)
             await _readable(conn.fileno(), wake_at - loop.time())
+            self._take_arrived(conn)
+
+    def _take_arrived(self, conn: psycopg.AsyncConnection[object]) -> None:
+        """Read what the socket holds and pass its notifications on, without a turn of
+        the loop (`notifies()` would wait once more before reading). A connection that
+        broke raises here, as a wait would."""
+        pgconn = conn.pgconn
+        pgconn.consume_input()
+        encoding = conn.info.encoding
+        while (note := pgconn.notifies()) is not None:
+            self._note(note.relname.decode(encoding), note.extra.decode(encoding))
+
+    async def _drain(self, conn: psycopg.AsyncConnection[object]) -> None:
+        """Pass on the notifications psycopg kept while a statement ran."""
+        async for note in conn.notifies(timeout=0.0):
+            self._note(note.channel, note.payload)
+
+    def _note(self, channel: str, payload: str) -> None:
+        if channel == self._probe_channel:
+            self._heard(payload)
+        else:
+            self._dispatch(payload)
 
     async def _deaf_or_dead(self, conn: psycopg.AsyncConnection[object]) -> None:
         """The proving NOTIFY did not come back. A session that a network partition
@@ -269,10 +287,7 @@ class Listener:
         async with asyncio.timeout(_PING_TIMEOUT_S):
             await conn.execute("select 1")
         async for note in conn.notifies(timeout=0.05):  # an echo that came in meanwhile
-            if note.channel == self._probe_channel:
-                self._heard(note.payload)
-            else:
-                self._dispatch(note.payload)
+            self._note(note.channel, note.payload)
         if self._probe_deadline is not None:
             raise _Deaf()
 
