@@ -36,7 +36,7 @@ def test_healthz_names_a_group_whose_claims_stall_on_a_lock(
     # More quick tasks than the group runs in the test: it keeps claiming throughout.
     submit(dialect, db_target, "f.quick", [{"seconds": 0.05}] * 3000, queue="q")
     wait_for("the group to be draining", lambda: succeeded_count(dialect, db_target) > 0, 60)
-    with database_locked(dialect, db_target, HELD_S):
+    with database_locked(dialect, db_target, HELD_S, until_exit=True):
         _, body = wait_for(
             "/healthz to turn 503",
             lambda: healthz(port),

@@ -8,16 +8,19 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 
 
 @contextlib.contextmanager
-def database_locked(dialect: str, target: str, seconds: float) -> Iterator[threading.Thread]:
-    """Hold the lock every write needs for `seconds`, from another client, in a thread."""
+def database_locked(
+    dialect: str, target: str, seconds: float, *, until_exit: bool = False
+) -> Iterator[threading.Thread]:
+    """Hold the lock every write needs for `seconds`, from another client, in a thread;
+    `until_exit`: at most `seconds`, and no longer than the block runs."""
     taken = threading.Event()
+    released = threading.Event()
 
     def hold() -> None:
         if dialect == "sqlite":
@@ -25,7 +28,7 @@ def database_locked(dialect: str, target: str, seconds: float) -> Iterator[threa
             try:
                 conn.execute("begin immediate")
                 taken.set()
-                time.sleep(seconds)
+                released.wait(seconds)
                 conn.execute("rollback")
             finally:
                 conn.close()
@@ -33,7 +36,7 @@ def database_locked(dialect: str, target: str, seconds: float) -> Iterator[threa
         with psycopg.connect(target) as pg:
             pg.execute("lock table cairnq_tasks in access exclusive mode")
             taken.set()
-            time.sleep(seconds)
+            released.wait(seconds)
             pg.rollback()
 
     holder = threading.Thread(target=hold, name="lock-holder", daemon=True)
@@ -42,6 +45,8 @@ def database_locked(dialect: str, target: str, seconds: float) -> Iterator[threa
     try:
         yield holder
     finally:
+        if until_exit:
+            released.set()
         holder.join(60)
 
 
