@@ -74,6 +74,9 @@ DEFAULT_CALL_TIMEOUT_S = 60.0
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 # The index an on-demand `create index ... if not exists NAME` makes.
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
+#: How often a pool connection drops the query plans it has cached (docs/architecture.md,
+#: "Cached plans on a growing table"), with the BEGIN of its next transaction.
+REPLAN_EVERY_S = 5.0
 
 
 class PostgresStore(TaskStore):
@@ -152,6 +155,11 @@ class PostgresStore(TaskStore):
             raise ValueError(f"call_timeout_s must be positive or None, got {call_timeout_s}")
         self.call_timeout_s = call_timeout_s
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
+        #: When each pool connection last dropped its cached plans (`_begin_text`).
+        self._replanned_at: weakref.WeakKeyDictionary[AsyncConn, float] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.replan_every_s = REPLAN_EVERY_S
         # Concurrent keyless submits share one statement and one commit. Its writer
         # writes for callers admitted and waiting, so it passes while the store closes.
         self.submits = SubmitCoalescer(
@@ -483,7 +491,7 @@ class PostgresStore(TaskStore):
             # cancels us mid-transaction, a ROLLBACK would wait on the same silent
             # server, so the connection is closed instead (the server rolls back).
             if self._local_timeout_ms is None:
-                await conn.execute("begin")
+                await conn.execute(self._begin_text(conn))
             else:
                 # One round trip (no parameters: the simple query protocol). Behind a
                 # pooler this is the only way a timeout reaches the statements.
@@ -499,6 +507,20 @@ class PostgresStore(TaskStore):
                         await conn.execute("rollback")
                 raise
             await conn.execute("commit")
+
+    def _begin_text(self, conn: AsyncConn) -> str:
+        """BEGIN, led by DISCARD PLANS once every `replan_every_s` per connection (one
+        round trip either way). A prepared statement's generic plan is made once, for
+        the table as it was: the claim's, made while cairnq_tasks was nearly empty,
+        reads the whole table by sequential scan for every claim as it grows, and only
+        an ANALYZE (autovacuum) would have it planned again. Dropping the plans has the
+        next executions plan for the table as it is now."""
+        now = time.monotonic()
+        last = self._replanned_at.setdefault(conn, now)
+        if now - last < self.replan_every_s:
+            return "begin"
+        self._replanned_at[conn] = now
+        return "discard plans; begin"
 
     # -- push wake-ups -------------------------------------------------------------------
 
