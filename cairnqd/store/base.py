@@ -1011,9 +1011,8 @@ class TaskStore(ABC):
         # A row holding text the driver refuses to decode fails the fetch of every row
         # with it and rolls the transaction back; `_replayable` then runs it once more,
         # reading such text as markers, so that row alone is failed (`_quarantine`).
-        probed = not settle and not pushed
         drawn, settled = await self._replayable(
-            lambda session: self._claim_in(session, queues, base, plan, settle_params, probed)
+            lambda session: self._claim_in(session, queues, base, plan, settle_params)
         )
         if on_settled is not None and settle:
             on_settled(settled)
@@ -1029,11 +1028,9 @@ class TaskStore(ABC):
         base: Params,
         plan: ClaimPlanFn,
         settle_params: Params | None,
-        probed: bool,
     ) -> tuple[Sequence[Row], dict[str, str]]:
         """The claim's transaction: settle, recover when due, draw. Its rows, not yet
-        decoded, and the settled statuses. `probed`: the read-only probe ran and saw
-        work, which may be expired leases alone."""
+        decoded, and the settled statuses."""
         settled: dict[str, str] = {}
         if settle_params is not None:
             rows = await session.fetch("complete_many", settle_params)
@@ -1073,12 +1070,10 @@ class TaskStore(ABC):
                 # Short but not empty, the worker keeps up with what arrives (a steady
                 # stream claims a few tasks a cycle): recovery keeps its once-a-second
                 # pace (above) rather than adding a statement to every claim on the way
-                # to the handler. Empty after a probe, expired leases may be what the
-                # probe saw. Empty without one (a notification whose task another
-                # worker took, results settled with nothing new), the pace above holds
-                # too: in a group of several processes every notification ends so in
-                # all but one, and a scan each time was most of what they spent.
-                short = not rows and probed
+                # to the handler. Empty, expired leases may be all the work there is
+                # (what the probe saw, or what a claim without one must look for: a
+                # notification may announce a task the claim before already took).
+                short = not rows
             if short and not recovered:
                 # Short of work: tasks with expired leases may be what is missing.
                 recovered = True

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -108,44 +107,3 @@ async def test_a_claim_after_a_notification_skips_its_probe_and_one_without_does
     # No notification since: the next claim looks before it opens anything.
     assert await worker.claim(queues=["q"], worker_id="w") == []
     assert probes == 2
-
-
-@pytest.mark.postgres
-async def test_a_notified_claim_that_finds_nothing_leaves_recovery_to_its_pace(
-    pg_pair: tuple[PostgresStore, TaskStore],
-) -> None:
-    """In a group of several processes each notification's task goes to one of them,
-    and the others' claims find nothing: those claims do not scan for expired leases
-    (the scan keeps its once-a-second pace), while a claim after a probe that saw an
-    expired lease still recovers it at once."""
-    worker, client = pg_pair
-    scans = 0
-    recover_in = worker._recover_in
-
-    async def counting(session: Any) -> bool:
-        nonlocal scans
-        scans += 1
-        return await recover_in(session)
-
-    worker._recover_in = counting  # type: ignore[method-assign]
-    assert await worker.claim(queues=["q"], worker_id="w") == []  # starts the LISTEN
-    listener = worker._listeners["cairnq_queued"]
-    await listener.until_listening(10)
-    flag = listener.sticky(["q"])[0]
-
-    first = await client.submit(name="job", queue="q")
-    await wait_for_async("the first notification", flag.is_set, timeout=10)
-    assert [t.id for t in await worker.claim(queues=["q"], worker_id="w")] == [first.id]
-    assert scans == 1  # the first claim of the store recovers
-
-    second = await client.submit(name="job", queue="q")
-    await wait_for_async("the second notification", flag.is_set, timeout=10)
-    taken = await client.claim(queues=["q"], worker_id="other", lease_ms=50)
-    assert [t.id for t in taken] == [second.id]
-    assert await worker.claim(queues=["q"], worker_id="w") == []
-    assert scans == 1, "a notified claim that found nothing scanned for expired leases"
-
-    await lease_passed(client, second.id)
-    # No notification since: the probe sees the expired lease, and the claim takes it.
-    assert [t.id for t in await worker.claim(queues=["q"], worker_id="w")] == [second.id]
-    assert scans == 2
