@@ -34,3 +34,26 @@ def test_no_module_imports_a_private_name_of_the_config_package() -> None:
         for line, module, name in private_imports(path.read_text(encoding="utf-8"))
     ]
     assert found == [], "\n".join(found)
+
+
+def test_the_lazy_names_are_the_ones_mypy_is_shown() -> None:
+    """cairnqd/config/__init__.py lists its names twice: imports under TYPE_CHECKING
+    (what mypy checks) and `_HOME` (what is loaded on first use). They must agree, and
+    each must resolve."""
+    import cairnqd.config as config
+
+    tree = ast.parse((PACKAGE / "config" / "__init__.py").read_text(encoding="utf-8"))
+    shown = {
+        alias.name: (node.module or "").removeprefix("cairnqd.config.")
+        for guard in tree.body
+        if isinstance(guard, ast.If) and ast.unparse(guard.test) == "TYPE_CHECKING"
+        for node in guard.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert shown == config._HOME
+    assert set(config.__all__) <= set(shown)
+    for name in shown:
+        assert getattr(config, name) is getattr(
+            __import__(f"cairnqd.config.{shown[name]}", fromlist=[name]), name
+        )
