@@ -91,12 +91,31 @@ class Statements:
         self.seconds[name] += time.perf_counter() - began
 
 
+#: Transaction control statements timed beside the named ones (Postgres).
+_BARE = frozenset({"begin", "commit", "rollback"})
+
+
 def instrument(backend: Backend, statements: Statements) -> None:
     """Time every statement the store runs (where its modules look the runner up)."""
     if backend == "postgres":
         import cairnqd.store.postgres.store as pg
 
         setattr(pg, "run", statements.wrap(pg.run))  # type: ignore[attr-defined]  # noqa: B010
+        # The transaction's own round trips, sent as plain text: BEGIN, COMMIT, ROLLBACK.
+        import psycopg
+
+        execute = psycopg.AsyncConnection.execute
+
+        async def timed_execute(conn: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(query, str) or query.split(";")[-1].strip() not in _BARE:
+                return await execute(conn, query, *args, **kwargs)
+            began = time.perf_counter()
+            try:
+                return await execute(conn, query, *args, **kwargs)
+            finally:
+                statements._count(query.split(";")[-1].strip(), began)
+
+        setattr(psycopg.AsyncConnection, "execute", timed_execute)  # noqa: B010
         return
     import cairnqd.store.sqlite.statements as lite
     import cairnqd.store.sqlite.store as lite_store
