@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cairnqd._handlers import RegisteredHandler
-from cairnqd.store.base import ClaimDraw, Row
+from cairnqd.store.base import ClaimDraw, OneDraw, Row
 
 
 @dataclass
@@ -74,3 +74,14 @@ class ClaimPlan:
                 taken[source.resource] = taken.get(source.resource, 0) + calls
             claimed.extend(rows)
         return claimed
+
+    def one_draw(self) -> OneDraw | None:
+        """The draw `__call__` makes when it makes exactly one, with no resource's
+        capacity to weigh: the store may then send the claim in one flight."""
+        if len(self.ordered) != 1:
+            return None
+        source = self.ordered[0]
+        quota = self.free + (self.ahead if source.shared else 0)
+        if source.resource is not None or quota <= 0 or not source.names:
+            return None
+        return OneDraw(source.names, source.batch * quota)

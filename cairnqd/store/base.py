@@ -187,6 +187,36 @@ ClaimPlanFn = Callable[[ClaimDraw], Awaitable[Sequence[Row]]]
 
 
 @dataclasses.dataclass(frozen=True)
+class OneDraw:
+    """A claim plan's only draw, known before its transaction opens: up to `limit`
+    tasks named `names` (None: any). A plan that can say so (a `one_draw()` method
+    returning it, or None when it draws otherwise) lets a dialect send the whole claim
+    transaction at once (`TaskStore._claim_flight`)."""
+
+    names: Sequence[str] | None
+    limit: int
+
+
+def one_draw_of(plan: ClaimPlanFn) -> OneDraw | None:
+    offer: Callable[[], OneDraw | None] | None = getattr(plan, "one_draw", None)
+    return None if offer is None else offer()
+
+
+class _SingleDraw:
+    """The plan of `TaskStore.claim`: one draw of `limit` tasks named `names`."""
+
+    def __init__(self, names: Sequence[str] | None, limit: int) -> None:
+        self._draw = OneDraw(names, limit)
+
+    async def __call__(self, draw: ClaimDraw) -> list[Row]:
+        return await draw(self._draw.names, self._draw.limit)
+
+    def one_draw(self) -> OneDraw | None:
+        names, limit = self._draw.names, self._draw.limit
+        return None if limit <= 0 or (names is not None and not names) else self._draw
+
+
+@dataclasses.dataclass(frozen=True)
 class QuarantinedRow:
     """A row a claim took and could not decode, failed without running: what
     `TaskStore.on_undecodable` receives. `id`, `queue` and `name` are as stored, any
@@ -267,6 +297,8 @@ class TaskStore(ABC):
         self.limited: LimitedClaims | None = None
         self._retention: Sweeper | None = None
         self._claim_recovered_at = -math.inf
+        #: How often a claim that finds work recovers expired leases too.
+        self.claim_recovery_every_s = CLAIM_RECOVERY_EVERY_S
         #: Rows claims took and could not decode, each failed at once without running
         #: (`QuarantinedRow`); a counter for the metrics.
         self.undecodable_rows = 0
@@ -934,11 +966,9 @@ class TaskStore(ABC):
         limit: int = 1,
         names: Sequence[str] | None = None,
     ) -> builtins.list[Task]:
-        async def one_draw(draw: ClaimDraw) -> list[Row]:
-            return await draw(names, limit)
-
+        plan = _SingleDraw(names, limit)
         claimed = await self.claim_session(
-            queues=queues, worker_id=worker_id, lease_ms=lease_ms, names=names, plan=one_draw
+            queues=queues, worker_id=worker_id, lease_ms=lease_ms, names=names, plan=plan
         )
         return claimed if claimed is not None else []
 
@@ -1011,15 +1041,59 @@ class TaskStore(ABC):
         # A row holding text the driver refuses to decode fails the fetch of every row
         # with it and rolls the transaction back; `_replayable` then runs it once more,
         # reading such text as markers, so that row alone is failed (`_quarantine`).
-        drawn, settled = await self._replayable(
-            lambda session: self._claim_in(session, queues, base, plan, settle_params)
-        )
+        flown = await self._claim_at_once(queues, base, plan, settle_params)
+        if flown is None:
+            drawn, settled = await self._replayable(
+                lambda session: self._claim_in(session, queues, base, plan, settle_params)
+            )
+        elif not flown[0]:
+            # Found nothing: expired leases may be all the work there is (`_claim_in`'s
+            # draw says why); recover, then draw again, in a claim of the usual shape.
+            settled = flown[1]
+            drawn, _ = await self._replayable(
+                lambda session: self._claim_in(session, queues, base, plan, None, recover=True)
+            )
+        else:
+            drawn, settled = flown
         if on_settled is not None and settle:
             on_settled(settled)
         tasks, bad = self._claimed(drawn, scan=markers_made() != marks)
         if bad:
             await self._quarantine(worker_id, bad)
         return tasks
+
+    async def _claim_at_once(
+        self,
+        queues: builtins.list[str],
+        base: Params,
+        plan: ClaimPlanFn,
+        settle_params: Params | None,
+    ) -> tuple[Sequence[Row], dict[str, str]] | None:
+        """The claim sent in one flight, when the dialect can and nothing in it waits on
+        what an earlier statement returns: one draw, no flow-control limit, recovery
+        not due. None when it cannot go that way."""
+        if self.limited is not None or self._recovery_due():
+            return None
+        single = one_draw_of(plan)
+        if single is None:
+            return None
+        return await self._claim_flight(queues, base, single, settle_params)
+
+    async def _claim_flight(
+        self,
+        queues: builtins.list[str],
+        base: Params,
+        single: OneDraw,
+        settle_params: Params | None,
+    ) -> tuple[builtins.list[Row], dict[str, str]] | None:
+        """Write `settle_params`' results (`complete_many`) and make `single`'s draw in
+        one transaction sent whole, without waiting on each statement's answer: the
+        claimed rows and the settled statuses. None: this dialect sends statements one
+        at a time (the default; Postgres overrides it)."""
+        return None
+
+    def _recovery_due(self) -> bool:
+        return time.monotonic() - self._claim_recovered_at >= self.claim_recovery_every_s
 
     async def _claim_in(
         self,
@@ -1028,9 +1102,11 @@ class TaskStore(ABC):
         base: Params,
         plan: ClaimPlanFn,
         settle_params: Params | None,
+        *,
+        recover: bool = False,
     ) -> tuple[Sequence[Row], dict[str, str]]:
-        """The claim's transaction: settle, recover when due, draw. Its rows, not yet
-        decoded, and the settled statuses."""
+        """The claim's transaction: settle, recover when due (or first, with
+        `recover`), draw. Its rows, not yet decoded, and the settled statuses."""
         settled: dict[str, str] = {}
         if settle_params is not None:
             rows = await session.fetch("complete_many", settle_params)
@@ -1040,7 +1116,7 @@ class TaskStore(ABC):
                 await session.fetch("extensions/limit_slots_release", settle_params)
         recovered = False
         limited = self.limited
-        if time.monotonic() - self._claim_recovered_at >= CLAIM_RECOVERY_EVERY_S:
+        if recover or self._recovery_due():
             if await self._recover_in(session) and limited is not None:
                 limited.recovered()
             recovered = True

@@ -1,6 +1,6 @@
 """A prepared statement's generic plan is made once, for the table as it was then. The
 claim's, made while cairnq_tasks was nearly empty, scanned the whole table for every
-claim once it had grown (store/postgres/store.py, `_begin_text`): with autovacuum off
+claim once it had grown (store/postgres/store.py, `_begin_steps`): with autovacuum off
 nothing ever had it planned again, and a worker under a steady stream slowed down as
 the table filled. A real Postgres, the store's own prepared statements."""
 

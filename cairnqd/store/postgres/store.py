@@ -33,7 +33,7 @@ from cairnqd.errors import (
     SchemaMismatch,
 )
 from cairnqd.models import Task
-from cairnqd.store.base import Clock, Params, Row, Session, TaskStore
+from cairnqd.store.base import Clock, OneDraw, Params, Row, Session, TaskStore
 from cairnqd.store.callers import in_sync_submit
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.dependencies import item_refs
@@ -58,10 +58,12 @@ from cairnqd.store.postgres.connect import (
     run,
     session_conninfo,
 )
+from cairnqd.store.postgres.flight import Step, claim_in_one_flight
 from cairnqd.store.postgres.leadership import PostgresLeadership
 from cairnqd.store.postgres.lease import new_holder
 from cairnqd.store.postgres.listen import ANY, PROBE_EVERY_S, Listener, RelayedWakes
 from cairnqd.store.postgres.migrate import apply_postgres, drop_invalid_index, pending_postgres
+from cairnqd.store.statement_params import claim_variant
 
 T = TypeVar("T")
 
@@ -155,7 +157,7 @@ class PostgresStore(TaskStore):
             raise ValueError(f"call_timeout_s must be positive or None, got {call_timeout_s}")
         self.call_timeout_s = call_timeout_s
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
-        #: When each pool connection last dropped its cached plans (`_begin_text`).
+        #: When each pool connection last dropped its cached plans (`_begin_steps`).
         self._replanned_at: weakref.WeakKeyDictionary[AsyncConn, float] = (
             weakref.WeakKeyDictionary()
         )
@@ -491,7 +493,7 @@ class PostgresStore(TaskStore):
             # cancels us mid-transaction, a ROLLBACK would wait on the same silent
             # server, so the connection is closed instead (the server rolls back).
             if self._local_timeout_ms is None:
-                await conn.execute(self._begin_text(conn))
+                await conn.execute("; ".join(self._begin_steps(conn)))
             else:
                 # One round trip (no parameters: the simple query protocol). Behind a
                 # pooler this is the only way a timeout reaches the statements.
@@ -508,19 +510,40 @@ class PostgresStore(TaskStore):
                 raise
             await conn.execute("commit")
 
-    def _begin_text(self, conn: AsyncConn) -> str:
-        """BEGIN, led by DISCARD PLANS once every `replan_every_s` per connection (one
-        round trip either way). A prepared statement's generic plan is made once, for
-        the table as it was: the claim's, made while cairnq_tasks was nearly empty,
-        reads the whole table by sequential scan for every claim as it grows, and only
-        an ANALYZE (autovacuum) would have it planned again. Dropping the plans has the
-        next executions plan for the table as it is now."""
+    async def _claim_flight(
+        self,
+        queues: list[str],
+        base: Params,
+        single: OneDraw,
+        settle_params: Params | None,
+    ) -> tuple[list[Row], dict[str, str]] | None:
+        if self._local_timeout_ms is not None or self.pooler == "transaction":
+            return None  # behind a transaction pooler, one statement at a time
+        op, params = claim_variant(queues, single.names)
+        steps: list[Step] = []
+        if settle_params is not None:
+            steps.append((statement("postgres", "complete_many"), settle_params))
+        steps.append((statement("postgres", op), {**base, **params, "limit": single.limit}))
+        async with self._borrow() as conn:
+            begin = self._begin_steps(conn)
+            answers = await claim_in_one_flight(conn, begin, steps, base["worker_id"], self.clock)
+        settled = {r["id"]: r["status"] for r in answers[0]} if settle_params is not None else {}
+        return answers[-1], settled
+
+    def _begin_steps(self, conn: AsyncConn) -> tuple[str, ...]:
+        """BEGIN, led by DISCARD PLANS once every `replan_every_s` per connection (sent
+        together either way: one simple query, or in a claim's flight). A prepared
+        statement's generic plan is made once, for the table as it was: the claim's,
+        made while cairnq_tasks was nearly empty, reads the whole table by sequential
+        scan for every claim as it grows, and only an ANALYZE (autovacuum) would have it
+        planned again. Dropping the plans has the next executions plan for the table as
+        it is now."""
         now = time.monotonic()
         last = self._replanned_at.setdefault(conn, now)
         if now - last < self.replan_every_s:
-            return "begin"
+            return ("begin",)
         self._replanned_at[conn] = now
-        return "discard plans; begin"
+        return ("discard plans", "begin")
 
     # -- push wake-ups -------------------------------------------------------------------
 
