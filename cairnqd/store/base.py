@@ -1048,11 +1048,14 @@ class TaskStore(ABC):
             )
         elif not flown[0]:
             # Found nothing: expired leases may be all the work there is (`_claim_in`'s
-            # draw says why); recover, then draw again, in a claim of the usual shape.
-            settled = flown[1]
-            drawn, _ = await self._replayable(
-                lambda session: self._claim_in(session, queues, base, plan, None, recover=True)
-            )
+            # draw says why). Recover; only if that queued a task, draw again.
+            drawn, settled = [], flown[1]
+            self._claim_recovered_at = time.monotonic()
+            rows = await self._fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
+            if any(r["status"] == "queued" for r in rows):
+                drawn, _ = await self._replayable(
+                    lambda session: self._claim_in(session, queues, base, plan, None)
+                )
         else:
             drawn, settled = flown
         if on_settled is not None and settle:
@@ -1102,11 +1105,9 @@ class TaskStore(ABC):
         base: Params,
         plan: ClaimPlanFn,
         settle_params: Params | None,
-        *,
-        recover: bool = False,
     ) -> tuple[Sequence[Row], dict[str, str]]:
-        """The claim's transaction: settle, recover when due (or first, with
-        `recover`), draw. Its rows, not yet decoded, and the settled statuses."""
+        """The claim's transaction: settle, recover when due, draw. Its rows, not yet
+        decoded, and the settled statuses."""
         settled: dict[str, str] = {}
         if settle_params is not None:
             rows = await session.fetch("complete_many", settle_params)
@@ -1116,7 +1117,7 @@ class TaskStore(ABC):
                 await session.fetch("extensions/limit_slots_release", settle_params)
         recovered = False
         limited = self.limited
-        if recover or self._recovery_due():
+        if self._recovery_due():
             if await self._recover_in(session) and limited is not None:
                 limited.recovered()
             recovered = True
