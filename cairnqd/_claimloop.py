@@ -313,16 +313,19 @@ class ClaimLoop:
         return result or []
 
     async def _write_results_after_claim(self) -> None:
-        """Write the results a claim left for after its tasks started (`_claim`), by
-        the settlement's writer (its retries and one-by-one fallback included); the
-        next claim waits for it, as it waited for the results riding in it."""
+        """Start writing the results a claim left for after its tasks started
+        (`_claim`), by the settlement's writer (its retries and one-by-one fallback
+        included), beside the next claim rather than before it: on a pool with a
+        connection to spare the two run at once, and a task that lands meanwhile does
+        not wait for the results' statement (a few milliseconds for a few dozen rows,
+        with their triggers). On a pool of one they take turns for the connection."""
         if self._write_after_claim:
             self._write_after_claim = False
             # Not before they are due: a worker keeping up with a stream claims every
             # few milliseconds, and a write per claim would hold each next claim back.
             # Due, the settlement's timer wakes the loop, and the next claim writes them.
             if self._settlement.due():
-                await self._settlement.drain()
+                self._settlement.write_due()
 
     @contextlib.contextmanager
     def _writing(self, settle: list[Pending]) -> Iterator[None]:

@@ -230,6 +230,13 @@ class Settlement:
         if self._pending and self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
 
+    def write_due(self) -> None:
+        """Write what is queued now in the background, once: results queued meanwhile
+        wait for their own turn (`due`), so a worker keeping up with a stream writes a
+        batch per settle interval rather than one after another, each a few rows."""
+        if self._pending and self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush(once=True))
+
     # -- space ----------------------------------------------------------------------------
 
     def refused(self, exc: BaseException) -> None:
@@ -284,7 +291,7 @@ class Settlement:
                 keep.append(item)
         return keep
 
-    async def _flush(self) -> None:
+    async def _flush(self, *, once: bool = False) -> None:
         failures = 0
         try:
             while self._pending:
@@ -318,9 +325,16 @@ class Settlement:
                     continue
                 failures = 0
                 self.finish(batch, statuses)
+                if once:
+                    break
         finally:
             self._flusher = None
             self._retrying = False
+            if once and self._pending:
+                # Queued while this write ran, which `enqueue` left to it: due a settle
+                # interval from now, and the loop woken then.
+                self._oldest = time.monotonic()
+                asyncio.get_running_loop().call_later(self._wait_s(), self._loop.wake)
 
     async def _write(self, batch: list[Pending]) -> dict[str, str]:
         return await self.store.complete_many(
