@@ -101,6 +101,18 @@ def instrument(backend: Backend, statements: Statements) -> None:
         import cairnqd.store.postgres.store as pg
 
         setattr(pg, "run", statements.wrap(pg.run))  # type: ignore[attr-defined]  # noqa: B010
+        # A claim sent in one flight (store/postgres/flight.py), whole: inside it BEGIN
+        # and COMMIT below time only their queueing.
+        flight = pg.claim_in_one_flight  # type: ignore[attr-defined]
+
+        async def timed_flight(*args: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return await flight(*args)
+            finally:
+                statements._count("claim flight", began)
+
+        setattr(pg, "claim_in_one_flight", timed_flight)  # noqa: B010
         # The transaction's own round trips, sent as plain text: BEGIN, COMMIT, ROLLBACK.
         import psycopg
 
