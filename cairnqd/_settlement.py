@@ -186,12 +186,16 @@ class Settlement:
 
     async def drain(self) -> None:
         """Write everything queued, and wait for claims carrying results to end."""
-        self.put_back([])
-        while self._flusher is not None or self._carried:
+        while True:
+            # Again after each writer: one started by `write_due` writes a batch and
+            # leaves what came meanwhile.
+            self.put_back([])
             if self._flusher is not None:
                 await asyncio.shield(self._flusher)
-            else:
+            elif self._carried:
                 await self._nothing_carried.wait()
+            else:
+                return
 
     @contextlib.contextmanager
     def carried(self, batch: list[Pending]) -> Iterator[None]:
