@@ -14,9 +14,12 @@ DAEMON_CALL_TIMEOUT_S = 15.0
 #: What psycopg may add to a timed-out call: a server-side cancel (5 s to connect),
 #: then up to 5 s for the query to end, before it drops the connection itself.
 CANCEL_GRACE_S = 10.0
+#: What a Postgres claim sent in one flight adds when its call times out: it waits this
+#: long for the flight's answer, to hand back what it took (store/postgres/flight.py).
+FLIGHT_HAND_BACK_S = 2.0
 #: The stated bound: a silent connection fails a call within this.
 DETECTION_BOUND_S = 30.0
-assert DAEMON_CALL_TIMEOUT_S + CANCEL_GRACE_S <= DETECTION_BOUND_S
+assert DAEMON_CALL_TIMEOUT_S + FLIGHT_HAND_BACK_S + CANCEL_GRACE_S <= DETECTION_BOUND_S
 
 
 def is_unreachable(exc: BaseException) -> bool:

@@ -11,7 +11,7 @@ together.
 What that costs is the ROLLBACK a cancelled caller relied on: once sent, the COMMIT
 runs whether or not anyone waits for it. So the flight runs in a task of its own that a
 cancellation does not reach (`claim_in_one_flight`); a cancelled caller waits up to
-`LAND_WITHIN_S` for its answer, then hands what it claimed back as never started
+`FLIGHT_HAND_BACK_S` for its answer, then hands what it claimed back as never started
 (`return_unstarted`: queued again, attempt restored) before the cancellation goes on.
 A flight with no answer by then (a server that stopped answering) is abandoned, and
 what it may have claimed comes back when its leases expire, as a claim whose COMMIT
@@ -33,11 +33,9 @@ from cairnqd._jsoncodec import dump_json
 from cairnqd._protocol import Statement, statement
 from cairnqd.store.executor import Row
 from cairnqd.store.postgres.connect import AsyncConn, bind, run
+from cairnqd.store.reachability import FLIGHT_HAND_BACK_S
 
 log = logging.getLogger("cairnqd.store")
-
-#: How long a cancelled claim waits for its flight's answer, to hand back what it took.
-LAND_WITHIN_S = 2.0
 
 Step = tuple[Statement, Mapping[str, Any]]
 
@@ -94,7 +92,7 @@ async def _hand_back(
     """The caller was cancelled with the flight sent: wait for what it claimed and give
     it back unstarted. Never raises: the cancellation is what the caller will see."""
     try:
-        async with asyncio.timeout(LAND_WITHIN_S):
+        async with asyncio.timeout(FLIGHT_HAND_BACK_S):
             claimed = (await asyncio.shield(flight))[-1]
             if claimed:
                 items = [{"id": row["id"], "a": row["attempt"]} for row in claimed]
