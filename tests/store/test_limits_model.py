@@ -41,7 +41,6 @@ from hypothesis.stateful import (
 from cairnqd.errors import LostLease
 from cairnqd.limits import Limit, parse_limits
 from cairnqd.models import Task
-from cairnqd.store import base as store_base
 from cairnqd.store.base import TaskStore
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
@@ -76,8 +75,6 @@ class LimitsModel(RuleBasedStateMachine):
         # Claims recover expired leases when they come up short, and also once a real
         # second has passed: that one would make a replayed example claim differently,
         # so here recovery is short claims and the `recovery` rule only.
-        self._recovery_every = store_base.CLAIM_RECOVERY_EVERY_S
-        store_base.CLAIM_RECOVERY_EVERY_S = math.inf
         self.loop = asyncio.new_event_loop()
         self.clock = Clock()
         self.cap = 2
@@ -107,12 +104,12 @@ class LimitsModel(RuleBasedStateMachine):
     def open(self, path: None) -> None:
         for w in WORKERS:
             store = self.new_store()
+            store.claim_recovery_every_s = math.inf
             self.run(store.connect())
             store.use_limits(self.limits(self.cap))
             self.stores[w] = store
 
     def teardown(self) -> None:
-        store_base.CLAIM_RECOVERY_EVERY_S = self._recovery_every
         for store in self.stores.values():
             self.run(store.close())
         self.loop.close()
