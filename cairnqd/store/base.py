@@ -1050,9 +1050,7 @@ class TaskStore(ABC):
             # Found nothing: expired leases may be all the work there is (`_claim_in`'s
             # draw says why). Recover; only if that queued a task, draw again.
             drawn, settled = [], flown[1]
-            self._claim_recovered_at = time.monotonic()
-            rows = await self._fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
-            if any(r["status"] == "queued" for r in rows):
+            if await self._recover_in(self._fetch):  # a statement of its own
                 drawn, _ = await self._replayable(
                     lambda session: self._claim_in(session, queues, base, plan, None)
                 )
@@ -1118,7 +1116,7 @@ class TaskStore(ABC):
         recovered = False
         limited = self.limited
         if self._recovery_due():
-            if await self._recover_in(session) and limited is not None:
+            if await self._recover_in(session.fetch) and limited is not None:
                 limited.recovered()
             recovered = True
 
@@ -1154,7 +1152,7 @@ class TaskStore(ABC):
             if short and not recovered:
                 # Short of work: tasks with expired leases may be what is missing.
                 recovered = True
-                if await self._recover_in(session):
+                if await self._recover_in(session.fetch):
                     if limited is not None:
                         limited.recovered()  # their slots are stale now: look at once
                     more = await take(names, limit - len(rows), max(0, ready - len(rows)))
@@ -1255,11 +1253,13 @@ class TaskStore(ABC):
         server's on Postgres, the host's wall clock on SQLite, or the injected one."""
         return self.now_ms()
 
-    async def _recover_in(self, session: Session) -> bool:
-        """Recover expired leases inside a claim transaction; whether any task went back
-        to the queue."""
+    async def _recover_in(
+        self, fetch: Callable[[str, Params], Awaitable[builtins.list[Row]]]
+    ) -> bool:
+        """Recover expired leases for a claim, through `fetch` (its transaction's, or
+        the store's own); whether any task went back to the queue."""
         self._claim_recovered_at = time.monotonic()
-        rows = await session.fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
+        rows = await fetch("recover_leases", {"error": LEASE_EXPIRED_ERROR_JSON})
         return any(r["status"] == "queued" for r in rows)
 
     async def recover_leases(self) -> builtins.list[Row]:
