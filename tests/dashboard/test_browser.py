@@ -76,6 +76,21 @@ class Tab:
         self.page.click("form.login button[type=submit]")
         self.page.wait_for_url(self.dash.url + "/")
 
+    def size(self, selector: str) -> dict[str, float]:
+        """The width and height of the first element `selector` finds, measured in one
+        step inside the page. Playwright's `bounding_box` finds the element and then
+        measures it, and a live refresh that swaps the page in between leaves it measuring
+        a detached element (None)."""
+        size = self.page.evaluate(
+            "s => { const e = document.querySelector(s);"
+            " if (!e) return null;"
+            " const r = e.getBoundingClientRect();"
+            " return {width: r.width, height: r.height}; }",
+            selector,
+        )
+        assert size is not None, f"nothing on the page matches {selector}"
+        return dict(size)
+
     def clean(self) -> None:
         """No script ran from user data, nothing broke the CSP, nothing failed."""
         assert self.page.evaluate("window.__xss") is None
@@ -487,8 +502,8 @@ def test_a_dependency_graph_renders_and_links(browser: Any, sqlite_dash: Dash) -
             boxes = tab.page.locator("svg.graph a.node")
             assert boxes.count() == 4
             assert tab.page.locator("svg.graph path.edge").count() == 4
-            size = tab.page.locator("svg.graph").bounding_box()
-            assert size is not None and size["width"] > 400 and size["height"] > 80
+            size = tab.size("svg.graph")
+            assert size["width"] > 400 and size["height"] > 80
             # At 400 px the drawing scrolls inside its frame; the page does not scroll
             # sideways.
             assert tab.page.evaluate("document.documentElement.scrollWidth") <= wide
@@ -504,8 +519,8 @@ def test_a_dependency_graph_renders_and_links(browser: Any, sqlite_dash: Dash) -
                 )
                 wait_for("a live swap of the graph", swapped, 30)
                 assert tab.page.locator("svg.graph a.node").count() == 4
-                again = tab.page.locator(f'svg.graph a.node[data-task="{b}"] rect').bounding_box()
-                assert again is not None and again["width"] > 100
+                again = tab.size(f'svg.graph a.node[data-task="{b}"] rect')
+                assert again["width"] > 100
             tab.clean()
             if scheme == "dark":
                 tab.page.locator(f'svg.graph a.node[data-task="{a}"]').click()
