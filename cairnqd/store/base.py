@@ -63,7 +63,7 @@ from cairnqd.store.dependencies import (
 )
 from cairnqd.store.executor import Row, Session, UserWrite
 from cairnqd.store.leadership import SOLE_HOST, Leadership
-from cairnqd.store.limits import RECLAIM_EVERY_S
+from cairnqd.store.limits import RECLAIM_EVERY_S, RoomFlight
 from cairnqd.store.statement_params import (
     INSERT_MANY_CHUNK,
     LEASE_EXPIRED,
@@ -1046,16 +1046,13 @@ class TaskStore(ABC):
             drawn, settled = await self._replayable(
                 lambda session: self._claim_in(session, queues, base, plan, settle_params)
             )
-        elif not flown[0]:
-            # Found nothing: expired leases may be all the work there is (`_claim_in`'s
-            # draw says why). Recover; only if that queued a task, draw again.
-            drawn, settled = [], flown[1]
-            if await self._recover_in(self._fetch):  # a statement of its own
-                drawn, _ = await self._replayable(
-                    lambda session: self._claim_in(session, queues, base, plan, None)
-                )
         else:
-            drawn, settled = flown
+            drawn, settled, then = flown
+            if then is not None:
+                more, _ = await self._replayable(
+                    lambda session: self._claim_in(session, queues, base, then, None)
+                )
+                drawn = [*drawn, *more]
         if on_settled is not None and settle:
             on_settled(settled)
         tasks, bad = self._claimed(drawn, scan=markers_made() != marks)
@@ -1069,16 +1066,41 @@ class TaskStore(ABC):
         base: Params,
         plan: ClaimPlanFn,
         settle_params: Params | None,
-    ) -> tuple[Sequence[Row], dict[str, str]] | None:
+    ) -> tuple[Sequence[Row], dict[str, str], ClaimPlanFn | None] | None:
         """The claim sent in one flight, when the dialect can and nothing in it waits on
-        what an earlier statement returns: one draw, no flow-control limit, recovery
-        not due. None when it cannot go that way."""
-        if self.limited is not None or self._recovery_due():
+        what an earlier statement returns: one draw, at most one flow-control budget
+        (`LimitedClaims.flight`), recovery not due. The rows claimed, the settled
+        statuses, and a plan to draw with in a transaction of its own afterwards, or
+        None. None for the whole when the claim cannot go that way."""
+        if self._recovery_due():
             return None
         single = one_draw_of(plan)
         if single is None:
             return None
-        return await self._claim_flight(queues, base, single, settle_params)
+        limited, room = self.limited, None
+        if limited is not None:
+            room = limited.flight(queues, single.names, single.limit, base)
+            if room is None:
+                return None
+        flown = await self._claim_flight(queues, base, single, settle_params, room)
+        if flown is None:
+            return None
+        rows, settled = flown
+        if limited is not None and room is not None:
+            rows, full = limited.landed(room, rows)
+            if full:  # its stale room is due to be looked for, as a draw in its transaction would
+                return rows, settled, _SingleDraw(single.names, single.limit - len(rows))
+            if limited.room_at is not None:
+                return rows, settled, None  # full: recovery keeps the pace of reclaims
+        if rows:
+            return rows, settled, None
+        # Found nothing: expired leases may be all the work there is (`_claim_in`'s
+        # draw says why). Recover; only if that queued a task, draw again.
+        if await self._recover_in(self._fetch):  # a statement of its own
+            if limited is not None:
+                limited.recovered()
+            return rows, settled, plan
+        return rows, settled, None
 
     async def _claim_flight(
         self,
@@ -1086,11 +1108,13 @@ class TaskStore(ABC):
         base: Params,
         single: OneDraw,
         settle_params: Params | None,
+        room: RoomFlight | None,
     ) -> tuple[builtins.list[Row], dict[str, str]] | None:
-        """Write `settle_params`' results (`complete_many`) and make `single`'s draw in
-        one transaction sent whole, without waiting on each statement's answer: the
-        claimed rows and the settled statuses. None: this dialect sends statements one
-        at a time (the default; Postgres overrides it)."""
+        """Write `settle_params`' results (`complete_many`, and with `room`, give their
+        room back) and make `single`'s draw (`room`'s, when limited) in one transaction
+        sent whole, without waiting on each statement's answer: the draw's rows and the
+        settled statuses. None: this dialect sends statements one at a time (the
+        default; Postgres overrides it)."""
         return None
 
     def _recovery_due(self) -> bool:

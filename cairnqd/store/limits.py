@@ -51,6 +51,18 @@ ROOM_POLL_MS = 250
 _ENSURED_MAX = 10_000
 
 
+@dataclasses.dataclass(frozen=True)
+class RoomFlight:
+    """A limited draw sent in one flight with the rest of its claim's transaction
+    (`LimitedClaims.flight`): its statement, up to `want` tasks, and its budget (limit
+    name, partition)."""
+
+    statement: Statement
+    params: Params
+    want: int
+    budget: tuple[str, str]
+
+
 class LimitedClaims:
     """The limits one store enforces and the state of its claims' draws."""
 
@@ -195,6 +207,47 @@ class LimitedClaims:
         kind, capacity = limit.budgets[0]
         return limit, kind, capacity
 
+    def flight(
+        self,
+        queues: Sequence[str],
+        names: Sequence[str] | None,
+        limit: int,
+        base: Params,
+    ) -> RoomFlight | None:
+        """The draw as one statement to send with the rest of its transaction, when
+        nothing in it has to be read first: Postgres, one budget of concurrency
+        (`_one_budget`) whose rows this process made, the operator's overrides read
+        lately. None otherwise: `draw` then runs as usual."""
+        if self.dialect != "postgres" or limit <= 0:
+            return None
+        if time.monotonic() - self._overrides_read_at >= OVERRIDES_EVERY_S:
+            return None
+        one = self._one_budget(queues)
+        if one is None or one[1] != "concurrency":
+            return None
+        slot = _budget_slot(one, base)
+        if _ensured_key(slot) not in self._ensured:
+            return None
+        stmt, params = self._room_statement(slot, one[0], queues, names, limit, base)
+        return RoomFlight(stmt, params, limit, (one[0].name, NO_PARTITION))
+
+    def landed(self, flight: RoomFlight, rows: Sequence[Row]) -> tuple[list[Row], bool]:
+        """What a flight's draw claimed, and whether to draw again in a transaction of
+        its own: the budget was full and its stale room is due to be looked for (as
+        `_draw_one_budget` would have, in its transaction). Full and not due, it says
+        when to look again (`room_at`)."""
+        self.room_at = None
+        self.waiting_for_room = False
+        claimed, room, _ = _room_rows(rows)
+        if len(claimed) >= flight.want or room > len(claimed):
+            return claimed, False
+        last = self._reclaimed.get(flight.budget, -math.inf)
+        if time.monotonic() - last >= RECLAIM_EVERY_S:
+            return claimed, True
+        self.waiting_for_room = True
+        self.room_at = time.monotonic() + ROOM_POLL_MS / 1000
+        return claimed, False
+
     async def _draw_one_budget(
         self,
         session: Session,
@@ -209,18 +262,11 @@ class LimitedClaims:
         together by protocol/extensions/sql/postgres/limit_claim_room.sql. Short of
         room, it frees the budget's stale slots as the general draw does and tries
         once more; still short, it says when to look again (`room_at`)."""
-        lim, kind, capacity = budget
+        lim, kind, _ = budget
         want = limit if kind == "concurrency" or ready is None else min(limit, ready)
         if want <= 0:
             return []
-        slot: Params = {
-            "limit_name": lim.name,
-            "part": NO_PARTITION,
-            "kind": kind,
-            "capacity": capacity,
-            "worker_id": base["worker_id"],
-            "now_ms": None,
-        }
+        slot = _budget_slot(budget, base)
         await self._ensure(session, slot)
         claimed, room, now_ms = await self._claim_room(
             session, slot, lim, queues, names, want, base
@@ -253,6 +299,18 @@ class LimitedClaims:
     ) -> tuple[list[Row], int, int]:
         """One run of limit_claim_room.sql: the rows claimed, the free slots found and
         the clock (ms) it took them by."""
+        stmt, params = self._room_statement(slot, limit, queues, names, want, base)
+        return _room_rows(await session.fetch_statement(stmt, params))
+
+    def _room_statement(
+        self,
+        slot: Params,
+        limit: Limit,
+        queues: Sequence[str],
+        names: Sequence[str] | None,
+        want: int,
+        base: Params,
+    ) -> tuple[Statement, Params]:
         one_queue, name_count = len(queues) == 1, None if names is None else len(names)
         scope = (one_queue, None if name_count is None else name_count == 1)
         shape = ("room", scope)
@@ -269,15 +327,7 @@ class LimitedClaims:
             "held_ms": HELD if slot["kind"] == "concurrency" else None,
             "window_ms": 0 if limit.rate is None else limit.rate.window_ms,
         }
-        rows = await session.fetch_statement(stmt, params)
-        room, now_ms = int(rows[0]["room"]), int(rows[0]["room_now_ms"])
-        claimed: list[Row] = []
-        for row in rows:
-            if row["id"] is not None:
-                task = dict(row)
-                del task["room"], task["room_now_ms"]
-                claimed.append(task)
-        return claimed, room, now_ms
+        return stmt, params
 
     def _open_queues(
         self, queues: Sequence[str], blocked: Mapping[tuple[str, str], Limit], held_back: bool
@@ -448,7 +498,7 @@ class LimitedClaims:
     async def _ensure(self, session: Session, slot: Params) -> bool:
         """Make `slot`'s budget's rows, once per process and capacity (a new partition,
         a raised limit); whether this call made them."""
-        key = (str(slot["limit_name"]), str(slot["part"]), str(slot["kind"]), int(slot["capacity"]))
+        key = _ensured_key(slot)
         if key in self._ensured:
             return False
         if len(self._ensured) >= _ENSURED_MAX:
@@ -578,6 +628,36 @@ class LimitedClaims:
         for j, glob in enumerate(limit.names):
             params[f"x{i}_name{j}"] = like_pattern(glob) if self.dialect == "postgres" else glob
         return params
+
+
+def _budget_slot(budget: tuple[Limit, str, int], base: Params) -> Params:
+    """The slot parameters of a whole budget (one limit, no partitions)."""
+    limit, kind, capacity = budget
+    return {
+        "limit_name": limit.name,
+        "part": NO_PARTITION,
+        "kind": kind,
+        "capacity": capacity,
+        "worker_id": base["worker_id"],
+        "now_ms": None,
+    }
+
+
+def _ensured_key(slot: Params) -> tuple[str, str, str, int]:
+    return (str(slot["limit_name"]), str(slot["part"]), str(slot["kind"]), int(slot["capacity"]))
+
+
+def _room_rows(rows: Sequence[Row]) -> tuple[list[Row], int, int]:
+    """limit_claim_room.sql's answer: the rows claimed, the free slots it found and the
+    clock (ms) it took them by."""
+    room, now_ms = int(rows[0]["room"]), int(rows[0]["room_now_ms"])
+    claimed: list[Row] = []
+    for row in rows:
+        if row["id"] is not None:
+            task = dict(row)
+            del task["room"], task["room_now_ms"]
+            claimed.append(task)
+    return claimed, room, now_ms
 
 
 def _scope_params(queues: Sequence[str], names: Sequence[str] | None) -> dict[str, Any]:

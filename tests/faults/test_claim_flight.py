@@ -1,16 +1,23 @@
-"""A Postgres claim sent in one flight (cairnqd/store/postgres/flight.py) whose caller
-is cancelled after the flight left: the server commits the claim all the same, so its
-tasks must come back to the queue at once, attempt restored, not after their lease."""
+"""A Postgres claim sent in one flight (cairnqd/store/postgres/flight.py): a limited
+hand-over (results, the room given back, the next claim) takes one round trip; a
+caller cancelled after the flight left sees the server commit the claim all the same,
+so its tasks (and their room) must come back at once, attempt restored, not after
+their lease."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
 
+import cairnqd.store.limits
 from cairnqd import CairnQ
+from cairnqd.limits import parse_limits
+from cairnqd.store.base import ClaimDraw, OneDraw, Row
 from cairnqd.store.postgres import PostgresStore
 from tests.faults.proxy import FaultProxy
 from tests.support.waiting import wait_for_async
@@ -60,3 +67,105 @@ async def test_a_claim_cancelled_after_its_flight_left_hands_its_tasks_back(
     finally:
         pg_proxy.forward()
         await store.close()
+
+
+class OneDrawOf:
+    """A claim plan of one draw of up to `n` tasks of any name, that says so."""
+
+    def __init__(self, n: int) -> None:
+        self.draw = OneDraw(None, n)
+
+    async def __call__(self, draw: ClaimDraw) -> list[Row]:
+        return await draw(None, self.draw.limit)
+
+    def one_draw(self) -> OneDraw:
+        return self.draw
+
+
+def slots_held(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "select task_id, attempt from cairnqd_limit_slots"
+            " where limit_name = 'one' and until_ms > 0 order by slot"
+        ).fetchall()
+        return [tuple(row) for row in rows]
+
+
+@pytest.fixture
+async def limited(
+    pg_proxy: FaultProxy, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[PostgresStore, list[str]]]:
+    """A store through the proxy under `concurrency: 1` on queue email, holding the
+    first of two tasks: the budget's rows made, its overrides read (and kept for a
+    minute), recovery done, so its next claim with a settlement can go in one flight."""
+    monkeypatch.setattr(cairnqd.store.limits, "OVERRIDES_EVERY_S", 60.0)
+    async with CairnQ(PostgresStore(pg_dsn)) as direct:
+        ids = [(await direct.submit("demo.echo", {}, queue="email")).id for _ in range(2)]
+    store = PostgresStore(pg_proxy.dsn(pg_dsn), listen=False)
+    store.use_limits(parse_limits({"one": {"queues": ["email"], "concurrency": 1}}))
+    await store.connect()
+    try:
+        claimed = await store.claim(queues=["email"], worker_id="w-limited", limit=4)
+        assert [t.id for t in claimed] == ids[:1]
+        store.claim_recovery_every_s = 3600
+        yield store, ids
+    finally:
+        pg_proxy.forward()
+        await store.close()
+
+
+async def test_a_limited_hand_over_settles_and_claims_in_one_flight(
+    limited: tuple[PostgresStore, list[str]],
+    pg_proxy: FaultProxy,
+    pg_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The slot of a task that settles goes to the next task in one round trip:
+    results, the room given back and the claim of the next, together."""
+    store, (first, second) = limited
+    # The budget is full after this claim; its stale room was looked for by the first
+    # claim, and is not looked for again (in a transaction of its own) for a minute.
+    monkeypatch.setattr(cairnqd.store.limits, "RECLAIM_EVERY_S", 60.0)
+    pg_proxy.delay(DELAY_S)
+    started = time.monotonic()
+    claimed = await store.claim_session(
+        queues=["email"], worker_id="w-limited", names=None, plan=OneDrawOf(4),
+        settle=[(first, None, 1)],
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert claimed is not None and [t.id for t in claimed] == [second]
+    # One statement at a time it is at least five round trips (BEGIN, complete_many,
+    # the room's release, the claim, COMMIT): over 3 s through this proxy.
+    assert took < 4 * DELAY_S, f"the hand-over took {took:.2f} s"
+    assert task_row(pg_dsn, first)[0] == "succeeded"
+    assert task_row(pg_dsn, second)[:3] == ("running", 1, "w-limited")
+    assert slots_held(pg_dsn) == [(second, 1)]
+
+
+async def test_a_limited_flight_cancelled_after_it_left_gives_task_and_room_back(
+    limited: tuple[PostgresStore, list[str]], pg_proxy: FaultProxy, pg_dsn: str
+) -> None:
+    store, (first, second) = limited
+    pg_proxy.delay(DELAY_S)
+    claiming = asyncio.ensure_future(
+        store.claim_session(
+            queues=["email"],
+            worker_id="w-limited",
+            names=None,
+            plan=OneDrawOf(4),
+            settle=[(first, None, 1)],
+        )
+    )
+    await wait_for_async("the flight's commit", lambda: task_row(pg_dsn, second)[0] == "running")
+    assert not claiming.done()
+    claiming.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await claiming
+    assert task_row(pg_dsn, first)[0] == "succeeded"
+    assert task_row(pg_dsn, second) == ("queued", 0, None, None)
+    # The slot still names the handed-back claim, which no longer runs: the next claim
+    # that finds the budget full frees it and takes the task.
+    pg_proxy.forward()
+    again = await store.claim(queues=["email"], worker_id="w-other", limit=4)
+    assert [t.id for t in again] == [second]
+    assert slots_held(pg_dsn) == [(second, 1)]

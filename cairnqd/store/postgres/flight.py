@@ -93,7 +93,8 @@ async def _hand_back(
     it back unstarted. Never raises: the cancellation is what the caller will see."""
     try:
         async with asyncio.timeout(FLIGHT_HAND_BACK_S):
-            claimed = (await asyncio.shield(flight))[-1]
+            # A limited draw's answer may hold a row of nulls besides the tasks.
+            claimed = [row for row in (await asyncio.shield(flight))[-1] if row["id"] is not None]
             if claimed:
                 items = [{"id": row["id"], "a": row["attempt"]} for row in claimed]
                 params = {"worker_id": worker_id, "unstarted": dump_json(items)}

@@ -38,6 +38,7 @@ from cairnqd.store.callers import in_sync_submit
 from cairnqd.store.coalesce import SubmitCoalescer
 from cairnqd.store.dependencies import item_refs
 from cairnqd.store.executor import UserWrite
+from cairnqd.store.limits import RoomFlight
 from cairnqd.store.migrate import check_protocol_version
 from cairnqd.store.postgres.bulk import STREAM_FROM, stream_tasks
 from cairnqd.store.postgres.callerpool import CallerPool, caller_pool, check_open, lent, pool_dsn
@@ -516,14 +517,23 @@ class PostgresStore(TaskStore):
         base: Params,
         single: OneDraw,
         settle_params: Params | None,
+        room: RoomFlight | None,
     ) -> tuple[list[Row], dict[str, str]] | None:
         if self._local_timeout_ms is not None or self.pooler == "transaction":
             return None  # behind a transaction pooler, one statement at a time
-        op, params = claim_variant(queues, single.names)
         steps: list[Step] = []
         if settle_params is not None:
             steps.append((statement("postgres", "complete_many"), settle_params))
-        steps.append((statement("postgres", op), {**base, **params, "limit": single.limit}))
+            if room is not None:
+                # Their room is back for the draw after it (as `_claim_in` does).
+                steps.append(
+                    (statement("postgres", "extensions/limit_slots_release"), settle_params)
+                )
+        if room is not None:
+            steps.append((room.statement, room.params))
+        else:
+            op, params = claim_variant(queues, single.names)
+            steps.append((statement("postgres", op), {**base, **params, "limit": single.limit}))
         async with self._borrow() as conn:
             begin = self._begin_steps(conn)
             answers = await claim_in_one_flight(conn, begin, steps, base["worker_id"], self.clock)
