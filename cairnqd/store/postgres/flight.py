@@ -4,9 +4,9 @@ Sent one at a time, a claim costs three round trips (BEGIN, the claim, COMMIT) a
 turn of the event loop for each; under a steady stream that was most of the time
 between a task's commit and its handler's start (bench/RESULTS.md, "Under a steady
 stream"). When nothing in the transaction waits on what an earlier statement returned
-(one draw, no flow-control limit, recovery not due: `TaskStore._claim_at_once`), the
-whole of it goes out together with psycopg's pipeline mode and its answers come back
-together.
+(one draw, at most one concurrency budget of a flow-control limit, recovery not due:
+`TaskStore._claim_at_once`), the whole of it goes out together with psycopg's pipeline
+mode and its answers come back together.
 
 What that costs is the ROLLBACK a cancelled caller relied on: once sent, the COMMIT
 runs whether or not anyone waits for it. So the flight runs in a task of its own that a
