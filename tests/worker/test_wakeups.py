@@ -152,3 +152,72 @@ async def test_local_submit_wakes_an_idle_worker(
         await wait_status(store, task.id, "succeeded", within=10)
     latency = started[task.id] - t0
     assert latency < BOUND_S, f"wake-up took {latency:.3f}s (poll is {POLL_MS} ms)"
+
+
+def count_probes(store: TaskStore) -> list[int]:
+    """Count the claim's read-only probes on `store` (the statements still run)."""
+    seen = [0]
+
+    async def fetch(original: Any, op: str, *args: Any, **kwargs: Any) -> Any:
+        seen[0] += op == "claimable_probe"
+        return await original(op, *args, **kwargs)
+
+    wrap_method(store, "_fetch", fetch)
+    return seen
+
+
+@pytest.mark.parametrize("dialect", ["postgres"], indirect=True)
+async def test_a_worker_whose_draw_took_all_the_work_waits_for_news_instead_of_probing(
+    store: TaskStore, second_store: TaskStore, dialect: str, db_target: str
+) -> None:
+    """Under a stream each task is a draw that comes up short (one task, four free
+    slots): the task's call ending must not send the worker to probe the queue again,
+    since a notification says when work comes. Every task still starts promptly."""
+    started: dict[str, float] = {}
+    worker = make_idle_worker(store, started)
+    probe = IdleProbe(store)
+    async with running(worker):
+        await settle_into_idle(probe, dialect, db_target)
+        probes = count_probes(store)
+        latencies = []
+        for _ in range(20):
+            t0 = time.monotonic()
+            task = await second_store.submit(name="wake")
+            await wait_status(store, task.id, "succeeded", within=10)
+            latencies.append(started[task.id] - t0)
+    # One probe a task before (the call's end woke the loop, which looked again).
+    assert probes[0] <= 2, f"{probes[0]} probes for 20 tasks"
+    assert max(latencies) < BOUND_S, f"wake-up latencies {latencies} (poll is {POLL_MS} ms)"
+
+
+@pytest.mark.parametrize("dialect", ["postgres"], indirect=True)
+async def test_a_submit_landing_after_a_short_draw_is_not_lost(
+    store: TaskStore, second_store: TaskStore, dialect: str, db_target: str
+) -> None:
+    """The commit lands after a draw that took all there was, before the worker waits:
+    the worker does not probe then, so the notification must still end its wait."""
+    started: dict[str, float] = {}
+    worker = make_idle_worker(store, started)
+    armed = asyncio.Event()
+    submitted: list[tuple[str, float]] = []
+
+    async def claim_session(original: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await original(*args, **kwargs)
+        if armed.is_set() and result:
+            armed.clear()
+            task = await second_store.submit(name="wake")
+            submitted.append((task.id, time.monotonic()))
+        return result
+
+    probe = IdleProbe(store)
+    async with running(worker):
+        await settle_into_idle(probe, dialect, db_target)
+        wrap_method(store, "claim_session", claim_session)
+        armed.set()
+        first = await second_store.submit(name="wake")
+        await wait_status(store, first.id, "succeeded", within=10)
+        await wait_for_async("the submit after the draw", lambda: submitted)
+        task_id, t0 = submitted[0]
+        await wait_status(store, task_id, "succeeded", within=10)
+    latency = started[task_id] - t0
+    assert latency < BOUND_S, f"wake-up took {latency:.3f}s (poll is {POLL_MS} ms)"
