@@ -70,12 +70,6 @@ class ClaimLoop:
         self._held = 0
         # The last claim left the results due for a write of their own after it.
         self._write_after_claim = False
-        # How many tasks the last claim's one draw asked for (None: several draws).
-        self._asked: int | None = None
-        # When a draw last took all the work there was (it came up short), while the
-        # store can say whether work came since: until it does, or a poll interval
-        # passes, a claim would find nothing (`_quiet`).
-        self._quiet_since: float | None = None
         # Hooks for a host process that retires a worker (see `Worker`).
         self.claim_budget: int | None = None
         self.before_claim: Callable[[], bool] | None = None
@@ -180,11 +174,6 @@ class ClaimLoop:
             if not self._may_claim():
                 state.stop.set()
                 break
-            if not settle_only and self._quiet(queues):
-                # A call ended or a result fell due, and no work came since the last
-                # draw took all there was: wait for some instead of probing for it.
-                self._woken = await self._idle()
-                continue
             if self.claim_budget is not None:
                 # Never claim past the budget, prefetch included: a retiring worker
                 # would otherwise carry a backlog it must still run.
@@ -201,9 +190,6 @@ class ClaimLoop:
             if self.claim_budget is not None:
                 self.claim_budget -= len(claimed)
             self._held_back = self._store.room_wait_ms(time.monotonic()) is not None
-            if not settle_only:
-                short = self._drew_short(claimed) and not self._held_back
-                self._quiet_since = time.monotonic() if short else None
             if not claimed:
                 await self._write_results_after_claim()
                 if self._held_back:
@@ -292,8 +278,6 @@ class ClaimLoop:
         ahead = max(0, ahead_target - len(self._inflight.backlog))
 
         plan = ClaimPlan(ordered, free, ahead, self._resources, self._inflight.in_use)
-        one = plan.one_draw()
-        self._asked = None if one is None else one.limit
         settlement = self._settlement
         limited = self._store.limited is not None
         if settlement.pending and ahead > 0 and not self._store.brief_transactions and not limited:
@@ -327,25 +311,6 @@ class ClaimLoop:
                 on_settled=lambda statuses: settlement.finish(settle, statuses),
             )
         return result or []
-
-    def _quiet(self, queues: Sequence[str]) -> bool:
-        """Whether a claim now would find nothing: the last draw took all the work
-        there was, the store's wake-ups say none came since (`TaskStore.work_news`),
-        and the poll interval, which finds what no wake-up announces (a task falling
-        due, an expired lease), has not passed since."""
-        since = self._quiet_since
-        if since is None:
-            return False
-        news = self._store.work_news(queues)
-        if news is None or news or time.monotonic() - since >= self._poll_interval_ms / 1000:
-            self._quiet_since = None
-            return False
-        return True
-
-    def _drew_short(self, claimed: Sequence[Task]) -> bool:
-        """Whether the last claim made one draw and it took fewer tasks than it asked
-        for: the queue had no more that it could take."""
-        return self._asked is not None and len(claimed) < self._asked
 
     async def _write_results_after_claim(self) -> None:
         """Start writing the results a claim left for after its tasks started

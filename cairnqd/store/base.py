@@ -1553,12 +1553,6 @@ class TaskStore(ABC):
     async def claim_wake(self, queues: Sequence[str], timeout_ms: int) -> None:
         await _sleep_ms(timeout_ms)
 
-    def work_news(self, queues: Sequence[str]) -> bool | None:
-        """Whether a wake-up said work was queued in `queues` since the last claim
-        began; None when this store cannot say (no push wake-ups, or they are down),
-        and a claim (its probe) is how new work is seen."""
-        return None
-
     def _take_push_hint(self, queues: Sequence[str]) -> bool:
         """True (once) when a notification that work was queued in `queues` came since
         the last claim began (the last `claim_wake` ended on one, or a claim follows

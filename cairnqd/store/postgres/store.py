@@ -663,14 +663,6 @@ class PostgresStore(TaskStore):
         if done is not None:
             done.expect_own(task_ids)
 
-    def work_news(self, queues: Sequence[str]) -> bool | None:
-        listener = self._push("cairnq_queued")
-        if listener is None or not listener.connected.is_set():
-            return None
-        # The flags were cleared as the last claim began (`_take_push_hint`); a
-        # LISTEN that dropped meanwhile set them all (news may have been missed).
-        return self._push_hint or any(e.is_set() for e in listener.sticky(queues))
-
     def _take_push_hint(self, queues: Sequence[str]) -> bool:
         hint, self._push_hint = self._push_hint, False
         listener = self._push("cairnq_queued")
