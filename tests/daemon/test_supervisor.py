@@ -129,11 +129,14 @@ def test_nothing_lost_with_a_child_killed_every_second(
         {"g": {"queues": ["q"], "processes": 3, "concurrency": 4, "lease": "30s"}},
     )
     daemon = daemon_factory(config).start()
-    n = 2000
+    # The load lasts at least n * seconds / 12 slots = 6 s however fast the machine
+    # (2,000 tasks of 10 ms ended after two kills on a fast one), so it meets a kill a
+    # second several times over.
+    n, seconds = 1200, 0.06
 
     async def submit(c: CairnQ) -> None:
         await c.submit_many(
-            [{"name": "t.sleep", "queue": "q", "payload": {"seconds": 0.01}, "max_attempts": 50}
+            [{"name": "t.sleep", "queue": "q", "payload": {"seconds": seconds}, "max_attempts": 50}
              for _ in range(n)]
         )  # fmt: skip
 
