@@ -21,7 +21,9 @@ while one worker process runs them; pickup is each task's handler start minus th
 moment its submit returned. Rows: ours (a bare worker process), the daemon (`cairnqd`
 with one group of two children, `bench.stamp` from bench/daemon_handlers.py), on
 Postgres the daemon with `direct_dsn` (daemon-relay: the parent holds the one LISTEN and
-wakes one child with a free slot per notification), the public
+wakes one child with a free slot per notification), the daemon with
+`connections_per_child: 2` (daemon-2conn: a child's results write beside its claims), the
+public
 SDK (25 ms poll: at its default of
 500 ms it cannot keep up) and, on Postgres, pgqueuer. Besides the whole run's
 percentiles (the first second, the warm-up, left out) it reports p50/p95/p99/max per
@@ -183,23 +185,26 @@ STREAM_VARIANTS: tuple[tuple[str, int | None], ...] = (
     ("ours", None),
     ("daemon", None),
     ("daemon-relay", None),
+    ("daemon-2conn", None),
     ("cairnq", 25),
     ("pgqueuer", None),
 )
 DAEMON_CHILDREN = 2
-#: The daemon as configured by default (each child LISTENs on Postgres), and with
-#: `direct_dsn` (the parent holds the one LISTEN and routes wake-ups to the children).
-DAEMONS = ("daemon", "daemon-relay")
+#: The daemon as configured by default (each child LISTENs on Postgres), with
+#: `direct_dsn` (the parent holds the one LISTEN and routes wake-ups to the children),
+#: and with `connections_per_child: 2` (a child's results write beside its claims).
+DAEMONS = ("daemon", "daemon-relay", "daemon-2conn")
 
 
 @asynccontextmanager
 async def daemon_serving(
-    backend: Backend, target: str, scratch: Path, *, relay: bool = False
+    backend: Backend, target: str, scratch: Path, *, relay: bool = False, connections: int = 1
 ) -> AsyncIterator[None]:
     """`cairnqd` with one group of DAEMON_CHILDREN children (concurrency 8, prefetch
     auto) on the queue, serving bench/daemon_handlers.py; back once every child is
     ready, stopped (TERM) on exit. `relay` (Postgres): `direct_dsn` set to the same
-    DSN, so the parent holds the one LISTEN and routes wake-ups to the children."""
+    DSN, so the parent holds the one LISTEN and routes wake-ups to the children.
+    `connections`: `database.connections_per_child`."""
     run_dir = scratch / "run"
     run_dir.mkdir()
     database: dict[str, Any] = (
@@ -207,6 +212,8 @@ async def daemon_serving(
     )
     if relay and backend == "postgres":
         database["direct_dsn"] = target
+    if connections != 1:
+        database["connections_per_child"] = connections
     group = {"queues": [QUEUE], "processes": DAEMON_CHILDREN, "concurrency": 8}
     config = daemon_config(database, run_dir, {"stream": group})
     path = scratch / "cairnq.yaml"
@@ -314,9 +321,11 @@ async def stream_once(
                         await client.submit(name, {"i": i})
 
                 if impl in DAEMONS:
-                    relay = impl == "daemon-relay"
+                    relay, connections = impl == "daemon-relay", 2 if impl == "daemon-2conn" else 1
                     await stack.enter_async_context(
-                        daemon_serving(backend, target, Path(scratch), relay=relay)
+                        daemon_serving(
+                            backend, target, Path(scratch), relay=relay, connections=connections
+                        )
                     )
                 else:
                     workers = await stack.enter_async_context(children([(f"{impl}-stream", argv)]))
@@ -401,7 +410,15 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--impl",
         action="append",
-        choices=["ours", "daemon", "daemon-relay", "cairnq", "procrastinate", "pgqueuer"],
+        choices=[
+            "ours",
+            "daemon",
+            "daemon-relay",
+            "daemon-2conn",
+            "cairnq",
+            "procrastinate",
+            "pgqueuer",
+        ],
     )
     parser.add_argument("--rate", type=float, help="stream mode: tasks submitted a second")
     parser.add_argument("--seconds", type=float, default=20.0, help="stream mode: its length")
