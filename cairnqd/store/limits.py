@@ -311,6 +311,8 @@ class LimitedClaims:
         want: int,
         base: Params,
     ) -> tuple[Statement, Params]:
+        """limit_claim_room.sql, composed for the claim's scope, and its parameters: up
+        to `want` tasks of `queues` (and `names`) with `slot`'s budget's room."""
         one_queue, name_count = len(queues) == 1, None if names is None else len(names)
         scope = (one_queue, None if name_count is None else name_count == 1)
         shape = ("room", scope)
