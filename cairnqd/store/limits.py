@@ -241,8 +241,7 @@ class LimitedClaims:
         claimed, room, _ = _room_rows(rows)
         if len(claimed) >= flight.want or room > len(claimed):
             return claimed, False
-        last = self._reclaimed.get(flight.budget, -math.inf)
-        if time.monotonic() - last >= RECLAIM_EVERY_S:
+        if self._reclaim_due(flight.budget):
             return claimed, True
         self.waiting_for_room = True
         self.room_at = time.monotonic() + ROOM_POLL_MS / 1000
@@ -488,14 +487,18 @@ class LimitedClaims:
         if slot["kind"] != "concurrency":
             return False
         budget = (str(slot["limit_name"]), str(slot["part"]))
-        now = time.monotonic()
-        if now - self._reclaimed.get(budget, -math.inf) < RECLAIM_EVERY_S:
+        if not self._reclaim_due(budget):
             return False
         if len(self._reclaimed) >= _ENSURED_MAX:
             self._reclaimed.clear()
-        self._reclaimed[budget] = now
+        self._reclaimed[budget] = time.monotonic()
         freed = await session.fetch("extensions/limit_slots_reclaim", {**slot, "pending": pending})
         return bool(freed)
+
+    def _reclaim_due(self, budget: tuple[str, str]) -> bool:
+        """Whether `budget` (limit name, partition) may have its stale slots freed now:
+        `RECLAIM_EVERY_S` since the last time, or never yet (`recovered` clears them)."""
+        return time.monotonic() - self._reclaimed.get(budget, -math.inf) >= RECLAIM_EVERY_S
 
     async def _ensure(self, session: Session, slot: Params) -> bool:
         """Make `slot`'s budget's rows, once per process and capacity (a new partition,

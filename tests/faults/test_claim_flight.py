@@ -114,6 +114,7 @@ async def limited(
         await store.close()
 
 
+@pytest.mark.timing
 async def test_a_limited_hand_over_settles_and_claims_in_one_flight(
     limited: tuple[PostgresStore, list[str]],
     pg_proxy: FaultProxy,
