@@ -173,6 +173,25 @@ def _cpu_jiffies() -> tuple[int, int]:
     return total - idle, total
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds every CPU has spent busy since boot, whoever used them."""
+    return _cpu_jiffies()[0] / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pids: Iterable[int]) -> float:
+    """CPU seconds (user + system) the processes `pids` have used; one that is gone
+    counts nothing."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 async def machine_busy(window_s: float = 1.0) -> float:
     """Fraction of all CPUs busy over `window_s` (0..1), whoever is using them."""
     busy0, total0 = _cpu_jiffies()

@@ -22,12 +22,15 @@ moment its submit returned. Rows: ours (a bare worker process), the daemon (`cai
 with one group of two children, `bench.stamp` from bench/daemon_handlers.py), on
 Postgres the daemon with `direct_dsn` (daemon-relay: the parent holds the one LISTEN and
 wakes one child with a free slot per notification), the daemon with
-`connections_per_child: 2` (daemon-2conn: a child's results write beside its claims), the
-public
-SDK (25 ms poll: at its default of
-500 ms it cannot keep up) and, on Postgres, pgqueuer. Besides the whole run's
+`connections_per_child: 2` (daemon-2conn: a child's results write beside its claims),
+the public SDK (25 ms poll: at its default of 500 ms it cannot keep up) and, on
+Postgres, pgqueuer. Besides the whole run's
 percentiles (the first second, the warm-up, left out) it reports p50/p95/p99/max per
-second of the run, so a stall shows where it happened:
+second of the run, so a stall shows where it happened, and the CPU each task cost: the
+worker's processes (a daemon's parent and children together), the driver (its
+submits, through each implementation's own client) and every CPU of the machine (the
+database server included). On two cores at 800/s
+the machine is nearly saturated, so the CPU a task costs is what moves the tail:
 
     python -m bench.latency --rate 800 --seconds 20 [--backend ...] [--repeats 3]
 """
@@ -59,6 +62,7 @@ from bench.common import (
     Point,
     Run,
     add_common_args,
+    busy_cpu_s,
     children,
     chosen_backends,
     fmt,
@@ -67,6 +71,7 @@ from bench.common import (
     ours_client,
     percentile,
     print_table,
+    process_cpu_s,
     release,
     run_cases,
     save,
@@ -199,10 +204,10 @@ DAEMONS = ("daemon", "daemon-relay", "daemon-2conn")
 @asynccontextmanager
 async def daemon_serving(
     backend: Backend, target: str, scratch: Path, *, relay: bool = False, connections: int = 1
-) -> AsyncIterator[None]:
+) -> AsyncIterator[int]:
     """`cairnqd` with one group of DAEMON_CHILDREN children (concurrency 8, prefetch
-    auto) on the queue, serving bench/daemon_handlers.py; back once every child is
-    ready, stopped (TERM) on exit. `relay` (Postgres): `direct_dsn` set to the same
+    auto) on the queue, serving bench/daemon_handlers.py; yields the parent's pid once
+    every child is ready, stopped (TERM) on exit. `relay` (Postgres): `direct_dsn` set to the same
     DSN, so the parent holds the one LISTEN and routes wake-ups to the children.
     `connections`: `database.connections_per_child`."""
     run_dir = scratch / "run"
@@ -230,7 +235,7 @@ async def daemon_serving(
             if proc.returncode is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the daemon's children never got ready: {scratch}/daemon.log")
             await asyncio.sleep(0.1)
-        yield
+        yield proc.pid
     finally:
         if proc.returncode is None:
             proc.terminate()
@@ -322,15 +327,19 @@ async def stream_once(
 
                 if impl in DAEMONS:
                     relay, connections = impl == "daemon-relay", 2 if impl == "daemon-2conn" else 1
-                    await stack.enter_async_context(
+                    parent = await stack.enter_async_context(
                         daemon_serving(
                             backend, target, Path(scratch), relay=relay, connections=connections
                         )
                     )
+                    serving = [parent, *children_of(parent)]
                 else:
                     workers = await stack.enter_async_context(children([(f"{impl}-stream", argv)]))
                     await release(workers)
+                    serving = [w.pid for w in workers]
                 await asyncio.sleep(1.0)  # the worker settles into its idle wait
+                cpu_before, busy_before = process_cpu_s(serving), busy_cpu_s()
+                driver_before = time.process_time()
                 start = time.perf_counter()
                 for i in range(n):
                     late = start + i * gap - time.perf_counter()
@@ -345,6 +354,9 @@ async def stream_once(
                     if peer
                     else await read_sdk_starts(backend, target, n, timeout)
                 )
+                worker_cpu_s = process_cpu_s(serving) - cpu_before
+                driver_cpu_s = time.process_time() - driver_before
+                busy_s = busy_cpu_s() - busy_before
     pickups = [(starts[i] - submitted[i]) * 1000 for i in range(n)]
     seconds = per_second(submitted, pickups)
     counted = [p for p, at in zip(pickups, submitted, strict=True) if at - submitted[0] >= 1.0]
@@ -355,6 +367,11 @@ async def stream_once(
             "p99_ms": percentile(counted, 99),
             "max_ms": max(counted),
             "submitted_per_s": n / took,
+            # What the worker's processes spent per task, the driver (its submits), and
+            # every CPU of the machine (the database server and the kernel included).
+            "worker_cpu_us": worker_cpu_s / n * 1e6,
+            "driver_cpu_us": driver_cpu_s / n * 1e6,
+            "all_cpu_us": busy_s / n * 1e6,
         },
         {"per_second": seconds},
     )
@@ -371,11 +388,33 @@ def median_rows(points: Sequence[Point], columns: Sequence[tuple[str, int]]) -> 
 
 
 def report_stream(points: Sequence[Point]) -> None:
-    columns = [("submitted_per_s", 0), ("p50_ms", 1), ("p95_ms", 1), ("p99_ms", 1), ("max_ms", 1)]
+    columns = [
+        ("submitted_per_s", 0),
+        ("p50_ms", 2),
+        ("p95_ms", 2),
+        ("p99_ms", 2),
+        ("max_ms", 1),
+        ("worker_cpu_us", 0),
+        ("driver_cpu_us", 0),
+        ("all_cpu_us", 0),
+    ]
     rows = median_rows(points, columns)
     print_table(
-        "pickup latency under a stream, ms (median of runs; the first second left out)",
-        ["backend", "impl", "poll", "submitted/s", "p50", "p95", "p99", "max"],
+        "pickup latency under a stream, ms (median of runs; the first second left out), "
+        "and CPU per task, µs (the worker's processes; the driver; all CPUs)",
+        [
+            "backend",
+            "impl",
+            "poll",
+            "submitted/s",
+            "p50",
+            "p95",
+            "p99",
+            "max",
+            "worker CPU",
+            "driver CPU",
+            "all CPU",
+        ],
         rows,
     )
     for p in points:
