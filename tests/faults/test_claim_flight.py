@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 import cairnqd.store.limits
+import cairnqd.store.postgres.store
 from cairnqd import CairnQ
 from cairnqd.limits import parse_limits
 from cairnqd.store.base import ClaimDraw, OneDraw, Row
@@ -67,6 +68,43 @@ async def test_a_claim_cancelled_after_its_flight_left_hands_its_tasks_back(
     finally:
         pg_proxy.forward()
         await store.close()
+
+
+async def test_a_claim_alone_goes_as_one_statement_and_with_results_in_a_transaction(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim that carries no results is a single UPDATE, a transaction by itself: no
+    BEGIN and COMMIT around it. With results, the two statements go inside one."""
+    sent: list[tuple[tuple[str, ...], list[str]]] = []
+    fly = cairnqd.store.postgres.store.claim_in_one_flight
+
+    async def observed(conn: Any, begin: Any, steps: Any, *args: Any) -> Any:
+        sent.append((tuple(begin), [stmt.name for stmt, _ in steps]))
+        return await fly(conn, begin, steps, *args)
+
+    monkeypatch.setattr(cairnqd.store.postgres.store, "claim_in_one_flight", observed)
+    async with CairnQ(PostgresStore(pg_dsn)) as direct:
+        ids = [(await direct.submit("demo.echo", {})).id for _ in range(3)]
+    store = PostgresStore(pg_dsn, listen=False)
+    await store.connect()
+    try:
+        # The first claim recovers expired leases first: not a flight.
+        assert [t.id for t in await store.claim(queues=["default"], worker_id="w")] == ids[:1]
+        store.claim_recovery_every_s = 3600
+        assert [t.id for t in await store.claim(queues=["default"], worker_id="w")] == ids[1:2]
+        claimed = await store.claim_session(
+            queues=["default"], worker_id="w", names=None, plan=OneDrawOf(4),
+            settle=[(ids[0], None, 1)],
+        )  # fmt: skip
+        assert claimed is not None and [t.id for t in claimed] == ids[2:]
+    finally:
+        await store.close()
+    assert sent == [
+        ((), ["claim_one_queue"]),
+        (("begin",), ["complete_many", "claim_one_queue"]),
+    ]
+    assert task_row(pg_dsn, ids[0])[0] == "succeeded"
+    assert [task_row(pg_dsn, i)[:3] for i in ids[1:]] == [("running", 1, "w")] * 2
 
 
 class OneDrawOf:

@@ -49,7 +49,8 @@ async def claim_in_one_flight(
 ) -> list[list[Row]]:
     """Run `begin`, then `steps`, then COMMIT on `conn` in one flight: each step's rows.
     The last step is the claim; if the caller is cancelled meanwhile, its rows are
-    handed back (module docstring) before the cancellation propagates."""
+    handed back (module docstring) before the cancellation propagates. With no `begin`
+    and a single step, that statement goes alone, a transaction by itself."""
     flight = asyncio.ensure_future(_fly(conn, begin, steps, clock))
     try:
         return await asyncio.shield(flight)
@@ -67,6 +68,13 @@ def _retrieved(flight: asyncio.Future[list[list[Row]]]) -> None:
 async def _fly(
     conn: AsyncConn, begin: Sequence[str], steps: Sequence[Step], clock: Any
 ) -> list[list[Row]]:
+    if not begin and len(steps) == 1:
+        # One statement with no transaction around it (`claim_in_one_flight`): it is its
+        # own transaction on our autocommit connections, sent and answered without the
+        # pipeline's bookkeeping.
+        stmt, params = steps[0]
+        cursor = await conn.execute(stmt.text, bind(stmt, params, clock))
+        return [[] if cursor.description is None else list(await cursor.fetchall())]
     cursors = []
     try:
         async with conn.pipeline():

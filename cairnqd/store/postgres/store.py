@@ -536,6 +536,12 @@ class PostgresStore(TaskStore):
             steps.append((statement("postgres", op), {**base, **params, "limit": single.limit}))
         async with self._borrow() as conn:
             begin = self._begin_steps(conn)
+            if len(steps) == 1 and begin == ("begin",):
+                # The claim alone: one UPDATE is a transaction by itself. Without BEGIN
+                # and COMMIT around it, no pipeline: a third less of the client's CPU
+                # per claim, which a worker keeping up with a stream makes for every
+                # task or two (bench/RESULTS.md, "Under a steady stream").
+                begin = ()
             answers = await claim_in_one_flight(conn, begin, steps, base["worker_id"], self.clock)
         settled = {r["id"]: r["status"] for r in answers[0]} if settle_params is not None else {}
         return answers[-1], settled
