@@ -29,28 +29,58 @@ SendNotify = Callable[[str, str], Awaitable[None]]
 log = logging.getLogger("cairnqd.store")
 
 
-async def _readable(fd: int, timeout_s: float) -> None:
-    """Return when `fd` has something to read, or after `timeout_s`.
+class _Arrivals:
+    """Reads a LISTEN connection's notifications as its socket turns readable, from a
+    reader callback that stays registered while the listener waits: per notification,
+    one callback and no future, timer or task switch (under a stream of 800 tasks a
+    second, one wake-up each). The listener waits here for its next timer, or for the
+    connection to break.
 
     An idle LISTEN waits here rather than in psycopg's `notifies(timeout=...)`, which
     wakes every 100 ms to look for an interrupt: ten turns a second of an idle loop,
-    most of an idle worker's CPU on Postgres (bench/RESULTS.md, "Idle cost")."""
-    if timeout_s <= 0:
-        return
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
+    most of an idle worker's CPU on Postgres (bench/RESULTS.md, "Idle cost").
+    asyncio holds one reader per socket, and psycopg registers its own while it runs a
+    statement on the connection: `pause()` first."""
 
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
+    def __init__(
+        self,
+        conn: psycopg.AsyncConnection[object],
+        take: Callable[[psycopg.AsyncConnection[object]], None],
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._conn = conn
+        self._fd = conn.fileno()
+        self._take = take
+        self._reading = False
+        #: Set with what `take` raised: the connection broke.
+        self.broken: asyncio.Future[None] = self._loop.create_future()
 
-    loop.add_reader(fd, wake)
-    timer = loop.call_later(timeout_s, wake)
-    try:
-        await ready
-    finally:
-        timer.cancel()
-        loop.remove_reader(fd)
+    def _readable(self) -> None:
+        try:
+            self._take(self._conn)
+        except Exception as exc:
+            self.pause()  # a broken socket stays readable: never spin on it
+            if not self.broken.done():
+                self.broken.set_exception(exc)
+
+    def pause(self) -> None:
+        if self._reading:
+            self._reading = False
+            self._loop.remove_reader(self._fd)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Dispatch what arrives for up to `timeout_s`; raise what broke the
+        connection, if it broke."""
+        if self.broken.done():
+            self.broken.result()
+        if timeout_s <= 0:
+            return
+        if not self._reading:
+            self._reading = True
+            self._loop.add_reader(self._fd, self._readable)
+            self._take(self._conn)  # anything that came while the reader was off
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.broken), timeout_s)
 
 
 class _Deaf(Exception):
@@ -236,27 +266,32 @@ class Listener:
         loop = asyncio.get_running_loop()
         next_ping = loop.time() + _PING_EVERY_S
         await self._drain(conn)  # what came in with the LISTEN statements
-        while True:
-            now = loop.time()
-            if self._probe_deadline is not None and now >= self._probe_deadline:
-                await self._deaf_or_dead(conn)
-                continue
-            probing = self._probe_deadline is not None or self._send_notify is None
-            if not probing and now >= self._next_probe:
-                self._start_probe()
-            if now >= next_ping:
-                async with asyncio.timeout(_PING_TIMEOUT_S):
-                    await conn.execute("select 1")
-                next_ping = loop.time() + _PING_EVERY_S
-                await self._drain(conn)  # what came in during the round trip
-                continue
-            wake_at = next_ping
-            if self._probe_deadline is not None:
-                wake_at = min(wake_at, self._probe_deadline)
-            elif self._send_notify is not None:
-                wake_at = min(wake_at, self._next_probe)
-            await _readable(conn.fileno(), wake_at - loop.time())
-            self._take_arrived(conn)
+        arrivals = _Arrivals(conn, self._take_arrived)
+        try:
+            while True:
+                now = loop.time()
+                if self._probe_deadline is not None and now >= self._probe_deadline:
+                    arrivals.pause()
+                    await self._deaf_or_dead(conn)
+                    continue
+                probing = self._probe_deadline is not None or self._send_notify is None
+                if not probing and now >= self._next_probe:
+                    self._start_probe()
+                if now >= next_ping:
+                    arrivals.pause()
+                    async with asyncio.timeout(_PING_TIMEOUT_S):
+                        await conn.execute("select 1")
+                    next_ping = loop.time() + _PING_EVERY_S
+                    await self._drain(conn)  # what came in during the round trip
+                    continue
+                wake_at = next_ping
+                if self._probe_deadline is not None:
+                    wake_at = min(wake_at, self._probe_deadline)
+                elif self._send_notify is not None:
+                    wake_at = min(wake_at, self._next_probe)
+                await arrivals.wait(wake_at - loop.time())
+        finally:
+            arrivals.pause()
 
     def _take_arrived(self, conn: psycopg.AsyncConnection[object]) -> None:
         """Read what the socket holds and pass its notifications on, without a turn of
