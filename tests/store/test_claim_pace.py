@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -56,7 +57,9 @@ async def test_an_empty_claim_recovers_at_once(store: TaskStore) -> None:
     await store.claim(queues=["q"], worker_id="dead", lease_ms=50)
     await lease_passed(store, dead.id)
     # Within the second since the last recovery (the dead worker's claim ran one), a
-    # claim that draws nothing still recovers at once and draws again.
+    # claim that draws nothing still recovers at once and draws again (past the short
+    # gap that spares a burst of empty claims: `EMPTY_CLAIM_RECOVERY_GAP_S`).
+    store.empty_claim_recovery_gap_s = 0.0
     claimed = await store.claim(queues=["q"], worker_id="alive", limit=4)
     assert [t.id for t in claimed] == [dead.id]
 
@@ -107,3 +110,44 @@ async def test_a_claim_after_a_notification_skips_its_probe_and_one_without_does
     # No notification since: the next claim looks before it opens anything.
     assert await worker.claim(queues=["q"], worker_id="w") == []
     assert probes == 2
+
+
+@pytest.mark.postgres
+async def test_empty_claims_close_together_recover_once(
+    pg_pair: tuple[PostgresStore, TaskStore],
+) -> None:
+    """A claim that a notification sent and that finds nothing (another worker took the
+    task) recovers expired leases, unless a claim of this store did within
+    `empty_claim_recovery_gap_s`: the daemon's children all wake for each notification,
+    and the losers' recoveries were a third of their cost."""
+    worker, client = pg_pair
+    recoveries = 0
+    recover_in = worker._recover_in
+
+    async def counting(*args: Any) -> bool:
+        nonlocal recoveries
+        recoveries += 1
+        return await recover_in(*args)
+
+    worker._recover_in = counting  # type: ignore[method-assign,assignment]
+    await client.submit(name="job", queue="q")
+    assert len(await worker.claim(queues=["q"], worker_id="w")) == 1
+    assert recoveries == 1  # the first claim's, due
+    worker.claim_recovery_every_s = 3600
+    assert await worker.claim(queues=["q"], worker_id="w") == []  # starts the LISTEN
+    listener = worker._listeners["cairnq_queued"]
+    await listener.until_listening(10)
+    flag = listener.sticky(["q"])[0]
+
+    async def lost_to_another() -> list[str]:
+        taken = await client.submit(name="job", queue="q")
+        assert [t.id for t in await client.claim(queues=["q"], worker_id="other")] == [taken.id]
+        await wait_for_async("the notification", flag.is_set, timeout=10)
+        return [t.id for t in await worker.claim(queues=["q"], worker_id="w")]
+
+    worker.empty_claim_recovery_gap_s = 3600
+    assert await lost_to_another() == []
+    assert recoveries == 1, "an empty claim within the gap recovered"
+    worker.empty_claim_recovery_gap_s = 0.0
+    assert await lost_to_another() == []
+    assert recoveries == 2, "an empty claim past the gap did not recover"
