@@ -68,6 +68,12 @@ class _Arrivals:
             self._reading = False
             self._loop.remove_reader(self._fd)
 
+    def close(self) -> None:
+        """Stop reading; a break nobody waited for is known, not logged as unread."""
+        self.pause()
+        if self.broken.done() and not self.broken.cancelled():
+            self.broken.exception()
+
     async def wait(self, timeout_s: float) -> None:
         """Dispatch what arrives for up to `timeout_s`; raise what broke the
         connection, if it broke."""
@@ -291,7 +297,7 @@ class Listener:
                     wake_at = min(wake_at, self._next_probe)
                 await arrivals.wait(wake_at - loop.time())
         finally:
-            arrivals.pause()
+            arrivals.close()
 
     def _take_arrived(self, conn: psycopg.AsyncConnection[object]) -> None:
         """Read what the socket holds and pass its notifications on, without a turn of
