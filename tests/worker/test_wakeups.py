@@ -68,6 +68,30 @@ async def test_submit_from_another_connection_wakes_an_idle_worker(
     assert max(latencies) < BOUND_S, f"wake-up latencies {latencies} (poll is {POLL_MS} ms)"
 
 
+async def test_a_worker_on_several_queues_wakes_for_a_task_on_any_one(
+    store: TaskStore, second_store: TaskStore, dialect: str, db_target: str
+) -> None:
+    """A notification for one of its queues ends the idle wait, not one for each."""
+    started: dict[str, float] = {}
+    worker = Worker(store, ["mail", "sms", "push"], poll_interval_ms=POLL_MS)
+
+    @worker.task
+    async def wake(ctx: TaskContext) -> None:
+        started[ctx.task_id] = time.monotonic()
+
+    probe = IdleProbe(store)
+    async with running(worker):
+        await settle_into_idle(probe, dialect, db_target)
+        latencies = []
+        for queue in ("sms", "push", "mail"):
+            await wait_for_async("the worker to go idle again", lambda: probe.idle.is_set())
+            t0 = time.monotonic()
+            task = await second_store.submit(name="wake", queue=queue)
+            await wait_status(store, task.id, "succeeded", within=10)
+            latencies.append(started[task.id] - t0)
+    assert max(latencies) < BOUND_S, f"wake-up latencies {latencies} (poll is {POLL_MS} ms)"
+
+
 @pytest.mark.timing
 async def test_submit_by_the_public_sdk_wakes_an_idle_worker(
     store: TaskStore, dialect: str, db_target: str

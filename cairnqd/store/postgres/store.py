@@ -643,7 +643,8 @@ class PostgresStore(TaskStore):
         if not any(e.is_set() for e in events):
             waits = [asyncio.ensure_future(e.wait()) for e in events]
             try:
-                await asyncio.wait(waits, timeout=timeout_s)
+                # The first flag ends the wait: any one of the queues, or the room.
+                await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for w in waits:
                     w.cancel()
