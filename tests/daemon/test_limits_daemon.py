@@ -18,6 +18,7 @@ from tests.support.daemon_faults import all_terminal, fault_config, submit
 from tests.support.executions import Execution, executions
 from tests.support.harness import client_call, database_section, gauge, scrape
 from tests.support.waiting import wait_for
+from tests.support.worker import pg_listen_queries
 
 pytestmark = pytest.mark.slow
 
@@ -249,4 +250,73 @@ def test_each_partition_has_its_budget_across_groups(
         assert len(runs) == 6
         assert most_at_once(runs) == 1
     assert most_at_once([r for log in logs.values() for r in executions(log)]) == 2
+    assert daemon.stop() == 0
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("dialect", ["postgres"], indirect=True)
+def test_a_relayed_child_hears_at_once_that_room_came_back(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
+) -> None:
+    """With `direct_dsn` the parent holds the host's LISTEN and the children none: a
+    child held back by a limit hears through the parent that a task settled, instead
+    of finding the room at its next look (every 250 ms, `ROOM_POLL_MS`). Group x runs
+    a task of queue a, holding the one slot; group y's task of queue b waits for it."""
+    groups = {
+        name: {"queues": [queue], "processes": 1, "concurrency": 1, "prefetch": 0}
+        for name, queue in (("x", "a"), ("y", "b"))
+    }
+    database = {**database_section(dialect, db_target), "direct_dsn": db_target}
+    config = base_config(tmp_path, database, groups)
+    config["handlers"] = ["tests.daemon.fault_handlers:registry"]
+    config["limits"] = {"one": {"queues": ["a", "b"], "concurrency": 1}}
+    daemon_factory(config).start()
+    holding, waiting = tmp_path / "a.log", tmp_path / "b.log"
+    gaps = []
+    for n in range(1, 13):
+        submit(dialect, db_target, "f.quick", [{"log": str(holding), "seconds": 0.15}], queue="a")
+        wait_for("the task of queue a to start", lambda n=n: len(executions(holding)) == n)
+        submit(dialect, db_target, "f.quick", [{"log": str(waiting)}], queue="b")
+        wait_for(
+            "the task of queue b to end",
+            lambda n=n: sum(r.ended is not None for r in executions(waiting)) == n,
+            timeout=20,
+        )
+        held = max(executions(holding), key=lambda r: r.started)
+        then = max(executions(waiting), key=lambda r: r.started)
+        assert held.ended is not None and then.started >= held.ended  # never both at once
+        gaps.append(then.started - held.ended)
+    # Polling, the wait after each release averages half the poll (125 ms); told, it is
+    # the settlement's commit, the relay and the claim.
+    mean = sum(gaps) / len(gaps)
+    assert mean < 0.08, f"room came back to the waiting child {mean * 1000:.0f} ms late on average"
+
+
+@pytest.mark.parametrize("dialect", ["postgres"], indirect=True)
+def test_the_parent_listens_for_settlements_only_while_limits_are_configured(
+    tmp_path: Path, dialect: str, db_target: str, daemon_factory: Any
+) -> None:
+    """Every task settles with a notification: the parent's relay hears them on a
+    LISTEN of their own, opened by the reload that adds the first limit and closed by
+    the one that removes the last."""
+    groups = {"g": {"queues": ["email"], "processes": 1, "concurrency": 1}}
+    database = {**database_section(dialect, db_target), "direct_dsn": db_target}
+    config = base_config(tmp_path, database, groups)
+    daemon = daemon_factory(config).start()
+
+    def listens() -> list[str]:
+        return [q.lower() for q in pg_listen_queries(db_target)]
+
+    wait_for("the relay's LISTEN", lambda: any("cairnq_queued" in q for q in listens()))
+    assert not any("cairnq_done" in q for q in listens())
+    for limits, heard in (({"smtp": {"queues": ["email"], "concurrency": 1}}, True), ({}, False)):
+        config["limits"] = limits
+        daemon.write_config(config)
+        done = daemon.cli("reload", "--wait", "30s")
+        assert done.returncode == 0, done.stderr
+        wait_for(
+            f"the settlements' LISTEN {'opened' if heard else 'closed'}",
+            lambda heard=heard: any("cairnq_done" in q for q in listens()) == heard,
+        )
+    assert any("cairnq_queued" in q for q in listens())
     assert daemon.stop() == 0

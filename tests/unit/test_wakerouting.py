@@ -5,8 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from cairnqd.daemon.parent.wakerouting import WakeRouter
+import yaml
+
+from cairnqd.config import load_config
+from cairnqd.daemon.parent.wakerouting import WakeRouter, limited_groups
 
 GROUPS = {"web": ("mail", "thumbs"), "batch": ("reports",)}
 
@@ -132,3 +137,28 @@ def test_the_groups_queues_are_asked_at_each_routing() -> None:
     assert wakes.route({"thumbs": 1}, [Kid(1)]) == []
     groups["web"] = ("mail", "thumbs")  # a reload
     assert pids(wakes.route({"thumbs": 1}, [Kid(1)])) == [1]
+
+
+def test_settlements_go_to_the_groups_a_limit_may_hold_back(tmp_path: Path) -> None:
+    def groups_under(limits: dict[str, Any]) -> frozenset[str]:
+        path = tmp_path / "cairnq.yaml"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "version": 1,
+                    "handlers": ["cairnqd.demo:registry"],
+                    "database": {"dsn": "postgresql://localhost/q"},
+                    "groups": {
+                        "web": {"queues": ["mail", "thumbs"]},
+                        "batch": {"queues": ["reports"]},
+                    },
+                    "limits": limits,
+                }
+            )
+        )
+        return limited_groups(load_config(path, env={}))
+
+    assert groups_under({}) == frozenset()
+    assert groups_under({"smtp": {"queues": ["mail"], "concurrency": 3}}) == {"web"}
+    # A limit by task name alone covers those tasks on any queue.
+    assert groups_under({"gpu": {"names": ["render.*"], "concurrency": 1}}) == {"web", "batch"}

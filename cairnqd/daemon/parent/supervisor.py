@@ -72,8 +72,8 @@ from cairnqd.daemon.parent.status import StatusReport, status_dump
 from cairnqd.daemon.parent.succession import Succession, report_failed_start
 from cairnqd.daemon.parent.upgrade import Relaunch, Upgrade, start_successor
 from cairnqd.daemon.parent.upgrade_link import Inheritance, InheritanceError, take_inheritance
-from cairnqd.daemon.parent.wakerelay import WakeRelay, backed_up
-from cairnqd.daemon.parent.wakerouting import WakeRouter, deliver
+from cairnqd.daemon.parent.wakerelay import SETTLED, WakeRelay, backed_up
+from cairnqd.daemon.parent.wakerouting import WakeRouter, deliver, limited_groups
 from cairnqd.daemon.systemd import SYSTEMD_ONLY_VARS
 from cairnqd.daemon.wire.messages import (
     PROTOCOL_VERSION,
@@ -145,7 +145,11 @@ class Supervisor:
         #: Which children each relayed wake-up goes to.
         self.wake_router = WakeRouter(self._group_queues)
         if child_push(config.database) == "pipe":
-            self.wakes = WakeRelay(config.database, on_deaf=self.metrics.parent_listen_deaf)
+            self.wakes = WakeRelay(
+                config.database,
+                on_deaf=self.metrics.parent_listen_deaf,
+                settled=bool(config.limits),
+            )
             self.channels.on_room = self._room_changed
         self.exits = ChildExits(self.fleet, self.maintenance, self.metrics, self.reload.roll_failed)
         path = state_path(self.config_path, config.runtime_dir)
@@ -381,7 +385,14 @@ class Supervisor:
         queue, in turn, or to all of the group's children when none has room
         (wakerouting.py). A child whose control pipe is backed up is skipped (it
         polls, see wakerelay.py)."""
-        deliver(self.wake_router.route(notified, self._wakeable()))
+        settled = notified.pop(SETTLED, 0)
+        children = self._wakeable()
+        deliver(self.wake_router.route(notified, children))
+        if settled:
+            # Tasks settled somewhere: room, perhaps, for the children a limit holds
+            # back, which a LISTEN of their own would have heard (docs/limits.md).
+            limited = limited_groups(self.config)
+            deliver((c, (SETTLED,)) for c in children if c.group in limited)
 
     def _room_changed(self, child: ChildProcess) -> None:
         """A child said whether it has room, or was reaped: what it was sent alone
@@ -577,6 +588,8 @@ class Supervisor:
             self.generation += 1
         self._forward_logging()
         self._forward_limits(before)
+        if self.wakes is not None:
+            self.wakes.watch_settled(bool(config.limits))
         self._forward_cancel_grace(before)
         if self.dashboard is not None:
             # Its groups, schedules and limits as reloaded; its address and database

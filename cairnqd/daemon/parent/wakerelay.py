@@ -6,9 +6,11 @@ The reasoning: docs/architecture.md, "Daemon design notes".
 from __future__ import annotations
 
 import array
+import asyncio
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import termios
 import threading
@@ -22,15 +24,34 @@ from cairnqd.store.factory import store_for
 log = logging.getLogger("cairnqd.supervisor")
 
 CHANNEL = "cairnq_queued"
+#: Tasks settled: the protocol's notification per task that reaches a final status.
+SETTLED_CHANNEL = "cairnq_done"
+#: The `wake` key that says tasks settled somewhere, which may be a flow-control
+#: limit's room (the same key a child's `RelayedWakes` flags it under: listen.py's
+#: ANY). No queue can be named so: Postgres text holds no NUL.
+SETTLED = "\x00any"
+#: At most this often the children hear that tasks settled: under a stream every task
+#: settles, and a child waiting for room looks no sooner than this after its last look
+#: anyway (`ROOM_GAP_MS` in cairnqd/_claimloop.py).
+SETTLED_EVERY_S = 0.02
 
 
 class WakeRelay:
     """See the module docstring. `start()` once; `take()` from the supervisor's loop
     when `fd` is readable; `stop()` at the end."""
 
-    def __init__(self, database: DatabaseConfig, *, on_deaf: Callable[[], None]) -> None:
+    def __init__(
+        self, database: DatabaseConfig, *, on_deaf: Callable[[], None], settled: bool = False
+    ) -> None:
+        """`settled`: also LISTEN for tasks settling and pass that on (`SETTLED`), for
+        children a flow-control limit holds back (`watch_settled`)."""
         self._database = database
         self._on_deaf = on_deaf
+        self._settled = settled
+        #: The settlements' LISTEN while `settled` holds, in the thread.
+        self._settled_listener: Any = None
+        self._settled_timer: asyncio.TimerHandle | None = None
+        self._settled_passed_at = -math.inf
         self._thread = LoopThread("cairnqd-wakes")
         self._lock = threading.Lock()
         #: Queue -> notifications heard since the last `take()`.
@@ -45,24 +66,65 @@ class WakeRelay:
         self._thread.submit(self._serve())
 
     async def _serve(self) -> None:
+        self.listener = self._listen(CHANNEL, self._heard, on_deaf=self._on_deaf)
+        await self._watch_settled(self._settled)
+
+    def _listen(
+        self,
+        channel: str,
+        on_notify: Callable[[str], None],
+        on_deaf: Callable[[], None] | None = None,
+    ) -> Any:
+        """A started LISTEN on `channel` (a store/postgres/listen.py `Listener`)."""
         # Imported here: psycopg stays out of a SQLite daemon's parent.
         from cairnqd.store.postgres import PostgresStore
         from cairnqd.store.postgres.listen import Listener
 
         store = store_for(self._database, "background")
         assert isinstance(store, PostgresStore) and store.session_conninfo is not None
-
         listener = Listener(
             store.session_conninfo,
-            CHANNEL,
+            channel,
             connect_timeout_s=self._database.connect_timeout.total_seconds(),
             # Through the pooled DSN, the way a task's notification travels.
             send_notify=store.send_notify,
-            on_deaf=self._on_deaf,
-            on_notify=self._heard,
+            on_deaf=on_deaf,
+            on_notify=on_notify,
         )
         listener.start()
-        self.listener = listener
+        return listener
+
+    def watch_settled(self, on: bool) -> None:
+        """LISTEN for tasks settling (limits are configured) or stop (none are), from
+        the supervisor's thread after a reload."""
+        self._settled = on
+        if self._thread.running() and self.listener is not None:
+            self._thread.submit(self._watch_settled(on))
+
+    async def _watch_settled(self, on: bool) -> None:
+        current = self._settled_listener
+        if on and current is None:
+            self._settled_listener = self._listen(SETTLED_CHANNEL, self._heard_settled)
+        elif not on and current is not None:
+            self._settled_listener = None
+            await current.stop()
+
+    def _heard_settled(self, _task_id: str) -> None:
+        """A task settled: pass it on at once, or when `SETTLED_EVERY_S` has passed
+        since the last time (one wake-up for all that settled meanwhile)."""
+        if self._settled_timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        wait = self._settled_passed_at + SETTLED_EVERY_S - loop.time()
+        if wait <= 0:
+            self._pass_settled()
+        else:
+            self._settled_timer = loop.call_later(wait, self._pass_settled)
+
+    def _pass_settled(self) -> None:
+        self._settled_timer = None
+        self._settled_passed_at = asyncio.get_running_loop().time()
+        self._heard(SETTLED)
 
     def _heard(self, queue: str) -> None:
         with self._lock:
@@ -73,8 +135,8 @@ class WakeRelay:
                 os.write(self._fd_w, b"w")
 
     def take(self) -> dict[str, int]:
-        """The queues notified since the last call, with how many notifications each
-        (drains the wake-up pipe)."""
+        """The queues notified since the last call, with how many notifications each,
+        and `SETTLED` if tasks settled meanwhile (drains the wake-up pipe)."""
         with contextlib.suppress(BlockingIOError, OSError):
             while os.read(self.fd, 4096):
                 pass
@@ -87,10 +149,10 @@ class WakeRelay:
             return
         self._stopped.set()
         if self._thread.running():
-            listener = self.listener
-            if listener is not None:
-                with contextlib.suppress(Exception):
-                    self._thread.submit(listener.stop()).result(timeout=timeout_s)
+            for listener in (self.listener, self._settled_listener):
+                if listener is not None:
+                    with contextlib.suppress(Exception):
+                        self._thread.submit(listener.stop()).result(timeout=timeout_s)
             self._thread.stop(timeout_s)
         for fd in (self.fd, self._fd_w):
             with contextlib.suppress(OSError):
@@ -107,4 +169,4 @@ def backed_up(fd: int, limit: int = 16384) -> bool:
     return buf[0] > limit
 
 
-__all__ = ["CHANNEL", "WakeRelay", "backed_up"]
+__all__ = ["CHANNEL", "SETTLED", "WakeRelay", "backed_up"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
+from cairnqd.config import Config
 from cairnqd.daemon.parent.pool import ChildProcess
 from cairnqd.daemon.wire.messages import Wake, encode
 
@@ -88,10 +89,20 @@ class WakeRouter:
         return self.route(dict.fromkeys(owed, 1), others)
 
 
+def limited_groups(config: Config) -> frozenset[str]:
+    """The groups whose tasks a flow-control limit may hold back: one that names a
+    queue of theirs, or one that covers task names on any queue."""
+    limits = config.flow_limits()
+    if any(not limit.queues for limit in limits):
+        return frozenset(config.groups)
+    limited = {q for limit in limits for q in limit.queues}
+    return frozenset(g for g, group in config.groups.items() if limited & set(group.queues))
+
+
 def deliver(sends: Iterable[Send[ChildProcess]]) -> None:
     """Write each routed `wake` to its child's control pipe."""
     for child, queues in sends:
         child.control.send_whole(encode(Wake(queues=queues)))
 
 
-__all__ = ["WakeRouter", "Wakeable", "deliver"]
+__all__ = ["WakeRouter", "Wakeable", "deliver", "limited_groups"]

@@ -656,10 +656,14 @@ class PostgresStore(TaskStore):
 
     def _room_wakes(self) -> asyncio.Event | None:
         """While a limit holds this store's claims back for want of room: a flag that
-        any task's settling sets (the `cairnq_done` LISTEN), since that may be the room
-        (docs/limits.md). None otherwise, or without a LISTEN of our own."""
+        any task's settling sets (the `cairnq_done` LISTEN, or a daemon child's parent
+        relaying it), since that may be the room (docs/limits.md). None otherwise, or
+        with neither."""
         if self.limited is None or not self.limited.waiting_for_room:
             return None
+        if self._relay is not None:
+            # A daemon child's parent passes on that tasks settled (wakerelay.py).
+            return self._relay.sticky([ANY])[0]
         done = self._push("cairnq_done")
         if not isinstance(done, Listener):
             return None
