@@ -31,9 +31,9 @@ groups:
 """
 
 
-def config(tmp_path: Path, database: str) -> Config:
+def config(tmp_path: Path, database: str, extra: str = "") -> Config:
     path = tmp_path / "cairnq.yaml"
-    path.write_text(BASE.format(database=textwrap.indent(textwrap.dedent(database), "  ")))
+    path.write_text(BASE.format(database=textwrap.indent(textwrap.dedent(database), "  ")) + extra)
     return load_config(path, env={})
 
 

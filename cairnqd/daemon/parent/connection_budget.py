@@ -32,8 +32,9 @@ def host_needs(config: Config) -> HostNeeds:
     (or reports); the leadership sessions (the
     purge lock, the stats leader's with `metrics.queue_stats: leader`, the scheduler's)
     go to `direct_dsn` when set and need none behind a transaction pooler without it
-    (lease rows); with `direct_dsn` also the parent's one LISTEN, and one for the
-    migrations and the checks each of the parent's stores makes when it connects."""
+    (lease rows); with `direct_dsn` also the parent's one LISTEN (two with `limits:`,
+    the second for tasks settling), and one for the migrations and the checks each of
+    the parent's stores makes when it connects."""
     db = config.database
     own_listen = child_push(db) == "listen"
     per_child = db.connections_per_child + (1 if own_listen else 0)
@@ -46,6 +47,7 @@ def host_needs(config: Config) -> HostNeeds:
     direct = 0
     if db.direct_dsn is not None:
         direct = sessions + 2  # the LISTEN, and migrations or the proving NOTIFY
+        direct += 1 if config.limits else 0  # the settlements' LISTEN (wakerelay.py)
     elif db.pooler != "transaction":
         pooled += sessions
     return HostNeeds(pooled, direct)
