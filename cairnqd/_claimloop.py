@@ -279,7 +279,7 @@ class ClaimLoop:
 
         plan = ClaimPlan(ordered, free, ahead, self._resources, self._inflight.in_use)
         settlement = self._settlement
-        limited = self._store.limited is not None
+        limited = self._store.limited_for(queues) is not None
         if settlement.pending and ahead > 0 and not self._store.brief_transactions and not limited:
             # Claiming ahead takes a bigger batch, so the claim transaction stays open
             # longer (on Postgres, a round trip per statement and the server's work on

@@ -412,6 +412,12 @@ class TaskStore(ABC):
 
         self.limited = LimitedClaims(self.dialect, limits) if limits else None
 
+    def limited_for(self, queues: Sequence[str]) -> LimitedClaims | None:
+        """The flow-control limits a claim of `queues` keeps: None where no limit may
+        cover their tasks, so such a claim is the unlimited one, statement and pace."""
+        limited = self.limited
+        return limited if limited is not None and limited.cover(queues) else None
+
     def room_wait_ms(self, now: float) -> int | None:
         """How long (ms, from monotonic `now`) until the last claim's limits may have
         room again; None when no limit held that claim back."""
@@ -1045,22 +1051,23 @@ class TaskStore(ABC):
         base: Params = {"worker_id": worker_id, "lease_ms": lease_ms}
         # Encoded before the transaction opens (see claim_session on what waits for it).
         settle_params = complete_many_params(worker_id, settle) if settle else None
-        if settle and self.limited is not None:
+        limited = self.limited_for(queues)
+        if settle and limited is not None:
             self._settling([item[0] for item in settle])
         marks = markers_made()
         # A row holding text the driver refuses to decode fails the fetch of every row
         # with it and rolls the transaction back; `_replayable` then runs it once more,
         # reading such text as markers, so that row alone is failed (`_quarantine`).
-        flown = await self._claim_at_once(queues, base, plan, settle_params)
+        flown = await self._claim_at_once(queues, base, plan, settle_params, limited)
         if flown is None:
             drawn, settled = await self._replayable(
-                lambda session: self._claim_in(session, queues, base, plan, settle_params)
+                lambda session: self._claim_in(session, queues, base, plan, settle_params, limited)
             )
         else:
             drawn, settled, then = flown
             if then is not None:
                 more, _ = await self._replayable(
-                    lambda session: self._claim_in(session, queues, base, then, None)
+                    lambda session: self._claim_in(session, queues, base, then, None, limited)
                 )
                 drawn = [*drawn, *more]
         if on_settled is not None and settle:
@@ -1076,6 +1083,7 @@ class TaskStore(ABC):
         base: Params,
         plan: ClaimPlanFn,
         settle_params: Params | None,
+        limited: LimitedClaims | None,
     ) -> tuple[Sequence[Row], dict[str, str], ClaimPlanFn | None] | None:
         """The claim sent in one flight, when the dialect can and nothing in it waits on
         what an earlier statement returns: one draw, at most one flow-control budget
@@ -1087,7 +1095,7 @@ class TaskStore(ABC):
         single = one_draw_of(plan)
         if single is None:
             return None
-        limited, room = self.limited, None
+        room = None
         if limited is not None:
             room = limited.flight(queues, single.names, single.limit, base)
             if room is None:
@@ -1140,18 +1148,19 @@ class TaskStore(ABC):
         base: Params,
         plan: ClaimPlanFn,
         settle_params: Params | None,
+        limited: LimitedClaims | None,
     ) -> tuple[Sequence[Row], dict[str, str]]:
         """The claim's transaction: settle, recover when due, draw. Its rows, not yet
-        decoded, and the settled statuses."""
+        decoded, and the settled statuses. `limited`: the limits that may cover these
+        queues (`limited_for`), or None."""
         settled: dict[str, str] = {}
         if settle_params is not None:
             rows = await session.fetch("complete_many", settle_params)
             settled = {r["id"]: r["status"] for r in rows}
-            if self.limited is not None:
+            if limited is not None:
                 # Their room is back for the draw below, without waiting for a reclaim.
                 await session.fetch("extensions/limit_slots_release", settle_params)
         recovered = False
-        limited = self.limited
         if self._recovery_due():
             if await self._recover_in(session.fetch) and limited is not None:
                 limited.recovered()

@@ -207,6 +207,12 @@ class LimitedClaims:
         kind, capacity = limit.budgets[0]
         return limit, kind, capacity
 
+    def cover(self, queues: Sequence[str]) -> bool:
+        """Whether a limit may cover a task of `queues`: one on one of them, or one by
+        task names alone (any queue). A claim of queues that none covers is an
+        unlimited claim: the protocol's statement, as without limits."""
+        return any(not lim.queues or not set(lim.queues).isdisjoint(queues) for lim in self.limits)
+
     def flight(
         self,
         queues: Sequence[str],

@@ -107,6 +107,36 @@ async def test_a_claim_alone_goes_as_one_statement_and_with_results_in_a_transac
     assert [task_row(pg_dsn, i)[:3] for i in ids[1:]] == [("running", 1, "w")] * 2
 
 
+async def test_a_claim_of_queues_no_limit_covers_is_the_unlimited_claim(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A limit on another queue leaves this claim as it is without limits: the
+    protocol's statement, alone; before, every claim took the limited draw, a statement
+    at a time, and a stream's pickup went from 1.4 to 9 ms at p50 (100 ms at p99)."""
+    sent: list[list[str]] = []
+    fly = cairnqd.store.postgres.store.claim_in_one_flight
+
+    async def observed(conn: Any, begin: Any, steps: Any, *args: Any) -> Any:
+        sent.append([stmt.name for stmt, _ in steps])
+        return await fly(conn, begin, steps, *args)
+
+    monkeypatch.setattr(cairnqd.store.postgres.store, "claim_in_one_flight", observed)
+    async with CairnQ(PostgresStore(pg_dsn)) as direct:
+        ids = [(await direct.submit("demo.echo", {})).id for _ in range(2)]
+    store = PostgresStore(pg_dsn, listen=False)
+    store.use_limits(parse_limits({"smtp": {"queues": ["email"], "concurrency": 1}}))
+    await store.connect()
+    try:
+        assert [t.id for t in await store.claim(queues=["default"], worker_id="w")] == ids[:1]
+        store.claim_recovery_every_s = 3600
+        assert [t.id for t in await store.claim(queues=["default"], worker_id="w")] == ids[1:]
+    finally:
+        await store.close()
+    assert sent == [["claim_one_queue"]]
+    assert store.limited_for(["default"]) is None
+    assert store.limited_for(["default", "email"]) is store.limited
+
+
 class OneDrawOf:
     """A claim plan of one draw of up to `n` tasks of any name, that says so."""
 
