@@ -114,6 +114,13 @@ def overridden(limits: Sequence[Limit], overrides: Iterable[Override]) -> tuple[
     return tuple(out)
 
 
+def may_cover(limits: Iterable[Limit], queues: Iterable[str]) -> bool:
+    """Whether one of `limits` may cover a task of `queues`: one on one of them, or one
+    by task names alone (any queue). Claims of queues that none covers are unlimited."""
+    wanted = set(queues)
+    return any(not lim.queues or not wanted.isdisjoint(lim.queues) for lim in limits)
+
+
 def like_pattern(glob: str) -> str:
     """A name glob (* and ?, the only wildcards `parse_limit` lets through) as a SQL
     LIKE pattern: `_` is LIKE's one-character wildcard, escaped with its default `\\`."""
@@ -233,6 +240,7 @@ __all__ = [
     "Limit",
     "Override",
     "Rate",
+    "may_cover",
     "overridden",
     "parse_limit",
     "parse_limits",

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cairnqd._protocol import Dialect, Statement, composed
-from cairnqd.limits import NO_PARTITION, Limit, Override, like_pattern, overridden
+from cairnqd.limits import NO_PARTITION, Limit, Override, like_pattern, may_cover, overridden
 from cairnqd.store.arguments import Params
 from cairnqd.store.executor import Row, Session
 
@@ -208,10 +208,10 @@ class LimitedClaims:
         return limit, kind, capacity
 
     def cover(self, queues: Sequence[str]) -> bool:
-        """Whether a limit may cover a task of `queues`: one on one of them, or one by
-        task names alone (any queue). A claim of queues that none covers is an
-        unlimited claim: the protocol's statement, as without limits."""
-        return any(not lim.queues or not set(lim.queues).isdisjoint(queues) for lim in self.limits)
+        """Whether a limit may cover a task of `queues` (`may_cover`). A claim of queues
+        that none covers is an unlimited claim: the protocol's statement, as without
+        limits."""
+        return may_cover(self.limits, queues)
 
     def flight(
         self,

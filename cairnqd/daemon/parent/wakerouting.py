@@ -11,6 +11,7 @@ from typing import Protocol, TypeVar
 from cairnqd.config import Config
 from cairnqd.daemon.parent.pool import ChildProcess
 from cairnqd.daemon.wire.messages import Wake, encode
+from cairnqd.limits import may_cover
 
 
 class Wakeable(Protocol):
@@ -90,13 +91,10 @@ class WakeRouter:
 
 
 def limited_groups(config: Config) -> frozenset[str]:
-    """The groups whose tasks a flow-control limit may hold back: one that names a
-    queue of theirs, or one that covers task names on any queue."""
+    """The groups whose tasks a flow-control limit may hold back: those whose claims
+    keep limits (`may_cover`, as the children's stores decide)."""
     limits = config.flow_limits()
-    if any(not limit.queues for limit in limits):
-        return frozenset(config.groups)
-    limited = {q for limit in limits for q in limit.queues}
-    return frozenset(g for g, group in config.groups.items() if limited & set(group.queues))
+    return frozenset(g for g, group in config.groups.items() if may_cover(limits, group.queues))
 
 
 def deliver(sends: Iterable[Send[ChildProcess]]) -> None:
