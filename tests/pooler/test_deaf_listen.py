@@ -77,8 +77,10 @@ async def test_a_direct_listen_hears_its_probe_again_and_again(
     wake = listener.sticky(["q"])[0]
     listener.start()
     await wait_for_async("the echo of the first probe", listener.connected.is_set, 15)
-    # Several probes later it still hears, and real notifications still arrive.
-    await wait_for_async("four echoes", lambda: listener.echoes >= 4, 15)
+    # Several probes later it still hears, and real notifications still arrive. An echo
+    # sets the next probe 0.2 s on, and the wait that was running then ends for it: a
+    # wait that ran on to the echo's deadline instead spaced the probes 5 s apart.
+    await wait_for_async("four echoes", lambda: listener.echoes >= 4, PROBE_TIMEOUT_S)
     assert not listener.deaf and listener.connected.is_set()
     await notifier(pooled_tx.direct)("cairnq_queued", "q")
     await wait_for_async("the wake-up", wake.is_set, 5)

@@ -54,6 +54,8 @@ class _Arrivals:
         self._reading = False
         #: Set with what `take` raised: the connection broke.
         self.broken: asyncio.Future[None] = self._loop.create_future()
+        #: Resolved by `nudge()` to end the current wait early.
+        self._nudged: asyncio.Future[None] | None = None
 
     def _readable(self) -> None:
         try:
@@ -67,6 +69,12 @@ class _Arrivals:
         if self._reading:
             self._reading = False
             self._loop.remove_reader(self._fd)
+
+    def nudge(self) -> None:
+        """End the current wait now: a notification moved the listener's next timer
+        (a probe's echo sets the next probe), which the wait's timeout does not know."""
+        if self._nudged is not None and not self._nudged.done():
+            self._nudged.set_result(None)
 
     def close(self) -> None:
         """Stop reading; a break nobody waited for is known, not logged as unread."""
@@ -85,8 +93,17 @@ class _Arrivals:
             self._reading = True
             self._loop.add_reader(self._fd, self._readable)
             self._take(self._conn)  # anything that came while the reader was off
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.broken), timeout_s)
+        self._nudged = self._loop.create_future()
+        try:
+            await asyncio.wait(
+                (self.broken, self._nudged),
+                timeout=timeout_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            self._nudged = None
+        if self.broken.done():
+            self.broken.result()
 
 
 class _Deaf(Exception):
@@ -139,6 +156,7 @@ class Listener:
         self._probe_deadline: float | None = None
         self._next_probe = 0.0
         self._probe_task: asyncio.Task[None] | None = None
+        self._arrivals: _Arrivals | None = None
         #: True once a LISTEN was found deaf: push stays off in this listener.
         self.deaf = False
         #: Proving NOTIFYs that came back.
@@ -272,7 +290,7 @@ class Listener:
         loop = asyncio.get_running_loop()
         next_ping = loop.time() + _PING_EVERY_S
         await self._drain(conn)  # what came in with the LISTEN statements
-        arrivals = _Arrivals(conn, self._take_arrived)
+        arrivals = self._arrivals = _Arrivals(conn, self._take_arrived)
         try:
             while True:
                 now = loop.time()
@@ -297,6 +315,7 @@ class Listener:
                     wake_at = min(wake_at, self._next_probe)
                 await arrivals.wait(wake_at - loop.time())
         finally:
+            self._arrivals = None
             arrivals.close()
 
     def _take_arrived(self, conn: psycopg.AsyncConnection[object]) -> None:
@@ -350,6 +369,7 @@ class Listener:
             if self._probe_token == token:
                 self._probe_token = self._probe_deadline = None
                 self._next_probe = asyncio.get_running_loop().time() + PROBE_TIMEOUT_S
+                self._retimed()
 
     def _heard(self, payload: str) -> None:
         if payload != self._probe_token:
@@ -358,6 +378,12 @@ class Listener:
         self._next_probe = asyncio.get_running_loop().time() + self._probe_every_s
         self.echoes += 1
         self.connected.set()
+        self._retimed()
+
+    def _retimed(self) -> None:
+        """The probe's timers moved: a wait for the old ones ends, to wait for the new."""
+        if self._arrivals is not None:
+            self._arrivals.nudge()
 
     def _turn_deaf(self) -> None:
         self.deaf = self.disabled = True
