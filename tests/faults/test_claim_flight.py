@@ -17,6 +17,7 @@ import pytest
 import cairnqd.store.limits
 import cairnqd.store.postgres.store
 from cairnqd import CairnQ
+from cairnqd._protocol import Statement
 from cairnqd.limits import parse_limits
 from cairnqd.store.base import ClaimDraw, OneDraw, Row
 from cairnqd.store.postgres import PostgresStore
@@ -74,7 +75,9 @@ async def test_a_claim_alone_goes_as_one_statement_and_with_results_in_a_transac
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A claim that carries no results is a single UPDATE, a transaction by itself: no
-    BEGIN and COMMIT around it. With results, the two statements go inside one."""
+    BEGIN and COMMIT around it. With results, the two statements go in one pipeline,
+    one implicit transaction, also without BEGIN and COMMIT: a claim that fails there
+    leaves the results unwritten, and the connection fit for the next claim."""
     sent: list[tuple[tuple[str, ...], list[str]]] = []
     fly = cairnqd.store.postgres.store.claim_in_one_flight
 
@@ -97,14 +100,34 @@ async def test_a_claim_alone_goes_as_one_statement_and_with_results_in_a_transac
             settle=[(ids[0], None, 1)],
         )  # fmt: skip
         assert claimed is not None and [t.id for t in claimed] == ids[2:]
+        # The claim after a settle fails at the server: the settle is undone with it.
+        failing = Statement("failing_claim", "select 1 / 0", ())
+        monkeypatch.setattr(
+            cairnqd.store.postgres.store,
+            "claim_in_one_flight",
+            lambda conn, begin, steps, *args: fly(conn, begin, [steps[0], (failing, {})], *args),
+        )
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await store.claim_session(
+                queues=["default"], worker_id="w", names=None, plan=OneDrawOf(4),
+                settle=[(ids[1], None, 1)],
+            )  # fmt: skip
+        assert task_row(pg_dsn, ids[1])[:3] == ("running", 1, "w")
+        monkeypatch.setattr(cairnqd.store.postgres.store, "claim_in_one_flight", observed)
+        claimed = await store.claim_session(
+            queues=["default"], worker_id="w", names=None, plan=OneDrawOf(4),
+            settle=[(ids[1], None, 1)],
+        )  # fmt: skip
+        assert claimed == []
     finally:
         await store.close()
     assert sent == [
         ((), ["claim_one_queue"]),
-        (("begin",), ["complete_many", "claim_one_queue"]),
+        ((), ["complete_many", "claim_one_queue"]),
+        ((), ["complete_many", "claim_one_queue"]),
     ]
-    assert task_row(pg_dsn, ids[0])[0] == "succeeded"
-    assert [task_row(pg_dsn, i)[:3] for i in ids[1:]] == [("running", 1, "w")] * 2
+    assert [task_row(pg_dsn, i)[0] for i in ids] == ["succeeded", "succeeded", "running"]
+    assert task_row(pg_dsn, ids[2])[:3] == ("running", 1, "w")
 
 
 async def test_a_claim_of_queues_no_limit_covers_is_the_unlimited_claim(

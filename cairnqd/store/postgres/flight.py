@@ -8,6 +8,13 @@ stream"). When nothing in the transaction waits on what an earlier statement ret
 `TaskStore._claim_at_once`), the whole of it goes out together with psycopg's pipeline
 mode and its answers come back together.
 
+The flight's BEGIN and COMMIT are left out when nothing else leads it (no DISCARD
+PLANS due): in the extended query protocol, the statements a client sends before one
+Sync run in one implicit transaction, committed at the Sync, and a pipeline sends its
+Sync when it ends. The connections are in autocommit mode, so psycopg adds no BEGIN of
+its own. A statement that fails skips the rest and the Sync ends the transaction
+rolled back, as an explicit one would be.
+
 What that costs is the ROLLBACK a cancelled caller relied on: once sent, the COMMIT
 runs whether or not anyone waits for it. So the flight runs in a task of its own that a
 cancellation does not reach (`claim_in_one_flight`); a cancelled caller waits up to
@@ -49,8 +56,9 @@ async def claim_in_one_flight(
 ) -> list[list[Row]]:
     """Run `begin`, then `steps`, then COMMIT on `conn` in one flight: each step's rows.
     The last step is the claim; if the caller is cancelled meanwhile, its rows are
-    handed back (module docstring) before the cancellation propagates. With no `begin`
-    and a single step, that statement goes alone, a transaction by itself."""
+    handed back (module docstring) before the cancellation propagates. With no `begin`,
+    no COMMIT either: a single step goes alone, a transaction by itself, and several go
+    in one pipeline, one implicit transaction."""
     flight = asyncio.ensure_future(_fly(conn, begin, steps, clock))
     try:
         return await asyncio.shield(flight)
@@ -82,7 +90,8 @@ async def _fly(
                 await conn.execute(text)
             for stmt, params in steps:
                 cursors.append(await conn.execute(stmt.text, bind(stmt, params, clock)))
-            await conn.execute("commit")
+            if begin:
+                await conn.execute("commit")
     except psycopg.Error:
         # A failed statement skips the rest up to the pipeline's end, COMMIT with them,
         # and leaves the transaction aborted: end it, as a transaction sent one

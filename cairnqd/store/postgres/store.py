@@ -536,11 +536,13 @@ class PostgresStore(TaskStore):
             steps.append((statement("postgres", op), {**base, **params, "limit": single.limit}))
         async with self._borrow() as conn:
             begin = self._begin_steps(conn)
-            if len(steps) == 1 and begin == ("begin",):
-                # The claim alone: one UPDATE is a transaction by itself. Without BEGIN
-                # and COMMIT around it, no pipeline: a third less of the client's CPU
-                # per claim, which a worker keeping up with a stream makes for every
-                # task or two (bench/RESULTS.md, "Under a steady stream").
+            if begin == ("begin",):
+                # No BEGIN and COMMIT around the statements (flight.py's docstring):
+                # the claim alone is one UPDATE, a transaction by itself, sent without
+                # a pipeline (a third less of the client's CPU per claim); with results
+                # before it, the statements sent up to one Sync are one transaction
+                # all the same. A worker keeping up with a stream makes one of these
+                # for every task or two (bench/RESULTS.md, "Under a steady stream").
                 begin = ()
             answers = await claim_in_one_flight(conn, begin, steps, base["worker_id"], self.clock)
         settled = {r["id"]: r["status"] for r in answers[0]} if settle_params is not None else {}
