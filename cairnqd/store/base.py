@@ -330,6 +330,13 @@ class TaskStore(ABC):
         scheduled before the call takes its first step (and is admitted) before it."""
         await self._closer.run(self._close_now)
 
+    def sever(self) -> int:
+        """Cut short the calls in flight on this store's connections (a stop that
+        cannot wait for a silent database): how many. Each fails at once with a
+        connection error, and its connection is not reused. A store whose calls
+        cannot hang on a network does nothing."""
+        return 0
+
     async def _close_now(self) -> None:
         self.barrier.refuse()
         try:

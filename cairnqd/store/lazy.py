@@ -33,6 +33,10 @@ class LazyStore:
             self._connected = True
         return self._store
 
+    def sever(self) -> int:
+        """`TaskStore.sever` of the store, if one was made."""
+        return 0 if self._store is None else self._store.sever()
+
     async def close(self) -> None:
         """Close it if it was opened; the next `get()` opens a new one."""
         store, self._store = self._store, None

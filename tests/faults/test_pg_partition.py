@@ -193,4 +193,4 @@ def test_sigterm_during_a_partition_exits_within_a_bound(
     assert code == 0, daemon.output()
     # The maintenance thread ended: it was not abandoned mid-call on a dead socket.
     assert "did not stop" not in daemon.output()
-    assert "did not end" not in daemon.output()
+    assert "did not end" not in daemon.output(), daemon.output()

@@ -132,3 +132,27 @@ async def test_a_listen_session_a_partition_swallowed_is_replaced(
             assert time.monotonic() - began < 10
     finally:
         await store.close()
+
+
+async def test_sever_cuts_a_call_on_a_silent_connection_short(
+    pg_proxy: FaultProxy, pg_dsn: str
+) -> None:
+    """A call waiting on a server that went silent fails at once when the store severs
+    its connections: no server-side cancel over the partition (psycopg's, which a task
+    cancelled instead waits up to 10 s for), and the next call gets a fresh connection."""
+    store = PostgresStore(pg_proxy.dsn(pg_dsn), call_timeout_s=60)
+    await store.connect()
+    try:
+        await store.stats()  # the pool's connection is open and has answered
+        pg_proxy.blackhole()
+        stuck = asyncio.ensure_future(store.stats())
+        await wait_for_async("the call in flight", lambda: store.sever() == 1, 10)
+        began = time.monotonic()
+        with pytest.raises(psycopg.OperationalError, match="closed the connection"):
+            await asyncio.wait_for(stuck, 5)
+        assert time.monotonic() - began < 1
+        pg_proxy.forward()
+        assert (await store.stats()) is not None  # a new connection answers
+    finally:
+        pg_proxy.forward()
+        await store.close()

@@ -37,6 +37,9 @@ log = logging.getLogger("cairnqd.maintenance")
 #: How often the claims running outside a limit are looked for and noted: a task of an
 #: SDK worker that runs at least this long is seen (docs/limits.md).
 BYPASS_WATCH_S = 5.0
+#: How long a stop waits for the maintenance loop to end once its database calls were
+#: cut short, before it cancels the loop.
+SEVERED_GRACE_S = 1.0
 
 
 class Maintenance:
@@ -113,11 +116,18 @@ class Maintenance:
         clean = True
         try:
             # Half the time for queued hand-backs; a call stuck on a silent database
-            # is then cancelled, which drops its connection, so stopping stays bounded.
+            # is then cut short (`TaskStore.sever`), so stopping stays bounded, and
+            # whatever still runs a moment later is cancelled.
             serving.result(timeout=timeout_s / 2)
         except TimeoutError:
-            log.warning("maintenance still busy after %.1fs; cancelling it", timeout_s / 2)
+            log.warning(
+                "maintenance still busy after %.1fs; cutting its database calls short",
+                timeout_s / 2,
+            )
             clean = False
+            self._thread.call_soon(self._store.sever)
+            with contextlib.suppress(Exception):
+                serving.result(timeout=min(SEVERED_GRACE_S, timeout_s / 4))
             serving.cancel()
         except concurrent.futures.CancelledError:
             pass

@@ -9,7 +9,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import re
+import socket
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -163,6 +165,8 @@ class PostgresStore(TaskStore):
             weakref.WeakKeyDictionary()
         )
         self.replan_every_s = REPLAN_EVERY_S
+        #: The connections borrowed by calls in flight (`sever`).
+        self._busy: set[AsyncConn] = set()
         # Concurrent keyless submits share one statement and one commit. Its writer
         # writes for callers admitted and waiting, so it passes while the store closes.
         self.submits = SubmitCoalescer(
@@ -375,6 +379,7 @@ class PostgresStore(TaskStore):
         try:
             with self._operation():
                 async with await self._connection() as conn:
+                    self._busy.add(conn)
                     try:
                         async with asyncio.timeout(self.call_timeout_s):
                             yield conn
@@ -383,6 +388,8 @@ class PostgresStore(TaskStore):
                         if isinstance(exc, TimeoutError | asyncio.CancelledError) and closable:
                             await conn.close()
                         raise
+                    finally:
+                        self._busy.discard(conn)
         except Exception as exc:
             # Any answer from the server (a lost lease, a constraint) proves it is there.
             if is_unreachable(exc):
@@ -391,6 +398,22 @@ class PostgresStore(TaskStore):
                 self.reachability.succeeded()
             raise
         self.reachability.succeeded()
+
+    def sever(self) -> int:
+        """Shut the sockets of the connections that calls are using: each call fails at
+        once with a connection error, as if the server had closed it, and the pool
+        drops the connection. Cancelling such a call instead would have psycopg ask the
+        server to cancel its query first, over a new connection, then wait for it: up
+        to 10 s when the server is out of reach. Run on the store's event loop."""
+        severed = 0
+        for conn in list(self._busy):
+            with contextlib.suppress(OSError, psycopg.Error):
+                # A duplicate of the descriptor: shutdown acts on the connection, and
+                # closing the duplicate leaves psycopg's descriptor as it was.
+                with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+                severed += 1
+        return severed
 
     async def _caller_session(self, tx: object) -> Session:
         return await plain_session(tx, self._identity_of(tx), self.clock)
