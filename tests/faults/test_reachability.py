@@ -115,7 +115,7 @@ async def test_a_listen_session_a_partition_swallowed_is_replaced(
         pg_proxy.forward()
         healed = server_now(pg_dsn)
         # Its ping goes unanswered: the listener reconnects (ping every 10 s, 10 s to
-        # answer, psycopg's cancel, a 1 s backoff).
+        # answer, then its socket is shut, a 1 s backoff).
         await wait_for_async(
             "a new LISTEN session",
             lambda: newest_listen_session(pg_dsn),

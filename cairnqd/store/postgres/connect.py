@@ -6,7 +6,11 @@ statement runs on it, and the detection bound for a dead connection
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import psycopg
@@ -104,3 +108,41 @@ async def run(
         return []
     rows: list[Row] = list(await cursor.fetchall())
     return rows
+
+
+def shut_socket(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Shut `conn`'s socket both ways, as if the server had closed the connection: what
+    waits on it fails at once with psycopg's OperationalError, and the connection is
+    done. A call cancelled instead has psycopg ask the server to cancel its query first,
+    over a new connection, then wait for it: up to 10 s when the server is out of
+    reach. False if there was no socket left to shut."""
+    with contextlib.suppress(OSError, psycopg.Error):
+        # A duplicate of the descriptor: shutdown acts on the connection itself, and
+        # closing the duplicate leaves psycopg's descriptor as it was.
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+        return True
+    return False
+
+
+@contextlib.asynccontextmanager
+async def answer_within(
+    conn: psycopg.AsyncConnection[Any], timeout_s: float
+) -> AsyncIterator[None]:
+    """The statements run inside must answer within `timeout_s`, or the connection is
+    shut (`shut_socket`) and they fail with TimeoutError."""
+    shut = False
+
+    def expire() -> None:
+        nonlocal shut
+        shut = shut_socket(conn)
+
+    timer = asyncio.get_running_loop().call_later(timeout_s, expire)
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        if shut:
+            raise TimeoutError(f"no answer within {timeout_s:g}s") from exc
+        raise
+    finally:
+        timer.cancel()

@@ -14,6 +14,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from cairnqd.store.postgres.connect import answer_within
+
 # A LISTEN connection is idle by design, so nothing would ever notice one that a
 # partition left half-open if nothing carried data on it: after this long without a
 # notification it sends a round trip, which must come back within the second value.
@@ -250,7 +252,9 @@ class Listener:
                     connect_timeout=self._connect_timeout,
                     **self._connect_kwargs,
                 )
-            except psycopg.Error:
+            except Exception as exc:
+                if not isinstance(exc, psycopg.Error):
+                    log.exception("LISTEN %s could not connect; trying again", self.channel)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
                 continue
@@ -276,8 +280,13 @@ class Listener:
             except _Deaf:
                 self._turn_deaf()
                 return
-            except (psycopg.Error, TimeoutError):
-                pass
+            except (psycopg.Error, TimeoutError) as exc:
+                why = str(exc) or "no answer in time"
+                log.info("LISTEN %s dropped (%s); reconnecting", self.channel, why)
+            except Exception:
+                # Never the end of push wake-ups: a listener that died here would leave
+                # its waiters on their polls for good, and nobody would know why.
+                log.exception("LISTEN %s failed; reconnecting", self.channel)
             # Dropped: let every waiter fall back to its own poll, then reconnect.
             self.connected.clear()
             self._release_all()
@@ -303,7 +312,7 @@ class Listener:
                     self._start_probe()
                 if now >= next_ping:
                     arrivals.pause()
-                    async with asyncio.timeout(_PING_TIMEOUT_S):
+                    async with answer_within(conn, _PING_TIMEOUT_S):
                         await conn.execute("select 1")
                     next_ping = loop.time() + _PING_EVERY_S
                     await self._drain(conn)  # what came in during the round trip
@@ -343,8 +352,9 @@ class Listener:
         """The proving NOTIFY did not come back. A session that a network partition
         swallowed hears nothing either, and is not deaf but dead: only a session that
         still answers a round trip is deaf (`_Deaf`). A silent one fails the round trip
-        (TimeoutError, psycopg.Error) and is replaced like any dropped connection."""
-        async with asyncio.timeout(_PING_TIMEOUT_S):
+        (psycopg.Error: `answer_within` shut it) and is replaced like any dropped
+        connection."""
+        async with answer_within(conn, _PING_TIMEOUT_S):
             await conn.execute("select 1")
         async for note in conn.notifies(timeout=0.05):  # an echo that came in meanwhile
             self._note(note.channel, note.payload)

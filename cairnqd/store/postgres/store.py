@@ -9,9 +9,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import re
-import socket
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -60,6 +58,7 @@ from cairnqd.store.postgres.connect import (
     is_unreachable,
     run,
     session_conninfo,
+    shut_socket,
 )
 from cairnqd.store.postgres.flight import Step, claim_in_one_flight
 from cairnqd.store.postgres.leadership import PostgresLeadership
@@ -400,20 +399,10 @@ class PostgresStore(TaskStore):
         self.reachability.succeeded()
 
     def sever(self) -> int:
-        """Shut the sockets of the connections that calls are using: each call fails at
-        once with a connection error, as if the server had closed it, and the pool
-        drops the connection. Cancelling such a call instead would have psycopg ask the
-        server to cancel its query first, over a new connection, then wait for it: up
-        to 10 s when the server is out of reach. Run on the store's event loop."""
-        severed = 0
-        for conn in list(self._busy):
-            with contextlib.suppress(OSError, psycopg.Error):
-                # A duplicate of the descriptor: shutdown acts on the connection, and
-                # closing the duplicate leaves psycopg's descriptor as it was.
-                with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
-                    sock.shutdown(socket.SHUT_RDWR)
-                severed += 1
-        return severed
+        """Shut the sockets of the connections that calls are using (`shut_socket`):
+        each call fails at once, and the pool drops its connection. Run on the store's
+        event loop."""
+        return sum(shut_socket(conn) for conn in list(self._busy))
 
     async def _caller_session(self, tx: object) -> Session:
         return await plain_session(tx, self._identity_of(tx), self.clock)
