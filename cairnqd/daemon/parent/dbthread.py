@@ -11,11 +11,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger("cairnqd.supervisor")
+
+#: How long a stopping loop waits for its cancelled tasks to end.
+CANCEL_WAIT_S = 1.0
+#: Tasks a stopped loop left behind (`LoopThread._run`).
+_abandoned: list[asyncio.Task[Any]] = []
 
 
 class LoopThread:
@@ -78,6 +86,19 @@ class LoopThread:
             for task in pending:
                 task.cancel()
             if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                # Bounded: a task may swallow its cancellation and wait on (psycopg_pool's
+                # workers do, caught mid-connect to a silent server), and the thread
+                # must end all the same.
+                _, stuck = loop.run_until_complete(asyncio.wait(pending, timeout=CANCEL_WAIT_S))
+                if stuck:
+                    log.debug(
+                        "%s: %d task(s) left running after cancel: %s",
+                        threading.current_thread().name,
+                        len(stuck),
+                        ", ".join(sorted(t.get_name() for t in stuck)),
+                    )
+                    # Never collected, so never reported as destroyed while pending:
+                    # the process is on its way out.
+                    _abandoned.extend(stuck)
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
