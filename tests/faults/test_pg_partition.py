@@ -6,6 +6,9 @@ them at once without a FIN or RST, as a dropped NAT entry or a pulled cable does
 proxy lives in user space, so the kernel under it keeps acknowledging: only the
 daemon's own deadlines can notice (see proxy.py). That is the harder case, and the one
 that wedged the daemon with a green /healthz before.
+
+Each test asks for `pg_proxy` before `daemon_factory`: fixtures end in the reverse
+order, so the daemons stop while the proxy still forwards.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ def drain(dsn: str, total: int, timeout: float) -> None:
 
 @pytest.mark.timing
 def test_a_silent_partition_is_detected_reported_once_and_recovers(
-    daemon_factory: DaemonFactory, tmp_path: Path, pg_proxy: FaultProxy, pg_dsn: str
+    pg_proxy: FaultProxy, daemon_factory: DaemonFactory, tmp_path: Path, pg_dsn: str
 ) -> None:
     daemon = start(daemon_factory, tmp_path, pg_proxy, pg_dsn)
     port = daemon.metrics_port()
@@ -145,7 +148,7 @@ def test_a_silent_partition_is_detected_reported_once_and_recovers(
 
 
 def test_reset_connections_recover(
-    daemon_factory: DaemonFactory, tmp_path: Path, pg_proxy: FaultProxy, pg_dsn: str
+    pg_proxy: FaultProxy, daemon_factory: DaemonFactory, tmp_path: Path, pg_dsn: str
 ) -> None:
     daemon = start(daemon_factory, tmp_path, pg_proxy, pg_dsn)
     submit(pg_dsn, 50, seconds=0.05)
@@ -158,7 +161,7 @@ def test_reset_connections_recover(
 
 
 def test_a_slow_link_still_works(
-    daemon_factory: DaemonFactory, tmp_path: Path, pg_proxy: FaultProxy, pg_dsn: str
+    pg_proxy: FaultProxy, daemon_factory: DaemonFactory, tmp_path: Path, pg_dsn: str
 ) -> None:
     daemon = start(daemon_factory, tmp_path, pg_proxy, pg_dsn)
     port = daemon.metrics_port()
@@ -168,11 +171,12 @@ def test_a_slow_link_still_works(
     # Slow is not down: no outage reported.
     assert healthz(port)[0] == 200
     assert outage_lines(daemon) == []
+    pg_proxy.forward()  # a stop over the slow link would take the teardown 5 s more
 
 
 @pytest.mark.timing
 def test_sigterm_during_a_partition_exits_within_a_bound(
-    daemon_factory: DaemonFactory, tmp_path: Path, pg_proxy: FaultProxy, pg_dsn: str
+    pg_proxy: FaultProxy, daemon_factory: DaemonFactory, tmp_path: Path, pg_dsn: str
 ) -> None:
     config = partition_config(tmp_path, pg_proxy.dsn(pg_dsn))
     config["shutdown_timeout"] = "5s"

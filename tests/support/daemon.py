@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from tests.support.cli import REPO, cli
+from tests.support.databases import PgDatabases
 from tests.support.waiting import wait_for
 
 
@@ -283,8 +284,14 @@ def _is_master(title: str, daemon: Daemon) -> bool:
 
 
 @pytest.fixture
-def daemon_factory(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], Daemon]]:
-    """Builds `Daemon`s for the test; stops every one of them afterwards."""
+def daemon_factory(
+    tmp_path: Path, pg_databases: PgDatabases
+) -> Iterator[Callable[[dict[str, Any]], Daemon]]:
+    """Builds `Daemon`s for the test; stops every one of them afterwards.
+
+    Asks for `pg_databases` so that fixture is set up first and ends last: the daemons
+    stop before the test's databases are dropped. A daemon stopped after its database
+    was dropped under it retried its hand-backs for 10-20 s before it gave up."""
     started: list[Daemon] = []
 
     def make(config: dict[str, Any]) -> Daemon:

@@ -118,6 +118,7 @@ class PgDatabases:
     def new(self, *, migrated: bool = False) -> str:
         """A fresh database: empty, or (`migrated`) a copy of this checkout's schema."""
         global _pg_template_name
+        require_postgres()
         name = f"cairnqd_t_{uuid.uuid4().hex[:12]}"
         source = ""
         if migrated:
@@ -130,6 +131,8 @@ class PgDatabases:
         return dsn_for(name)
 
     def drop_all(self) -> None:
+        if not self.created:
+            return
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
             for name in self.created:
                 conn.execute(f'drop database if exists "{name}" with (force)')  # type: ignore[arg-type]
@@ -137,7 +140,9 @@ class PgDatabases:
 
 @pytest.fixture
 def pg_databases() -> Iterator[PgDatabases]:
-    require_postgres()
+    """Postgres databases made for the test, dropped when it ends. Requires a server
+    only once one is made, so fixtures of both dialects may order themselves after it
+    (`daemon_factory`)."""
     dbs = PgDatabases()
     try:
         yield dbs
