@@ -352,8 +352,8 @@ class Listener:
         """The proving NOTIFY did not come back. A session that a network partition
         swallowed hears nothing either, and is not deaf but dead: only a session that
         still answers a round trip is deaf (`_Deaf`). A silent one fails the round trip
-        (psycopg.Error: `answer_within` shut it) and is replaced like any dropped
-        connection."""
+        (TimeoutError once `answer_within` shut it, or psycopg.Error) and is replaced
+        like any dropped connection."""
         async with answer_within(conn, _PING_TIMEOUT_S):
             await conn.execute("select 1")
         async for note in conn.notifies(timeout=0.05):  # an echo that came in meanwhile
