@@ -180,6 +180,8 @@ def test_sigterm_during_a_partition_exits_within_a_bound(
 ) -> None:
     config = partition_config(tmp_path, pg_proxy.dsn(pg_dsn))
     config["shutdown_timeout"] = "5s"
+    # The scheduler too has a call on a dead connection when the stop comes.
+    config["schedules"] = {"tick": {"name": "f.quick", "every": "1s"}}
     daemon = daemon_factory(config).start()
     wait_for("both children ready", lambda: len(daemon.children()) == 2, timeout=60)
     submit(pg_dsn, 20, seconds=2)
@@ -191,10 +193,12 @@ def test_sigterm_during_a_partition_exits_within_a_bound(
     stopped_at = time.monotonic()
     daemon.signal(signal.SIGTERM)
     assert daemon.proc is not None
-    # shutdown_timeout (5 s), the hard stop (~1 s), then maintenance's own bound (10 s).
+    # shutdown_timeout (5 s), the hard stop (~1 s), then the scheduler's (5 s) and
+    # maintenance's (10 s) own bounds.
     code = daemon.proc.wait(timeout=60)
     assert time.monotonic() - stopped_at < 30, daemon.output()
     assert code == 0, daemon.output()
-    # The maintenance thread ended: it was not abandoned mid-call on a dead socket.
+    # The scheduler and maintenance threads ended: none was abandoned mid-call on a dead
+    # socket.
     assert "did not stop" not in daemon.output()
     assert "did not end" not in daemon.output(), daemon.output()

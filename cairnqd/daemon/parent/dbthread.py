@@ -22,6 +22,9 @@ log = logging.getLogger("cairnqd.supervisor")
 
 #: How long a stopping loop waits for its cancelled tasks to end.
 CANCEL_WAIT_S = 1.0
+#: How long a stop waits for a loop's work to end once its database calls were cut
+#: short, before it cancels the work (`LoopThread.cut_short`).
+SEVERED_GRACE_S = 1.0
 #: Tasks a stopped loop left behind (`LoopThread._run`).
 _abandoned: list[asyncio.Task[Any]] = []
 
@@ -75,6 +78,18 @@ class LoopThread:
             loop.call_soon_threadsafe(loop.stop)
         thread.join(max(0.0, timeout_s))
         return not thread.is_alive()
+
+    def cut_short(
+        self, serving: concurrent.futures.Future[Any], sever: Callable[[], object]
+    ) -> None:
+        """End `serving` now: `sever` its store's calls on the loop (`TaskStore.sever`:
+        a call stuck on a silent database fails at once), give it `SEVERED_GRACE_S` to
+        finish on its own, then cancel it. A cancel alone had psycopg ask the server to
+        cancel each stuck query first, up to 10 s through a partition."""
+        self.call_soon(sever)
+        with contextlib.suppress(Exception):
+            serving.result(timeout=SEVERED_GRACE_S)
+        serving.cancel()
 
     @staticmethod
     def _run(loop: asyncio.AbstractEventLoop) -> None:

@@ -37,9 +37,6 @@ log = logging.getLogger("cairnqd.maintenance")
 #: How often the claims running outside a limit are looked for and noted: a task of an
 #: SDK worker that runs at least this long is seen (docs/limits.md).
 BYPASS_WATCH_S = 5.0
-#: How long a stop waits for the maintenance loop to end once its database calls were
-#: cut short, before it cancels the loop.
-SEVERED_GRACE_S = 1.0
 
 
 class Maintenance:
@@ -125,10 +122,7 @@ class Maintenance:
                 timeout_s / 2,
             )
             clean = False
-            self._thread.call_soon(self._store.sever)
-            with contextlib.suppress(Exception):
-                serving.result(timeout=min(SEVERED_GRACE_S, timeout_s / 4))
-            serving.cancel()
+            self._thread.cut_short(serving, self._store.sever)
         except concurrent.futures.CancelledError:
             pass
         except Exception:

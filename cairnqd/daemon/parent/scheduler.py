@@ -127,10 +127,18 @@ class Scheduler:
         self._thread.call_soon(self._set_wake)
         clean = True
         try:
-            serving.result(timeout=timeout_s)
+            # Half the time to finish a pass; a call stuck on a silent database is then
+            # cut short, so the rest is enough for the thread to end.
+            serving.result(timeout=timeout_s / 2)
         except TimeoutError:
-            log.warning("scheduler did not stop within %.1fs", timeout_s)
+            log.warning(
+                "scheduler still busy after %.1fs; cutting its database calls short",
+                timeout_s / 2,
+            )
             clean = False
+            self._thread.cut_short(serving, self._store.sever)
+        except concurrent.futures.CancelledError:
+            pass
         except Exception:
             log.exception("scheduler thread failed")
         stopped = self._thread.stop(deadline - time.monotonic())
