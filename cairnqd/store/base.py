@@ -1164,7 +1164,7 @@ class TaskStore(ABC):
         if settle_params is not None:
             rows = await session.fetch("complete_many", settle_params)
             settled = {r["id"]: r["status"] for r in rows}
-            if limited is not None:
+            if limited is not None and not limited.counts_running:
                 # Their room is back for the draw below, without waiting for a reclaim.
                 await session.fetch("extensions/limit_slots_release", settle_params)
         recovered = False
@@ -1439,8 +1439,9 @@ class TaskStore(ABC):
 
     async def _settle_owned(self, op: str, task_id: str, params: Params) -> Task:
         """`_owned` for a statement that ends the claim (complete, succeed, fail): with
-        limits, the claim's concurrency room is given back in the same transaction."""
-        if self.limited is None:
+        limits kept in slots, the claim's concurrency room is given back in the same
+        transaction (SQLite counts running tasks instead: nothing to give back)."""
+        if self.limited is None or self.limited.counts_running:
             return await self._owned(op, task_id, params)
         async with self._transaction() as session:
             rows = await session.fetch(op, {**params, "id": task_id})
@@ -1560,7 +1561,7 @@ class TaskStore(ABC):
             await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return {}
         params = complete_many_params(worker_id, items)
-        if self.limited is None:
+        if self.limited is None or self.limited.counts_running:
             rows = await self._fetch("complete_many", params)
         else:
             async with self._transaction() as session:

@@ -15,6 +15,12 @@ given back by whichever claim next finds its budget full: it frees the slots who
 task no longer runs under the claim that took them, however that claim ended (settled
 by us, recovered by any worker, handed back, purged). A rate slot frees itself when
 its start leaves the window.
+
+SQLite keeps no concurrency slots (`LimitedClaims.counts_running`): a claim there
+holds the database's one write lock from its first read to its commit, so a budget's
+use is simply counted, the covered tasks that run now (limit_running.sql), and nothing
+can start between the count and the claim. That spares a slot write on every claim and
+every settlement, and room comes back the moment a task stops running, whoever ran it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from cairnqd._protocol import Dialect, Statement, composed
 from cairnqd.limits import NO_PARTITION, Limit, Override, like_pattern, may_cover, overridden
 from cairnqd.store.arguments import Params
 from cairnqd.store.executor import Row, Session
+from cairnqd.store.statement_params import claim_variant
 
 log = logging.getLogger("cairnqd.limits")
 
@@ -49,6 +56,9 @@ _PASSES = 4
 ROOM_POLL_MS = 250
 #: Budgets whose slots this process made already (ensure once, not per claim).
 _ENSURED_MAX = 10_000
+#: How often a worker renews its note that it counts a limit (SQLite: the
+#: cairnqd_limit_workers row that tells its claims from those that pass the limit by).
+WORKER_NOTE_EVERY_S = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +96,18 @@ class LimitedClaims:
         #: Whether the last draw came up short for a full concurrency budget, which
         #: any task's settling may free (a Postgres store then listens for those).
         self.waiting_for_room = False
+        #: Whether concurrency is counted from the tasks that run, inside the claim's
+        #: write lock (SQLite), rather than kept in slot rows a claim takes and a
+        #: settlement gives back (Postgres, where claims run side by side).
+        self.counts_running = dialect == "sqlite"
+        #: Within one draw (`counts_running`): per budget (limit, partition), the
+        #: covered tasks running and those the draw took room for; and the limits
+        #: whose running tasks it has counted.
+        self._running: dict[tuple[str, str], int] = {}
+        self._counted: set[str] = set()
+        #: When this process last noted each (limit, worker) in cairnqd_limit_workers.
+        self._noted: dict[tuple[str, str], float] = {}
+        self._worker_id = ""
 
     # -- the draw ------------------------------------------------------------------------
 
@@ -105,13 +127,17 @@ class LimitedClaims:
         pass the rate. A task under concurrency limits alone may be claimed ahead,
         holding its room while it waits (auto prefetch claims only what starts within
         about 50 ms)."""
-        worker_id = str(base["worker_id"])
+        worker_id = self._worker_id = str(base["worker_id"])
         await self._read_overrides(session)
         self.room_at = None
         self.waiting_for_room = False
-        one = self._one_budget(queues) if self.dialect == "postgres" else None
-        if one is not None:
+        self._running.clear()
+        self._counted.clear()
+        one = self._one_budget(queues)
+        if one is not None and self.dialect == "postgres":
             return await self._draw_one_budget(session, one, queues, names, limit, base, ready)
+        if one is not None and one[1] == "concurrency" and self.counts_running:
+            return await self._draw_counted(session, one[0], one[2], queues, names, limit, base)
         claimed: list[Row] = []
         blocked: dict[tuple[str, str], Limit] = {}
         opens: list[float] = []
@@ -292,6 +318,32 @@ class LimitedClaims:
         self.room_at = time.monotonic() + max(1.0, opening) / 1000
         return claimed
 
+    async def _draw_counted(
+        self,
+        session: Session,
+        limit: Limit,
+        capacity: int,
+        queues: Sequence[str],
+        names: Sequence[str] | None,
+        want: int,
+        base: Params,
+    ) -> list[Row]:
+        """`draw` where one counted concurrency budget decides (`_one_budget`, SQLite):
+        the room is the capacity less the covered tasks that run, and the protocol's
+        own claim statement takes up to that many in claim order. Short of room, it
+        says when to look again (`room_at`), as the general draw does."""
+        await self._count_running(session, limit)
+        await self._note_worker(session, limit.name)
+        room = capacity - self._running.get((limit.name, NO_PARTITION), 0)
+        claimed: list[Row] = []
+        if room > 0:
+            op, params = claim_variant(list(queues), names)
+            claimed = await session.fetch(op, {**base, **params, "limit": min(want, room)})
+        if len(claimed) < want and room < want:
+            self.waiting_for_room = True
+            self.room_at = time.monotonic() + ROOM_POLL_MS / 1000
+        return claimed
+
     async def _claim_room(
         self,
         session: Session,
@@ -435,7 +487,10 @@ class LimitedClaims:
                 "worker_id": worker_id,
                 "until_ms": HELD if kind == "concurrency" else now_ms + _window_ms(lim),
             }
-            got = await self._take_slots(session, slot, asking, unclaimed)
+            if kind == "concurrency" and self.counts_running:
+                got = await self._take_counted(session, lim, part, capacity, asking)
+            else:
+                got = await self._take_slots(session, slot, asking, unclaimed)
             for task_id in got:
                 granted.setdefault(task_id, set()).add((name, part, kind))
             if len(got) < len(asking):
@@ -449,6 +504,9 @@ class LimitedClaims:
             elif have:
                 partial.append(_claim_of(row))
                 given_back |= have
+                for name, part, kind in have:
+                    if kind == "concurrency" and self.counts_running:
+                        self._running[(name, part)] -= 1
         if partial:
             held = {"worker_id": worker_id, "held": json.dumps(partial)}
             await session.fetch("extensions/limit_slots_untake", held)
@@ -464,6 +522,55 @@ class LimitedClaims:
             if str(row["id"]) not in chosen and not any(k in full for k in _keys(needs))
         ]
         return chosen, full, retry
+
+    async def _take_counted(
+        self, session: Session, limit: Limit, part: str, capacity: int, asking: Sequence[Row]
+    ) -> list[str]:
+        """Room in a counted concurrency budget (`counts_running`) for `asking` (in claim
+        order): the ids that got it. The room is the capacity less the covered tasks
+        that run (read once per draw and limit) and those this draw took it for; none
+        while a lowered limit still has more running than it allows."""
+        if limit.name not in self._counted:
+            await self._count_running(session, limit)
+            await self._note_worker(session, limit.name)
+        key = (limit.name, part)
+        room = max(0, capacity - self._running.get(key, 0))
+        got = [str(row["id"]) for row in asking[:room]]
+        self._running[key] = self._running.get(key, 0) + len(got)
+        return got
+
+    async def _note_worker(self, session: Session, limit_name: str) -> None:
+        """Note, in the claim's transaction, that this worker counts `limit_name`'s
+        running tasks (limit_worker_note.sql): once, then every `WORKER_NOTE_EVERY_S`."""
+        key = (limit_name, self._worker_id)
+        now = time.monotonic()
+        if now - self._noted.get(key, -math.inf) < WORKER_NOTE_EVERY_S:
+            return
+        params = {"limit_name": limit_name, "worker_id": self._worker_id}
+        await session.fetch("extensions/limit_worker_note", params)
+        if len(self._noted) >= _ENSURED_MAX:
+            self._noted.clear()
+        self._noted[key] = now
+
+    async def _count_running(self, session: Session, limit: Limit) -> None:
+        """Count the tasks `limit` covers that run now, per partition, into `_running`
+        (limit_running.sql, composed for the limit's cover and partition)."""
+        shape = ("running", limit.queues, limit.names, limit.partition_by)
+        stmt = self._statements.get(shape)
+        if stmt is None:
+            if limit.partition_by is None:
+                part = f"'{NO_PARTITION}'"
+            else:
+                part = self._partition_sql(limit.partition_by)
+            stmt = self._statements[shape] = composed(
+                self.dialect,
+                "extensions/limit_running",
+                {"cover": self._cover_sql(0, limit) or "1", "part": part},
+            )
+        rows = await session.fetch_statement(stmt, self._cover_params(0, limit))
+        for row in rows:
+            self._running[(limit.name, str(row["part"]))] = int(row["running"])
+        self._counted.add(limit.name)
 
     async def _take_slots(
         self, session: Session, slot: Params, asking: Sequence[Row], unclaimed: str

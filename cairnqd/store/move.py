@@ -75,6 +75,8 @@ SKIPPED: dict[str, str] = {
     "target; the target's daemons register themselves when they start",
     "cairnqd_daemons": "dashboard reports of daemons on the SQLite file, rewritten by the "
     "target's daemons every refresh",
+    "cairnqd_limit_workers": "the SQLite workers that count a limit's running tasks; on "
+    "Postgres a claim takes a slot instead (cairnqd_limit_slots)",
     "cairnqd_task_dep_moves": "empty outside a statement: the SQLite triggers' hand-off of a "
     "task's status move to the dependency triggers (Postgres has no such table)",
 }

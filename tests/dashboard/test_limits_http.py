@@ -83,7 +83,9 @@ def test_limits_on_the_overview_and_the_task_page(
         }
 
     held = _store_call(dialect, db_target, hold)
-    assert len(held["kept"]) == 4  # two of email, acme and <globex>
+    # Two of email (one on SQLite, which counts the task the SDK runs against the
+    # limit), acme and <globex>: smtp is full either way.
+    assert len(held["kept"]) == (3 if dialect == "sqlite" else 4)
     process = Standalone(path)
     standalone.append(process)
     http = Http(process.port())

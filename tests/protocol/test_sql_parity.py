@@ -104,6 +104,8 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "sqlite_autoindex_cairnqd_limit_overrides_1",
         "cairnqd_limit_bypasses",
         "sqlite_autoindex_cairnqd_limit_bypasses_1",
+        "cairnqd_limit_workers",
+        "sqlite_autoindex_cairnqd_limit_workers_1",
         "cairnqd_attempts",  # WITHOUT ROWID: its key is the table, no index of its own
         # The attempt history's triggers sit on the protocol's task table, by our names.
         "cairnqd_attempts_open",
@@ -144,6 +146,7 @@ def test_sqlite_schema_matches_upstream(upstream_sqlite: Path, tmp_path: Path) -
         "cairnqd_0011_interruptions.sql",
         "cairnqd_0012_queue_counts.sql",
         "cairnqd_0013_dependencies.sql",
+        "cairnqd_0016_limit_workers.sql",
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from cairnqd.store.base import TaskStore
 from cairnqd.store.limits import RECLAIM_EVERY_S
 from cairnqd.worker import Worker
 from tests.support.databases import make_store
+from tests.support.waiting import wait_for_async
 
 SMTP = parse_limits({"smtp": {"queues": ["email"], "concurrency": 2}})
 SERIAL = parse_limits({"one": {"queues": ["email"], "concurrency": 1}})
@@ -77,7 +79,12 @@ async def test_a_claim_by_a_worker_without_the_limit_shows_as_outside_it(
     assert [(x.limit, x.task_id, x.worker_id) for x in found] == [("smtp", theirs.id, "sdk")]
     assert "runs outside it, claimed by worker sdk" in found[0].describe()
     (usage,) = await a.limit_table.usage(SMTP)
-    assert (usage.in_use, usage.waiting) == (1, 1)
+    # SQLite counts every covered task that runs against the limit, theirs too;
+    # Postgres counts the slots its claims took.
+    in_use = 2 if a.dialect == "sqlite" else 1
+    assert (usage.in_use, usage.waiting) == (in_use, 1)
+    if a.dialect == "sqlite":
+        assert await claim(a, "wa", n=1) == []  # no room left: theirs holds the second
     # A daemon notes it (maintenance, every few seconds): the warning outlives the task.
     assert await a.limit_table.note_bypasses(SMTP) == 1
     await b.complete(task_id=theirs.id, worker_id="sdk", result=None)
@@ -104,6 +111,50 @@ async def test_a_failure_and_a_recovered_lease_give_the_room_back(stores: list[T
     await asyncio.sleep(RECLAIM_EVERY_S + 0.05)
     retaken = await claim(a, "wa")
     assert len(retaken) == 1
+
+
+@pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
+async def test_sqlite_counts_what_runs_and_writes_no_concurrency_slot(
+    stores: list[TaskStore], db_target: str
+) -> None:
+    a, _ = stores
+    a.use_limits(SMTP)
+    await submit(a, 4)
+    mine = await claim(a, "wa")
+    assert len(mine) == 2
+    await a.complete(task_id=mine[0].id, worker_id="wa", result=None)
+    (again,) = await claim(a, "wa")  # its room is back with the settle: nothing to free
+    with contextlib.closing(sqlite3.connect(db_target)) as conn:
+        assert conn.execute("select count(*) from cairnqd_limit_slots").fetchone() == (0,)
+        noted = conn.execute("select limit_name, worker_id from cairnqd_limit_workers")
+        assert noted.fetchall() == [("smtp", "wa")]
+    # A lease that ran out is room again the moment it is recovered, at no reclaim's pace.
+    await a.heartbeat(task_id=again.id, worker_id="wa", lease_ms=1)
+    await wait_for_async("the lease to be recovered", a.recover_leases)
+    assert len(await claim(a, "wa")) == 1  # 2 allowed, 1 running
+
+
+@pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
+async def test_sqlite_forgets_a_worker_once_it_neither_claims_nor_runs(
+    stores: list[TaskStore], db_target: str
+) -> None:
+    a, _ = stores
+    a.use_limits(SMTP)
+    await submit(a, 1)
+    (mine,) = await claim(a, "wa")
+    with contextlib.closing(sqlite3.connect(db_target)) as conn, conn:
+        conn.execute("insert into cairnqd_limit_workers values ('smtp', 'gone', 0)")
+        conn.execute("update cairnqd_limit_workers set seen_at_ms = 0")
+    await a.limit_table.forget_bypasses_before(0)
+    # Both were last seen long ago; "wa" still runs a task, so its note stays.
+    assert await a.limit_table.bypassing(SMTP) == []
+    with contextlib.closing(sqlite3.connect(db_target)) as conn:
+        rows = conn.execute("select worker_id from cairnqd_limit_workers").fetchall()
+    assert rows == [("wa",)]
+    await a.complete(task_id=mine.id, worker_id="wa", result=None)
+    await a.limit_table.forget_bypasses_before(0)
+    with contextlib.closing(sqlite3.connect(db_target)) as conn:
+        assert conn.execute("select count(*) from cairnqd_limit_workers").fetchone() == (0,)
 
 
 async def test_unlimited_queues_and_names_are_untouched(stores: list[TaskStore]) -> None:

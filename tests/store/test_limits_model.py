@@ -224,12 +224,11 @@ test_limits_hold_under_any_interleaving = LimitsModel.TestCase
 
 
 class OneBudgetModel(LimitsModel):
-    """The same model on Postgres, with limits that each cover a queue whole with one
-    kind of room: a claim of one queue then takes its room in one statement
-    (protocol/extensions/sql/postgres/limit_claim_room.sql), while a claim of both
-    goes the general way, on the same slots."""
-
-    dsn = ""
+    """The same model with limits that each cover a queue whole with one kind of room:
+    a claim of one queue then takes its room in one statement on Postgres
+    (protocol/extensions/sql/postgres/limit_claim_room.sql), and on SQLite counts the
+    running tasks and claims with the protocol's claim statement, while a claim of both
+    queues goes the general way, on the same room. On SQLite here; on Postgres below."""
 
     def limits(self, concurrency: int) -> tuple[Limit, ...]:
         return parse_limits(
@@ -245,6 +244,25 @@ class OneBudgetModel(LimitsModel):
     def rated(self, task: Task) -> bool:
         return task.queue == "other"
 
+    @rule(
+        worker=st.sampled_from(WORKERS), n=st.integers(1, 4), queue=st.sampled_from(["q", "other"])
+    )
+    def claim_one_queue(self, worker: str, n: int, queue: str) -> None:
+        self.claim_from(worker, n, [queue])
+
+
+OneBudgetModel.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_one_budget_limits_hold_on_sqlite = OneBudgetModel.TestCase
+
+
+class OneBudgetPostgresModel(OneBudgetModel):
+    dsn = ""
+
     def new_store(self) -> TaskStore:
         return PostgresStore(self.dsn, clock=self.clock)
 
@@ -255,12 +273,6 @@ class OneBudgetModel(LimitsModel):
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(_EMPTY_TABLES)
 
-    @rule(
-        worker=st.sampled_from(WORKERS), n=st.integers(1, 4), queue=st.sampled_from(["q", "other"])
-    )
-    def claim_one_queue(self, worker: str, n: int, queue: str) -> None:
-        self.claim_from(worker, n, [queue])
-
 
 _EMPTY_TABLES = (
     "truncate cairnq_tasks, cairnq_task_keys, cairnqd_limit_slots, cairnqd_limit_overrides"
@@ -268,9 +280,9 @@ _EMPTY_TABLES = (
 
 
 def test_one_budget_limits_hold_on_postgres(pg_dsn: str) -> None:
-    OneBudgetModel.dsn = pg_dsn
+    OneBudgetPostgresModel.dsn = pg_dsn
     run_state_machine_as_test(
-        OneBudgetModel,
+        OneBudgetPostgresModel,
         settings=settings(
             max_examples=40,
             stateful_step_count=40,

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 #: How long a claim seen running outside a limit is remembered (`note_bypasses`).
 BYPASS_MEMORY = timedelta(hours=1)
+#: How long a SQLite worker that stopped claiming under a limit stays known as one that
+#: counts it (cairnqd_limit_workers), longer than it takes to renew (a worker that
+#: claims renews every `WORKER_NOTE_EVERY_S` of cairnqd/store/limits.py).
+WORKERS_MEMORY = timedelta(days=1)
 #: At most this many running bypasses of one limit are noted per look.
 _NOTED_MOST = 100
 
@@ -194,10 +198,14 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _held(rows: Sequence[Any], parts: dict[str, dict[str, Any]]) -> None:
+def _held(rows: Sequence[Any], parts: dict[str, dict[str, Any]], limit: Limit) -> None:
     """What limit_usage.sql (or limit_room_task.sql) rows say each partition holds, as
-    `PartitionUsage` fields into `parts`."""
+    `PartitionUsage` fields into `parts`: of the budgets `limit` has (on SQLite the
+    concurrency rows count running tasks, whether the limit has a concurrency or not)."""
+    kinds = {kind for kind, _ in limit.budgets}
     for row in rows:
+        if row["kind"] not in kinds:
+            continue
         part = parts[str(row["part"])]
         if row["kind"] == "concurrency":
             part["in_use"] = int(row["used"] or 0)
@@ -217,8 +225,9 @@ class LimitTable:
         out = []
         for limit in limits:
             parts: dict[str, dict[str, Any]] = defaultdict(dict)
-            rows = await self._db.fetch("extensions/limit_usage", {"limit_name": limit.name})
-            _held(rows, parts)
+            params = {"limit_name": limit.name, **self._cover(limit)}
+            rows = await self._db.fetch("extensions/limit_usage", params)
+            _held(rows, parts, limit)
             for row in await self._db.fetch("extensions/limit_waiting", self._cover(limit)):
                 parts[str(row["part"])]["waiting"] = int(row["waiting"])
             shown = [
@@ -241,13 +250,13 @@ class LimitTable:
             return []
         waits = []
         for limit in overridden(covering, await self.overrides()):
-            params = {"id": task.id, "limit_name": limit.name, "path": self._cover(limit)["path"]}
+            params = {"id": task.id, "limit_name": limit.name, **self._cover(limit)}
             rows = await self._db.fetch("extensions/limit_room_task", params)
             if not rows:
                 return []  # not queued or not due (any more): nothing waits for room
             part = str(rows[0]["part"])
             parts: dict[str, dict[str, Any]] = defaultdict(dict)
-            _held([r for r in rows if r["kind"] is not None], parts)
+            _held(rows, parts, limit)
             waits += full_budgets(limit, PartitionUsage(part=part, **parts[part]))
         return waits
 
@@ -319,8 +328,13 @@ class LimitTable:
         return count
 
     async def forget_bypasses_before(self, before_ms: int) -> None:
-        """Forget the claims past limits last seen before `before_ms` (epoch ms)."""
+        """Forget the claims past limits last seen before `before_ms` (epoch ms), and on
+        SQLite the workers that have not claimed under a limit for `WORKERS_MEMORY` and
+        run nothing now."""
         await self._db.fetch("extensions/limit_bypass_prune", {"forget_before_ms": before_ms})
+        if self._db.dialect == "sqlite":
+            forget = _now_ms() - int(WORKERS_MEMORY.total_seconds() * 1000)
+            await self._db.fetch("extensions/limit_workers_prune", {"forget_before_ms": forget})
 
     async def _running_bypasses(self, limit: Limit, most: int) -> list[Bypass]:
         if limit.concurrency is None:
