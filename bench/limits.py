@@ -17,6 +17,10 @@ each (`bench/worker_proc.py --impl ours`, prefetch auto):
   time by the database clock (its lease, less the lease's length) (`--stamp`).
 - `raw256`: the bare SQL drain (bench/raw_proc.py, claim 256 + complete per
   transaction), two processes: the machine's limit beside the figures.
+- `raw_serial`: the bare SQL loop of `serial` (bench/raw_proc.py `--hold-ms 10`), one
+  process: claim one task, commit, sleep 10 ms, then complete it in the transaction
+  of the next claim. One durable commit per task is the machine's limit there, below
+  the 100 tasks/s that 10 ms tasks would allow.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from bench.common import (
 )
 from bench.drain import CAIRNQ_PENDING, Table, sdk_end
 
-CASES = ("unlimited", "limited", "serial", "rate", "raw256")
+CASES = ("unlimited", "limited", "serial", "rate", "raw256", "raw_serial")
 PROCS = 2
 DRAIN_LIMIT = {"wide": {"queues": ["default"], "concurrency": 64}}
 SERIAL_LIMIT = {"one": {"queues": ["default"], "concurrency": 1}}
@@ -92,12 +96,16 @@ async def drain(
     return Run({"tasks_per_s": n / elapsed, "elapsed_s": elapsed})
 
 
-async def raw(backend: Backend, n: int, timeout_s: float) -> Run:
+async def raw(
+    backend: Backend, n: int, timeout_s: float, *, procs: int = PROCS, extra: Sequence[str] = ()
+) -> Run:
+    """The bare SQL loop of bench/raw_proc.py in `procs` processes: `--batch 256` (the
+    drain's limit), or with `extra` its arguments instead."""
     async with fresh_target(backend, "limits") as target:
         await preload_cairnq_schema(backend, target, n)
         argv = [sys.executable, str(BENCH_DIR / "raw_proc.py"), "--backend", backend,
-                "--target", target, "--batch", "256", "--tx", "one"]  # fmt: skip
-        async with children([(f"raw#{i}", argv) for i in range(PROCS)]) as workers:
+                "--target", target, "--tx", "one", *(extra or ["--batch", "256"])]  # fmt: skip
+        async with children([(f"raw#{i}", argv) for i in range(procs)]) as workers:
             t0 = await release(workers)
             await asyncio.gather(*(w.wait_exit(timeout_s) for w in workers))
             end = max(float(w.done["end"]) for w in workers)
@@ -158,6 +166,8 @@ def report(points: Sequence[Point]) -> None:
         base = mine.get("unlimited")
         base_rate = base.median("tasks_per_s") if base else None
         raw_rate = mine["raw256"].median("tasks_per_s") if "raw256" in mine else None
+        serial_raw = mine.get("raw_serial")
+        serial_rate = serial_raw.median("tasks_per_s") if serial_raw else None
         for case in CASES:
             p = mine.get(case)
             if p is None:
@@ -177,6 +187,9 @@ def report(points: Sequence[Point]) -> None:
             tps = p.median("tasks_per_s")
             vs_base = "" if not (tps and base_rate) else f"{tps / base_rate:.2f} of unlimited"
             vs_raw = "" if not (tps and raw_rate) else f"{tps / raw_rate:.2f} of raw256"
+            if case in ("serial", "raw_serial"):
+                vs_base = "" if not tps else f"{tps / 100:.2f} of 100/s"
+                vs_raw = "" if not (tps and serial_rate) else f"{tps / serial_rate:.2f} of raw"
             rows.append([case, f"{fmt(tps)} tasks/s", vs_base, vs_raw])
         print_table(f"limits, {backend} (medians)", ["case", "figure", "ratio", "beside"], rows)
 
@@ -210,6 +223,10 @@ async def main(argv: Sequence[str] | None = None) -> None:
                     )
                 if case == "rate":
                     return await rate(b, args.rate_seconds)
+                if case == "raw_serial":
+                    # One task of 10 ms at a time, each handed over with one commit.
+                    hold = ["--batch", "1", "--hold-ms", "10"]
+                    return await raw(b, SERIAL_TASKS, args.timeout, procs=1, extra=hold)
                 return await raw(b, args.tasks, args.timeout)
 
             cases.append(Case({"backend": backend, "case": case}, once))

@@ -15,6 +15,11 @@ Per loop iteration, a claim of up to `--batch` tasks (`claim_one_queue`), then
 - `--tx two`: the claim commits, then the complete commits on its own, as a worker
   must (a handler runs in between): two commits per iteration.
 
+`--hold-ms MS` (with `--tx one`): each batch "runs" for MS after its claim commits (a
+`time.sleep`), and its complete rides in the transaction of the next claim, as a
+worker under a `concurrency: 1` limit hands its room over: the `raw_serial` row of
+bench/RESULTS.md, the most tasks of MS a second that one commit per task allows.
+
 Prints `READY raw-<pid>`, waits for `GO`, loops until a claim comes back empty, then
 prints `DONE handled=<n> end=<unix time of the last commit> cpu=<process CPU s since
 GO> dbcpu=<its Postgres backend's CPU s since GO>` (Postgres on the same host).
@@ -42,7 +47,9 @@ QUEUE = "default"
 LEASE_MS = 30_000
 
 
-def sqlite_loop(target: str, batch: int, two_tx: bool, worker_id: str) -> tuple[int, float]:
+def sqlite_loop(
+    target: str, batch: int, two_tx: bool, worker_id: str, hold_s: float
+) -> tuple[int, float]:
     conn = sqlite3.connect(target, isolation_level=None, cached_statements=64)
     conn.execute("pragma busy_timeout = 10000")
     conn.execute("pragma journal_mode = wal")
@@ -62,19 +69,27 @@ def sqlite_loop(target: str, batch: int, two_tx: bool, worker_id: str) -> tuple[
         return cursor.fetchall()
 
     handled, end = 0, time.time()
+    held: list[str] = []  # with hold_s: the batch that ran, settled with the next claim
     ready_go()
     while True:
         conn.execute("BEGIN IMMEDIATE")
+        if held:
+            complete(run, finish, held, worker_id)
         cursor = conn.execute(claim.text, sqlite_bind(claim, claim_params, wall_clock_ms))
         id_col = [d[0] for d in cursor.description].index("id")
         ids = [row[id_col] for row in cursor.fetchall()]
         if not ids:
             conn.execute("COMMIT")
+            end = time.time() if held else end
             break
-        if two_tx:
+        if two_tx or hold_s:
             conn.execute("COMMIT")
-        complete(run, finish, ids, worker_id)
-        if not two_tx:
+        if hold_s:
+            time.sleep(hold_s)
+            held = ids
+        else:
+            complete(run, finish, ids, worker_id)
+        if not two_tx and not hold_s:
             conn.execute("COMMIT")
         handled += len(ids)
         end = time.time()
@@ -82,7 +97,9 @@ def sqlite_loop(target: str, batch: int, two_tx: bool, worker_id: str) -> tuple[
     return handled, end
 
 
-def postgres_loop(target: str, batch: int, two_tx: bool, worker_id: str) -> tuple[int, float]:
+def postgres_loop(
+    target: str, batch: int, two_tx: bool, worker_id: str, hold_s: float
+) -> tuple[int, float]:
     with psycopg.connect(target, autocommit=True) as conn:
         conn.execute("set synchronous_commit = on")
         claim = statement("postgres", "claim_one_queue")
@@ -102,19 +119,27 @@ def postgres_loop(target: str, batch: int, two_tx: bool, worker_id: str) -> tupl
         row = conn.execute("select pg_backend_pid()").fetchone()
         backend_pid = int(row[0]) if row else 0
         handled, end = 0, time.time()
+        held: list[str] = []  # as in sqlite_loop
         ready_go()
         server_cpu_at_go = proc_cpu_seconds(backend_pid)
         while True:
             if not two_tx:
                 conn.execute("begin")
+            if held:
+                complete(run, finish, held, worker_id)
             cursor = conn.execute(claim.text, pg_bind(claim, claim_params), prepare=True)
             assert cursor.description is not None
             id_col = [d.name for d in cursor.description].index("id")
             ids = [row[id_col] for row in cursor.fetchall()]
-            if ids:
+            if ids and not hold_s:
                 complete(run, finish, ids, worker_id)
             if not two_tx:
                 conn.execute("commit")
+            if held and not ids:
+                end = time.time()
+            if ids and hold_s:
+                time.sleep(hold_s)
+                held = ids
             if not ids:
                 break
             handled += len(ids)
@@ -165,11 +190,15 @@ def main() -> None:
     parser.add_argument("--target", required=True)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--tx", choices=["one", "two"], default="one")
+    parser.add_argument("--hold-ms", type=float, default=0.0, help="with --tx one")
     args = parser.parse_args()
-    loop: Callable[[str, int, bool, str], tuple[int, float]] = (
+    if args.hold_ms and args.tx == "two":
+        parser.error("--hold-ms hands each batch's complete to the next claim: --tx one")
+    loop: Callable[[str, int, bool, str, float], tuple[int, float]] = (
         sqlite_loop if args.backend == "sqlite" else postgres_loop
     )
-    handled, end = loop(args.target, args.batch, args.tx == "two", f"raw-{os.getpid()}")
+    worker_id = f"raw-{os.getpid()}"
+    handled, end = loop(args.target, args.batch, args.tx == "two", worker_id, args.hold_ms / 1000)
     cpu = time.process_time() - cpu_at_go
     print(f"DONE handled={handled} end={end:.6f} cpu={cpu:.4f} dbcpu={server_cpu:.4f}", flush=True)
 
