@@ -15,7 +15,14 @@ from cairnqd.store.executor import Executor
 
 #: The fleet-wide features this code honours, each named as `cairnqd_features` names
 #: it: a daemon that runs this code advertises them all.
-HONOURED_FEATURES: tuple[str, ...] = ("attempts", "fleet", "limits", "pauses", "schedules")
+HONOURED_FEATURES: tuple[str, ...] = (
+    "attempts",
+    "fleet",
+    "limit_counts",
+    "limits",
+    "pauses",
+    "schedules",
+)
 #: A daemon stamps its row this often...
 BEAT_S = 5.0
 #: ...and counts as gone once its stamp is older than this (a stop says so at once).

@@ -12,3 +12,10 @@ create table if not exists cairnqd_limit_workers (
     seen_at_ms integer not null,
     primary key (limit_name, worker_id)
 );
+
+-- Every cairnqd worker on the file must count this way: an older daemon, which takes
+-- slots and counts only those, would not see the tasks a newer one runs. It names this
+-- feature as one it does not honour when it connects (a rollback).
+insert into cairnqd_features (feature, since) values
+    ('limit_counts', 'cairnqd_0016_limit_workers.sql')
+on conflict (feature) do nothing;
