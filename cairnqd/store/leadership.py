@@ -24,6 +24,11 @@ class LeaderLock(Protocol):
 
     async def close(self) -> None: ...
 
+    def sever(self) -> None:
+        """Cut the lock's own session short without a word to the database (a stop
+        that cannot wait for a silent one): what waits on it fails at once, and the
+        lead goes with the session. Run on the lock's event loop."""
+
 
 class SoleHost:
     """The `LeaderLock` of a database only one host can reach: always held."""
@@ -35,6 +40,9 @@ class SoleHost:
         return True
 
     async def close(self) -> None:
+        return None
+
+    def sever(self) -> None:
         return None
 
 

@@ -156,3 +156,32 @@ async def test_sever_cuts_a_call_on_a_silent_connection_short(
     finally:
         pg_proxy.forward()
         await store.close()
+
+
+async def test_sever_cuts_the_lead_and_the_store_short_and_close_is_quick(
+    pg_proxy: FaultProxy, pg_dsn: str
+) -> None:
+    """A stop during a partition: the lead's own session (an advisory lock held on a
+    connection of its own, outside the pool) fails at once once severed, where a
+    timed-out unlock would wait for psycopg's cancel over the partition; and a store
+    severed closes its pool without waiting for a worker's connect to a silent server."""
+    store = PostgresStore(pg_proxy.dsn(pg_dsn), call_timeout_s=60, connect_timeout_s=5)
+    await store.connect()
+    lock = store.leadership.leader_lock(91, 1)
+    try:
+        assert await lock.ensure()
+        pg_proxy.blackhole()
+        stuck = asyncio.ensure_future(lock.ensure())
+        await asyncio.sleep(0)  # it starts its round trip, which gets no answer
+        began = time.monotonic()
+        lock.sever()
+        store.sever()
+        with pytest.raises(psycopg.OperationalError):
+            await asyncio.wait_for(stuck, 5)
+        await lock.close()
+        await store.close()
+        assert time.monotonic() - began < 1.5
+    finally:
+        pg_proxy.forward()
+        await lock.close()
+        await store.close()

@@ -65,6 +65,9 @@ class Maintenance:
         self._clock = clock
         self._jobs = JobQueue(clock)
         self._stopping = threading.Event()
+        #: Set when `stop` cut the loop's database calls short: the database is out of
+        #: reach, so what is left to do there is dropped rather than tried.
+        self._cut = threading.Event()
         self._purge_paused = threading.Event()
         self._outage = OutageWatch(config.database.path, metrics, clock)
         self._purge = Purge(
@@ -92,6 +95,7 @@ class Maintenance:
             return
         self._outage.remember_file()
         self._stopping.clear()
+        self._cut.clear()
         self._thread.start()
         self._serving = self._thread.submit(self._serve())
 
@@ -122,6 +126,7 @@ class Maintenance:
                 timeout_s / 2,
             )
             clean = False
+            self._cut.set()
             self._thread.cut_short(serving, self._store.sever)
         except concurrent.futures.CancelledError:
             pass
@@ -210,9 +215,17 @@ class Maintenance:
                 await self.run_urgent()
                 await self._run_due_duties()
                 await self._sleep_until_due()
-            # Shutdown hands back the children it had to kill: those jobs matter most.
-            await self.run_urgent()
+            # Shutdown hands back the children it had to kill: those jobs matter most,
+            # unless the stop had to cut the database calls short.
+            if not self._cut.is_set():
+                await self.run_urgent()
         finally:
+            if self._cut.is_set() and self.pending_jobs():
+                log.warning(
+                    "maintenance stopped with the database out of reach: %d job(s) dropped "
+                    "(their tasks run again once their leases expire)",
+                    self.pending_jobs(),
+                )
             await self.aclose()
 
     async def _run_due_duties(self) -> None:
@@ -358,7 +371,7 @@ class Maintenance:
     async def aclose(self) -> None:
         """Leave the fleet and close the store (done by `stop()`; call it after awaiting
         duties directly)."""
-        if self._store.opened and not self._outage.file_lost():
+        if self._store.opened and not self._outage.file_lost() and not self._cut.is_set():
             try:
                 async with asyncio.timeout(2.0):
                     await self.membership.leave(await self._store.get())

@@ -136,7 +136,7 @@ class Scheduler:
                 timeout_s / 2,
             )
             clean = False
-            self._thread.cut_short(serving, self._store.sever)
+            self._thread.cut_short(serving, self._sever)
         except concurrent.futures.CancelledError:
             pass
         except Exception:
@@ -144,6 +144,12 @@ class Scheduler:
         stopped = self._thread.stop(deadline - time.monotonic())
         self._serving = None
         return clean and stopped
+
+    def _sever(self) -> None:
+        """Cut the store's calls and the lead's own session short (on the loop)."""
+        self._store.sever()
+        if self._lock is not None:
+            self._lock.sever()
 
     def pause(self) -> None:
         """Stop enqueuing and hand the lead over (the daemon is draining)."""

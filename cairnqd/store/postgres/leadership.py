@@ -14,7 +14,7 @@ import psycopg
 
 from cairnqd._protocol import statement
 from cairnqd.store.leadership import LeaderLock
-from cairnqd.store.postgres.connect import AsyncConn, run
+from cairnqd.store.postgres.connect import AsyncConn, run, shut_socket
 from cairnqd.store.postgres.lease import Fetch as LeaseFetch
 from cairnqd.store.postgres.lease import LeaseLock, lease_exclusive, take_turn
 
@@ -66,6 +66,7 @@ class HeldSessionLock:
         self.key = (namespace, lock_id)
         self._conn: AsyncConn | None = None
         self._held = False
+        self._severed = False
 
     async def ensure(self) -> bool:
         """Whether this session holds the lock now; never waits for the lock. Raises
@@ -91,6 +92,8 @@ class HeldSessionLock:
             except psycopg.Error:
                 await self._drop()  # the session is gone, and the lock with it
         if self._conn is None or self._conn.closed:
+            if self._severed:
+                raise psycopg.OperationalError("the leader lock's session was severed")
             self._conn = await self._open_session()
         rows = await run(self._conn, statement("postgres", "try_session_lock"), _params(self.key))
         return bool(rows and rows[0]["locked"])
@@ -98,6 +101,14 @@ class HeldSessionLock:
     async def close(self) -> None:
         """Give the lock up and end the session. Idempotent."""
         await self._drop(unlock=True)
+
+    def sever(self) -> None:
+        """Shut the session's socket (`shut_socket`): a call on it fails at once, and
+        `close` then gives up at once too, where a timed-out unlock would have waited
+        for psycopg's cancel of it. A severed lock opens no new session."""
+        self._severed = True
+        if self._conn is not None:
+            shut_socket(self._conn)
 
     async def _drop(self, *, unlock: bool = False) -> None:
         conn, self._conn, held, self._held = self._conn, None, self._held, False

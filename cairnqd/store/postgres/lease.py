@@ -69,6 +69,11 @@ class LeaseLock:
             with contextlib.suppress(Exception):
                 await release(self._fetch, self._name, self._holder)
 
+    def sever(self) -> None:
+        """Give the lease up without releasing its row (the database is out of reach):
+        it expires within its ttl, and `close` no longer tries."""
+        self._held = False
+
 
 @asynccontextmanager
 async def lease_exclusive(

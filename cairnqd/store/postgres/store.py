@@ -81,6 +81,8 @@ _DOLLAR_PARAM = re.compile(r"\$(\d+)")
 #: How often a pool connection drops the query plans it has cached (docs/architecture.md,
 #: "Cached plans on a growing table"), with the BEGIN of its next transaction.
 REPLAN_EVERY_S = 5.0
+#: How long the close of a severed store (`sever`) waits for the pool's workers.
+SEVERED_CLOSE_S = 0.2
 
 
 class PostgresStore(TaskStore):
@@ -166,6 +168,8 @@ class PostgresStore(TaskStore):
         self.replan_every_s = REPLAN_EVERY_S
         #: The connections borrowed by calls in flight (`sever`).
         self._busy: set[AsyncConn] = set()
+        #: Whether `sever` cut calls short since the store last opened.
+        self._severed = False
         # Concurrent keyless submits share one statement and one commit. Its writer
         # writes for callers admitted and waiting, so it passes while the store closes.
         self.submits = SubmitCoalescer(
@@ -347,7 +351,10 @@ class PostgresStore(TaskStore):
             await self._relay.stop()
         pool, self._pool = self._pool, None
         if pool is not None and pool is not self._provided:
-            await pool.close()
+            # Severed, the database is out of reach: a pool worker making a connection
+            # would hold the close for its whole connect timeout, so it is left behind.
+            await pool.close(timeout=SEVERED_CLOSE_S if self._severed else 5.0)
+        self._severed = False
 
     async def _pool_now(self) -> AsyncConnectionPool[AsyncConn]:
         """The pool, opened first when needed."""
@@ -402,6 +409,7 @@ class PostgresStore(TaskStore):
         """Shut the sockets of the connections that calls are using (`shut_socket`):
         each call fails at once, and the pool drops its connection. Run on the store's
         event loop."""
+        self._severed = True
         return sum(shut_socket(conn) for conn in list(self._busy))
 
     async def _caller_session(self, tx: object) -> Session:
