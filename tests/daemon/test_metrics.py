@@ -28,6 +28,7 @@ from cairnqd.daemon.wire.messages import PROTOCOL_VERSION, MessageError, decode_
 from cairnqd.models import STATUSES
 from cairnqd.store.base import TaskStore
 from cairnqd.store.sqlite import SQLiteStore
+from tests.faults.proxy import proxy_to_postgres
 from tests.support.databases import make_store
 from tests.support.harness import daemon_config
 from tests.support.monitoring_files import (
@@ -616,6 +617,32 @@ async def test_queue_stats_leader_one_host_exports_and_the_other_takes_over(
     first.close()  # the leader stops: its session ends and the lock with it
     assert await asyncio.to_thread(_exports_queue_stats, port_second)  # the next refresh
     assert second.database.leading is True
+
+
+@pytest.mark.timing
+async def test_a_close_cuts_a_refresh_stuck_on_a_silent_database_short(
+    pg_dsn: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    """The daemon's stop closes the collector while a refresh waits on a partitioned
+    database (its query timed out and psycopg's cancel of it crosses the partition too):
+    after half its time the close severs the store and the leader lock's session, and
+    the collector's thread ends within the bound instead of being left behind."""
+    await _seed_one_task(pg_dsn)
+    with proxy_to_postgres() as proxy:
+        config = _leader_config(tmp_path, "postgres", proxy.dsn(pg_dsn), "leader")
+        metrics = Metrics(config)
+        port = serve(served, metrics)
+        assert await asyncio.to_thread(_exports_queue_stats, port)  # the lock's session is up
+        proxy.blackhole()
+        status, _ = await asyncio.to_thread(scrape, port)  # gives up after 2 s; the query stays
+        assert status == 200
+        began = time.monotonic()
+        await asyncio.to_thread(metrics.database.close, 4.0)
+        # Half the time, the cut's grace (1 s), the thread's end: about 3 s. Before, the
+        # close waited its whole time and the thread was left running.
+        assert time.monotonic() - began < 4.0
+        assert not metrics.database._thread.running()
+        proxy.forward()
 
 
 async def test_queue_stats_leader_lost_with_its_connection(

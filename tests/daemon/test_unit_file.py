@@ -153,7 +153,7 @@ EXPECTED: dict[str, dict[str, list[str]]] = {
         "TimeoutStartSec": ["90"],
         "KillMode": ["mixed"],
         "KillSignal": ["SIGTERM"],
-        "TimeoutStopSec": ["45"],
+        "TimeoutStopSec": ["75"],
         "Restart": ["on-failure"],
         "RestartSec": ["2s"],
         "RestartPreventExitStatus": ["64 78"],

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import threading
 import time
@@ -322,14 +321,32 @@ class DatabaseCollector:
                 self._inflight = None
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Close the store on its own thread, then end the thread. Idempotent."""
+        """Close the store on its own thread, then end the thread. Idempotent. A
+        refresh stuck on a silent database is cut short after half of `timeout_s`
+        (`LoopThread.cut_short`), as the scheduler's and maintenance's calls are."""
         with self._lock:
             self._closed = True
         if not self._thread.running():
             return
-        with contextlib.suppress(Exception):
-            self._thread.submit(self._close_store()).result(timeout=timeout_s)
-        self._thread.stop(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        closing = self._thread.submit(self._close_store())
+        try:
+            closing.result(timeout=timeout_s / 2)
+        except TimeoutError:
+            log.warning(
+                "database statistics still busy after %.1fs; cutting their calls short",
+                timeout_s / 2,
+            )
+            self._thread.cut_short(closing, self._sever)
+        except Exception:  # a broken connection may fail to close: it is gone anyway
+            log.debug("closing the statistics store failed", exc_info=True)
+        self._thread.stop(deadline - time.monotonic())
+
+    def _sever(self) -> None:
+        """Cut the store's calls and the leader lock's session short (on the loop)."""
+        self._store.sever()
+        if self._leader_lock is not None:
+            self._leader_lock.sever()
 
     async def _close_store(self) -> None:
         lock, self._leader_lock = self._leader_lock, None
