@@ -1077,6 +1077,8 @@ class TaskStore(ABC):
                     lambda session: self._claim_in(session, queues, base, then, None, limited)
                 )
                 drawn = [*drawn, *more]
+        if limited is not None:
+            limited.committed()
         if on_settled is not None and settle:
             on_settled(settled)
         tasks, bad = self._claimed(drawn, scan=markers_made() != marks)

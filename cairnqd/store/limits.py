@@ -105,8 +105,11 @@ class LimitedClaims:
         #: whose running tasks it has counted.
         self._running: dict[tuple[str, str], int] = {}
         self._counted: set[str] = set()
-        #: When this process last noted each (limit, worker) in cairnqd_limit_workers.
+        #: When this process last noted each (limit, worker) in cairnqd_limit_workers,
+        #: and the notes the draw under way wrote, kept once its transaction commits
+        #: (`committed`): a rolled-back note is written again by the next draw.
         self._noted: dict[tuple[str, str], float] = {}
+        self._noting: set[tuple[str, str]] = set()
         self._worker_id = ""
 
     # -- the draw ------------------------------------------------------------------------
@@ -133,6 +136,7 @@ class LimitedClaims:
         self.waiting_for_room = False
         self._running.clear()
         self._counted.clear()
+        self._noting.clear()
         one = self._one_budget(queues)
         if one is not None and self.dialect == "postgres":
             return await self._draw_one_budget(session, one, queues, names, limit, base, ready)
@@ -543,14 +547,22 @@ class LimitedClaims:
         """Note, in the claim's transaction, that this worker counts `limit_name`'s
         running tasks (limit_worker_note.sql): once, then every `WORKER_NOTE_EVERY_S`."""
         key = (limit_name, self._worker_id)
-        now = time.monotonic()
-        if now - self._noted.get(key, -math.inf) < WORKER_NOTE_EVERY_S:
+        if time.monotonic() - self._noted.get(key, -math.inf) < WORKER_NOTE_EVERY_S:
             return
         params = {"limit_name": limit_name, "worker_id": self._worker_id}
         await session.fetch("extensions/limit_worker_note", params)
+        self._noting.add(key)
+
+    def committed(self) -> None:
+        """The claim's transaction committed: the notes its draw wrote stand."""
+        if not self._noting:
+            return
         if len(self._noted) >= _ENSURED_MAX:
             self._noted.clear()
-        self._noted[key] = now
+        now = time.monotonic()
+        for key in self._noting:
+            self._noted[key] = now
+        self._noting.clear()
 
     async def _count_running(self, session: Session, limit: Limit) -> None:
         """Count the tasks `limit` covers that run now, per partition, into `_running`

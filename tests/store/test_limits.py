@@ -22,6 +22,7 @@ from cairnqd.store.base import TaskStore
 from cairnqd.store.limits import RECLAIM_EVERY_S
 from cairnqd.worker import Worker
 from tests.support.databases import make_store
+from tests.support.undecodable import SQLITE_BAD, insert_bad
 from tests.support.waiting import wait_for_async
 
 SMTP = parse_limits({"smtp": {"queues": ["email"], "concurrency": 2}})
@@ -132,6 +133,27 @@ async def test_sqlite_counts_what_runs_and_writes_no_concurrency_slot(
     await a.heartbeat(task_id=again.id, worker_id="wa", lease_ms=1)
     await wait_for_async("the lease to be recovered", a.recover_leases)
     assert len(await claim(a, "wa")) == 1  # 2 allowed, 1 running
+
+
+@pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
+async def test_sqlite_notes_a_worker_again_when_its_claim_is_rolled_back(
+    stores: list[TaskStore], db_target: str
+) -> None:
+    """A row another client wrote that is not UTF-8 rolls the claim's first try back
+    (the replay then reads it as markers): the note of the worker written in that try
+    goes with it, so the replay must write it again, or the worker's own claims would
+    be reported as passing the limit by."""
+    a, _ = stores
+    limits = parse_limits({"smtp": {"queues": ["default"], "concurrency": 2}})
+    a.use_limits(limits)
+    insert_bad("sqlite", db_target, SQLITE_BAD["payload-not-utf8"])
+    await a.submit(name="send", queue="default")
+    claimed = await claim(a, "wa", queues=["default"])
+    assert len(claimed) == 1  # the good task; the bad row is failed, not run
+    with contextlib.closing(sqlite3.connect(db_target)) as conn:
+        noted = conn.execute("select limit_name, worker_id from cairnqd_limit_workers")
+        assert noted.fetchall() == [("smtp", "wa")]
+    assert await a.limit_table.bypassing(limits) == []
 
 
 @pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
