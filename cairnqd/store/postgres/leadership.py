@@ -14,7 +14,7 @@ import psycopg
 
 from cairnqd._protocol import statement
 from cairnqd.store.leadership import LeaderLock
-from cairnqd.store.postgres.connect import AsyncConn, run, shut_socket
+from cairnqd.store.postgres.connect import AsyncConn, answer_within, run, shut_socket
 from cairnqd.store.postgres.lease import Fetch as LeaseFetch
 from cairnqd.store.postgres.lease import LeaseLock, lease_exclusive, take_turn
 
@@ -71,8 +71,12 @@ class HeldSessionLock:
     async def ensure(self) -> bool:
         """Whether this session holds the lock now; never waits for the lock. Raises
         (with the session closed) when the database cannot be reached."""
+        # The session's round trips shut its socket at the deadline (`answer_within`):
+        # a cancel would first ask the server, over a new connection, for up to ~10 s.
+        # Opening a session has its own connect timeout; the backstop covers the rest.
+        backstop = None if self._timeout_s is None else self._timeout_s + 1.0
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(backstop):
                 held = await self._check_or_take()
         except BaseException:
             # Also on cancellation (a timed-out caller): the lock may have been taken
@@ -87,7 +91,8 @@ class HeldSessionLock:
             try:
                 # A round trip on the holding session; no lock call, as a second
                 # pg_try_advisory_lock would stack another hold on this one.
-                await self._conn.execute("select 1")
+                async with self._answered(self._conn):
+                    await self._conn.execute("select 1")
                 return True
             except psycopg.Error:
                 await self._drop()  # the session is gone, and the lock with it
@@ -95,8 +100,16 @@ class HeldSessionLock:
             if self._severed:
                 raise psycopg.OperationalError("the leader lock's session was severed")
             self._conn = await self._open_session()
-        rows = await run(self._conn, statement("postgres", "try_session_lock"), _params(self.key))
+        async with self._answered(self._conn):
+            take = statement("postgres", "try_session_lock")
+            rows = await run(self._conn, take, _params(self.key))
         return bool(rows and rows[0]["locked"])
+
+    def _answered(self, conn: AsyncConn) -> AbstractAsyncContextManager[None]:
+        """The session's round trip must answer within the lock's timeout, if any."""
+        if self._timeout_s is None:
+            return contextlib.nullcontext()
+        return answer_within(conn, self._timeout_s)
 
     async def close(self) -> None:
         """Give the lock up and end the session. Idempotent."""

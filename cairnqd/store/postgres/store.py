@@ -52,6 +52,7 @@ from cairnqd.store.postgres.callertx import (
 from cairnqd.store.postgres.connect import (
     AsyncConn,
     Reachability,
+    answer_within,
     bind,
     check_pooler,
     connect_kwargs,
@@ -83,6 +84,9 @@ _DOLLAR_PARAM = re.compile(r"\$(\d+)")
 REPLAN_EVERY_S = 5.0
 #: How long the close of a severed store (`sever`) waits for the pool's workers.
 SEVERED_CLOSE_S = 0.2
+#: How long after its deadline an operation that waits on something other than the
+#: database (its socket already shut) is cancelled (`_borrow`).
+_BACKSTOP_S = 1.0
 
 
 class PostgresStore(TaskStore):
@@ -378,17 +382,29 @@ class PostgresStore(TaskStore):
         proxy that holds the connection open): the keepalives never fire, and without
         a deadline of our own the call would wait forever. When the deadline passes
         (or the caller is cancelled) mid-operation, the connection's state is unknown,
-        so it is closed rather than returned: the pool opens a fresh one. psycopg first
-        tries to cancel a running query server-side, which adds up to ~10 s.
+        so it is closed rather than returned: the pool opens a fresh one. At the
+        deadline the connection's socket is shut (`answer_within`), so a statement
+        waiting on the server fails at once: cancelling it instead had psycopg first
+        ask the server to cancel it, over a new connection, for up to ~10 s more. A
+        statement a working server is still running rolls back once it finds the
+        connection gone (one that committed already stays, as with a cancel too late).
+        Anything else the operation waits on is cancelled `_BACKSTOP_S` later.
         """
         began = time.monotonic()
+        deadline = self.call_timeout_s
         try:
             with self._operation():
                 async with await self._connection() as conn:
                     self._busy.add(conn)
                     try:
-                        async with asyncio.timeout(self.call_timeout_s):
+                        if deadline is None:
                             yield conn
+                        else:
+                            async with (
+                                answer_within(conn, deadline),
+                                asyncio.timeout(deadline + _BACKSTOP_S),
+                            ):
+                                yield conn
                     except BaseException as exc:
                         closable = not conn.closed
                         if isinstance(exc, TimeoutError | asyncio.CancelledError) and closable:
