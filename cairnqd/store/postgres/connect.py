@@ -127,22 +127,28 @@ def shut_socket(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 @contextlib.asynccontextmanager
 async def answer_within(
-    conn: psycopg.AsyncConnection[Any], timeout_s: float
+    conn: psycopg.AsyncConnection[Any], timeout_s: float, *, backstop_s: float | None = None
 ) -> AsyncIterator[None]:
     """The statements run inside must answer within `timeout_s`, or the connection is
-    shut (`shut_socket`) and they fail with TimeoutError."""
+    shut (`shut_socket`) and they fail with TimeoutError. With `backstop_s`, whatever
+    the block still waits on that long after (something other than the database) is
+    cancelled, with TimeoutError too. One timer until the deadline passes."""
     shut = False
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(None) as backstop:
 
-    def expire() -> None:
-        nonlocal shut
-        shut = shut_socket(conn)
+        def expire() -> None:
+            nonlocal shut
+            shut = shut_socket(conn)
+            if backstop_s is not None:
+                backstop.reschedule(loop.time() + backstop_s)
 
-    timer = asyncio.get_running_loop().call_later(timeout_s, expire)
-    try:
-        yield
-    except psycopg.OperationalError as exc:
-        if shut:
-            raise TimeoutError(f"no answer within {timeout_s:g}s") from exc
-        raise
-    finally:
-        timer.cancel()
+        timer = loop.call_later(timeout_s, expire)
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            if shut:
+                raise TimeoutError(f"no answer within {timeout_s:g}s") from exc
+            raise
+        finally:
+            timer.cancel()

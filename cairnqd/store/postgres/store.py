@@ -400,10 +400,7 @@ class PostgresStore(TaskStore):
                         if deadline is None:
                             yield conn
                         else:
-                            async with (
-                                answer_within(conn, deadline),
-                                asyncio.timeout(deadline + _BACKSTOP_S),
-                            ):
+                            async with answer_within(conn, deadline, backstop_s=_BACKSTOP_S):
                                 yield conn
                     except BaseException as exc:
                         closable = not conn.closed
