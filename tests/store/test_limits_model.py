@@ -214,12 +214,17 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-LimitsModel.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+def model_settings(examples: int) -> settings:
+    """`examples` runs of up to 40 steps each, however long a step takes."""
+    return settings(
+        max_examples=examples,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+LimitsModel.TestCase.settings = model_settings(60)
 test_limits_hold_under_any_interleaving = LimitsModel.TestCase
 
 
@@ -251,12 +256,7 @@ class OneBudgetModel(LimitsModel):
         self.claim_from(worker, n, [queue])
 
 
-OneBudgetModel.TestCase.settings = settings(
-    max_examples=40,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+OneBudgetModel.TestCase.settings = model_settings(40)
 test_one_budget_limits_hold_on_sqlite = OneBudgetModel.TestCase
 
 
@@ -283,10 +283,5 @@ def test_one_budget_limits_hold_on_postgres(pg_dsn: str) -> None:
     OneBudgetPostgresModel.dsn = pg_dsn
     run_state_machine_as_test(
         OneBudgetPostgresModel,
-        settings=settings(
-            max_examples=40,
-            stateful_step_count=40,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow],
-        ),
+        settings=model_settings(40),
     )

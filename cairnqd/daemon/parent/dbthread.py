@@ -79,6 +79,31 @@ class LoopThread:
         thread.join(max(0.0, timeout_s))
         return not thread.is_alive()
 
+    def finish_or_cut(
+        self,
+        serving: concurrent.futures.Future[Any],
+        wait_s: float,
+        sever: Callable[[], object],
+        what: str,
+        logger: logging.Logger,
+    ) -> bool:
+        """Wait up to `wait_s` for `serving` (a thread's loop coroutine on its way out);
+        past that, say so on `logger` and `cut_short` its calls. True if it ended on its
+        own in time (a failure is logged, and counts as ended)."""
+        try:
+            serving.result(timeout=wait_s)
+        except TimeoutError:
+            logger.warning(
+                "%s still busy after %.1fs; cutting its database calls short", what, wait_s
+            )
+            self.cut_short(serving, sever)
+            return False
+        except concurrent.futures.CancelledError:
+            pass
+        except Exception:
+            logger.exception("%s failed", what)
+        return True
+
     def cut_short(
         self, serving: concurrent.futures.Future[Any], sever: Callable[[], object]
     ) -> None:

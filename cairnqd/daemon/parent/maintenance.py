@@ -114,24 +114,13 @@ class Maintenance:
         deadline = time.monotonic() + timeout_s
         self._stopping.set()
         self._thread.call_soon(self._set_wake)
-        clean = True
-        try:
-            # Half the time for queued hand-backs; a call stuck on a silent database
-            # is then cut short (`TaskStore.sever`), so stopping stays bounded, and
-            # whatever still runs a moment later is cancelled.
-            serving.result(timeout=timeout_s / 2)
-        except TimeoutError:
-            log.warning(
-                "maintenance still busy after %.1fs; cutting its database calls short",
-                timeout_s / 2,
-            )
-            clean = False
-            self._cut.set()
-            self._thread.cut_short(serving, self._store.sever)
-        except concurrent.futures.CancelledError:
-            pass
-        except Exception:
-            log.exception("maintenance thread failed")
+        # Half the time for queued hand-backs; a call stuck on a silent database is
+        # then cut short (`TaskStore.sever`), so stopping stays bounded, and whatever
+        # still runs a moment later is cancelled. What it had left to do there is
+        # dropped (`_cut`).
+        clean = self._thread.finish_or_cut(
+            serving, timeout_s / 2, self._cut_short, "maintenance", log
+        )
         stopped = self._thread.stop(deadline - time.monotonic())
         if not stopped:
             log.warning("maintenance thread did not end within %.1fs; leaving it", timeout_s)
@@ -186,6 +175,11 @@ class Maintenance:
     def database_down_s(self) -> float:
         """Seconds the database has not answered the parent; 0 while it does."""
         return self._outage.down_s()
+
+    def _cut_short(self) -> None:
+        """On the loop, at a stop that cannot wait: drop what is left, sever the calls."""
+        self._cut.set()
+        self._store.sever()
 
     def pending_jobs(self) -> int:
         return len(self._jobs)

@@ -125,22 +125,9 @@ class Scheduler:
         deadline = time.monotonic() + timeout_s
         self._stopping.set()
         self._thread.call_soon(self._set_wake)
-        clean = True
-        try:
-            # Half the time to finish a pass; a call stuck on a silent database is then
-            # cut short, so the rest is enough for the thread to end.
-            serving.result(timeout=timeout_s / 2)
-        except TimeoutError:
-            log.warning(
-                "scheduler still busy after %.1fs; cutting its database calls short",
-                timeout_s / 2,
-            )
-            clean = False
-            self._thread.cut_short(serving, self._sever)
-        except concurrent.futures.CancelledError:
-            pass
-        except Exception:
-            log.exception("scheduler thread failed")
+        # Half the time to finish a pass; a call stuck on a silent database is then
+        # cut short, so the rest is enough for the thread to end.
+        clean = self._thread.finish_or_cut(serving, timeout_s / 2, self._sever, "scheduler", log)
         stopped = self._thread.stop(deadline - time.monotonic())
         self._serving = None
         return clean and stopped

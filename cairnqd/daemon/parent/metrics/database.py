@@ -330,16 +330,9 @@ class DatabaseCollector:
             return
         deadline = time.monotonic() + timeout_s
         closing = self._thread.submit(self._close_store())
-        try:
-            closing.result(timeout=timeout_s / 2)
-        except TimeoutError:
-            log.warning(
-                "database statistics still busy after %.1fs; cutting their calls short",
-                timeout_s / 2,
-            )
-            self._thread.cut_short(closing, self._sever)
-        except Exception:  # a broken connection may fail to close: it is gone anyway
-            log.debug("closing the statistics store failed", exc_info=True)
+        self._thread.finish_or_cut(
+            closing, timeout_s / 2, self._sever, "the database statistics collector", log
+        )
         self._thread.stop(deadline - time.monotonic())
 
     def _sever(self) -> None:
@@ -350,9 +343,12 @@ class DatabaseCollector:
 
     async def _close_store(self) -> None:
         lock, self._leader_lock = self._leader_lock, None
-        if lock is not None:
-            await lock.close()  # hand leadership over at once, not when the process ends
-        await self._store.close()
+        try:
+            if lock is not None:
+                await lock.close()  # hand leadership over at once, not at the process's end
+            await self._store.close()
+        except Exception:  # a broken connection may fail to close: it is gone anyway
+            log.debug("closing the statistics store failed", exc_info=True)
 
     # -- families --------------------------------------------------------------------------
 
