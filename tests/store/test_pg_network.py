@@ -248,6 +248,15 @@ async def test_leadership_on_a_silent_server_times_out(proxy: tuple[SilentProxy,
             await lock.ensure()  # the holding session no longer answers
         assert time.monotonic() - started < CALL_TIMEOUT_S + SHUT_GRACE_S
         await lock.close()
+        # Held again, then given up while the server is silent: the unlock keeps the
+        # same deadline before the session is closed.
+        silent.resume()
+        again = store.leadership.leader_lock(7, 2)
+        assert await again.ensure()
+        silent.silence()
+        started = time.monotonic()
+        await again.close()
+        assert time.monotonic() - started < CALL_TIMEOUT_S + SHUT_GRACE_S
 
 
 @pytest.mark.timing

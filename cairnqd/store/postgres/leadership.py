@@ -132,7 +132,7 @@ class HeldSessionLock:
                 # The server frees a closed session's locks only once its backend has
                 # exited, a moment after we hang up; unlocking first lets the next
                 # host take over on its very next try.
-                async with asyncio.timeout(self._timeout_s):
+                async with self._answered(conn):
                     release = statement("postgres", "release_session_lock")
                     await run(conn, release, _params(self.key))
         with contextlib.suppress(psycopg.Error, OSError):
