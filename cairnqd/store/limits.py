@@ -336,8 +336,7 @@ class LimitedClaims:
         the room is the capacity less the covered tasks that run, and the protocol's
         own claim statement takes up to that many in claim order. Short of room, it
         says when to look again (`room_at`), as the general draw does."""
-        await self._count_running(session, limit)
-        await self._note_worker(session, limit.name)
+        await self._count_once(session, limit)
         room = capacity - self._running.get((limit.name, NO_PARTITION), 0)
         claimed: list[Row] = []
         if room > 0:
@@ -534,14 +533,19 @@ class LimitedClaims:
         order): the ids that got it. The room is the capacity less the covered tasks
         that run (read once per draw and limit) and those this draw took it for; none
         while a lowered limit still has more running than it allows."""
-        if limit.name not in self._counted:
-            await self._count_running(session, limit)
-            await self._note_worker(session, limit.name)
+        await self._count_once(session, limit)
         key = (limit.name, part)
         room = max(0, capacity - self._running.get(key, 0))
         got = [str(row["id"]) for row in asking[:room]]
         self._running[key] = self._running.get(key, 0) + len(got)
         return got
+
+    async def _count_once(self, session: Session, limit: Limit) -> None:
+        """Within a draw, the first time `limit` needs room: count its running tasks and
+        note this worker as one that counts them."""
+        if limit.name not in self._counted:
+            await self._count_running(session, limit)
+            await self._note_worker(session, limit.name)
 
     async def _note_worker(self, session: Session, limit_name: str) -> None:
         """Note, in the claim's transaction, that this worker counts `limit_name`'s

@@ -125,6 +125,11 @@ def shut_socket(conn: psycopg.AsyncConnection[Any]) -> bool:
     return False
 
 
+#: How long after a missed deadline whatever a block still waits on that is not the
+#: database (its socket already shut) is cancelled (`answer_within`'s `backstop_s`).
+BACKSTOP_S = 1.0
+
+
 @contextlib.asynccontextmanager
 async def answer_within(
     conn: psycopg.AsyncConnection[Any], timeout_s: float, *, backstop_s: float | None = None

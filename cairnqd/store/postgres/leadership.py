@@ -14,7 +14,13 @@ import psycopg
 
 from cairnqd._protocol import statement
 from cairnqd.store.leadership import LeaderLock
-from cairnqd.store.postgres.connect import AsyncConn, answer_within, run, shut_socket
+from cairnqd.store.postgres.connect import (
+    BACKSTOP_S,
+    AsyncConn,
+    answer_within,
+    run,
+    shut_socket,
+)
 from cairnqd.store.postgres.lease import Fetch as LeaseFetch
 from cairnqd.store.postgres.lease import LeaseLock, lease_exclusive, take_turn
 
@@ -74,7 +80,7 @@ class HeldSessionLock:
         # The session's round trips shut its socket at the deadline (`answer_within`):
         # a cancel would first ask the server, over a new connection, for up to ~10 s.
         # Opening a session has its own connect timeout; the backstop covers the rest.
-        backstop = None if self._timeout_s is None else self._timeout_s + 1.0
+        backstop = None if self._timeout_s is None else self._timeout_s + BACKSTOP_S
         try:
             async with asyncio.timeout(backstop):
                 held = await self._check_or_take()

@@ -50,6 +50,7 @@ from cairnqd.store.postgres.callertx import (
     store_identity,
 )
 from cairnqd.store.postgres.connect import (
+    BACKSTOP_S,
     AsyncConn,
     Reachability,
     answer_within,
@@ -84,9 +85,6 @@ _DOLLAR_PARAM = re.compile(r"\$(\d+)")
 REPLAN_EVERY_S = 5.0
 #: How long the close of a severed store (`sever`) waits for the pool's workers.
 SEVERED_CLOSE_S = 0.2
-#: How long after its deadline an operation that waits on something other than the
-#: database (its socket already shut) is cancelled (`_borrow`).
-_BACKSTOP_S = 1.0
 
 
 class PostgresStore(TaskStore):
@@ -388,7 +386,7 @@ class PostgresStore(TaskStore):
         ask the server to cancel it, over a new connection, for up to ~10 s more. A
         statement a working server is still running rolls back once it finds the
         connection gone (one that committed already stays, as with a cancel too late).
-        Anything else the operation waits on is cancelled `_BACKSTOP_S` later.
+        Anything else the operation waits on is cancelled `BACKSTOP_S` later.
         """
         began = time.monotonic()
         deadline = self.call_timeout_s
@@ -400,7 +398,7 @@ class PostgresStore(TaskStore):
                         if deadline is None:
                             yield conn
                         else:
-                            async with answer_within(conn, deadline, backstop_s=_BACKSTOP_S):
+                            async with answer_within(conn, deadline, backstop_s=BACKSTOP_S):
                                 yield conn
                     except BaseException as exc:
                         closable = not conn.closed

@@ -225,10 +225,12 @@ class LimitTable:
         out = []
         for limit in limits:
             parts: dict[str, dict[str, Any]] = defaultdict(dict)
-            params = {"limit_name": limit.name, **self._cover(limit)}
-            rows = await self._db.fetch("extensions/limit_usage", params)
+            cover = self._cover(limit)
+            rows = await self._db.fetch(
+                "extensions/limit_usage", {"limit_name": limit.name, **cover}
+            )
             _held(rows, parts, limit)
-            for row in await self._db.fetch("extensions/limit_waiting", self._cover(limit)):
+            for row in await self._db.fetch("extensions/limit_waiting", cover):
                 parts[str(row["part"])]["waiting"] = int(row["waiting"])
             shown = [
                 PartitionUsage(part=name, **values)
