@@ -23,7 +23,8 @@ with one group of two children, `bench.stamp` from bench/daemon_handlers.py), on
 Postgres the daemon with `direct_dsn` (daemon-relay: the parent holds the one LISTEN and
 wakes one child with a free slot per notification), the daemon with
 `connections_per_child: 2` (daemon-2conn: a child's results write beside its claims),
-the public SDK (25 ms poll: at its default of 500 ms it cannot keep up) and, on
+the daemon with four children (daemon-4: each notification wakes all four), the public
+SDK (25 ms poll: at its default of 500 ms it cannot keep up) and, on
 Postgres, pgqueuer. Besides the whole run's
 percentiles (the first second, the warm-up, left out) it reports p50/p95/p99/max per
 second of the run, so a stall shows where it happened, and the CPU each task cost: the
@@ -191,21 +192,29 @@ STREAM_VARIANTS: tuple[tuple[str, int | None], ...] = (
     ("daemon", None),
     ("daemon-relay", None),
     ("daemon-2conn", None),
+    ("daemon-4", None),
     ("cairnq", 25),
     ("pgqueuer", None),
 )
 DAEMON_CHILDREN = 2
 #: The daemon as configured by default (each child LISTENs on Postgres), with
 #: `direct_dsn` (the parent holds the one LISTEN and routes wake-ups to the children),
-#: and with `connections_per_child: 2` (a child's results write beside its claims).
-DAEMONS = ("daemon", "daemon-relay", "daemon-2conn")
+#: with `connections_per_child: 2` (a child's results write beside its claims), and
+#: with four children instead of two.
+DAEMONS = ("daemon", "daemon-relay", "daemon-2conn", "daemon-4")
 
 
 @asynccontextmanager
 async def daemon_serving(
-    backend: Backend, target: str, scratch: Path, *, relay: bool = False, connections: int = 1
+    backend: Backend,
+    target: str,
+    scratch: Path,
+    *,
+    relay: bool = False,
+    connections: int = 1,
+    processes: int = DAEMON_CHILDREN,
 ) -> AsyncIterator[int]:
-    """`cairnqd` with one group of DAEMON_CHILDREN children (concurrency 8, prefetch
+    """`cairnqd` with one group of `processes` children (concurrency 8, prefetch
     auto) on the queue, serving bench/daemon_handlers.py; yields the parent's pid once
     every child is ready, stopped (TERM) on exit. `relay` (Postgres): `direct_dsn` set to the same
     DSN, so the parent holds the one LISTEN and routes wake-ups to the children.
@@ -219,7 +228,7 @@ async def daemon_serving(
         database["direct_dsn"] = target
     if connections != 1:
         database["connections_per_child"] = connections
-    group = {"queues": [QUEUE], "processes": DAEMON_CHILDREN, "concurrency": 8}
+    group = {"queues": [QUEUE], "processes": processes, "concurrency": 8}
     config = daemon_config(database, run_dir, {"stream": group})
     path = scratch / "cairnq.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -229,9 +238,7 @@ async def daemon_serving(
         )
     try:
         deadline = time.monotonic() + 60
-        while sum(process_title(p).endswith(" ready") for p in children_of(proc.pid)) < (
-            DAEMON_CHILDREN
-        ):
+        while sum(process_title(p).endswith(" ready") for p in children_of(proc.pid)) < processes:
             if proc.returncode is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the daemon's children never got ready: {scratch}/daemon.log")
             await asyncio.sleep(0.1)
@@ -326,10 +333,14 @@ async def stream_once(
                         await client.submit(name, {"i": i})
 
                 if impl in DAEMONS:
-                    relay, connections = impl == "daemon-relay", 2 if impl == "daemon-2conn" else 1
                     parent = await stack.enter_async_context(
                         daemon_serving(
-                            backend, target, Path(scratch), relay=relay, connections=connections
+                            backend,
+                            target,
+                            Path(scratch),
+                            relay=impl == "daemon-relay",
+                            connections=2 if impl == "daemon-2conn" else 1,
+                            processes=4 if impl == "daemon-4" else DAEMON_CHILDREN,
                         )
                     )
                     serving = [parent, *children_of(parent)]
@@ -454,6 +465,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
             "daemon",
             "daemon-relay",
             "daemon-2conn",
+            "daemon-4",
             "cairnq",
             "procrastinate",
             "pgqueuer",

@@ -17,6 +17,10 @@ each (`bench/worker_proc.py --impl ours`, prefetch auto):
   time by the database clock (its lease, less the lease's length) (`--stamp`).
 - `raw256`: the bare SQL drain (bench/raw_proc.py, claim 256 + complete per
   transaction), two processes: the machine's limit beside the figures.
+- `raw32`: the same with claims of 32: the shape a budget of 64 gives two processes
+  (each commit settles 32 tasks and claims 32), so `raw32 ÷ raw256` is what the
+  budget's smaller claims cost where nothing but the protocol's statements runs: the
+  machine's limit beside `limited ÷ unlimited`.
 - `raw_serial`: the bare SQL loop of `serial` (bench/raw_proc.py `--hold-ms 10`), one
   process: claim one task, commit, sleep 10 ms, then complete it in the transaction
   of the next claim. One durable commit per task is the machine's limit there, below
@@ -55,7 +59,7 @@ from bench.common import (
 )
 from bench.drain import CAIRNQ_PENDING, Table, sdk_end
 
-CASES = ("unlimited", "limited", "serial", "rate", "raw256", "raw_serial")
+CASES = ("unlimited", "limited", "serial", "rate", "raw256", "raw32", "raw_serial")
 PROCS = 2
 DRAIN_LIMIT = {"wide": {"queues": ["default"], "concurrency": 64}}
 SERIAL_LIMIT = {"one": {"queues": ["default"], "concurrency": 1}}
@@ -187,6 +191,9 @@ def report(points: Sequence[Point]) -> None:
             tps = p.median("tasks_per_s")
             vs_base = "" if not (tps and base_rate) else f"{tps / base_rate:.2f} of unlimited"
             vs_raw = "" if not (tps and raw_rate) else f"{tps / raw_rate:.2f} of raw256"
+            shape = mine["raw32"].median("tasks_per_s") if "raw32" in mine else None
+            if case == "limited" and shape and raw_rate:
+                vs_raw += f" (raw32 ÷ raw256: {shape / raw_rate:.2f})"
             if case in ("serial", "raw_serial"):
                 vs_base = "" if not tps else f"{tps / 100:.2f} of 100/s"
                 vs_raw = "" if not (tps and serial_rate) else f"{tps / serial_rate:.2f} of raw"
@@ -227,6 +234,8 @@ async def main(argv: Sequence[str] | None = None) -> None:
                     # One task of 10 ms at a time, each handed over with one commit.
                     hold = ["--batch", "1", "--hold-ms", "10"]
                     return await raw(b, SERIAL_TASKS, args.timeout, procs=1, extra=hold)
+                if case == "raw32":
+                    return await raw(b, args.tasks, args.timeout, extra=["--batch", "32"])
                 return await raw(b, args.tasks, args.timeout)
 
             cases.append(Case({"backend": backend, "case": case}, once))
