@@ -11,7 +11,9 @@ from typing import Any
 import yaml
 
 from cairnqd.config import load_config
-from cairnqd.daemon.parent.wakerouting import WakeRouter, limited_groups
+from cairnqd.daemon.parent.wakerelay import SETTLED
+from cairnqd.daemon.parent.wakerouting import WakeRouter, limited_groups, wake_line
+from cairnqd.daemon.wire.messages import Wake, decode_control, encode
 
 GROUPS = {"web": ("mail", "thumbs"), "batch": ("reports",)}
 
@@ -162,3 +164,12 @@ def test_settlements_go_to_the_groups_a_limit_may_hold_back(tmp_path: Path) -> N
     assert groups_under({"smtp": {"queues": ["mail"], "concurrency": 3}}) == {"web"}
     # A limit by task name alone covers those tasks on any queue.
     assert groups_under({"gpu": {"names": ["render.*"], "concurrency": 1}}) == {"web", "batch"}
+
+
+def test_a_wake_line_is_made_once_per_queue_set_and_reads_back_as_sent() -> None:
+    line = wake_line(("mail", "thumbs"))
+    assert wake_line(("mail", "thumbs")) is line  # made once, sent many times
+    message = decode_control(line)
+    assert isinstance(message, Wake) and message.queues == ("mail", "thumbs")
+    assert line == encode(Wake(queues=("mail", "thumbs")))
+    assert decode_control(wake_line((SETTLED,))) == Wake(queues=(SETTLED,))

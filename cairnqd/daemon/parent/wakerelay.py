@@ -137,9 +137,11 @@ class WakeRelay:
     def take(self) -> dict[str, int]:
         """The queues notified since the last call, with how many notifications each,
         and `SETTLED` if tasks settled meanwhile (drains the wake-up pipe)."""
+        # `_heard` writes a byte only when the pending set was empty, so the pipe holds
+        # a byte or two: one read drains it (reading again until EAGAIN cost a system
+        # call and an exception per wake-up).
         with contextlib.suppress(BlockingIOError, OSError):
-            while os.read(self.fd, 4096):
-                pass
+            os.read(self.fd, 4096)
         with self._lock:
             pending, self._pending = self._pending, {}
         return pending
