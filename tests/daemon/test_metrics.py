@@ -645,6 +645,39 @@ async def test_a_close_cuts_a_refresh_stuck_on_a_silent_database_short(
         proxy.forward()
 
 
+@pytest.mark.timing
+async def test_a_refresh_on_a_silent_database_ends_at_its_deadline_and_the_next_one_works(
+    pg_dsn: str, tmp_path: Path, served: list[Metrics]
+) -> None:
+    """A statistics query that gets no answer fails at its deadline (2.5 s) by shutting
+    its connection, instead of waiting on psycopg's cancel of it, which crosses the
+    same partition (the refresh, which scrapes share, ended 12 s after the cut); once
+    the database answers again, scrapes have fresh figures."""
+    await _seed_one_task(pg_dsn)
+    with proxy_to_postgres() as proxy:
+        config = _leader_config(tmp_path, "postgres", proxy.dsn(pg_dsn), "all")
+        metrics = Metrics(config)
+        port = serve(served, metrics)
+        assert await asyncio.to_thread(_exports_queue_stats, port)
+        proxy.blackhole()
+        cut = time.monotonic()
+        status, text = await asyncio.to_thread(scrape, port)  # gives up after 2 s
+        assert status == 200 and value(samples(text), "cairnq_db_up") == 0
+        refresh = metrics.database._inflight
+        assert refresh is not None and refresh.future is not None
+        # The query's deadline (2.5 s) passes while the partition lasts.
+        await wait_for_async("the stuck refresh to end", refresh.future.done, timeout=30)
+        ended = time.monotonic() - cut
+        proxy.forward()
+
+        def answering() -> bool:
+            status, text = scrape(port)
+            return status == 200 and value(samples(text), "cairnq_db_up") == 1
+
+        await wait_for_async("fresh figures", lambda: asyncio.to_thread(answering), timeout=60)
+    assert ended < 5.0, ended
+
+
 async def test_queue_stats_leader_lost_with_its_connection(
     pg_dsn: str, tmp_path: Path, served: list[Metrics]
 ) -> None:

@@ -25,12 +25,19 @@ def db_error_kind(exc: BaseException) -> str:
     return classify(exc)
 
 
-def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None = None) -> TaskStore:
+def parent_store(
+    database: DatabaseConfig,
+    *,
+    statement_timeout_ms: int | None = None,
+    call_timeout_s: float = DAEMON_CALL_TIMEOUT_S,
+) -> TaskStore:
     """A store for one of the parent's threads: a single connection, never shared.
 
     `statement_timeout_ms` bounds each statement server-side on Postgres and the busy
-    wait on SQLite (the metrics collector passes its 2 s scrape budget). A SQLite file
-    the supervisor created (or found) at start is opened only if it still exists.
+    wait on SQLite (the metrics collector passes its 2 s scrape budget);
+    `call_timeout_s`, how long a call waits for an answer before its connection is shut.
+    A SQLite file the supervisor created (or found) at start is opened only if it
+    still exists.
     """
     if database.path is not None:
         database = dataclasses.replace(database, path=known_file_uri(database.path))
@@ -38,5 +45,5 @@ def parent_store(database: DatabaseConfig, *, statement_timeout_ms: int | None =
         database,
         "background",
         statement_timeout_ms=statement_timeout_ms,
-        call_timeout_s=DAEMON_CALL_TIMEOUT_S,
+        call_timeout_s=call_timeout_s,
     )

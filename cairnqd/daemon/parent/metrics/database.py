@@ -28,7 +28,17 @@ from cairnqd.store.tables.limits import LimitUsage
 # One logger for the whole metrics package: one name to filter on.
 log = logging.getLogger("cairnqd.metrics")
 
+#: How long a scrape waits for the database's figures, and the server's
+#: `statement_timeout` for each of the collector's statements.
 DB_QUERY_TIMEOUT_S = 2.0
+#: Each statement's own deadline: past the server's timeout, so a slow statement on a
+#: server that works ends with the server's clean error; with no answer by then, its
+#: connection is shut and the statement fails at once. Cancelling it instead (a
+#: timeout around the refresh) had psycopg send a cancel request through the same
+#: partition first, and the refresh, which scrapes share, ended 10 s later.
+DB_CALL_TIMEOUT_S = DB_QUERY_TIMEOUT_S + 0.5
+#: A refresh as a whole, a last resort: each of its statements has its deadline.
+REFRESH_BOUND_S = 30.0
 #: Second key of the stats leader's advisory lock; the purge sweep uses 1 (maintenance.py).
 STATS_LOCK_ID = 2
 #: `database.lock_namespace`'s default, for collectors built without a config.
@@ -256,9 +266,10 @@ class DatabaseCollector:
     async def _refresh(self, refresh: _Refresh) -> DatabaseSnapshot:
         try:
             store = await self._store.get()
-            # Connecting has its own timeout (connect_timeout); scrapes stop waiting at
-            # 2 s regardless, and share this refresh until it ends.
-            snapshot = await asyncio.wait_for(self._query(store), self._timeout_s)
+            # Connecting has its own timeout (connect_timeout), each statement its own
+            # deadline (DB_CALL_TIMEOUT_S); scrapes stop waiting at 2 s regardless, and
+            # share this refresh until it ends.
+            snapshot = await asyncio.wait_for(self._query(store), REFRESH_BOUND_S)
         except Exception as exc:
             self._last_error = str(exc) or type(exc).__name__
             self._finish(refresh, None)

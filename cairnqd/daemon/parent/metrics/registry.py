@@ -20,7 +20,11 @@ from prometheus_client import disable_created_metrics
 
 from cairnqd import __version__
 from cairnqd.config import Config
-from cairnqd.daemon.parent.metrics.database import DB_QUERY_TIMEOUT_S, DatabaseCollector
+from cairnqd.daemon.parent.metrics.database import (
+    DB_CALL_TIMEOUT_S,
+    DB_QUERY_TIMEOUT_S,
+    DatabaseCollector,
+)
 from cairnqd.daemon.parent.metrics.families import Families
 from cairnqd.daemon.parent.metrics.labels import (
     CHILD_STATES,
@@ -78,7 +82,9 @@ class Metrics(Families):
         self._server: HttpServer | None = None
         factory = store_factory or (
             lambda: parent_store(
-                config.database, statement_timeout_ms=int(DB_QUERY_TIMEOUT_S * 1000)
+                config.database,
+                statement_timeout_ms=int(DB_QUERY_TIMEOUT_S * 1000),
+                call_timeout_s=DB_CALL_TIMEOUT_S,
             )
         )
         self.database = DatabaseCollector(
