@@ -14,11 +14,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cairnqd.store.postgres.connect import answer_within
+from cairnqd.store.postgres.connect import BACKSTOP_S, answer_within
 
 # A LISTEN connection is idle by design, so nothing would ever notice one that a
 # partition left half-open if nothing carried data on it: after this long without a
-# notification it sends a round trip, which must come back within the second value.
+# notification it sends a round trip, which must come back within the second value
+# (its socket is then shut, and should that not end the wait, the wait is cancelled a
+# second later, as the store's calls are: `answer_within`).
 _PING_EVERY_S = 10.0
 _PING_TIMEOUT_S = 10.0
 #: How long a self-addressed NOTIFY may take to come back before the LISTEN is deaf.
@@ -312,7 +314,7 @@ class Listener:
                     self._start_probe()
                 if now >= next_ping:
                     arrivals.pause()
-                    async with answer_within(conn, _PING_TIMEOUT_S):
+                    async with answer_within(conn, _PING_TIMEOUT_S, backstop_s=BACKSTOP_S):
                         await conn.execute("select 1")
                     next_ping = loop.time() + _PING_EVERY_S
                     await self._drain(conn)  # what came in during the round trip
@@ -354,7 +356,7 @@ class Listener:
         still answers a round trip is deaf (`_Deaf`). A silent one fails the round trip
         (TimeoutError once `answer_within` shut it, or psycopg.Error) and is replaced
         like any dropped connection."""
-        async with answer_within(conn, _PING_TIMEOUT_S):
+        async with answer_within(conn, _PING_TIMEOUT_S, backstop_s=BACKSTOP_S):
             await conn.execute("select 1")
         async for note in conn.notifies(timeout=0.05):  # an echo that came in meanwhile
             self._note(note.channel, note.payload)
