@@ -415,6 +415,67 @@ def test_refresh_pause_and_interval_keep_a_selection(browser: Any, sqlite_dash: 
     tab.clean()
 
 
+def test_an_answer_on_its_way_takes_neither_typed_text_nor_a_click(
+    browser: Any, sqlite_dash: Dash
+) -> None:
+    """A live answer that arrives while a field is being filled in, or while a mouse
+    button is held on a link, waits: swapping the page then would empty the field (the
+    form posts without what was typed) or drop the click (pressed on one element,
+    released on its replacement)."""
+    dash = sqlite_dash
+    tab = Tab(browser, dash)
+    tab.login()
+    tab.go("/")
+    held: list[Any] = []
+
+    def hold_live(route: Any) -> None:
+        if route.request.headers.get("x-requested-with") == "cairnqd-live":
+            held.append(route)
+        else:
+            route.continue_()
+
+    tab.page.route("**/*", hold_live)
+
+    def swapped() -> str:
+        return str(tab.page.evaluate("document.getElementById('page').dataset.updated || ''"))
+
+    def answer_the_held_one() -> None:
+        """Let the held live answer through and wait until the page has dealt with it:
+        swapped itself, or said it waits."""
+        before = swapped()
+        held.pop().continue_()
+        wait_for(
+            "the live answer dealt with",
+            lambda: swapped() != before or "waiting" in tab.page.inner_text("#live-state"),
+            30,
+        )
+
+    row = tab.page.locator("tr", has=tab.page.locator("th a", has_text=re.compile("^parked$")))
+    # Typing while an answer is on its way.
+    wait_for("a live request held", lambda: tab.page.evaluate("1") and held, 30)
+    row.locator("input[name=reason]").fill("deploy")
+    answer_the_held_one()
+    assert row.locator("input[name=reason]").input_value() == "deploy"
+    row.locator("input[name=reason]").fill("")
+    tab.page.evaluate("document.activeElement.blur()")
+
+    # A link pressed while an answer is on its way, released after it arrived.
+    wait_for("another live request held", lambda: tab.page.evaluate("1") and held, 30)
+    link = row.locator("th a")
+    href = link.get_attribute("href")
+    box = link.bounding_box()
+    assert box is not None
+    tab.page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    tab.page.mouse.down()
+    answer_the_held_one()
+    tab.page.mouse.up()
+    tab.page.wait_for_url(f"{dash.url}{href}", timeout=10_000)
+    tab.page.unroute("**/*")
+    for route in held:
+        route.continue_()
+    tab.clean()
+
+
 def test_dark_mode_follows_the_system(browser: Any, sqlite_dash: Dash) -> None:
     dash = sqlite_dash
     colors = {}

@@ -3,10 +3,12 @@
 // 2. The task list's checkboxes: "select all" and how many are ticked.
 // 3. A page whose <main id="page"> has data-live="MS" re-reads itself every MS
 //    milliseconds and swaps its main part in, without reloading. It waits while the
-//    tab is hidden, while the operator types in a field of the page or has text of it
-//    selected, and while paused by the footer's button; the footer's interval choice
-//    is remembered in this browser. Ticked checkboxes stay ticked across a swap,
-//    and a <details> the operator opened (one with an id) stays open.
+//    tab is hidden, while the operator types in a field of the page, has text of it
+//    selected or holds a mouse button down on it, and while paused by the footer's
+//    button (an answer that arrives meanwhile is dropped, not swapped in); the
+//    footer's interval choice is remembered in this browser. Ticked checkboxes stay
+//    ticked across a swap, and a <details> the operator opened (one with an id)
+//    stays open.
 (function () {
   "use strict";
 
@@ -92,6 +94,38 @@
       page.contains(selection.getRangeAt(0).commonAncestorContainer));
   }
 
+  // A mouse button or a finger down on the page: swapping the page then replaces the
+  // element it went down on, and the browser fires no click on the one it comes up on.
+  var pressed = false;
+  page.addEventListener("pointerdown", function () {
+    pressed = true;
+  });
+  ["pointerup", "pointercancel"].forEach(function (kind) {
+    window.addEventListener(kind, function () {
+      // Cleared after this turn: the click the same release makes comes first.
+      window.setTimeout(function () {
+        pressed = false;
+      }, 0);
+    }, true);
+  });
+  window.addEventListener("blur", function () {
+    pressed = false;
+  });
+
+  // Why the page must not be swapped now ("" when it may be).
+  function holding() {
+    if (typing()) {
+      return "a field is being filled in";
+    }
+    if (selecting()) {
+      return "text is selected";
+    }
+    if (pressed) {
+      return "a button is held down";
+    }
+    return "";
+  }
+
   function ticked() {
     var kept = [];
     page.querySelectorAll("input[type=checkbox]").forEach(function (box) {
@@ -121,9 +155,10 @@
     if (paused) {
       return;
     }
-    if (document.hidden || typing() || selecting()) {
-      if (selecting()) {
-        say("waiting while text is selected");
+    var why = holding();
+    if (document.hidden || why) {
+      if (why) {
+        say("waiting while " + why);
       }
       later(every);
       return;
@@ -145,8 +180,13 @@
       if (!fresh) {
         throw new Error("the answer was not a dashboard page");
       }
-      if (paused || selecting()) {
-        // Paused, or text selected, while the answer was on its way: keep the page.
+      // Paused, or held (typing, selecting, pressing), while the answer was on its
+      // way: keep the page as the operator has it.
+      var still = holding();
+      if (paused || still) {
+        if (still) {
+          say("waiting while " + still);
+        }
         later(every);
         return;
       }
