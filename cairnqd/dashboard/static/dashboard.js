@@ -121,7 +121,7 @@
       return "text is selected";
     }
     if (pressed) {
-      return "a button is held down";
+      return "a mouse button is held down";
     }
     return "";
   }
