@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -273,6 +274,16 @@ def _check_master(pid: int, config_path: str, owner: int | None) -> None:
         )
 
 
+def _titled_master(pid: int, config_path: str) -> bool:
+    """Whether `pid` is alive and titled the cairnqd master for this config (a zombie
+    has no title)."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    return title.decode(errors="replace").startswith(master_title(config_path))
+
+
 def _signal(pid: int, signum: signal.Signals) -> None:
     try:
         os.kill(pid, signum)
@@ -497,6 +508,90 @@ def _add_config(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
     dump.set_defaults(func=cmd_config_dump)
 
 
+# -- stop ----------------------------------------------------------------------------------
+
+#: What a drain may take past the longest shutdown_timeout: the parent then sends QUIT,
+#: SIGKILL 2 s later, and ends what is left in the children's process groups (TERM,
+#: SIGKILL 2 s later) before it exits (docs/operations.md, "Signals and exit codes").
+STOP_MARGIN_S = 10.0
+
+
+def _stop_wait_s(config_path: str) -> float:
+    """How long `stop` waits by default: the config's longest shutdown_timeout and the
+    hard stop after it. Read from the file as it is now (the daemon may run an earlier
+    load of it); the default shutdown_timeout when the file does not load."""
+    from cairnqd.config import load_config
+
+    try:
+        config = load_config(config_path)
+    except Exception:  # the daemon still gets the signal; only the wait is a guess
+        return 30.0 + STOP_MARGIN_S
+    longest = max(
+        [config.shutdown_timeout] + [config.shutdown_timeout_for(group) for group in config.groups]
+    )
+    return longest.total_seconds() + STOP_MARGIN_S
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    if args.no_wait and args.wait is not None:
+        raise CliError(exitcodes.USAGE, "stop: --wait and --no-wait contradict each other")
+    if not args.no_wait and args.wait is None:
+        args.wait = timedelta(seconds=_stop_wait_s(args.config))
+    statefile, note = _locate(args)
+    pid, state = _find_daemon(args, statefile, note)
+    _check_master(pid, args.config, statefile.owner if state is not None else None)
+    signum = signal.SIGQUIT if args.now else signal.SIGTERM
+    what = "stopping now, running tasks handed back" if args.now else "draining"
+    _signal(pid, signum)
+    if args.no_wait:
+        print(f"sent {signum.name} to cairnqd (pid {pid}): {what}")
+        return exitcodes.OK
+    timeout_s = args.wait.total_seconds()
+    print(f"sent {signum.name} to cairnqd (pid {pid}): {what}; waiting up to {timeout_s:g}s")
+    sys.stdout.flush()
+    began = time.monotonic()
+    # Gone once its state file's lock is free and no process under its pid is still
+    # the master for this config (it drops the lock a moment before it exits; a pid
+    # alone could already belong to another process).
+    while statefile.locked_by_other() or _titled_master(pid, args.config):
+        if time.monotonic() - began >= timeout_s:
+            hint = (
+                ""
+                if args.now
+                else f"; `cairnqd -c {args.config} stop --now` hands the running tasks back"
+            )
+            raise CliError(
+                exitcodes.TEMPFAIL,
+                f"cairnqd (pid {pid}) still running {timeout_s:g}s after {signum.name}{hint}",
+            )
+        time.sleep(0.05)
+    print(
+        f"stopped: cairnqd (pid {pid}) exited {time.monotonic() - began:.1f}s after {signum.name}"
+    )
+    return exitcodes.OK
+
+
+def _add_stop(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "stop",
+        parents=parents,
+        help="stop the running daemon: drain (or --now) and wait until it has exited",
+        description="Send TERM to the daemon running this config, found by its state file in "
+        "runtime_dir: its children stop claiming and finish what they hold, for up to "
+        "shutdown_timeout. With --now, QUIT: finished results are written and running tasks "
+        "are handed back, their attempt given back. Then wait until the daemon and all its "
+        "children have exited: by default the config's longest shutdown_timeout plus 10s. "
+        "Exit 0 once it has, 75 if it is still running at the deadline, 69 if no daemon runs "
+        "this config.",
+    )
+    _daemon_options(p, "wait up to DURATION for the daemon to exit (default: the drain's bound)")
+    p.add_argument("--no-wait", action="store_true", help="send the signal and return at once")
+    p.add_argument(
+        "--now", action="store_true", help="QUIT instead of TERM: hand running tasks back"
+    )
+    p.set_defaults(func=cmd_stop)
+
+
 def _add_reload(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "reload",
@@ -572,6 +667,7 @@ COMMANDS: tuple[Register, ...] = (
     _add_config,
     cli_admin.add_migrate,
     _add_reload,
+    _add_stop,
     _add_upgrade,
     cli_admin.add_reads,
     cli_admin.add_submit,
@@ -597,6 +693,7 @@ _EPILOG = """examples:
   cairnqd -c cairnq.yaml submit demo.echo --payload '{"n": 1}' --wait
   cairnqd -c cairnq.yaml stats             tasks per queue and status
   cairnqd -c cairnq.yaml reload --wait 60s apply an edited config; print what changed
+  cairnqd -c cairnq.yaml stop              drain the running daemon and wait for it to exit
   cairnqd purge --dry-run                  count what retention.rules would delete
 
 exit codes:
