@@ -510,10 +510,11 @@ def _add_config(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
 
 # -- stop ----------------------------------------------------------------------------------
 
-#: What a drain may take past the longest shutdown_timeout: the parent then sends QUIT,
-#: SIGKILL 2 s later, and ends what is left in the children's process groups (TERM,
-#: SIGKILL 2 s later) before it exits (docs/operations.md, "Signals and exit codes").
-STOP_MARGIN_S = 10.0
+#: What a stop may take past the longest shutdown_timeout: the parent then sends QUIT,
+#: SIGKILL 2 s later, ends what is left in the children's process groups (TERM, SIGKILL
+#: 2 s later), and stops its own threads, up to 30 s when the database does not answer
+#: (systemd/cairnqd.service's TimeoutStopSec has the same sum).
+STOP_MARGIN_S = 40.0
 
 
 def _stop_wait_s(config_path: str) -> float:
@@ -580,7 +581,7 @@ def _add_stop(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         "runtime_dir: its children stop claiming and finish what they hold, for up to "
         "shutdown_timeout. With --now, QUIT: finished results are written and running tasks "
         "are handed back, their attempt given back. Then wait until the daemon and all its "
-        "children have exited: by default the config's longest shutdown_timeout plus 10s. "
+        "children have exited: by default the config's longest shutdown_timeout plus 40s. "
         "Exit 0 once it has, 75 if it is still running at the deadline, 69 if no daemon runs "
         "this config.",
     )
