@@ -29,7 +29,7 @@ from psycopg.rows import dict_row, tuple_row
 from cairnqd._protocol import Statement, statement
 from cairnqd.store.base import Clock, Params, Row
 from cairnqd.store.executor import Session, unsupported_tx
-from cairnqd.store.postgres.connect import bind
+from cairnqd.store.postgres.connect import bind, returned_rows
 
 #: What names a database install: the server's start, the database, the task table.
 IDENTITY_SQL = (
@@ -55,7 +55,7 @@ class _AsyncSession:
     async def fetch_statement(self, stmt: Statement, params: Params) -> list[Row]:
         async with self._conn.cursor(row_factory=dict_row) as cursor:
             await cursor.execute(stmt.text, bind(stmt, params, self._clock))
-            return [] if cursor.description is None else list(await cursor.fetchall())
+            return list(await cursor.fetchall()) if returned_rows(cursor) else []
 
     async def execute(self, sql: str) -> None:
         await self._conn.execute(sql)
@@ -73,7 +73,7 @@ class _SyncSession:
     async def fetch_statement(self, stmt: Statement, params: Params) -> list[Row]:
         with self._conn.cursor(row_factory=dict_row) as cursor:
             cursor.execute(stmt.text, bind(stmt, params, self._clock))
-            return [] if cursor.description is None else list(cursor.fetchall())
+            return list(cursor.fetchall()) if returned_rows(cursor) else []
 
     async def execute(self, sql: str) -> None:
         self._conn.execute(sql)

@@ -39,7 +39,7 @@ from psycopg import pq
 from cairnqd._jsoncodec import dump_json
 from cairnqd._protocol import Statement, statement
 from cairnqd.store.executor import Row
-from cairnqd.store.postgres.connect import AsyncConn, bind, run
+from cairnqd.store.postgres.connect import AsyncConn, bind, returned_rows, run
 from cairnqd.store.reachability import FLIGHT_HAND_BACK_S
 
 log = logging.getLogger("cairnqd.store")
@@ -82,7 +82,7 @@ async def _fly(
         # pipeline's bookkeeping.
         stmt, params = steps[0]
         cursor = await conn.execute(stmt.text, bind(stmt, params, clock))
-        return [[] if cursor.description is None else list(await cursor.fetchall())]
+        return [list(await cursor.fetchall()) if returned_rows(cursor) else []]
     cursors = []
     try:
         async with conn.pipeline():
@@ -100,7 +100,7 @@ async def _fly(
             with contextlib.suppress(psycopg.Error):
                 await conn.execute("rollback")
         raise
-    return [[] if c.description is None else list(await c.fetchall()) for c in cursors]
+    return [list(await c.fetchall()) if returned_rows(c) else [] for c in cursors]
 
 
 async def _hand_back(

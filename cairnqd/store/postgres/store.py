@@ -58,6 +58,7 @@ from cairnqd.store.postgres.connect import (
     check_pooler,
     connect_kwargs,
     is_unreachable,
+    returned_rows,
     run,
     session_conninfo,
     shut_socket,
@@ -879,7 +880,7 @@ class UserSession:
         sql = _DOLLAR_PARAM.sub(lambda m: f"%(p{m.group(1)})s", text.replace("%", "%%"))
         named = {f"p{i}": v for i, v in enumerate(values, start=1)}
         cursor = await self.connection.execute(sql, named)
-        return [] if cursor.description is None else await cursor.fetchall()
+        return await cursor.fetchall() if returned_rows(cursor) else []
 
     async def execute(self, sql: str) -> None:
         await self.connection.execute(sql)
