@@ -161,6 +161,33 @@ async def test_misfire_policy_across_a_simulated_downtime(
     assert sample(metrics, "cairnq_schedule_fired_total", schedule="tick") == fired
 
 
+async def test_a_pass_that_ends_past_a_slot_looks_at_that_slot_next(
+    dialect: str, db_target: str, tmp_path: Path, store: TaskStore
+) -> None:
+    """A pass that reads the clock just before a slot and ends after it (a slow pass:
+    the first one creates the schedule's row; a loaded machine) leaves that slot to
+    the next pass, which must come at once, not at the slot after: an `every 1s` slot
+    looked at a second late is past its grace, and `skip` gave it up."""
+    rule = {**TICK, "misfire": "skip"}
+    clock = Clock()
+    a, _ = scheduler_for(
+        schedules_config(tmp_path, dialect, db_target, tick=rule), dialect, db_target, clock, "a"
+    )
+    try:
+        await a.run_once()  # first sight: starts after T0
+        # 0.1 ms before the slot: the pass's own statements take longer than that.
+        clock.t = T0 + 1 - 0.0001
+        delay = await a.run_once()
+        assert await slots_enqueued(store) == Counter()  # not due when the pass looked
+        assert delay <= 0.05  # the slot went by meanwhile: look again at once
+        clock.t += delay
+        await a.run_once()
+    finally:
+        await a.aclose()
+    assert list(await slots_enqueued(store)) == ["2027-01-15T08:00:01.000Z"]
+    assert (await ScheduleTable(store).rows())["tick"].misfires == 0
+
+
 async def test_a_changed_rule_starts_from_its_next_slot(
     dialect: str, db_target: str, tmp_path: Path, store: TaskStore
 ) -> None:

@@ -236,7 +236,7 @@ class Scheduler:
         self._publish(rows, now)
         if not leading:
             return FOLLOW_INTERVAL_S
-        return min(LEAD_RECHECK_S, self._until_next(now + time.monotonic() - began))
+        return min(LEAD_RECHECK_S, self._until_next(now, time.monotonic() - began))
 
     async def _now(self, store: TaskStore) -> float:
         """Now in seconds: the injected clock (tests), else the database's own, which
@@ -360,7 +360,13 @@ class Scheduler:
                 period = slots.period(moment).total_seconds()
             self._metrics.schedules.set_times(name, last_fire, next_fire, period)
 
-    def _until_next(self, now: float) -> float:
+    def _until_next(self, now: float, elapsed: float) -> float:
+        """How long to sleep after a pass that planned for `now` and took `elapsed`: until
+        the first slot after `now`, the one that pass could not see yet. Counted from
+        `now` plus `elapsed`, but never from a slot past: a pass that ends after that
+        slot has the next pass come at once, while the slot is on time (one timed from
+        the pass's end slept to the slot after, and a 1 s rule's slot was then past its
+        grace)."""
         moment = datetime.fromtimestamp(now, UTC)
         due = [
             schedule.slots().next_after(moment).timestamp()
@@ -370,7 +376,7 @@ class Scheduler:
         if not due:
             return LEAD_RECHECK_S
         # A few ms past the slot, so the pass that wakes finds it due.
-        return max(0.01, min(due) - now + 0.005)
+        return max(0.01, min(due) - (now + elapsed) + 0.005)
 
     async def aclose(self) -> None:
         """Give the lead up and close the store (done by `stop()`)."""
