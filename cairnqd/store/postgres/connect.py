@@ -100,11 +100,11 @@ def bind(stmt: Statement, params: Mapping[str, Any], clock: Clock | None = None)
     return bound
 
 
-#: The result statuses that carry rows (psycopg's own test for a cursor's description).
+#: The result statuses that carry rows (psycopg's own test for a cursor's description;
+#: TUPLES_CHUNK exists from psycopg 3.2 on, and we accept 3.1).
 _ROWS_STATUS = frozenset(
-    status
-    for status in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE)
-    + ((pq.ExecStatus.TUPLES_CHUNK,) if hasattr(pq.ExecStatus, "TUPLES_CHUNK") else ())
+    {pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE}
+    | ({pq.ExecStatus.TUPLES_CHUNK} if hasattr(pq.ExecStatus, "TUPLES_CHUNK") else set())
 )
 
 
