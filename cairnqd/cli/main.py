@@ -253,10 +253,9 @@ def _check_master(pid: int, config_path: str, owner: int | None) -> None:
     """Refuse to signal `pid` unless it is the cairnqd master for this config (its
     process title says so) and, when the state file named it, runs as that file's
     owner: a stale or planted state file must not make us signal another process."""
-    proc = f"/proc/{pid}"
     try:
-        title = Path(proc, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        uid = os.stat(proc).st_uid
+        title = _process_title(pid)
+        uid = os.stat(f"/proc/{pid}").st_uid
     except FileNotFoundError:
         raise _no_daemon(f"no process {pid}: is cairnqd running?") from None
     except OSError as exc:
@@ -274,14 +273,17 @@ def _check_master(pid: int, config_path: str, owner: int | None) -> None:
         )
 
 
+def _process_title(pid: int) -> str:
+    """The process's title, as `ps` shows it (empty for a zombie); OSError if none."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+
 def _titled_master(pid: int, config_path: str) -> bool:
-    """Whether `pid` is alive and titled the cairnqd master for this config (a zombie
-    has no title)."""
+    """Whether `pid` is alive and titled the cairnqd master for this config."""
     try:
-        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        return _process_title(pid).startswith(master_title(config_path))
     except OSError:
         return False
-    return title.decode(errors="replace").startswith(master_title(config_path))
 
 
 def _signal(pid: int, signum: signal.Signals) -> None:
