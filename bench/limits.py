@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import bisect
 import json
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -194,11 +195,26 @@ def report(points: Sequence[Point]) -> None:
             shape = mine["raw32"].median("tasks_per_s") if "raw32" in mine else None
             if case == "limited" and shape and raw_rate:
                 vs_raw += f" (raw32 ÷ raw256: {shape / raw_rate:.2f})"
+            if case == "limited" and base is not None:
+                vs_base += round_ratios(p, base)
             if case in ("serial", "raw_serial"):
                 vs_base = "" if not tps else f"{tps / 100:.2f} of 100/s"
                 vs_raw = "" if not (tps and serial_rate) else f"{tps / serial_rate:.2f} of raw"
             rows.append([case, f"{fmt(tps)} tasks/s", vs_base, vs_raw])
         print_table(f"limits, {backend} (medians)", ["case", "figure", "ratio", "beside"], rows)
+
+
+def round_ratios(p: Point, base: Point) -> str:
+    """The limited drain over the unlimited one, round by round (the cases run in turn, so
+    the k-th runs of the two are neighbours), and the median of those: a machine whose
+    speed drifts during the bench moves both of one round alike, where the ratio of two
+    medians can pair a fast round's unlimited with a slow round's limited."""
+    pairs = zip(p.runs, base.runs, strict=False)
+    ratios = [r.metrics["tasks_per_s"] / b.metrics["tasks_per_s"] for r, b in pairs]
+    if len(ratios) < 2:
+        return ""
+    each = ", ".join(f"{x:.2f}" for x in ratios)
+    return f"; per round {each} (median {statistics.median(ratios):.2f})"
 
 
 async def main(argv: Sequence[str] | None = None) -> None:
