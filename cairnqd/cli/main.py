@@ -361,6 +361,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
     statefile, note = _locate(args)
     pid, state = _find_daemon(args, statefile, note)
     _check_master(pid, args.config, statefile.owner if state is not None else None)
+    if args.wait is None:
+        _refuse_unloadable(args.config)
     if args.all and state is not None:
         _check_pipe_protocol(args, pid, state)
     signum = signal.SIGUSR2 if args.all else signal.SIGHUP
@@ -389,6 +391,22 @@ def cmd_reload(args: argparse.Namespace) -> int:
     else:
         message = f"reload refused; still running generation {outcome['generation']}"
     raise CliError(exitcodes.CONFIG, f"{message} (pid {pid})", outcome["reload"]["errors"])
+
+
+def _refuse_unloadable(config_path: str) -> None:
+    """Without --wait nothing reports the daemon's verdict back: a file the daemon would
+    refuse is refused here, before any signal, with its problems and exit 78, rather than
+    "sent" and exit 0 while the refusal goes to the daemon's log (and its reload-failed
+    alert). With --wait the daemon itself judges the file, in its own environment."""
+    try:
+        load(config_path)
+    except CliError as exc:
+        raise CliError(
+            exc.code,
+            f"{exc.message}; not sent to the daemon, which keeps its running config "
+            "(`reload --wait` has the daemon judge the file instead)",
+            exc.details,
+        ) from None
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
@@ -601,8 +619,10 @@ def _add_reload(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
         parents=parents,
         help="reload the running daemon's config (--wait prints what changed)",
         description="Send HUP (or USR2 with --all) to the daemon running this config, found "
-        "by its state file in runtime_dir. With --wait, first list the running tasks that the "
-        "groups it rolls, shrinks or removes would cut short past their shutdown_timeout, "
+        "by its state file in runtime_dir. Without --wait, a file that does not load is "
+        "refused here (exit 78) and nothing is sent. With --wait, the daemon judges the "
+        "file: first list the running tasks that the groups it rolls, shrinks or removes "
+        "would cut short past their shutdown_timeout, "
         "then wait for the outcome: print what the reload changed, or why it was refused "
         "(exit 78). A reload that changes nothing keeps the generation.",
     )

@@ -485,6 +485,27 @@ def test_reload_reaches_the_daemon_even_with_a_broken_config(
     assert daemon.signals() == ["SIGHUP", "SIGHUP", "SIGHUP"]
 
 
+def test_reload_without_wait_refuses_a_broken_config_unsent(
+    fake_daemon: Callable[[str], FakeDaemon], sqlite_config: Path, run: Run
+) -> None:
+    """Without --wait nobody would see the daemon's refusal: the CLI refuses first."""
+    daemon = fake_daemon("ok")
+    text = sqlite_config.read_text()
+    for broken in (text + "bogus: [1\n", text.replace("queues: [default, mail]", "queues: 3")):
+        sqlite_config.write_text(broken)
+        result = run("reload")
+        assert result.returncode == 78, result.stderr
+        lines = result.stderr.splitlines()
+        assert any(line.startswith("./cairnq.yaml:") for line in lines), lines  # file:line
+        assert "not sent to the daemon, which keeps its running config" in lines[-1]
+        assert "sent SIGHUP" not in result.stdout
+    assert daemon.signals() == []
+    sqlite_config.write_text(text)
+    result = run("reload")
+    assert result.returncode == 0, result.stderr
+    assert daemon.signals() == ["SIGHUP"]
+
+
 def test_reload_with_a_broken_config_and_no_daemon_says_both(sqlite_config: Path, run: Run) -> None:
     sqlite_config.write_text(sqlite_config.read_text() + "bogus: [1\n")
     result = run("reload", "--wait", "5s")
