@@ -12,7 +12,8 @@
 -- primary key can look up: a plan made while few tasks ran (statistics from a backlog
 -- all queued) otherwise read the running tasks by the lease index and joined each to
 -- the whole item list, unpacked again per row: 512 x 512 comparisons, 48 ms to settle
--- 512 tasks beside a backlog of 60,000 where 17 ms do (bench/RESULTS.md, "Drain").
+-- 512 tasks beside a backlog of 60,000 where 16 ms do (bench/RESULTS.md, "Settling
+-- beside a big backlog").
 with item as materialized (
     select * from json_to_recordset(:items::json) as i (id text, r text, a integer)
 )
