@@ -14,7 +14,6 @@ from cairnqd.config.kinds import INVALID
 from cairnqd.config.otel_parts import missing
 from cairnqd.config.schedule_kinds import warn_unserved_queues
 from cairnqd.config.sections import DatabaseConfig, RetentionConfig
-from cairnqd.config.shadowing import check_rule_shadowing
 from cairnqd.config.units import format_duration
 from cairnqd.config.yamlload import YamlPath
 
@@ -136,11 +135,22 @@ def _read_token(ck: Checks, path: YamlPath, filename: str) -> Any:
 
 
 def finish_retention(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+    # Rules against one another: `check_rule_shadowing`, run by the list itself, so
+    # that it also compares the good rules of a list with a bad one.
     rules = v["rules"]
-    if rules is not INVALID:
-        if not rules:
-            ck.warn_at((*path, "rules"), "is empty: finished tasks are never purged")
-        check_rule_shadowing(ck, rules, (*path, "rules"))
+    if rules is not INVALID and not rules:
+        ck.warn_at((*path, "rules"), "is empty: finished tasks are never purged")
+    return v
+
+
+def finish_supervisor(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+    timeout, interval = v["heartbeat_timeout"], v["heartbeat_interval"]
+    if INVALID not in (timeout, interval) and timeout <= interval:
+        # A ready child is silent for up to an interval between two heartbeats, so
+        # the parent would abort healthy children as silent.
+        message = f"must be longer than heartbeat_interval ({format_duration(interval)})"
+        ck.error_at((*path, "heartbeat_timeout"), message)
+        v["heartbeat_timeout"] = INVALID
     return v
 
 

@@ -9,14 +9,23 @@ import difflib
 import ipaddress
 import re
 from collections.abc import Sequence
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
+from cairnqd.config.bounds import MAX_BUCKET_S, MAX_DURATION
 from cairnqd.config.checks import Checks
 from cairnqd.config.dsn import dsn_problem
 from cairnqd.config.handler_path import parse_handler_path
 from cairnqd.config.sections import ListenAddress
-from cairnqd.config.units import format_duration, format_size, parse_duration, parse_size
+from cairnqd.config.units import (
+    format_duration,
+    format_size,
+    parse_duration,
+    parse_duration_ms,
+    parse_size,
+    to_ms,
+)
 from cairnqd.config.yamlload import (
     ScalarValue,
     YamlMapping,
@@ -69,6 +78,13 @@ def suggest(word: str, choices: Sequence[str]) -> str:
 
 class Kind:
     expected = "a value"
+    #: A bound kept out of `expected` (the words of the type errors), for the reference.
+    bound = ""
+
+    @property
+    def reference(self) -> str:
+        """The type column of docs/configuration.md: `expected`, and `bound` if any."""
+        return f"{self.expected}, {self.bound}" if self.bound else self.expected
 
     def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         raise NotImplementedError
@@ -93,9 +109,26 @@ class _Scalar(Kind):
 class StrKind(_Scalar):
     expected = "a string"
 
-    def __init__(self, pattern: str | None = None, what: str = "") -> None:
+    def __init__(
+        self,
+        pattern: str | None = None,
+        what: str = "",
+        *,
+        max_chars: int | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
         self.pattern = re.compile(pattern) if pattern else None
         self.what = what
+        #: For a name the task store keeps (a queue, a task name): past these, or with
+        #: what the store cannot hold (NUL, a lone surrogate), every submit, claim or
+        #: pause that uses it would fail instead.
+        self.max_chars, self.max_bytes = max_chars, max_bytes
+        bounds = []
+        if max_chars is not None:
+            bounds.append(f"1 to {max_chars} characters")
+        if max_bytes is not None:
+            bounds.append(f"at most {max_bytes} bytes in UTF-8")
+        self.bound = " and ".join(bounds)
 
     def convert(self, value: ScalarValue) -> Any:
         if not isinstance(value, str):
@@ -103,9 +136,27 @@ class StrKind(_Scalar):
             raise self.fail(show_value(value), hint)
         if not value.strip():
             raise Invalid("must not be empty")
+        self.check_stored(value)  # first: the pattern's message quotes the whole value
         if self.pattern is not None and not self.pattern.fullmatch(value):
             raise Invalid(f"expected {self.what}, got {value!r}")
         return value
+
+    def check_stored(self, value: str) -> None:
+        """The store's limits on its text (cairnqd/store/arguments.py, `check_text`)."""
+        if self.max_chars is not None and len(value) > self.max_chars:
+            raise Invalid(f"must be 1 to {self.max_chars} characters, got {len(value)}")
+        if self.max_bytes is None:
+            return
+        if "\x00" in value:
+            raise Invalid("must not contain a NUL character (\\x00)")
+        try:
+            size = len(value.encode())
+        except UnicodeEncodeError:
+            raise Invalid(
+                "contains a lone UTF-16 surrogate, which is not valid Unicode text"
+            ) from None
+        if size > self.max_bytes:
+            raise Invalid(f"must be at most {self.max_bytes} bytes in UTF-8, got {size}")
 
 
 class ParsedStrKind(StrKind):
@@ -141,15 +192,30 @@ class PathKind(StrKind):
         return ck.resolve_path(super().check(ck, node, path))
 
 
+def _integers(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"an integer from {minimum} to {maximum}"
+    if minimum is not None:
+        return f"an integer ≥ {minimum}"
+    return "an integer" if maximum is None else f"an integer ≤ {maximum}"
+
+
 class IntKind(_Scalar):
-    def __init__(self, minimum: int | None = None, maximum: int | None = None) -> None:
-        self.minimum, self.maximum = minimum, maximum
-        if minimum is not None and maximum is not None:
-            self.expected = f"an integer from {minimum} to {maximum}"
-        elif minimum is not None:
-            self.expected = f"an integer ≥ {minimum}"
-        else:
-            self.expected = "an integer" if maximum is None else f"an integer ≤ {maximum}"
+    """An integer from `minimum` to `maximum`, both in `expected`. `ceiling` is an upper
+    bound kept out of it: a value past the ceiling is told the whole range, while a
+    value of another type or below the minimum keeps the shorter words ("an integer
+    ≥ 1") that scripts and tests match."""
+
+    def __init__(
+        self, minimum: int | None = None, maximum: int | None = None, *, ceiling: int | None = None
+    ) -> None:
+        assert maximum is None or ceiling is None, "one upper bound"
+        self.minimum, self.maximum, self.ceiling = minimum, maximum, ceiling
+        self.expected = _integers(minimum, maximum)
+
+    @property
+    def reference(self) -> str:
+        return _integers(self.minimum, self.ceiling) if self.ceiling is not None else self.expected
 
     def convert(self, value: ScalarValue) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -161,6 +227,8 @@ class IntKind(_Scalar):
             self.maximum is not None and value > self.maximum
         ):
             raise self.fail(str(value))
+        if self.ceiling is not None and value > self.ceiling:
+            raise Invalid(f"expected {self.reference}, got {value}")
         return value
 
 
@@ -206,10 +274,16 @@ class EnumKind(_Scalar):
 
 
 class DurationKind(_Scalar):
+    """A duration from `minimum` to `maximum`: by default the longest the task store
+    takes, which the reference states once for all durations (bounds.MAX_DURATION)."""
+
     expected = "a duration like 30s, 5m, 1h"
 
-    def __init__(self, minimum: str = "0s") -> None:
+    def __init__(self, minimum: str = "0s", maximum: timedelta = MAX_DURATION) -> None:
         self.minimum = parse_duration(minimum)
+        self.maximum = maximum
+        if maximum != MAX_DURATION:
+            self.bound = f"at most {format_duration(maximum)}"
 
     def convert(self, value: ScalarValue) -> Any:
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -217,12 +291,16 @@ class DurationKind(_Scalar):
         if not isinstance(value, str):
             raise self.fail(show_value(value))
         try:
-            duration = parse_duration(value)
+            ms = parse_duration_ms(value)
         except ValueError:
             hint = ""
             if re.fullmatch(r"\d+:\d+(:\d+)?", value):
                 hint = " (YAML 1.1 reads 1:30 as 90 seconds; write 1m30s)"
             raise self.fail(show_value(value), hint) from None
+        # Compared in milliseconds: past 999999999 days no timedelta can even hold it.
+        if ms > to_ms(self.maximum):
+            raise Invalid(f"must be at most {format_duration(self.maximum)}, got {value}")
+        duration = timedelta(milliseconds=ms)
         if duration < self.minimum:
             raise Invalid(f"must be at least {format_duration(self.minimum)}, got {value}")
         return duration
@@ -234,8 +312,11 @@ class DurationKind(_Scalar):
 class SizeKind(_Scalar):
     expected = "a size like 512MiB, 1GiB, 500MB"
 
-    def __init__(self, minimum: str = "1MiB") -> None:
+    def __init__(self, minimum: str = "1MiB", maximum: int | None = None) -> None:
         self.minimum = parse_size(minimum)
+        self.maximum = maximum
+        if maximum is not None:
+            self.bound = f"at most {format_size(maximum)}"
 
     def convert(self, value: ScalarValue) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -248,6 +329,8 @@ class SizeKind(_Scalar):
             raise self.fail(show_value(value)) from None
         if size < self.minimum:
             raise Invalid(f"must be at least {format_size(self.minimum)}, got {value}")
+        if self.maximum is not None and size > self.maximum:
+            raise Invalid(f"must be at most {format_size(self.maximum)}, got {value}")
         return size
 
     def dump(self, value: Any) -> Any:
@@ -306,6 +389,8 @@ class ListKind(Kind):
         self.item = item
         self.non_empty = non_empty
         self.expected = f"a list of {item.expected.removeprefix('a ').removeprefix('an ')}s"
+        if item.bound:
+            self.bound = f"each {item.bound}"
 
     def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         if not isinstance(node, YamlSequence):
@@ -324,7 +409,7 @@ class ListKind(Kind):
 
 class BucketsKind(ListKind):
     def __init__(self) -> None:
-        super().__init__(_Number())
+        super().__init__(_Number(MAX_BUCKET_S))
         self.expected = "an increasing list of numbers > 0"
 
     def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
@@ -337,20 +422,37 @@ class BucketsKind(ListKind):
 class _Number(_Scalar):
     expected = "a number > 0"
 
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self.bound = f"at most {maximum}"
+
     def convert(self, value: ScalarValue) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             raise self.fail(show_value(value))
+        # Before float(): .inf is a number > 0 too, and an integer past a float's range
+        # would raise OverflowError out of the check.
+        if not value <= self.maximum:
+            raise Invalid(f"must be at most {self.maximum}, got {show_value(value)}")
         return float(value)
 
 
 class PrefetchKind(_Scalar):
     expected = "auto or an integer ≥ 0"
 
+    def __init__(self, ceiling: int) -> None:
+        self.ceiling = ceiling
+
+    @property
+    def reference(self) -> str:
+        return f"auto or {_integers(0, self.ceiling)}"
+
     def convert(self, value: ScalarValue) -> Any:
         if value == "auto":
             return value
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise self.fail(show_value(value))
+        if value > self.ceiling:
+            raise Invalid(f"expected {self.reference}, got {value}")
         return value
 
 

@@ -3,8 +3,10 @@ rendered from the schema like the example file, so the reference cannot fall beh
 
 from __future__ import annotations
 
+from cairnqd.config.bounds import MAX_DURATION
 from cairnqd.config.example import TAGS, flow_node
 from cairnqd.config.schema import REQUIRED, SCHEMA, GroupsKind, RulesKind, SectionKind, Setting
+from cairnqd.config.units import format_duration
 
 _INTRO = """\
 # Configuration reference
@@ -23,7 +25,9 @@ file:line:column.
 ## Reading the tables
 
 - **Durations** are written `250ms`, `30s`, `5m`, `1h`, `7d` or combined (`1h30m`); a bare
-  number is an error, so `timeout: 30` never silently means milliseconds.
+  number is an error, so `timeout: 30` never silently means milliseconds. No duration may
+  exceed `{max_duration}` (100 years, the longest the task store takes); a row says so where a
+  setting's bound is lower.
 - **Sizes** are written `512MiB`, `1GiB` or `500MB`.
 - **Strings** may use `${VAR}`, `${VAR:-default}`, `${VAR-default}` or `${VAR:?message}` from
   the environment; `$$` is a literal `$`.
@@ -50,7 +54,9 @@ def _cell(text: str) -> str:
 
 def _row(setting: Setting) -> str:
     reload = TAGS[setting.reload] if setting.reload is not None else ""
-    kind = setting.kind.expected
+    kind = setting.kind.reference
+    if setting.rule:
+        kind += f", {setting.rule}"
     if setting.nullable:
         kind += ", or null"
     cells = [f"`{setting.path}`", kind, _default(setting), reload, setting.doc]
@@ -65,7 +71,8 @@ def _is_section(setting: Setting) -> bool:
 
 def render_reference() -> str:
     """The text of docs/configuration.md."""
-    lines = [_INTRO.rstrip("\n"), "", "## Top-level settings", ""]
+    intro = _INTRO.replace("{max_duration}", format_duration(MAX_DURATION))
+    lines = [intro.rstrip("\n"), "", "## Top-level settings", ""]
     header = ["| setting | type | default | reload | meaning |", "|---|---|---|---|---|"]
     top = [s for s in SCHEMA if "." not in s.path and not _is_section(s)]
     lines += header + [_row(s) for s in top]

@@ -17,6 +17,11 @@ from cairnqd.config.yamlload import (
     to_plain,
 )
 from cairnqd.schedules import POLICIES, Misfire, parse_cron
+from cairnqd.schedules.misfire import COUNT_CAP
+
+#: The most missed slots `catch_up` may fire: as many as the scheduler counts per look.
+#: A larger N could never be reached, and past sys.maxsize the plan would fail outright.
+MAX_CATCH_UP = COUNT_CAP
 
 #: A payload bigger than this as JSON is refused at load rather than at every slot.
 _MAX_PAYLOAD_BYTES = 64 * 1024
@@ -43,6 +48,7 @@ class TimezoneKind(ParsedStrKind):
 
 class MisfireKind(Kind):
     expected = "skip, once, or {catch_up: N}"
+    bound = f"N from 1 to {MAX_CATCH_UP}"
 
     def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         if isinstance(node, YamlScalar):
@@ -64,6 +70,9 @@ class MisfireKind(Kind):
             raise Invalid(
                 f"expected an integer ≥ 1, got {show_node(entry.node)}", entry.node, ("catch_up",)
             )
+        if limit > MAX_CATCH_UP:
+            message = f"expected an integer from 1 to {MAX_CATCH_UP}, got {limit}"
+            raise Invalid(message, entry.node, ("catch_up",))
         return Misfire("catch_up", limit)
 
     def dump(self, value: Any) -> Any:
@@ -82,7 +91,13 @@ class PayloadKind(Kind):
             text = json.dumps(value, allow_nan=False, ensure_ascii=False)
         except ValueError:
             raise Invalid("not a JSON value: NaN and infinities cannot be stored") from None
-        if len(text.encode()) > _MAX_PAYLOAD_BYTES:
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError:  # "\ud800" in a quoted YAML string
+            raise Invalid(
+                "not a JSON value: a lone UTF-16 surrogate is not valid Unicode text"
+            ) from None
+        if size > _MAX_PAYLOAD_BYTES:
             raise Invalid(f"larger than {_MAX_PAYLOAD_BYTES // 1024} KiB as JSON")
         return value
 

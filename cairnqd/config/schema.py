@@ -8,17 +8,33 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from cairnqd.config.bounds import (
+    MAX_BUSY_TIMEOUT,
+    MAX_CONCURRENCY,
+    MAX_CONNECTIONS,
+    MAX_MEMORY_BYTES,
+    MAX_PREFETCH,
+    MAX_PROCESSES,
+    MAX_PURGE_BATCH,
+    MAX_PURGE_BATCHES,
+    MAX_RESTART_BUDGET,
+    MAX_SEARCH_SCAN,
+    MAX_TASKS_PER_CHILD,
+    QUEUE_NAME_MAX_CHARS,
+    STORED_TEXT_MAX_BYTES,
+)
 from cairnqd.config.checks import Checks
 from cairnqd.config.finish import (
     finish_dashboard,
     finish_database,
     finish_group,
     finish_retention,
+    finish_supervisor,
     finish_tracing,
 )
 from cairnqd.config.kinds import (
@@ -65,6 +81,7 @@ from cairnqd.config.sections import (
     SupervisorConfig,
     TracingConfig,
 )
+from cairnqd.config.shadowing import check_rule_shadowing
 from cairnqd.config.yamlload import YamlMapping, YamlNode, YamlPath, YamlScalar, YamlSequence
 from cairnqd.limits import MAX_CAPACITY
 
@@ -97,6 +114,9 @@ class Setting:
     example: Any = SAME
     #: Shown commented out in the example: an alternative to a sibling.
     alternative: bool = False
+    #: A bound that depends on another setting ("longer than heartbeat_interval"), for
+    #: the reference; its section's finish function checks it.
+    rule: str = ""
 
     @property
     def key(self) -> str:
@@ -183,12 +203,20 @@ class GroupsKind(SectionKind):
 
 
 class RulesKind(SectionKind):
-    """A list of sections: `rules: [{...}, ...]`."""
+    """A list of sections: `rules: [{...}, ...]`. `across` checks the items against one
+    another, given every item, INVALID for those that failed their own checks: it runs
+    on the rest even then, so one bad rule does not hide a problem between two others."""
+
+    def __init__(self, cls: type, *, across: _Across | None = None) -> None:
+        super().__init__(cls)
+        self.across = across
 
     def check(self, ck: Checks, node: YamlNode, path: YamlPath) -> Any:
         if not isinstance(node, YamlSequence):
             raise Invalid(f"expected a list, got {show_node(node)}")
         rules = [ck.guard(self.build, item, (*path, i), {}) for i, item in enumerate(node.items)]
+        if self.across is not None:
+            self.across(ck, rules, path)
         return INVALID if INVALID in rules else tuple(rules)
 
     def dump(self, value: Any) -> Any:
@@ -196,8 +224,15 @@ class RulesKind(SectionKind):
 
 
 _Finish = Callable[["Checks", dict[str, Any], YamlPath], dict[str, Any]]
+_Across = Callable[["Checks", Sequence[Any], YamlPath], None]
 
-_QUEUE = StrKind(r"[^\s\x00-\x1f]+", "a queue name without spaces")
+_QUEUE = StrKind(
+    r"[^\s\x00-\x1f]+",
+    "a queue name without spaces",
+    max_chars=QUEUE_NAME_MAX_CHARS,
+    max_bytes=STORED_TEXT_MAX_BYTES,
+)
+_TASK_NAME = StrKind(max_bytes=STORED_TEXT_MAX_BYTES)
 _RESOURCE = StrKind(r"[A-Za-z_][A-Za-z0-9_.-]*", "a name like gpu or db_writer")
 _LOGGER = StrKind(r"[A-Za-z0-9_.-]+", "a logger name")
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -250,11 +285,11 @@ SCHEMA: tuple[Setting, ...] = (
             "with systemd's LoadCredential= use ${CREDENTIALS_DIRECTORY}/<name>."),
     Setting("database.connect_timeout", DurationKind("1s"), "10s", _L,
             "Give up on one connection attempt after this long."),
-    Setting("database.busy_timeout", DurationKind("1ms"), "5s", _L,
+    Setting("database.busy_timeout", DurationKind("1ms", MAX_BUSY_TIMEOUT), "5s", _L,
             "SQLite: how long a writer waits for the database lock."),
-    Setting("database.connections_per_child", IntKind(1), 1, _L,
+    Setting("database.connections_per_child", IntKind(1, ceiling=MAX_CONNECTIONS), 1, _L,
             "Database connections each child opens."),
-    Setting("database.expected_hosts", IntKind(1), 1, _H,
+    Setting("database.expected_hosts", IntKind(1, ceiling=MAX_CONNECTIONS), 1, _H,
             "Hosts running cairnqd on this database, for the Postgres connection budget."),
     Setting("database.connection_check", EnumKind("refuse", "warn", "off"), "refuse", _H,
             "When the Postgres connection budget exceeds the server's limits (or pool_size "
@@ -271,7 +306,8 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("database.direct_dsn_file", PathKind(), None, _R, nullable=True, alternative=True,
             example="${CREDENTIALS_DIRECTORY}/cairnq-direct-dsn", doc=
             "File holding direct_dsn, read like dsn_file."),
-    Setting("database.pool_size", IntKind(1), None, _H, nullable=True, doc=
+    Setting("database.pool_size", IntKind(1, ceiling=MAX_CONNECTIONS), None, _H, nullable=True,
+            doc=
             "Under pooler: session, the server connections the pooler keeps for this database "
             "(PgBouncer's pool_size), for the connection check; null: not checked."),
     Setting("database.lock_namespace", IntKind(-(2**31), 2**31 - 1), 0x63716E64, _R,
@@ -293,11 +329,11 @@ SCHEMA: tuple[Setting, ...] = (
             "Queues this group claims from; groups may share a queue."),
     Setting("groups.*.handlers", ListKind(HandlerPathKind()), None, _L, nullable=True, doc=
             "Handler registries for this group, replacing the top-level list; null inherits it."),
-    Setting("groups.*.processes", IntKind(1), 1, _S,
+    Setting("groups.*.processes", IntKind(1, ceiling=MAX_PROCESSES), 1, _S,
             "Child processes in the pool."),
-    Setting("groups.*.concurrency", IntKind(1), 4, _L,
+    Setting("groups.*.concurrency", IntKind(1, ceiling=MAX_CONCURRENCY), 4, _L,
             "Tasks in flight per child."),
-    Setting("groups.*.prefetch", PrefetchKind(), "auto", _L,
+    Setting("groups.*.prefetch", PrefetchKind(MAX_PREFETCH), "auto", _L,
             "Tasks each child claims beyond its free slots: auto sizes it from the "
             "handlers' pace; 0 claims only free slots."),
     Setting("groups.*.lease", DurationKind("1s"), "30s", _L,
@@ -311,9 +347,11 @@ SCHEMA: tuple[Setting, ...] = (
             "After a cancel of a running task: how long its handler may take to return by "
             "itself before an async one is cancelled, and then to stop before its child is "
             "replaced (docs/operations.md, \"Cancelling a running task\")."),
-    Setting("groups.*.max_tasks_per_child", IntKind(1), None, _L, nullable=True, doc=
+    Setting("groups.*.max_tasks_per_child", IntKind(1, ceiling=MAX_TASKS_PER_CHILD), None, _L,
+            nullable=True, doc=
             "Replace a child after about this many tasks (up to 10% jitter); null: never."),
-    Setting("groups.*.max_memory", SizeKind(), None, _L, nullable=True, doc=
+    Setting("groups.*.max_memory", SizeKind(maximum=MAX_MEMORY_BYTES), None, _L, nullable=True,
+            doc=
             "Replace a child whose RSS exceeds this, checked between tasks; null: no limit."),
     Setting("groups.*.shutdown_timeout", DurationKind(), None, _L, nullable=True, doc=
             "How long this group's children may drain; null: the top-level shutdown_timeout."),
@@ -323,7 +361,8 @@ SCHEMA: tuple[Setting, ...] = (
             "Retry delay after a first failed attempt; doubles per attempt, with jitter."),
     Setting("groups.*.retry_backoff_max", DurationKind(), "30s", _L,
             "Ceiling of the retry delay."),
-    Setting("groups.*.resources", MapKind(_RESOURCE, IntKind(1)), {}, _L,
+    # A resource's units are calls in flight in one child: concurrency bounds them.
+    Setting("groups.*.resources", MapKind(_RESOURCE, IntKind(1, ceiling=MAX_CONCURRENCY)), {}, _L,
             "Shared ceilings that handlers registered with resource= draw from, e.g. {gpu: 1}."),
     # -- schedules: recurring tasks (docs/schedules.md) --
     Setting("schedules", GroupsKind(ScheduleConfig, finish_schedule, noun="schedule",
@@ -331,7 +370,7 @@ SCHEMA: tuple[Setting, ...] = (
             example=_EXAMPLE_SCHEDULES, doc=
             "Recurring tasks, by name (^[a-z][a-z0-9_-]*$): the daemon enqueues each slot "
             "once across every host sharing the database (docs/schedules.md)."),
-    Setting("schedules.*.name", StrKind(), REQUIRED, _H,
+    Setting("schedules.*.name", _TASK_NAME, REQUIRED, _H,
             "Task name each slot submits (required)."),
     Setting("schedules.*.queue", _QUEUE, "default", _H,
             "Queue the task is submitted to."),
@@ -405,7 +444,7 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("dashboard.viewer_token_file", PathKind(), None, _R, nullable=True, doc=
             "A file holding a second token (16 characters or more, not the operators'), "
             "for read-only logins: every page, no action; needs token_file."),
-    Setting("dashboard.search_scan", IntKind(1), 50_000, _R,
+    Setting("dashboard.search_scan", IntKind(1, ceiling=MAX_SEARCH_SCAN), 50_000, _R,
             "The search box looks through at most this many of the newest tasks for a "
             "key, name or payload text, and says so when the table holds more."),
     Setting("dashboard.actions", BoolKind(), False, _R,
@@ -422,11 +461,12 @@ SCHEMA: tuple[Setting, ...] = (
             "Purging of finished tasks."),
     Setting("retention.interval", DurationKind("1s"), "10m", _H,
             "Time between purge sweeps; the first runs one interval after startup."),
-    Setting("retention.batch", IntKind(1), None, _H, nullable=True, doc=
+    Setting("retention.batch", IntKind(1, ceiling=MAX_PURGE_BATCH), None, _H, nullable=True, doc=
             "Tasks deleted per purge transaction; null: 500 on SQLite, 1000 on Postgres."),
-    Setting("retention.max_batches", IntKind(1), 100, _H,
+    Setting("retention.max_batches", IntKind(1, ceiling=MAX_PURGE_BATCHES), 100, _H,
             "Batches per rule per sweep; the rest waits for the next sweep."),
-    Setting("retention.rules", RulesKind(PurgeRule), _DEFAULT_RULES, _H,
+    Setting("retention.rules", RulesKind(PurgeRule, across=check_rule_shadowing), _DEFAULT_RULES,
+            _H,
             "Purge rules. A task is kept for the shortest rule that matches it, so a rule "
             "inside a shorter one is an error; [] disables purging."),
     Setting("retention.rules[].older_than", DurationKind(), REQUIRED, _H,
@@ -435,15 +475,15 @@ SCHEMA: tuple[Setting, ...] = (
             nullable=True, doc="only tasks that ended so"),
     Setting("retention.rules[].queue", _QUEUE, None, _H, nullable=True, doc=
             "only this queue"),
-    Setting("retention.rules[].name", StrKind(), None, _H, nullable=True, doc=
+    Setting("retention.rules[].name", _TASK_NAME, None, _H, nullable=True, doc=
             "only this task name"),
     Setting("reaper", SectionKind(ReaperConfig), {}, None,
             "Recovery of expired leases."),
     Setting("reaper.interval", DurationKind("1s"), "15s", _H,
             "Recover expired leases this often, also on queues no child polls."),
-    Setting("supervisor", SectionKind(SupervisorConfig), {}, None,
+    Setting("supervisor", SectionKind(SupervisorConfig, finish_supervisor), {}, None,
             "How the parent restarts children that die."),
-    Setting("supervisor.restart_budget", IntKind(1), 10, _H,
+    Setting("supervisor.restart_budget", IntKind(1, ceiling=MAX_RESTART_BUDGET), 10, _H,
             "Crash restarts a group may spend per restart_window before crashloop."),
     Setting("supervisor.restart_window", DurationKind("1s"), "5m", _H,
             "The sliding window restart_budget is counted over."),
@@ -452,7 +492,8 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("supervisor.boot_timeout", DurationKind("1s"), "60s", _H,
             "A child not ready this long after spawning is killed (db_wait excluded)."),
     Setting("supervisor.heartbeat_timeout", DurationKind("1s"), "30s", _H,
-            "A ready child silent this long is aborted (SIGABRT, then SIGKILL)."),
+            "A ready child silent this long is aborted (SIGABRT, then SIGKILL).",
+            rule="longer than heartbeat_interval"),
     Setting("supervisor.heartbeat_interval", DurationKind("100ms"), "5s", _H,
             "How often each child reports its state and memory."),
     Setting("supervisor.fatal_cooldown", DurationKind("1s"), "5m", _H,
@@ -460,7 +501,8 @@ SCHEMA: tuple[Setting, ...] = (
             "a reload retries it at once."),
     Setting("reload", SectionKind(ReloadConfig), {}, None,
             "Rolling restarts on reload, and binary upgrades."),
-    Setting("reload.max_surge", IntKind(1), 1, _H,
+    # More extra children than a group can have processes would never be spawned.
+    Setting("reload.max_surge", IntKind(1, ceiling=MAX_PROCESSES), 1, _H,
             "Extra children a group may run while it rolls."),
     Setting("reload.upgrade_timeout", DurationKind("1s"), "2m", _H,
             "A binary upgrade (cairnqd upgrade) gives up, and the running parent carries "

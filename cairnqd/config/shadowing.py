@@ -5,6 +5,9 @@ a rule inside a shorter one is dead: an error, not a warning."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from cairnqd.config.checks import Checks
 from cairnqd.config.sections import PurgeRule
 from cairnqd.config.units import format_duration
@@ -30,11 +33,14 @@ def _shadows(a: PurgeRule, i: int, b: PurgeRule, j: int) -> bool:
     return a.older_than < b.older_than or not _covers(b, a) or i < j
 
 
-def check_rule_shadowing(ck: Checks, rules: tuple[PurgeRule, ...], path: YamlPath) -> None:
+def check_rule_shadowing(ck: Checks, built: Sequence[Any], path: YamlPath) -> None:
     """A task's retention is the minimum over matching rules, and
-    filters cannot exclude, so a rule inside a shorter one can never fire."""
-    for j, rule in enumerate(rules):
-        shadow = next((i for i, a in enumerate(rules) if i != j and _shadows(a, i, rule, j)), None)
+    filters cannot exclude, so a rule inside a shorter one can never fire. `built`
+    holds INVALID for the rules that failed their own checks: the others are compared
+    all the same, each under its own index."""
+    rules = {i: rule for i, rule in enumerate(built) if isinstance(rule, PurgeRule)}
+    for j, rule in rules.items():
+        shadow = next((i for i, a in rules.items() if i != j and _shadows(a, i, rule, j)), None)
         if shadow is not None:
             other = format_path((*path, shadow))
             ck.error_at(
@@ -43,7 +49,7 @@ def check_rule_shadowing(ck: Checks, rules: tuple[PurgeRule, ...], path: YamlPat
                 "removes those tasks first",
             )
             continue
-        for i, earlier in enumerate(rules[:j]):
+        for i, earlier in ((i, a) for i, a in rules.items() if i < j):
             nested = _covers(earlier, rule) or _covers(rule, earlier)
             partial = _overlaps(earlier, rule) and not nested
             if partial and earlier.older_than != rule.older_than:

@@ -24,13 +24,19 @@ _SIZE_UNITS = {
 }
 
 
-def parse_duration(text: str) -> timedelta:
-    """`"1h30m"` -> 90 minutes. Units descend, each at most once. ValueError if bad."""
+def parse_duration_ms(text: str) -> int:
+    """`"1h30m"` -> 5400000, however large (a timedelta ends at 999999999 days, so a
+    bound is checked here before one is built). ValueError if not a duration."""
     match = _DURATION.fullmatch(text)
     if match is None or not any(match.groups()):
         raise ValueError(f"not a duration: {text!r}")
     counts = (int(n or 0) for n in match.groups())
-    ms = sum(n * unit for n, (_, unit) in zip(counts, _DURATION_UNITS, strict=True))
+    return sum(n * unit for n, (_, unit) in zip(counts, _DURATION_UNITS, strict=True))
+
+
+def parse_duration(text: str) -> timedelta:
+    """`"1h30m"` -> 90 minutes. Units descend, each at most once. ValueError if bad."""
+    ms = parse_duration_ms(text)
     try:
         return timedelta(milliseconds=ms)
     except OverflowError:
