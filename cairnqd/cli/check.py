@@ -9,14 +9,15 @@ be reached.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cairnqd.cli import schedules as cli_schedules
-from cairnqd.cli.admin import CliError, describe_database, load, with_store
+from cairnqd.cli.admin import CliError, describe_database, load, pending_migrations, with_store
 from cairnqd.cli.fleet import fleet_lines
-from cairnqd.config import Config, GroupConfig, format_duration
+from cairnqd.config import Config, GroupConfig, format_duration, setting_position
 from cairnqd.daemon import exitcodes
 from cairnqd.store.factory import missing_sqlite_file
 
@@ -84,6 +85,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     registered: dict[str, set[str]] | None = None
     if args.connect:
         report = run_preflight(config, handlers=False)
+        _check_ports(args.config, config, report)
     if args.handlers or args.connect:
         registered = check_handlers(config, report)
         task_names = len(set().union(*registered.values()))
@@ -122,6 +124,37 @@ def cmd_check(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
+def _check_ports(config_path: str, config: Config, report: Preflight) -> None:
+    """Bind the metrics and dashboard addresses for a moment, as `run` will: a port
+    another program holds stops the daemon at start (exit 78). Not while a daemon runs
+    this config: it holds them itself, and a reload keeps its sockets."""
+    # Here, as the checks are: other commands need not import the metrics server.
+    from cairnqd.daemon.parent.metrics.server import bind_reason
+    from cairnqd.daemon.parent.statefile import StateFile, state_path
+
+    statefile = StateFile(state_path(config_path, config.runtime_dir))
+    if statefile.locked_by_other():
+        return
+    for key, listen in (
+        ("metrics.listen", config.metrics.listen),
+        ("dashboard.listen", config.dashboard.listen),
+    ):
+        if listen is None or listen.port == 0:
+            continue
+        where = setting_position(config_path, tuple(key.split(".")))
+        at = f" (at {where})" if where else " (its default)"
+        try:
+            family, _, _, _, address = socket.getaddrinfo(
+                listen.host, listen.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                # As the daemon's HTTP servers do: a port in TIME_WAIT is free to them.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+        except OSError as exc:  # socket.gaierror included
+            report.add("problem", key, f"cannot bind {listen}{at}: {bind_reason(exc)}")
+
+
 def _print_fleet(config: Config, report: Preflight) -> None:
     """The daemons live on the database, when it exists and answered the checks."""
     if report.problems or report.unreachable:
@@ -129,12 +162,18 @@ def _print_fleet(config: Config, report: Preflight) -> None:
     if missing_sqlite_file(config.database) is not None:
         print("fleet: none yet (the database does not exist)")
         return
+    # A check writes nothing: with migrations pending (which `run` would apply on
+    # SQLite) the tables the fleet lives in may not exist yet, so they are not read.
+    if pending_migrations(config):
+        print("fleet: not read (migrations pending)")
+        return
     print("fleet (the daemons on this database now):")
-    for line in fleet_lines(with_store(config, lambda store: store.fleet.live())):
+    for line in fleet_lines(with_store(config, lambda store: store.fleet.live(), migrate=False)):
         print(f"  {line}")
     limits = config.flow_limits()
     if limits:
-        for bypass in with_store(config, lambda store: store.limit_table.bypassing(limits)):
+        bypasses = with_store(config, lambda s: s.limit_table.bypassing(limits), migrate=False)
+        for bypass in bypasses:
             print(f"warning: {bypass.describe()}", file=sys.stderr)
 
 

@@ -176,6 +176,7 @@ class Checker:
                 self.warn_at(
                     ("groups", name, "max_run"),
                     f"{format_duration(group.max_run)} is longer than the shutdown_timeout "
-                    f"of {format_duration(limit)}: a task cut off by a shutdown spends an "
-                    "attempt, and fails if it was its last",
+                    f"of {format_duration(limit)}: a task still running when a drain ends "
+                    "is cut off and runs again from the start (its attempt is given back "
+                    "up to 3 times, then spent)",
                 )

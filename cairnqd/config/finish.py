@@ -183,6 +183,38 @@ def finish_root(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str, Any]
     metrics = v["metrics"]
     if metrics is not INVALID and metrics.listen is not None and not metrics.listen.is_loopback:
         ck.warn_at(("metrics", "listen"), f"serves metrics beyond this host on {metrics.listen}")
+    _check_listeners_apart(ck, metrics, v["dashboard"])
+    return v
+
+
+def _check_listeners_apart(ck: Checks, metrics: Any, dashboard: Any) -> None:
+    """The metrics endpoint and the dashboard each bind their own socket: on one port
+    (the same host, or either on every address) the second bind fails at start-up,
+    after `check` had passed the file."""
+    if INVALID in (metrics, dashboard) or metrics.listen is None or dashboard.listen is None:
+        return
+    a, b = metrics.listen, dashboard.listen
+    if a is INVALID or b is INVALID or a.port != b.port or a.port == 0:
+        return
+    anywhere = ("0.0.0.0", "::", "")
+    if a.host == b.host or a.host in anywhere or b.host in anywhere:
+        ck.error_at(("dashboard", "listen"), f"{b} takes metrics.listen's port ({a})")
+
+
+def finish_logging(ck: Checks, v: dict[str, Any], path: YamlPath) -> dict[str, Any]:
+    """`logging.file` must be a file its directory can hold: the daemon refuses to start
+    otherwise (it does not create the directory: a typo would scatter logs where nobody
+    rotates them), so `check` refuses it too."""
+    filename = v["file"]
+    if not isinstance(filename, str):
+        return v
+    directory = os.path.dirname(filename) or "."
+    if os.path.isdir(filename):
+        ck.error_at((*path, "file"), f"{filename} is a directory")
+        v["file"] = INVALID
+    elif not os.path.isdir(directory):
+        ck.error_at((*path, "file"), f"directory {directory} does not exist; create it first")
+        v["file"] = INVALID
     return v
 
 

@@ -33,6 +33,7 @@ from cairnqd.config.finish import (
     finish_dashboard,
     finish_database,
     finish_group,
+    finish_logging,
     finish_retention,
     finish_supervisor,
     finish_tracing,
@@ -507,7 +508,7 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("reload.upgrade_timeout", DurationKind("1s"), "2m", _H,
             "A binary upgrade (cairnqd upgrade) gives up, and the running parent carries "
             "on, unless the new parent's groups are all ready this long after it started."),
-    Setting("logging", SectionKind(LoggingConfig), {}, None,
+    Setting("logging", SectionKind(LoggingConfig, finish_logging), {}, None,
             "Logs go to stderr (the journal under systemd)."),
     Setting("logging.level", EnumKind(*_LEVELS, fold=True), "info", _H,
             "debug, info, warning, error or critical."),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import sqlite3
 from pathlib import Path
 
-from tests.support.cli import Run, database_line, write_config
+from tests.support.cli import GROUPS, Run, database_line, write_config
 
 
 def test_plain_check_does_not_contact_the_database_and_says_so(tmp_path: Path, run: Run) -> None:
@@ -99,3 +101,38 @@ def test_connect_reports_handler_imports(
     assert done.returncode == 78
     assert "handlers: group default: " in done.stderr
     assert "cairnqd.demo has no attribute nothing" in done.stderr
+
+
+def test_connect_refuses_a_port_another_program_holds(tmp_path: Path, run: Run) -> None:
+    """`run` would stop at the bind (exit 78): so does the check, naming key and line."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        groups = GROUPS.replace("listen: off", f'listen: "127.0.0.1:{port}"')
+        write_config(tmp_path, "path: tasks.db", groups=groups)
+        done = run("check", "--connect")
+        assert done.returncode == 78, done.stdout
+        assert f"metrics.listen: cannot bind 127.0.0.1:{port} (at ./cairnq.yaml:9:11)" in done.stderr
+        assert "the address is already in use" in done.stderr
+    done = run("check", "--connect")
+    assert done.returncode == 0, done.stderr
+
+
+def test_connect_writes_nothing_to_a_database_with_migrations_pending(
+    tmp_path: Path, run: Run
+) -> None:
+    """The daemon would migrate it at start (auto_migrate); the check only says so."""
+    database = tmp_path / "tasks.db"
+    with sqlite3.connect(database) as conn:
+        conn.execute("create table app_rows (x)")
+    conn.close()
+    write_config(tmp_path, "path: tasks.db")
+    done = run("check", "--connect")
+    assert done.returncode == 0, done.stderr
+    assert "applied at start (auto_migrate)" in done.stdout
+    assert "fleet: not read (migrations pending)" in done.stdout
+    with sqlite3.connect(database) as conn:
+        tables = conn.execute("select name from sqlite_master where type = 'table'").fetchall()
+    conn.close()
+    assert tables == [("app_rows",)]

@@ -262,8 +262,46 @@ logging: {level: Debug, format: json, file: ./log.txt, loggers: {psycopg: warnin
     # 15m > 2m: usable, but worth a warning.
     assert warnings_of(config) == [
         "cairnq.yaml:11:14: groups.default.max_run: 15m is longer than the shutdown_timeout "
-        "of 2m: a task cut off by a shutdown spends an attempt, and fails if it was its last"
+        "of 2m: a task still running when a drain ends is cut off and runs again from the "
+        "start (its attempt is given back up to 3 times, then spent)"
     ]
+
+
+def test_logging_file_must_have_a_directory_to_go_in(
+    errors: Errors, write: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The daemon does not create it (and would refuse to start): `check` refuses it."""
+    assert errors(BASE + "logging:\n  file: missing/cairnqd.log\n") == [
+        f"cairnq.yaml:9:9: logging.file: directory {tmp_path / 'missing'} does not exist; "
+        "create it first"
+    ]
+    assert errors(BASE + f"logging:\n  file: {tmp_path}\n") == [
+        f"cairnq.yaml:9:9: logging.file: {tmp_path} is a directory"
+    ]
+    (tmp_path / "logs").mkdir()
+    config = load_config(write(BASE + "logging:\n  file: logs/cairnqd.log\n"), env={})
+    assert config.logging.file == str(tmp_path / "logs" / "cairnqd.log")
+
+
+@pytest.mark.parametrize(
+    ("metrics", "dashboard"),
+    [("127.0.0.1:9464", "127.0.0.1:9464"), ("0.0.0.0:9464", "127.0.0.1:9464"),
+     ("[::]:9464", "127.0.0.1:9464")],
+)  # fmt: skip
+def test_metrics_and_dashboard_cannot_share_a_port(
+    errors: Errors, metrics: str, dashboard: str
+) -> None:
+    text = BASE + f'metrics: {{listen: "{metrics}"}}\ndashboard: {{listen: "{dashboard}"}}\n'
+    (problem,) = errors(text)
+    assert problem.startswith("cairnq.yaml:9:") and "dashboard.listen: " in problem
+    assert problem.endswith("takes metrics.listen's port (" + metrics + ")")
+
+
+def test_metrics_and_dashboard_on_one_port_of_different_hosts_are_fine(
+    write: Callable[[str], Path],
+) -> None:
+    text = BASE + 'metrics: {listen: "127.0.0.1:9464"}\ndashboard: {listen: "127.0.0.2:9464"}\n'
+    load_config(write(text), env={})
 
 
 # --- every error kind, with its position -------------------------------------------

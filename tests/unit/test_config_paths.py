@@ -28,6 +28,7 @@ def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An app directory holding the config, and a working directory beside it."""
     (tmp_path / "app").mkdir()
     (tmp_path / "shell").mkdir()
+    (tmp_path / "app" / "logs").mkdir()  # logging.file's directory must exist
     monkeypatch.chdir(tmp_path / "shell")
     return tmp_path / "app"
 

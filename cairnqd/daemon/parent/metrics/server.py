@@ -40,6 +40,11 @@ _BIND_REASONS = {
 }
 
 
+def bind_reason(exc: OSError) -> str:
+    """Why `host:port` could not be bound, in an operator's words."""
+    return _BIND_REASONS.get(exc.errno or 0, exc.strerror or str(exc))
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not worth a log line each."""
@@ -66,7 +71,7 @@ class HttpServer:
             serve_on(self._httpd, adopted)
             self._httpd.set_app(self._app)
         except OSError as exc:  # socket.gaierror included: a host name that does not resolve
-            reason = _BIND_REASONS.get(exc.errno or 0, exc.strerror or str(exc))
+            reason = bind_reason(exc)
             raise MetricsBindError(f"cannot serve metrics on {host}:{port}: {reason}") from exc
         self.port: int = self._httpd.server_port
         # serve_forever notices shutdown() once per poll: keep close() quick.
