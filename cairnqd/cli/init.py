@@ -1,6 +1,7 @@
 """`cairnqd init [DIR]`: a starter config an operator can run at once.
 
-It writes DIR/cairnq.yaml (DIR is created if missing): SQLite beside the file, one
+It writes DIR/cairnq.yaml (DIR is created if missing), or the file itself when the
+argument names a `.yaml`/`.yml` file: SQLite beside the file, one
 group on the `default` queue, the demo handlers with a commented line for the
 operator's own, and the shipped files' location in its header. It never overwrites:
 an existing file is left alone (exit 1). It then prints the two commands that create
@@ -57,9 +58,23 @@ metrics:
 """
 
 
+def _target(argument: str) -> tuple[str, str]:
+    """The directory to create and the file to write for `init ARGUMENT`. A name ending
+    in .yaml or .yml is the file (a directory of that name was made before, a surprise);
+    an existing file is neither."""
+    if argument.endswith((".yaml", ".yml")) and not os.path.isdir(argument):
+        return os.path.dirname(argument) or ".", argument
+    if os.path.exists(argument) and not os.path.isdir(argument):
+        raise CliError(
+            exitcodes.USAGE,
+            f"{argument} is a file, not a directory: give the directory to write "
+            "cairnq.yaml in, or a new file name ending in .yaml",
+        )
+    return argument, os.path.join(argument, "cairnq.yaml")
+
+
 def cmd_init(args: argparse.Namespace) -> int:
-    directory = args.directory
-    path = os.path.join(directory, "cairnq.yaml")
+    directory, path = _target(args.directory)
     root = shipped_root()
     text = STARTER.format(example=root / "config" / "cairnq.example.yaml", root=root)
     try:
@@ -93,7 +108,8 @@ def add_parser(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         "directory",
         nargs="?",
         default=".",
-        metavar="DIR",
-        help="where to write cairnq.yaml (default: the current directory)",
+        metavar="DIR|FILE.yaml",
+        help="where to write cairnq.yaml (default: the current directory), or the config "
+        "file to write",
     )
     p.set_defaults(func=cmd_init)

@@ -47,6 +47,21 @@ def test_init_never_overwrites(tmp_path: Path, run: Run) -> None:
     assert (tmp_path / "cairnq.yaml").read_text() == "mine\n"
 
 
+def test_init_writes_a_yaml_file_named_instead_of_a_directory(tmp_path: Path, run: Run) -> None:
+    done = run("init", "conf/prod.yaml")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "wrote conf/prod.yaml"
+    assert (tmp_path / "conf" / "prod.yaml").is_file()
+    assert run("-c", "conf/prod.yaml", "check").returncode == 0
+    # An existing file is no directory to write cairnq.yaml in, nor overwritten.
+    (tmp_path / "notes.txt").write_text("mine\n")
+    done = run("init", "notes.txt")
+    assert done.returncode == 64
+    assert done.stderr.startswith("cairnqd: notes.txt is a file, not a directory")
+    done = run("init", "conf/prod.yaml")
+    assert done.returncode == 1 and "conf/prod.yaml already exists" in done.stderr
+
+
 def test_shipped_files_are_found_in_a_checkout() -> None:
     assert shipped_root() == REPO
     for name in SHIPPED:
