@@ -18,16 +18,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from cairnqd._jsoncodec import shown
+from cairnqd._jsoncodec import MAX_JSON_DEPTH, shown
 from cairnqd._protocol import migrations
 from cairnqd.attempts import AttemptRecord, attempts_shown
-from cairnqd.cli import inspect_text, inspect_tree, listing
+from cairnqd.cli import argtypes, inspect_text, inspect_tree, listing
+from cairnqd.cli.argtypes import duration
 from cairnqd.client import wait_for_task
 from cairnqd.config import (
     Config,
     ConfigError,
     load_config,
-    parse_duration,
     redact_dsn,
     to_ms,
 )
@@ -43,6 +43,7 @@ from cairnqd.errors import (
     TaskTimeout,
 )
 from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
+from cairnqd.store.arguments import INT4_MAX, INT4_MIN, INT8_MAX, MAX_TEXT_BYTES
 from cairnqd.store.base import TaskStore, wall_clock_ms
 from cairnqd.store.dependencies import WAITING_RUN_AT, TaskGraph, is_waiting, state_shown
 from cairnqd.store.errors import is_operational
@@ -79,27 +80,6 @@ class CliError(Exception):
 
 
 # -- shared helpers ----------------------------------------------------------------------
-
-
-def duration(text: str) -> timedelta:
-    """argparse type: the config's duration syntax, so `--delay 30s` reads like YAML."""
-    try:
-        return parse_duration(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30s, 5m, 7d)") from None
-
-
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be ≥ {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def load(path: str) -> Config:
@@ -515,6 +495,14 @@ def _payload(args: argparse.Namespace) -> Any:
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno} column {exc.colno} (char {exc.pos})"
         raise CliError(exitcodes.DATAERR, f"{source}: invalid JSON at {where}: {exc.msg}") from None
+    except RecursionError:
+        # Nested past Python's stack (about a thousand levels): far past what the store
+        # takes, so the store's own refusal, which a shallower payload gets.
+        raise CliError(
+            exitcodes.DATAERR,
+            f"submit: payload nests more than {MAX_JSON_DEPTH} levels deep; JSON values "
+            f"may nest at most {MAX_JSON_DEPTH} levels",
+        ) from None
 
 
 def unserved_task(config: Config, name: str, queue: str) -> str | None:
@@ -555,7 +543,7 @@ async def _submit(store: TaskStore, args: argparse.Namespace, payload: Any) -> t
         payload=payload,
         queue=args.queue,
         key=args.key,
-        conflict=args.conflict,
+        conflict=args.conflict or "reuse",
         max_attempts=args.max_attempts,
         priority=args.priority,
         delay_ms=to_ms(args.delay),
@@ -575,7 +563,14 @@ async def _submit(store: TaskStore, args: argparse.Namespace, payload: Any) -> t
 def cmd_submit(args: argparse.Namespace) -> int:
     if args.timeout is not None and not args.wait:
         raise CliError(exitcodes.USAGE, "submit: --timeout needs --wait")
-    args.timeout = args.timeout or timedelta(seconds=30)
+    if args.conflict is not None and args.key is None:
+        # A keyless task conflicts with nothing: the option would be silently ignored.
+        raise CliError(
+            exitcodes.USAGE,
+            "submit: --conflict needs --key (it says what to do when the key is taken)",
+        )
+    if args.timeout is None:  # `--timeout 0s` is a wait of no time, not the default
+        args.timeout = timedelta(seconds=30)
     payload = _payload(args)
     config = load(args.config)
     unserved = unserved_task(config, args.name, args.queue)
@@ -658,8 +653,12 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("task_id", nargs="?", metavar="TASK_ID", help="the task's id")
-    parser.add_argument("--key", help="the task's idempotency key instead of its id")
+    parser.add_argument(
+        "task_id", nargs="?", type=argtypes.text, metavar="TASK_ID", help="the task's id"
+    )
+    parser.add_argument(
+        "--key", type=argtypes.text, help="the task's idempotency key instead of its id"
+    )
 
 
 def add_migrate(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
@@ -687,29 +686,39 @@ def add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         description="Submit one task and print its id. With --wait, also wait for it to "
         "finish and print its result as JSON; a task that fails or is canceled exits 1.",
     )
-    p.add_argument("name", metavar="NAME", help="the task name (a handler's name)")
+    # Name, queue and key as the store bounds them, so a bad one is refused by its option.
+    stored = argtypes.bounded_text(MAX_TEXT_BYTES)
+    p.add_argument("name", type=stored, metavar="NAME", help="the task name (a handler's name)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--payload", metavar="JSON", help="the payload as JSON text")
     source.add_argument("--payload-file", metavar="FILE", help="read the JSON payload (- stdin)")
-    p.add_argument("--queue", default="default", help="the queue (default: %(default)s)")
-    p.add_argument("--key", help="idempotency key: one task per key")
+    p.add_argument(
+        "--queue", type=stored, default="default", help="the queue (default: %(default)s)"
+    )
+    p.add_argument("--key", type=stored, help="idempotency key: one task per key")
     p.add_argument(
         "--conflict",
         choices=CONFLICTS,
-        default="reuse",
-        help="with --key, when the key is taken: %(choices)s (default: %(default)s)",
+        # None, not reuse: given without --key, it is refused rather than ignored.
+        help="with --key, when the key is taken: %(choices)s (default: reuse)",
     )
     p.add_argument(
         "--max-attempts",
-        type=_int_at_least(1),
+        type=argtypes.integer(1, INT4_MAX),
         default=3,
         metavar="N",
         help="attempts before it fails for good (default: %(default)s)",
     )
-    p.add_argument("--priority", type=int, default=0, metavar="N", help="higher runs first (0)")
+    p.add_argument(
+        "--priority",
+        type=argtypes.integer(INT4_MIN, INT4_MAX),
+        default=0,
+        metavar="N",
+        help="higher runs first (0)",
+    )
     p.add_argument(
         "--delay",
-        type=duration,
+        type=argtypes.bounded_duration(),
         default=timedelta(0),
         metavar="DURATION",
         help="run no earlier than this from now (e.g. 30s, 5m)",
@@ -717,6 +726,7 @@ def add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--after",
         action="append",
+        type=argtypes.text,
         metavar="TASK_ID",
         help="run only once this task has succeeded (repeat for several; canceled if one "
         "fails; docs/workflows.md)",
@@ -740,7 +750,7 @@ def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         description="Count the tasks of every queue by status. RUNNING counts every claimed "
         "task, including those a worker holds ahead (prefetch) and has not started yet.",
     )
-    p.add_argument("--queue", help="only this queue")
+    p.add_argument("--queue", type=argtypes.text, help="only this queue")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_stats)
 
@@ -757,13 +767,22 @@ def add_reads(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="only queued tasks waiting for their dependencies to succeed (docs/workflows.md)",
     )
-    p.add_argument("--queue", help="only this queue")
-    p.add_argument("--name", help="only this task name")
+    p.add_argument("--queue", type=argtypes.text, help="only this queue")
+    p.add_argument("--name", type=argtypes.text, help="only this task name")
+    # At least 1: an empty page cannot say where the next one starts.
     p.add_argument(
-        "--limit", type=_int_at_least(0), default=100, metavar="N", help="at most N (100)"
+        "--limit",
+        type=argtypes.integer(1, INT8_MAX),
+        default=100,
+        metavar="N",
+        help="at most N (100)",
     )
     p.add_argument(
-        "--offset", type=_int_at_least(0), default=0, metavar="N", help="skip the first N"
+        "--offset",
+        type=argtypes.integer(0, INT8_MAX),
+        default=0,
+        metavar="N",
+        help="skip the first N",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_list)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cairnqd.cli.admin import CliError, duration, load, with_store
+from cairnqd.cli.admin import CliError, load, with_store
+from cairnqd.cli.argtypes import duration, text
 from cairnqd.config import Config, format_duration, to_ms
 from cairnqd.daemon import exitcodes
 from cairnqd.store.base import wall_clock_ms
@@ -150,8 +151,8 @@ def extend_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> N
             choices=action.statuses,
             help="only tasks in this status (repeatable)",
         )
-        group.add_argument("--queue", help="only tasks in this queue")
-        group.add_argument("--name", help="only tasks of this task name")
+        group.add_argument("--queue", type=text, help="only tasks in this queue")
+        group.add_argument("--name", type=text, help="only tasks of this task name")
         group.add_argument(
             "--since", type=duration, metavar="DURATION", help="only tasks created within it"
         )

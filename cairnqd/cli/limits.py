@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from cairnqd.cli.admin import CliError, load, with_store
+from cairnqd.cli.argtypes import text
 from cairnqd.cli.fleet import warn_unhonoured
 from cairnqd.cli.queues import operator_name, since
 from cairnqd.config import Config
@@ -220,12 +221,12 @@ def add_parser(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
             "fewer run than the new value."
         ),
     )
-    s.add_argument("name", help="the limit's name in the config")
+    s.add_argument("name", type=text, help="the limit's name in the config")
     s.add_argument(
         "--concurrency", type=int, metavar="N", help="at most N of its tasks running at once"
     )
     s.add_argument("--rate", metavar="N/DURATION", help="e.g. 50/10s")
-    s.add_argument("--reason", metavar="TEXT", help="why, shown by `cairnqd limits`")
+    s.add_argument("--reason", type=text, metavar="TEXT", help="why, shown by `cairnqd limits`")
     s.add_argument(
         "--strict",
         action="store_true",
@@ -238,5 +239,5 @@ def add_parser(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         help="drop a change made with limits set",
         description="Go back to the config's values; exits 1 if a limit had no change.",
     )
-    r.add_argument("name", nargs="+", help="the limits' names")
+    r.add_argument("name", nargs="+", type=text, help="the limits' names")
     r.set_defaults(func=cmd_limits_reset)

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from cairnqd.cli.admin import CliError, _int_at_least, duration, load, with_store
+from cairnqd.cli.admin import CliError, load, with_store
+from cairnqd.cli.argtypes import bounded_duration, integer, text
 from cairnqd.config import Config, PurgeRule, to_ms
+from cairnqd.config.bounds import MAX_PURGE_BATCH
 from cairnqd.daemon import exitcodes
 from cairnqd.models import TERMINAL_STATUSES
 
@@ -179,19 +181,21 @@ def add_parser(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
     filters = p.add_argument_group("explicit filters (need --yes, or a yes at the prompt)")
     filters.add_argument(
         "--older-than",
-        type=duration,
+        # The store's longest: past it, every count and delete would fail.
+        type=bounded_duration(),
         metavar="DURATION",
         help="only tasks finished longer ago than this (default with other filters: 0s)",
     )
     filters.add_argument(
         "--status", choices=sorted(TERMINAL_STATUSES), help="only tasks that ended so"
     )
-    filters.add_argument("--queue", help="only this queue")
-    filters.add_argument("--name", help="only this task name")
+    filters.add_argument("--queue", type=text, help="only this queue")
+    filters.add_argument("--name", type=text, help="only this task name")
     p.add_argument("--yes", action="store_true", help="delete by explicit filters without asking")
     p.add_argument(
         "--limit",
-        type=_int_at_least(1),
+        # retention.batch's own range: the setting this stands in for.
+        type=integer(1, MAX_PURGE_BATCH),
         metavar="N",
         help="rows per delete transaction (default: retention.batch)",
     )

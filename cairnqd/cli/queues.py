@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cairnqd.cli.admin import CliError, load, with_store
+from cairnqd.cli.argtypes import text
 from cairnqd.cli.fleet import warn_unhonoured
 from cairnqd.daemon import exitcodes
 from cairnqd.store.base import TaskStore
@@ -121,8 +122,12 @@ def add_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
             "claiming from them within a second. Tasks already held still run."
         ),
     )
-    p.add_argument("--queue", action="append", metavar="Q", help="a queue to pause (repeatable)")
-    p.add_argument("--reason", metavar="TEXT", help="why, shown by status, stats and top")
+    p.add_argument(
+        "--queue", action="append", type=text, metavar="Q", help="a queue to pause (repeatable)"
+    )
+    p.add_argument(
+        "--reason", type=text, metavar="TEXT", help="why, shown by status, stats and top"
+    )
     p.add_argument(
         "--strict",
         action="store_true",
@@ -136,5 +141,7 @@ def add_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
         help="resume claiming from paused queues",
         description="Resume paused queues; exits 1 if one of them was not paused.",
     )
-    p.add_argument("--queue", action="append", metavar="Q", help="a queue to resume (repeatable)")
+    p.add_argument(
+        "--queue", action="append", type=text, metavar="Q", help="a queue to resume (repeatable)"
+    )
     p.set_defaults(func=cmd_resume)
