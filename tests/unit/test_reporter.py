@@ -108,6 +108,19 @@ def test_hooks_count_what_the_tally_api_counts(claims: list[list[Any]], capacity
             assert abs(got_total - exp_total) < 1e-9
 
 
+def test_the_wait_counts_from_the_creation_when_run_at_is_earlier() -> None:
+    """A run_at before the task existed (another client's row, even negative) is not
+    a wait of decades: the task waited from its creation."""
+    task = Task(
+        id="task_" + "1" * 26, name="a", queue="q", status="running", attempt=1,
+        created_at_ms=9_000, run_at_ms=-1_000, updated_at_ms=10_000,
+    )  # fmt: skip
+    with reporter(4) as (observer, _):
+        observer.tasks_held([TaskContext(_Host(), task)])  # type: ignore[arg-type]
+        *_, total = observer._tally.snapshot().waits["q"]
+    assert total == 1.0
+
+
 def test_a_returned_task_reads_as_returned_until_it_ends() -> None:
     with reporter(4) as (observer, table):
         ctx = _context(1, "q", "a", 0.0)

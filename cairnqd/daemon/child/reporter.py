@@ -82,8 +82,11 @@ class ChildReporter:
             if named is None or task.queue != queue or task.name != name:
                 queue, name = task.queue, task.name
                 named = tally.counts(queue, name)
-            # `Histogram.observe`, inline (as in `task_ended`).
-            wait_s = (task.updated_at_ms - task.run_at_ms) / 1000
+            # `Histogram.observe`, inline (as in `task_ended`). A task is due at its
+            # run_at, but never before it was created: a run_at another client wrote in
+            # the past (or negative) counted as a wait of decades.
+            due_ms = task.run_at_ms if task.run_at_ms > task.created_at_ms else task.created_at_ms
+            wait_s = (task.updated_at_ms - due_ms) / 1000
             if wait_s < 0.0:
                 wait_s = 0.0
             waits = named.waits
