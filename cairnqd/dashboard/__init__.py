@@ -2,7 +2,8 @@
 (`cairnqd dashboard -c FILE`). See docs/dashboard.md.
 
 `markup` escapes, `params` reads requests, `data` does the database work on a thread
-of its own with one shared snapshot, `pages` renders, `auth` checks logins and CSRF,
+of its own with one shared snapshot (`reads` keeps the values of rows other clients
+wrote as stored), `pages` renders (`values` shows any stored value), `auth` checks logins and CSRF,
 `actions` does and logs what an operator asks, `server` serves it all over HTTP,
 `standalone` runs it without a daemon.
 """

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 from cairnqd.attempts import OUTCOME_MEANINGS, AttemptRecord, duration_shown, error_traceback
 from cairnqd.dashboard.markup import Markup, join, render
+from cairnqd.dashboard.values import field_text, is_int, number_text
 
 #: How an outcome is coloured: as the task status that means the same. Its own class
 #: (oc-, not st-) keeps `.st-<status>` naming only the task's own status on the page.
@@ -23,7 +24,7 @@ _BADGE = {
 
 
 def attempt_timeline(
-    records: Sequence[AttemptRecord], now_ms: int, when: Callable[[int | None], str]
+    records: Sequence[AttemptRecord], now_ms: int, when: Callable[[object], str]
 ) -> Markup:
     """The Attempts section of the task page."""
     if not records:
@@ -36,15 +37,15 @@ def attempt_timeline(
 
 
 def _item(
-    record: AttemptRecord, position: int, now_ms: int, when: Callable[[int | None], str]
+    record: AttemptRecord, position: int, now_ms: int, when: Callable[[object], str]
 ) -> Markup:
-    took = duration_shown(record.duration_ms(now_ms))
+    took = _took(record, now_ms)
     return render(
         '<li class="attempt"><div class="attempt-head"><span class="num">#{n}</span> '
         '<span class="status outcome oc-{badge}" title="{meaning}">{outcome}</span> '
         '<span class="mono">{worker}</span> on {host} · started {started} · {took}'
         "{ended}</div>{error}</li>",
-        n=record.attempt,
+        n=number_text(record.attempt),
         badge=_BADGE.get(record.outcome, "queued"),
         meaning=OUTCOME_MEANINGS.get(record.outcome, ""),
         outcome=record.outcome_shown,
@@ -57,6 +58,16 @@ def _item(
     )
 
 
+def _took(record: AttemptRecord, now_ms: int) -> str:
+    """How long the attempt ran; `-` when a time of its record is not a number (the
+    triggers copy them from the task's row, where another client may have written text,
+    which the record's times show as it is)."""
+    end = record.finished_at_ms if record.finished_at_ms is not None else now_ms
+    if not (is_int(record.started_at_ms) and is_int(end)):
+        return "-"
+    return duration_shown(record.duration_ms(now_ms))
+
+
 def _error(record: AttemptRecord, position: int) -> Markup:
     error = record.error
     if not error:
@@ -64,8 +75,8 @@ def _error(record: AttemptRecord, position: int) -> Markup:
     kind = error.get("type") or error.get("code") or "error"
     message = render(
         '<p class="attempt-error"><span class="mono">{kind}</span>: {message}</p>',
-        kind=kind,
-        message=error.get("message", ""),
+        kind=field_text(kind),
+        message=field_text(error.get("message", "")),
     )
     trace = error_traceback(error)
     if trace is None:

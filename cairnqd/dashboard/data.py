@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from cairnqd.attempts import AttemptRecord
 from cairnqd.config import Config
 from cairnqd.daemon.parent.dbthread import LoopThread
+from cairnqd.dashboard import reads
 from cairnqd.limits import Limit, Override, overridden
 from cairnqd.models import STATUSES, Task
 from cairnqd.queue_counts import Period, merged, percentile, periods_by_queue
@@ -226,6 +227,9 @@ class Overview:
     #: Seconds the read took without the failed groups (read more rarely): what the
     #: refresh interval stretches by.
     read_s: float = 0.0
+    #: Why the oldest queued ages are not shown, when the database could not compute
+    #: them; everything else of the snapshot is.
+    oldest_problem: str | None = None
 
 
 async def _read_charts(store: TaskStore, range_name: str) -> Charts:
@@ -334,6 +338,8 @@ class DashboardData:
         self._reporting: concurrent.futures.Future[None] | None = None
         self._stopped = False
         self._wake: asyncio.Event | None = None
+        #: Why the oldest queued ages could not be read last time (logged once).
+        self._oldest_problem: str | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -506,7 +512,7 @@ class DashboardData:
         if kept is not None and fresh and not self._failed_stale:
             return kept[1]
         self._failed_stale = False
-        groups = await store.dashboard.failed_groups()
+        groups = await reads.failed_groups(store)
         self._failed = (time.monotonic(), groups)
         return groups
 
@@ -556,6 +562,7 @@ class DashboardData:
             limits=old.limits if old else [],
             bypasses=old.bypasses if old else [],
             throttled=old.throttled if old else {},
+            oldest_problem=old.oldest_problem if old else None,
         )
 
     def _daemon(self) -> tuple[dict[str, Any] | None, str | None]:
@@ -575,7 +582,7 @@ class DashboardData:
             store = await self._store.get()
             now_ms = store.now_ms()
             stats = await store.stats()
-            oldest = await store.oldest_queued_age_ms()
+            oldest, oldest_problem = await self._oldest_ages(store)
             # Rows of tasks held by dependencies only: an empty table without them.
             waiting = await store.waiting_counts()
             pauses = {p.queue: p for p in await store.pauses.all()}
@@ -629,7 +636,27 @@ class DashboardData:
             bypasses=bypasses,
             throttled=throttled,
             read_s=read_s,
+            oldest_problem=oldest_problem,
         )
+
+    async def _oldest_ages(self, store: TaskStore) -> tuple[dict[str, float], str | None]:
+        """Per queue, the oldest due queued task's age (ms), or why there are none. The
+        one read of the snapshot that computes on the tasks' own values: a due time
+        another client wrote can make the database's arithmetic fail (on Postgres,
+        run_at_ms near the smallest bigint is "bigint out of range"). That must not fail
+        the overview for everyone: the ages are left out and the page says why. A
+        database that is down fails the reads after it all the same. Logged once per
+        distinct reason, not at every refresh."""
+        try:
+            ages = await reads.oldest_queued_age_ms(store)
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+            level = logging.DEBUG if problem == self._oldest_problem else logging.WARNING
+            log.log(level, "dashboard: cannot read the oldest queued ages: %s", problem)
+            self._oldest_problem = problem
+            return {}, problem
+        self._oldest_problem = None
+        return ages, None
 
     async def _read_limits(
         self, store: TaskStore
@@ -672,7 +699,7 @@ class DashboardData:
 
     def tasks(self, query: TaskQuery) -> list[TaskSummary]:
         async def read(store: TaskStore) -> list[TaskSummary]:
-            return await store.dashboard.browse(query)
+            return await reads.browse(store, query)
 
         return self._run(read, "the task list")
 
@@ -751,7 +778,7 @@ class DashboardData:
         """Every recorded attempt of `task_id`, in the order they ran."""
 
         async def read(store: TaskStore) -> list[AttemptRecord]:
-            return await store.attempts.of(task_id)
+            return await reads.attempts_of(store, task_id)
 
         return self._run(read, f"the attempts of task {task_id}")
 
@@ -776,7 +803,7 @@ class DashboardData:
             task = await store.get(task_id)
             if task is None:
                 return None, TaskGraph([])
-            return task, await store.graph(task_id, limit=GRAPH_LIMIT)
+            return task, await reads.graph(store, task_id, limit=GRAPH_LIMIT)
 
         return self._run(read, f"the dependency graph of task {task_id}")
 
@@ -793,10 +820,10 @@ class DashboardData:
         return self._run(read, f"the limits of task {task.id}")
 
     def search(self, text: str, *, scan: int, limit: int) -> SearchResult:
-        """The search box's tasks among the newest `scan` (store/tables/dashboard.py)."""
+        """The search box's tasks among the newest `scan` (reads.py)."""
 
         async def read(store: TaskStore) -> SearchResult:
-            return await store.dashboard.search(text, scan=scan, limit=limit)
+            return await reads.search(store, text, scan=scan, limit=limit)
 
         return self._run(read, "the search")
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from cairnqd.dashboard.markup import Markup, join, render
 from cairnqd.dashboard.params import BadRequest
+from cairnqd.dashboard.values import pair_text
 from cairnqd.models import Task
 from cairnqd.store.dependencies import GraphNode, TaskGraph, state_shown
 
@@ -240,7 +241,8 @@ def _edge(source: Box, target: Box) -> Markup:
 def _task_box(box: Box, focus: str) -> Markup:
     node = box.node
     state = node.state
-    attempts = f" · {node.attempt}/{node.max_attempts}" if node.attempt else ""
+    # Another client's text in either column is shown as it is, marked (values.py).
+    attempts = f" · {pair_text(node.attempt, node.max_attempts)}" if node.attempt else ""
     return render(
         '<a class="node node-{state}{current}" href="/task/{id}" data-task="{id}">'
         "<title>{name} ({id}): {state}{attempts}{this}</title>"
@@ -330,14 +332,13 @@ def _layer_list(drawing: Drawing, layer: int, focus: str) -> Markup:
         render(
             '<tr{current}><td><a class="mono" href="/task/{id}">{id}</a></td><td>{name}</td>'
             '<td>{queue}</td><td><span class="status st-{state}">{state}</span></td>'
-            '<td class="num">{attempt}/{most}</td></tr>',
+            '<td class="num">{attempts}</td></tr>',
             current=Markup(' class="current"') if n.id == focus else Markup(""),
             id=n.id,
             name=n.name,
             queue=n.queue,
             state=n.state,
-            attempt=n.attempt,
-            most=n.max_attempts,
+            attempts=pair_text(n.attempt, n.max_attempts),
         )
         for n in nodes
     )

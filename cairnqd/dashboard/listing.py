@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cairnqd.attempts import attempts_shown
 from cairnqd.dashboard.markup import Markup, join, render
 from cairnqd.dashboard.pages import Viewer, action_form, status_badge, when
 from cairnqd.dashboard.params import BULK_STATUSES, encode_cursor, with_params
+from cairnqd.dashboard.reads import next_cursor
+from cairnqd.dashboard.values import attempts_text
 from cairnqd.models import STATUSES
 from cairnqd.store.browse import SORTS, SearchResult, TaskQuery, TaskSummary
 from cairnqd.store.dependencies import state_shown
@@ -45,7 +46,7 @@ def _task_table(
             key=render("<td>{k}</td>", k=keys[i] or "-") if keys is not None else Markup(""),
             queue=t.queue,
             status=status_badge(state_shown(t.status, t.run_at_ms)),
-            attempt=attempts_shown(t.attempt, t.max_attempts),
+            attempt=attempts_text(t.attempt, t.max_attempts),
             created=when(t.created_at_ms),
             run_at="after its parents"
             if state_shown(t.status, t.run_at_ms) == "waiting"
@@ -130,11 +131,12 @@ def tasks_page(
     pager = []
     if query.cursor is not None:
         pager.append(render('<a href="{href}">first page</a>', href=with_params("/tasks", keep)))
-    if more and rows:
-        last = rows[-1]
-        value = last.sort_value(query.sort)
-        assert value is not None
-        cursor = encode_cursor(query.sort, value, last.id)
+    last = rows[-1] if more and rows else None
+    # The sort value as stored (reads.py): after a real another client wrote, the next
+    # page starts at the integer below it.
+    after = next_cursor(last.sort_value(query.sort), last.id) if last is not None else None
+    if after is not None:
+        cursor = encode_cursor(query.sort, *after)
         pager.append(render(
             '<a rel="next" href="{href}">next page</a>',
             href=with_params("/tasks", {**keep, "cursor": cursor}),

@@ -9,15 +9,14 @@ viewer is logged in; each carries the session's CSRF value.
 
 from __future__ import annotations
 
-import json
+import math
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from cairnqd._jsoncodec import shown
-from cairnqd.attempts import AttemptRecord, attempts_shown, error_attempt, error_label
+from cairnqd.attempts import AttemptRecord, error_attempt, error_label
 from cairnqd.config import Config, ScheduleConfig
 from cairnqd.config.units import elapsed_text, format_duration
 from cairnqd.dashboard.attempts import attempt_timeline
@@ -27,6 +26,17 @@ from cairnqd.dashboard.data import HOUR_MINUTES, HostView, LimitRow, Overview, Q
 from cairnqd.dashboard.graphs import dependency_sections
 from cairnqd.dashboard.markup import Markup, join, render
 from cairnqd.dashboard.params import with_params
+from cairnqd.dashboard.values import (
+    SHOWN_MAX,
+    attempts_text,
+    field_text,
+    fraction,
+    number_text,
+    pretty,
+    raw_text,
+    time_text,
+    unreadable,
+)
 from cairnqd.limits import NO_PARTITION, Limit
 from cairnqd.models import STATUSES, Task
 from cairnqd.schedules import from_ms
@@ -65,10 +75,10 @@ class Viewer:
 # -- small pieces --------------------------------------------------------------------------
 
 
-def when(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return from_ms(ms).strftime("%Y-%m-%d %H:%M:%S")
+def when(ms: object) -> str:
+    """A time of a row (epoch ms) as UTC; a value another client stored that is not
+    one is shown as its text, marked (values.py)."""
+    return time_text(ms)
 
 
 def _no_daemon_note(overview: Overview) -> Markup:
@@ -79,7 +89,10 @@ def _no_daemon_note(overview: Overview) -> Markup:
 
 
 def age(seconds: float | None) -> str:
-    return "-" if seconds is None else elapsed_text(seconds, " ")
+    if seconds is None:
+        return "-"
+    # Infinite: a due time another client wrote as -Infinity (reads.py).
+    return elapsed_text(seconds, " ") if math.isfinite(seconds) else unreadable(seconds)
 
 
 def size(n: int | None) -> str:
@@ -91,18 +104,6 @@ def size(n: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return str(n)
-
-
-#: The most of one JSON value a task's page shows.
-SHOWN_MAX = 100_000
-
-
-def pretty(value: Any) -> str:
-    # A value another client stored that cannot be decoded shows as its escaped text.
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=shown)
-    if len(text) > SHOWN_MAX:
-        return f"{text[:SHOWN_MAX]}\n… ({len(text):,} characters; the rest is not shown)"
-    return text
 
 
 def status_badge(status: str) -> Markup:
@@ -379,11 +380,22 @@ def overview_page(overview: Overview, viewer: Viewer) -> Markup:
         if rows
         else Markup('<p class="empty">No queues yet: no task was submitted.</p>')
     )
+    oldest_note = (
+        render(
+            '<p class="warn oldest-problem">The oldest queued ages are not shown: the '
+            "database could not compute them ({why}). A queued task's due time (run_at_ms) "
+            "written by another client may be out of range.</p>",
+            why=overview.oldest_problem,
+        )
+        if overview.oldest_problem
+        else Markup("")
+    )
     return render(
-        '{problem}<div class="totals">{totals}</div><h2>Queues</h2>{queues}'
+        '{problem}<div class="totals">{totals}</div><h2>Queues</h2>{oldest_note}{queues}'
         "{limits}<h2>Groups</h2>{groups}{note}",
         problem=problem_note(overview),
         totals=totals,
+        oldest_note=oldest_note,
         queues=queues,
         limits=limits_section(overview),
         groups=groups_table(overview),
@@ -597,6 +609,14 @@ def groups_table(overview: Overview) -> Markup:
     )
 
 
+def _message_text(value: object) -> str:
+    """A message (a task's, or a failed group's) as text: None is empty; another type
+    (a number in an envelope's message) as it is."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else raw_text(value)
+
+
 # -- tasks -----------------------------------------------------------------------------------
 
 
@@ -661,8 +681,8 @@ def task_page(
         ("queue", task.queue),
         ("status", status_badge(state)),
         ("key", key if key is not None else "-"),
-        ("attempt", attempts_shown(task.attempt, task.max_attempts)),
-        ("priority", task.priority),
+        ("attempt", attempts_text(task.attempt, task.max_attempts)),
+        ("priority", number_text(task.priority)),
         ("lease holder", task.worker_id or "-"),
         ("lease until", when(task.lease_until_ms)),
         ("created", when(task.created_at_ms)),
@@ -676,14 +696,22 @@ def task_page(
     ]
     dl = join(render("<dt>{k}</dt><dd>{v}</dd>", k=k, v=v) for k, v in facts)
     progress = Markup("")
-    if task.progress is not None or task.message is not None:
-        value = task.progress if task.progress is not None else 0.0
+    value = fraction(task.progress)
+    if task.progress is not None and value is None:
+        # Not a fraction (text another client stored, NaN): no bar, the value as it is.
+        progress = render(
+            '<h2>Progress</h2><p>{raw} <span class="message">{m}</span></p>',
+            raw=unreadable(task.progress),
+            m=_message_text(task.message),
+        )
+    elif task.progress is not None or task.message is not None:
+        value = value if value is not None else 0.0
         progress = render(
             '<h2>Progress</h2><p><progress max="1" value="{v}">{pct}</progress> {pct} '
             '<span class="message">{m}</span></p>',
             v=f"{min(max(value, 0.0), 1.0):.4f}",
             pct=f"{value * 100:.0f}%" if task.progress is not None else "",
-            m=task.message or "",
+            m=_message_text(task.message),
         )
     error = Markup("")
     if task.error is not None:
@@ -697,8 +725,10 @@ def task_page(
             "<dd>{code}</dd><dt>message</dt><dd>{message}</dd><dt>retryable</dt>"
             "<dd>{retryable}</dd></dl>{trace}{rest}",
             label=render('<p class="note earlier">The error {l}.</p>', l=label) if label else "",
-            type=envelope.get("type", "-"), code=envelope.get("code", "-"),
-            message=envelope.get("message", "-"), retryable=envelope.get("retryable", "-"),
+            type=field_text(envelope.get("type", "-")),
+            code=field_text(envelope.get("code", "-")),
+            message=field_text(envelope.get("message", "-")),
+            retryable=field_text(envelope.get("retryable", "-")),
             trace=render('<h3>Traceback</h3><pre class="trace">{t}</pre>', t=trace)
             if isinstance(trace, str) else "",
             rest=render("<h3>Details</h3><pre>{d}</pre>", d=pretty(rest)) if rest else "",
@@ -745,7 +775,7 @@ def failed_page(overview: Overview, viewer: Viewer) -> Markup:
             "<td>{last}</td><td class=\"msg\">{message}</td><td>{retry}{discard}</td></tr>",
             href=with_params("/tasks", {"status": "failed", "name": g.name}),
             name=g.name, etype=g.error_type or "-", n=g.n, last=when(g.last_ms),
-            message=(g.message or "")[:300],
+            message=_message_text(g.message)[:300],
             retry=action_form(viewer, "failed-retry", f"Retry all {g.n}", fields, "/failed",
                               confirm=f"Retry every failed {g.name} ({g.error_type})?"),
             discard=action_form(viewer, "failed-discard", "Discard", fields, "/failed",
@@ -1032,6 +1062,7 @@ def lines(items: Iterable[str]) -> Markup:
 
 
 __all__ = [
+    "SHOWN_MAX",
     "Viewer",
     "failed_page",
     "layout",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -23,6 +23,8 @@ PAGE_SIZE = 50
 _PAGE_MAX = 500
 _CURSOR_MAX = 400
 _TASK_ID = re.compile(r"[A-Za-z0-9_:.-]{1,255}")
+#: A cursor's id above every task id (as the list's first page starts: TaskQuery).
+_ABOVE_EVERY_ID = "\U0010ffff"
 #: The pages an action or a login may send the browser back to (and /task/ID, and
 #: /task/ID/graph).
 _PAGES = frozenset({"/", "/tasks", "/failed", "/workers", "/schedules", "/search", "/bulk"})
@@ -127,6 +129,10 @@ def decode_cursor(value: str, sort: str) -> tuple[int, str]:
         raise BadRequest("cursor: not a page cursor of this dashboard (follow the Next link)")
     if parts[0] != sort:
         raise BadRequest(f"cursor: it pages the {parts[0]!r} sort, not {sort!r}")
+    if parts[2] == "":
+        # After a row whose sort value is a real (reads.next_cursor): every row of the
+        # integer value is still to come, whatever its id.
+        return int(parts[1]), _ABOVE_EVERY_ID
     if not _TASK_ID.fullmatch(parts[2]):
         raise BadRequest("cursor: not a page cursor of this dashboard (follow the Next link)")
     return int(parts[1]), parts[2]
@@ -151,7 +157,7 @@ def task_query(values: Mapping[str, str]) -> TaskQuery:
             raise BadRequest(f"limit: must be a whole number from 1 to {_PAGE_MAX}, got {text!r}")
         limit = int(text)
     cursor = decode_cursor(values["cursor"], sort) if values.get("cursor") else None
-    return TaskQuery(
+    query = TaskQuery(
         sort=sort,
         status=status,
         queue=values.get("queue") or None,
@@ -162,6 +168,18 @@ def task_query(values: Mapping[str, str]) -> TaskQuery:
         cursor=cursor,
         limit=limit,
     )
+    _store_checks(query.params)
+    return query
+
+
+def _store_checks(check: Callable[[], object]) -> None:
+    """Run the store's own argument checks on what the request asked for, here: a
+    request the store refuses is a 400 naming why, and a ValueError later, while the
+    page is read or drawn, is never taken for the request's fault (server.py)."""
+    try:
+        check()
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def task_id(value: str) -> str:
@@ -239,6 +257,7 @@ def bulk_filter(values: Mapping[str, str]) -> tuple[str, TaskFilter, str]:
         created_after_ms=from_ms,
         created_before_ms=to_ms,
     )
+    _store_checks(where.params)
     said = [f"status {'/'.join(where.statuses)}"]
     said += [f"queue {queue}"] if queue else []
     said += [f"name {name}"] if name else []

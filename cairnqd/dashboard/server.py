@@ -141,8 +141,9 @@ class Dashboard:
             return self._route(method, target, headers, body, address)
         except BadRequest as exc:
             return _error(400, str(exc))
-        except ValueError as exc:  # the store's own argument checks (a queue name's length)
-            return _error(400, str(exc))
+        # No ValueError is a 400 here: params.py runs the store's argument checks on the
+        # request, so one raised later comes from the database's rows or the dashboard
+        # itself (a row another client wrote used to answer "Bad Request" to everyone).
         except DatabaseError as exc:
             log.warning("dashboard: %s", exc)
             return _error(503, str(exc))
