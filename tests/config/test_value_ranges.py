@@ -9,66 +9,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 import cairnqd
-from cairnqd.config import SCHEMA, Config, ConfigError, load_config, to_ms
+from cairnqd.config import SCHEMA, ConfigError, load_config, to_ms
 from cairnqd.config.kinds import DurationKind, IntKind, MapKind, PrefetchKind, SizeKind
 from cairnqd.config.schedule_kinds import MisfireKind
 from cairnqd.daemon.boot import boot_for, decode_boot
 from cairnqd.daemon.wire.messages import encode
 from cairnqd.store.arguments import MAX_DURATION_MS, require_duration
+from tests.support.configfiles import BASE, Errors, Loader, Write
 
-BASE = """\
-version: 1
-database:
-  path: ./t.db
-handlers: [cairnqd.demo:registry]
-groups:
-  default:
-    queues: [default]
-"""
 #: One past the 64-bit integers the parent's pipe to its children carries.
 PAST_INT64 = 2**63
-
-Write = Callable[[str], Path]
-Problems = Callable[[str], list[str]]
-
-
-@pytest.fixture
-def write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Write:
-    monkeypatch.chdir(tmp_path)  # ./t.db lands here
-
-    def write(text: str) -> Path:
-        path = tmp_path / "cairnq.yaml"
-        path.write_text(textwrap.dedent(text))
-        return path
-
-    return write
-
-
-@pytest.fixture
-def problems(write: Write) -> Problems:
-    """The problems of a config that must fail, its file shown as cairnq.yaml."""
-
-    def problems(text: str) -> list[str]:
-        path = write(text)
-        with pytest.raises(ConfigError) as info:
-            load_config(path, env={})
-        return [str(p).replace(str(path), "cairnq.yaml", 1) for p in info.value.problems]
-
-    return problems
-
-
-@pytest.fixture
-def load(write: Write) -> Callable[[str], Config]:
-    return lambda text: load_config(write(text), env={})
 
 
 def check(path: Path) -> subprocess.CompletedProcess[str]:
@@ -88,11 +44,9 @@ def check(path: Path) -> subprocess.CompletedProcess[str]:
 # --- defect 1: integers past 64 bits, and sizes ---------------------------------------
 
 
-def test_group_numbers_a_child_cannot_boot_with_are_refused(
-    problems: Problems, load: Callable[[str], Config]
-) -> None:
+def test_group_numbers_a_child_cannot_boot_with_are_refused(errors: Errors, load: Loader) -> None:
     big = 99999999999999999999
-    assert problems(
+    assert errors(
         BASE
         + f"""\
     concurrency: {big}
@@ -193,13 +147,13 @@ def test_check_refuses_what_run_would_fail_on(write: Write) -> None:
 # --- defect 2: processes ----------------------------------------------------------------
 
 
-def test_processes_is_bounded(problems: Problems, load: Callable[[str], Config]) -> None:
-    assert problems(BASE + "    processes: 100000000000\n") == [
+def test_processes_is_bounded(errors: Errors, load: Loader) -> None:
+    assert errors(BASE + "    processes: 100000000000\n") == [
         "cairnq.yaml:8:16: groups.default.processes: expected an integer from 1 to 1024, "
         "got 100000000000"
     ]
     # Below the minimum and of the wrong type, the words stay as they were.
-    assert problems(BASE + "    processes: 0\n") == [
+    assert errors(BASE + "    processes: 0\n") == [
         "cairnq.yaml:8:16: groups.default.processes: expected an integer ≥ 1, got 0"
     ]
     assert load(BASE + "    processes: 1024\n").groups["default"].processes == 1024
@@ -208,10 +162,8 @@ def test_processes_is_bounded(problems: Problems, load: Callable[[str], Config])
 # --- defect 3: durations ----------------------------------------------------------------
 
 
-def test_durations_past_what_the_store_takes_are_refused(
-    problems: Problems, load: Callable[[str], Config]
-) -> None:
-    assert problems(
+def test_durations_past_what_the_store_takes_are_refused(errors: Errors, load: Loader) -> None:
+    assert errors(
         """\
 version: 1
 handlers: [cairnqd.demo:registry]
@@ -273,14 +225,12 @@ def test_check_refuses_a_huge_every_instead_of_crashing(write: Write) -> None:
 # --- defect 4: heartbeat_timeout against heartbeat_interval -----------------------------
 
 
-def test_heartbeat_timeout_must_outlast_the_interval(
-    problems: Problems, load: Callable[[str], Config]
-) -> None:
-    assert problems(BASE + "supervisor: {heartbeat_timeout: 1s, heartbeat_interval: 10s}\n") == [
+def test_heartbeat_timeout_must_outlast_the_interval(errors: Errors, load: Loader) -> None:
+    assert errors(BASE + "supervisor: {heartbeat_timeout: 1s, heartbeat_interval: 10s}\n") == [
         "cairnq.yaml:8:33: supervisor.heartbeat_timeout: must be longer than "
         "heartbeat_interval (10s)"
     ]
-    assert problems(BASE + "supervisor:\n  heartbeat_interval: 5s\n  heartbeat_timeout: 5s\n") == [
+    assert errors(BASE + "supervisor:\n  heartbeat_interval: 5s\n  heartbeat_timeout: 5s\n") == [
         "cairnq.yaml:10:22: supervisor.heartbeat_timeout: must be longer than "
         "heartbeat_interval (5s)"
     ]
@@ -291,9 +241,9 @@ def test_heartbeat_timeout_must_outlast_the_interval(
 # --- defect 5: queue names --------------------------------------------------------------
 
 
-def test_queue_names_past_255_characters_are_refused(problems: Problems) -> None:
+def test_queue_names_past_255_characters_are_refused(errors: Errors) -> None:
     long = "q" * 256
-    assert problems(
+    assert errors(
         f"""\
 version: 1
 database: {{path: ./t.db}}
@@ -317,7 +267,7 @@ retention:
 
 
 def test_a_queue_name_the_config_accepts_can_be_paused_and_submitted(
-    load: Callable[[str], Config], problems: Problems
+    load: Loader, errors: Errors
 ) -> None:
     from cairnqd.store.arguments import MAX_TEXT_BYTES
     from cairnqd.store.operator import check_queue_name
@@ -328,14 +278,14 @@ def test_a_queue_name_the_config_accepts_can_be_paused_and_submitted(
     assert len(queue.encode()) <= MAX_TEXT_BYTES
     # 255 characters of four bytes each: within the pause table, past a submit's 1000 bytes.
     wide = "\U0001f600" * 255
-    assert problems(BASE.replace("[default]", f'["{wide}"]')) == [
+    assert errors(BASE.replace("[default]", f'["{wide}"]')) == [
         "cairnq.yaml:7:14: groups.default.queues[0]: must be at most 1000 bytes in UTF-8, got 1020"
     ]
 
 
-def test_a_task_name_the_store_cannot_take_is_refused(problems: Problems) -> None:
+def test_a_task_name_the_store_cannot_take_is_refused(errors: Errors) -> None:
     name = "n" * 1001
-    assert problems(BASE + f"schedules:\n  s: {{name: {name}, every: 1h}}\n") == [
+    assert errors(BASE + f"schedules:\n  s: {{name: {name}, every: 1h}}\n") == [
         "cairnq.yaml:9:13: schedules.s.name: must be at most 1000 bytes in UTF-8, got 1001"
     ]
 
@@ -343,8 +293,8 @@ def test_a_task_name_the_store_cannot_take_is_refused(problems: Problems) -> Non
 # --- defect 6: a bad rule hid a dead one --------------------------------------------------
 
 
-def test_a_bad_rule_does_not_hide_a_dead_one(problems: Problems) -> None:
-    assert problems(
+def test_a_bad_rule_does_not_hide_a_dead_one(errors: Errors) -> None:
+    assert errors(
         BASE
         + """\
 retention:
@@ -364,8 +314,8 @@ retention:
 # --- found on the way: other values that crashed `check` or every run ---------------------
 
 
-def test_bucket_bounds_past_any_duration_are_refused(problems: Problems) -> None:
-    assert problems(
+def test_bucket_bounds_past_any_duration_are_refused(errors: Errors) -> None:
+    assert errors(
         BASE + f"metrics:\n  duration_buckets: [1, .inf]\n  wait_buckets: [1, {10**400}]\n"
     ) == [
         "cairnq.yaml:9:25: metrics.duration_buckets[1]: must be at most 3153600000, got inf",
@@ -373,8 +323,8 @@ def test_bucket_bounds_past_any_duration_are_refused(problems: Problems) -> None
     ]
 
 
-def test_catch_up_is_bounded(problems: Problems) -> None:
-    assert problems(
+def test_catch_up_is_bounded(errors: Errors) -> None:
+    assert errors(
         BASE + "schedules:\n  s: {name: demo.echo, every: 1h, misfire: {catch_up: 100001}}\n"
     ) == [
         "cairnq.yaml:9:55: schedules.s.misfire.catch_up: expected an integer from 1 to "

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import sys
 import textwrap
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,57 +34,10 @@ from cairnqd.config import (
 )
 from cairnqd.config.reference import render_reference
 from cairnqd.registry import HandlerError, TaskRegistry, parse_handler_path, resolve_handlers
+from tests.support.configfiles import BASE, Errors, Loader
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "config" / "cairnq.example.yaml"
-
-BASE = """\
-version: 1
-database:
-  path: ./t.db
-handlers: [cairnqd.demo:registry]
-groups:
-  default:
-    queues: [default]
-"""
-
-Loader = Callable[..., Config]
-Errors = Callable[..., list[str]]
-
-
-@pytest.fixture
-def write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
-    """Write cairnq.yaml in a fresh working directory (relative SQLite paths land there)."""
-    monkeypatch.chdir(tmp_path)
-
-    def write(text: str) -> Path:
-        path = tmp_path / "cairnq.yaml"
-        path.write_text(textwrap.dedent(text))
-        return path
-
-    return write
-
-
-@pytest.fixture
-def load(write: Callable[[str], Path]) -> Loader:
-    def load(text: str, env: Mapping[str, str] | None = None) -> Config:
-        return load_config(write(text), env={} if env is None else env)
-
-    return load
-
-
-@pytest.fixture
-def errors(write: Callable[[str], Path]) -> Errors:
-    """The problems of a config that must fail, with the file shown as cairnq.yaml."""
-
-    def errors(text: str, env: Mapping[str, str] | None = None) -> list[str]:
-        path = write(text)
-        with pytest.raises(ConfigError) as info:
-            load_config(path, env={} if env is None else env)
-        assert str(info.value) == "\n".join(str(p) for p in info.value.problems)
-        return [str(p).replace(str(path), "cairnq.yaml", 1) for p in info.value.problems]
-
-    return errors
 
 
 def warnings_of(config: Config) -> list[str]:
