@@ -274,6 +274,36 @@ def shown(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
+#: What a JSON output shows in place of a number JSON cannot carry: another client stored
+#: `1e999` (valid JSON, which SQLite's json_valid and Postgres jsonb accept) and Python
+#: read it as infinite. Bare `Infinity` or `NaN` is not JSON (docs/protocol.md#no-nan).
+_NONFINITE_MARKERS = {
+    "Infinity": '{"undecodable": "a number too large for a 64-bit float", "raw": "Infinity"}',
+    "-Infinity": '{"undecodable": "a number too large for a 64-bit float", "raw": "-Infinity"}',
+    "NaN": '{"undecodable": "not a number", "raw": "NaN"}',
+}
+# A JSON string literal (escapes included), or a token `json.dumps` writes for a float
+# JSON cannot carry; scanned left to right, a token inside a string is never taken.
+_NONFINITE = re.compile(r'"(?:[^"\\]|\\.)*"|-?Infinity|NaN')
+
+
+def _mark_nonfinite(match: re.Match[str]) -> str:
+    token = match.group(0)
+    return _NONFINITE_MARKERS.get(token, token)
+
+
+def shown_json(value: Any, *, indent: int | None = 2, default: Callable[[Any], Any] = shown) -> str:
+    """`value` as JSON text for output meant for people and scripts (`cairnqd list
+    --json`, `inspect`): an `Undecodable` marker as its object (`shown`), and a float
+    JSON cannot carry (infinite or NaN: a number such as `1e999` another client stored)
+    as a marker object too, `{"undecodable": why, "raw": "Infinity"}`, so the text is
+    always valid JSON. Not for what is stored: `dump_json` refuses such floats."""
+    text = json.dumps(value, indent=indent, ensure_ascii=False, default=default)
+    if "Infinity" in text or "NaN" in text:  # rare: only then a scan for the tokens
+        text = _NONFINITE.sub(_mark_nonfinite, text)
+    return text
+
+
 def tolerant_text(data: bytes) -> str:
     """A `sqlite3` text factory that never fails: UTF-8 text as a str, anything else as
     `UndecodableText`. Slower than the default; only for reading again what failed."""

@@ -45,17 +45,21 @@ class AttemptRecord:
     def from_row(cls, row: Mapping[str, Any]) -> AttemptRecord:
         error = row["error"]
         if isinstance(error, str | bytes):
-            # SQLite keeps JSON as text; a value that is not JSON is shown as it is.
+            # SQLite keeps JSON as text; a value that is not JSON (or nests deeper than
+            # the decoder goes) is shown as it is.
             try:
                 error = json.loads(error)
-            except ValueError:
-                error = {"message": str(error)}
+            except (ValueError, RecursionError):
+                error = {"message": error if isinstance(error, str) else repr(error)}
         return cls(
             task_id=str(row["task_id"]),
-            attempt=int(row["attempt"]),
+            # The history's triggers copy the attempt and times from the task's row, so
+            # another client's text reaches them too: kept as stored, for the reader to
+            # show (as `TaskSummary.from_row` does).
+            attempt=row["attempt"],
             worker_id=None if row["worker_id"] is None else str(row["worker_id"]),
-            started_at_ms=int(row["started_at_ms"]),
-            finished_at_ms=None if row["finished_at_ms"] is None else int(row["finished_at_ms"]),
+            started_at_ms=row["started_at_ms"],
+            finished_at_ms=row["finished_at_ms"],
             outcome=None if row["outcome"] is None else str(row["outcome"]),
             detail=None if row["detail"] is None else str(row["detail"]),
             error=error if isinstance(error, dict) else None,

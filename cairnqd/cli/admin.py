@@ -14,11 +14,12 @@ import difflib
 import json
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from cairnqd._jsoncodec import MAX_JSON_DEPTH, shown
+from cairnqd import storedvalues
+from cairnqd._jsoncodec import MAX_JSON_DEPTH, shown, shown_json
 from cairnqd._protocol import migrations
 from cairnqd.attempts import AttemptRecord, attempts_shown
 from cairnqd.cli import argtypes, inspect_text, inspect_tree, listing
@@ -45,11 +46,14 @@ from cairnqd.errors import (
 from cairnqd.models import CONFLICTS, JSON_COLUMNS, MS_COLUMNS, STATUSES, Task
 from cairnqd.store.arguments import INT4_MAX, INT4_MIN, INT8_MAX, MAX_TEXT_BYTES
 from cairnqd.store.base import TaskStore, wall_clock_ms
-from cairnqd.store.dependencies import WAITING_RUN_AT, TaskGraph, is_waiting, state_shown
+from cairnqd.store.dependencies import TaskGraph, is_waiting, state_shown
 from cairnqd.store.errors import is_operational
 from cairnqd.store.factory import missing_sqlite_file, store_for
 from cairnqd.store.tables.fleet import FleetMember
 from cairnqd.store.tables.limits import RoomWait
+
+if TYPE_CHECKING:
+    from cairnqd.limits import Limit
 
 __all__ = [
     "CliError",
@@ -122,17 +126,24 @@ def _unavailable(config: Config, exc: BaseException) -> str:
     return f"{describe_database(config)}: {_one_line(exc)}"
 
 
-def _when(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    if ms == WAITING_RUN_AT:  # past any datetime: a task held by its dependencies
-        return "when its dependencies have succeeded"
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+def _when(ms: object) -> str:
+    """Epoch milliseconds as UTC to the millisecond, from the integer (exact); a value
+    that is no time as it is, marked."""
+    return listing.clock(ms, millis=True, waiting="when its dependencies have succeeded")
 
 
-def _json(value: Any) -> str:
-    # A value another client stored that cannot be decoded shows as its escaped text.
-    return json.dumps(value, indent=2, ensure_ascii=False, default=shown)
+def _default(value: Any) -> Any:
+    """`json.dumps`'s `default`: a marker for a value that cannot be decoded (`shown`),
+    and a blob another client stored where text belongs as its escaped text, marked."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"undecodable": "not text", "raw": storedvalues.raw_text(value)}
+    return shown(value)
+
+
+def _json(value: Any, indent: int | None = 2) -> str:
+    # A value another client stored that cannot be decoded shows as its escaped text;
+    # a number JSON cannot carry (1e999, read as infinite) as a marker: valid JSON.
+    return shown_json(value, indent=indent, default=_default)
 
 
 # -- the store -----------------------------------------------------------------------------
@@ -281,23 +292,74 @@ async def _stats(
     return await store.stats(queue), paused if queue is None else paused & {queue}, waiting
 
 
+def _by_status(
+    counts: dict[Any, dict[Any, int]],
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    """Per queue, the protocol's statuses' counts, and apart those of any other status
+    (another client wrote `paused` or `QUEUED` with the table's CHECK off): counted in
+    no status column, they would leave a row that does not add up. A queue or status
+    that is not text (a blob) is keyed by its escaped text, marked."""
+    known: dict[str, dict[str, int]] = {}
+    other: dict[str, dict[str, int]] = {}
+    for queue, by_status in counts.items():
+        key = queue if isinstance(queue, str) else storedvalues.unreadable(queue)
+        mine = known.setdefault(key, dict.fromkeys(STATUSES, 0))
+        theirs = other.setdefault(key, {})
+        for status, n in by_status.items():
+            if isinstance(status, str) and status in STATUSES:
+                mine[status] += n
+            else:
+                shown_as = status if isinstance(status, str) else storedvalues.raw_text(status)
+                theirs[shown_as] = theirs.get(shown_as, 0) + n
+    return known, other
+
+
+def other_note(other: dict[str, dict[str, int]]) -> str | None:
+    """What OTHER counts, naming each status and how many hold it; None for none."""
+    merged: dict[str, int] = {}
+    for by_status in other.values():
+        for status, n in by_status.items():
+            merged[status] = merged.get(status, 0) + n
+    if not merged:
+        return None
+    named = ", ".join(f"'{storedvalues.raw_text(s)}': {n}" for s, n in sorted(merged.items()))
+    return (
+        f"OTHER counts {sum(merged.values())} task(s) whose status is none of the protocol's "
+        f"({named}): another client wrote them, and no worker claims them. `cairnqd list` "
+        f"shows them, their status marked {storedvalues.UNREADABLE}."
+    )
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     config = load(args.config)
     counts, paused, waiting = with_store(config, lambda store: _stats(store, args.queue))
+    known, other = _by_status(counts)
+    note = other_note(other)
     if args.json:
-        for queue, by_status in counts.items():
-            by_status["waiting"] = waiting.get(queue, 0)
-        print(_json(dict(sorted(counts.items()))))
+        out: dict[str, dict[str, Any]] = {}
+        for queue, by_status in sorted(known.items()):
+            out[queue] = {**by_status, "waiting": waiting.get(queue, 0)}
+            # TOTAL is the sum of the five and `other`; `other_statuses` says which.
+            out[queue]["other"] = sum(other[queue].values())
+            if other[queue]:
+                out[queue]["other_statuses"] = dict(sorted(other[queue].items()))
+        print(_json(out))
+        if note is not None:
+            print(f"cairnqd: warning: {note}", file=sys.stderr)
         return exitcodes.OK
     for queue in paused:  # a paused queue shows even when it holds no task
-        counts.setdefault(queue, dict.fromkeys(STATUSES, 0))
-    # WAITING (a part of QUEUED, not added to TOTAL) shows only when a task waits.
-    extra = ["WAITING"] if waiting else []
+        known.setdefault(queue, dict.fromkeys(STATUSES, 0))
+        other.setdefault(queue, {})
+    # WAITING (a part of QUEUED, not added to TOTAL) shows only when a task waits;
+    # OTHER (added to TOTAL) only when a task holds a status the protocol does not have.
+    extra = (["WAITING"] if waiting else []) + (["OTHER"] if note is not None else [])
     rows: list[list[Any]] = [
         [queue, *(by_status[s] for s in STATUSES),
-         *([waiting.get(queue, 0)] if waiting else []), sum(by_status.values()),
+         *([waiting.get(queue, 0)] if waiting else []),
+         *([sum(other[queue].values())] if note is not None else []),
+         sum(by_status.values()) + sum(other[queue].values()),
          "paused" if queue in paused else ""]
-        for queue, by_status in sorted(counts.items())
+        for queue, by_status in sorted(known.items())
     ]  # fmt: skip
     if len(rows) > 1:
         totals = [sum(r[i] for r in rows) for i in range(1, len(STATUSES) + 2 + len(extra))]
@@ -308,6 +370,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     else:
         if waiting:
             print(WAITING_NOTE)
+        if note is not None:
+            print(note)
         print(RUNNING_NOTE)
     return exitcodes.OK
 
@@ -319,9 +383,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     config = load(args.config)
     tasks, total = with_store(config, lambda store: _list(store, args))
     if args.json:
-        print(_json([dataclasses.asdict(t) for t in tasks]))
+        print(_json([listing.json_row(t) for t in tasks]))
+        listing.warn_odd(tasks)
         return exitcodes.OK
     print(table(listing.LIST_HEADERS, listing.list_rows(tasks, wall_clock_ms())))
+    listing.warn_odd(tasks)
     if not tasks:
         print("(no tasks)")
     more = listing.more_line(total, args.offset, len(tasks))
@@ -396,8 +462,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if seen is None:
         raise _missing(task_id, key)
     task, records = seen.task, seen.records
+    listing.warn_odd([task])
     if args.json:
-        data = dataclasses.asdict(task)
+        data = listing.json_row(task)
         data["waiting_for"] = [w.to_json() for w in seen.waits]
         data["error_attempt"] = inspect_text.error_attempt(task, records)
         data["attempts"] = [r.to_json() for r in records]
@@ -405,17 +472,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         data["dependents"] = [_linked(t) for t in seen.dependents]
         print(_json(data))
         return exitcodes.OK
-    for field, value in dataclasses.asdict(task).items():
-        if field == "error":
+    for field in dataclasses.fields(Task):
+        if field.name == "error":
             continue  # below, labelled, its traceback as text
-        shown = attempts_shown(task.attempt, task.max_attempts) if field == "attempt" else None
-        print(f"{field}: {shown}" if shown else f"{field}:{_shown(field, value)}")
+        if field.name == "attempt":  # beside its budget: 2/3
+            print(f"attempt: {storedvalues.attempts_text(task.attempt, task.max_attempts)}")
+            continue
+        print(f"{field.name}:{_shown(field.name, getattr(task, field.name))}")
     for label, linked in (("after", seen.parents), ("dependents", seen.dependents)):
         if linked:
-            print(
-                f"{label}: "
-                + ", ".join(f"{t.id} ({state_shown(t.status, t.run_at_ms)})" for t in linked)
-            )
+            print(f"{label}: " + ", ".join(_linked_text(t) for t in linked))
     for wait in seen.waits:
         print(wait.describe())
     if task.error is not None:
@@ -430,13 +496,37 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _linked(task: Task) -> dict[str, Any]:
-    return {"id": task.id, "name": task.name, "status": task.status, "waiting": is_waiting(task)}
+    row = listing.json_row(task)
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "status": row["status"],
+        "waiting": is_waiting(task),
+    }
+
+
+def _linked_text(task: Task) -> str:
+    state = state_shown(task.status, task.run_at_ms)
+    return f"{listing.text_value(task.id)} ({listing.state_text(state)})"
 
 
 def _tree(config: Config, task_id: str | None, key: str | None, as_json: bool) -> int:
     async def read(store: TaskStore) -> tuple[Task, TaskGraph] | None:
         task = await _fetch(store, task_id, key)
-        return None if task is None else (task, await store.graph(task.id))
+        if task is None:
+            return None
+        try:
+            return task, await store.graph(task.id)
+        except (ValueError, TypeError, OverflowError) as exc:
+            # A row of the graph holds what its reader cannot take (text where an
+            # integer belongs, another client's): say so, and which task it was about.
+            raise CliError(
+                exitcodes.DATAERR,
+                f"inspect --tree: the dependency graph of task {storedvalues.raw_text(task.id)} "
+                f"holds a row another client wrote that cannot be read ({_one_line(exc)}); "
+                "`cairnqd list` and `inspect TASK_ID` show such rows, marked "
+                f"{storedvalues.UNREADABLE}",
+            ) from None
 
     found = with_store(config, read)
     if found is None:
@@ -464,13 +554,27 @@ def _follow(config: Config, task_id: str | None, key: str | None) -> int:
 
 def _shown(field: str, value: Any) -> str:
     """One inspect value: JSON pretty-printed and indented under its name, epoch
-    milliseconds with their UTC time beside them."""
+    milliseconds with their UTC time beside them, `attempt` beside its budget; a value
+    another client stored that its column's readers cannot take as it is, marked."""
     if field in JSON_COLUMNS:
         text = "null" if value is None else _json(value)
         return "\n  " + text.replace("\n", "\n  ") if "\n" in text else f" {text}"
-    if field in MS_COLUMNS and value is not None:
-        return f" {value} ({_when(value)})"
-    return f" {'-' if value is None else value}"
+    if value is None:
+        return " -"
+    if field in MS_COLUMNS:
+        when = _when(value)
+        return f" {when}" if when.endswith(storedvalues.UNREADABLE) else f" {value} ({when})"
+    if field in listing.INT_COLUMNS:
+        return f" {listing.number(value)}"
+    if field == "progress":
+        return (
+            f" {value}"
+            if storedvalues.fraction(value) is not None
+            else f" {storedvalues.unreadable(value)}"
+        )
+    if field == "status":
+        return f" {listing.status_text(value)}"
+    return f" {listing.text_value(value)}"
 
 
 # -- submit --------------------------------------------------------------------------------
@@ -537,7 +641,25 @@ def unserved_task(config: Config, name: str, queue: str) -> str | None:
     )
 
 
-async def _submit(store: TaskStore, args: argparse.Namespace, payload: Any) -> tuple[Task, Task]:
+async def _held_back(store: TaskStore, task: Task | None, limits: Sequence[Limit]) -> str | None:
+    """Why a queued task a wait gave up on was not claimed, when a limit of the config
+    covers it: each full budget it waits for, or that the limit covers it though it had
+    room when asked. None when no limit covers it (or it is not queued)."""
+    if task is None or task.status != "queued":
+        return None
+    covering = [limit.name for limit in limits if limit.covers(task.queue, task.name)]
+    if not covering:
+        return None
+    waits = await store.limit_table.waiting_for(task, limits)
+    if waits:
+        return "not claimed yet: " + "; ".join(w.describe() for w in waits)
+    names = ", ".join(covering)
+    return f"limit {names} covers it, and had room for it just now"
+
+
+async def _submit(
+    store: TaskStore, args: argparse.Namespace, payload: Any, limits: Sequence[Limit] = ()
+) -> tuple[Task, Task]:
     task = await store.submit(
         name=args.name,
         payload=payload,
@@ -554,9 +676,21 @@ async def _submit(store: TaskStore, args: argparse.Namespace, payload: Any) -> t
     # The id first, so a caller whose wait times out can still follow the task.
     print(task.id, flush=True)
     timeout_ms = to_ms(args.timeout)
-    done = await wait_for_task(
-        store, task.id, None, timeout_ms=timeout_ms, poll_ms=50, max_poll_ms=500
-    )
+    try:
+        done = await wait_for_task(
+            store, task.id, None, timeout_ms=timeout_ms, poll_ms=50, max_poll_ms=500
+        )
+    except TaskTimeout as exc:
+        # "never claimed: is a worker running?" is the wrong guess for a task a full
+        # rate or concurrency limit of the config holds back (docs/limits.md).
+        held = await _held_back(store, exc.task, limits)
+        if held is None:
+            raise
+        if held.startswith("limit "):  # it had room: the first guess may still be right
+            raise CliError(exitcodes.TEMPFAIL, f"{exc} ({held})") from None
+        raise CliError(
+            exitcodes.TEMPFAIL, f"task {task.id} did not finish within {timeout_ms}ms: {held}"
+        ) from None
     return task, done
 
 
@@ -579,7 +713,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             raise CliError(exitcodes.DATAERR, f"submit: {unserved}; nothing was submitted")
         print(f"cairnqd: warning: {unserved} (--strict refuses)", file=sys.stderr)
     try:
-        task, done = with_store(config, lambda store: _submit(store, args, payload))
+        limits = config.flow_limits()
+        task, done = with_store(config, lambda store: _submit(store, args, payload, limits))
     except AlreadyExists as exc:
         raise CliError(exitcodes.NOTHING_DONE, str(exc)) from None
     except (ValueError, SerializationError) as exc:
@@ -593,18 +728,30 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(_json(done.result))
         return exitcodes.OK
     # One line: the envelope, compact.
-    detail = f": {json.dumps(done.error, ensure_ascii=False)}" if done.error is not None else ""
-    print(f"task {done.id} {done.status}{detail}", file=sys.stderr)
+    detail = f": {_json(done.error, indent=None)}" if done.error is not None else ""
+    print(f"task {done.id} {listing.status_text(done.status)}{detail}", file=sys.stderr)
     return exitcodes.NOTHING_DONE
 
 
 # -- cancel, retry -------------------------------------------------------------------------
 
 
-async def _cancel(store: TaskStore, task_id: str | None, key: str | None) -> Task | None:
+async def _cancel(
+    store: TaskStore, task_id: str | None, key: str | None
+) -> tuple[Task | None, bool]:
+    """The task a cancel leaves, and whether it changed anything: a running task whose
+    cancel was already requested is left as it is (the statement would only re-stamp
+    the request; the handler settles it as canceled either way)."""
+    before = await _fetch(store, task_id, key)
+    if (
+        before is not None
+        and before.status == "running"
+        and before.cancel_requested_at_ms is not None
+    ):
+        return before, False
     if task_id is not None:
-        return await store.cancel(task_id)
-    return await store.cancel_by_key(key or "")
+        return await store.cancel(task_id), True
+    return await store.cancel_by_key(key or ""), True
 
 
 async def _retry(
@@ -627,9 +774,16 @@ def _unchanged(config: Config, task_id: str | None, key: str | None, allowed: st
 def cmd_cancel(args: argparse.Namespace) -> int:
     task_id, key = _one_target(args)
     config = load(args.config)
-    task = with_store(config, lambda store: _cancel(store, task_id, key))
+    task, changed = with_store(config, lambda store: _cancel(store, task_id, key))
     if task is None:
         raise _unchanged(config, task_id, key, "only queued or running tasks can be canceled")
+    if not changed:  # docs/operations.md, section 7: no state change exits 1
+        raise CliError(
+            exitcodes.NOTHING_DONE,
+            f"task {task.id} is running and its cancel was already requested "
+            f"({_when(task.cancel_requested_at_ms)}); its handler settles it as canceled: "
+            "nothing changed",
+        )
     if task.status == "running":
         print(f"{task.id} running (cancel requested; its handler settles it as canceled)")
     else:
@@ -815,7 +969,8 @@ def add_control(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
         parents=parents,
         help="cancel a queued or running task",
         description="Cancel a queued task at once; a running one is asked to stop and its "
-        "handler settles it as canceled. A finished task is left alone (exit 1).",
+        "handler settles it as canceled. A finished task, or a running one whose cancel "
+        "was already requested, is left alone (exit 1).",
     )
     _add_target(p)
     p.set_defaults(func=cmd_cancel)

@@ -4,12 +4,11 @@ below it (docs/operations.md, "Reading attempt history")."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cairnqd import attempts
-from cairnqd._jsoncodec import shown
+from cairnqd._jsoncodec import shown_json
 from cairnqd.attempts import AttemptRecord, duration_shown, error_traceback
 from cairnqd.models import Task
 
@@ -94,7 +93,9 @@ def _one_line(error: Mapping[str, Any]) -> str:
 def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False, default=shown)
+    # Compact JSON; a number no float holds (another client's `1e999`) as a marker, not
+    # a bare Infinity.
+    return shown_json(value, indent=None)
 
 
 __all__ = ["attempt_lines", "envelope_lines", "error_attempt", "error_heading"]

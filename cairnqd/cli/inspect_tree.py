@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections import Counter
 
+from cairnqd.cli.listing import state_text, text_value
 from cairnqd.store.dependencies import GraphNode, TaskGraph
 
 _BRANCH, _LAST, _PIPE, _BLANK = "├── ", "└── ", "│   ", "    "
 
 
 def _label(node: GraphNode, focus: str) -> str:
-    parts = [node.id, node.name, f"[{node.queue}]", node.state]
+    # Text another client stored as a blob, or a status the protocol lacks: marked.
+    parts = [text_value(node.id), text_value(node.name), f"[{text_value(node.queue)}]"]
+    parts.append(state_text(node.state))
     if len(node.after) > 1:
         parts.append(f"(after {len(node.after)})")
     if node.id == focus:
@@ -26,7 +29,7 @@ def _label(node: GraphNode, focus: str) -> str:
 
 def summary(graph: TaskGraph) -> str:
     """One line: how many tasks, in which states."""
-    states = Counter(node.state for node in graph.nodes)
+    states = Counter(state_text(node.state) for node in graph.nodes)
     counted = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
     more = " (cut: more tasks follow)" if graph.truncated else ""
     return f"graph: {len(graph.nodes)} tasks{more}: {counted}"
@@ -43,7 +46,8 @@ def tree_lines(graph: TaskGraph, focus: str) -> list[str]:
     while stack:
         node, prefix, child_prefix = stack.pop()
         if node.id in drawn:
-            lines.append(f"{prefix}{node.id}  {node.name}  {node.state}  (above)")
+            named = f"{text_value(node.id)}  {text_value(node.name)}"
+            lines.append(f"{prefix}{named}  {state_text(node.state)}  (above)")
             continue
         drawn.add(node.id)
         lines.append(prefix + _label(node, focus))

@@ -11,12 +11,12 @@ import argparse
 import getpass
 import socket
 import sys
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cairnqd.cli.admin import CliError, load, with_store
 from cairnqd.cli.argtypes import text
 from cairnqd.cli.fleet import warn_unhonoured
+from cairnqd.cli.listing import clock
 from cairnqd.daemon import exitcodes
 from cairnqd.store.base import TaskStore
 from cairnqd.store.operator import QueuePause
@@ -35,8 +35,8 @@ def operator_name() -> str:
 
 
 def since(ms: int) -> str:
-    """An epoch-ms time as UTC, to the second."""
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """An epoch-ms time as UTC, to the second, from the integer (exact)."""
+    return clock(ms)
 
 
 def describe_pause(pause: QueuePause) -> str:
@@ -93,6 +93,10 @@ def cmd_pause(args: argparse.Namespace) -> int:
         print(f"paused {describe_pause(pause)}")
     for pause in earlier:
         print(f"already paused: {describe_pause(pause)}")
+    if not made:  # docs/operations.md, section 7: no state change exits 1, as resume's
+        raise CliError(
+            exitcodes.NOTHING_DONE, f"nothing paused: already paused: {', '.join(queues)}"
+        )
     return exitcodes.OK
 
 
@@ -119,7 +123,8 @@ def add_parsers(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None
         help="stop claiming from queues on every host (until resume)",
         description=(
             "Pause queues in the database: every daemon child, on every host, stops "
-            "claiming from them within a second. Tasks already held still run."
+            "claiming from them within a second. Tasks already held still run. Exits 1 "
+            "when every queue named was already paused (nothing changed)."
         ),
     )
     p.add_argument(

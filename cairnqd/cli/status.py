@@ -10,9 +10,9 @@ status still shows the daemon and says so.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING, Any
 
+from cairnqd._jsoncodec import shown_json
 from cairnqd.cli.admin import CliError, load, table, with_store
 from cairnqd.cli.queues import describe_pause
 from cairnqd.config import Config
@@ -155,7 +155,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         out["paused_queues"] = None if pauses is None else [pause_json(p) for p in pauses]
         if note is not None:
             out["paused_queues_error"] = note
-        print(json.dumps(out, indent=2, ensure_ascii=False))
+        print(shown_json(out))  # valid JSON whatever a float holds: no bare Infinity
         return exitcodes.OK
     print("\n".join(status_lines(snapshot, pauses, note)))
     return exitcodes.OK

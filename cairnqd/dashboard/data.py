@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 from cairnqd.attempts import AttemptRecord
 from cairnqd.config import Config
 from cairnqd.daemon.parent.dbthread import LoopThread
-from cairnqd.dashboard import reads
 from cairnqd.limits import Limit, Override, overridden
 from cairnqd.models import STATUSES, Task
 from cairnqd.queue_counts import Period, merged, percentile, periods_by_queue
@@ -512,7 +511,7 @@ class DashboardData:
         if kept is not None and fresh and not self._failed_stale:
             return kept[1]
         self._failed_stale = False
-        groups = await reads.failed_groups(store)
+        groups = await store.dashboard.failed_groups()
         self._failed = (time.monotonic(), groups)
         return groups
 
@@ -639,7 +638,7 @@ class DashboardData:
             oldest_problem=oldest_problem,
         )
 
-    async def _oldest_ages(self, store: TaskStore) -> tuple[dict[str, float], str | None]:
+    async def _oldest_ages(self, store: TaskStore) -> tuple[dict[str, int], str | None]:
         """Per queue, the oldest due queued task's age (ms), or why there are none. The
         one read of the snapshot that computes on the tasks' own values: a due time
         another client wrote can make the database's arithmetic fail (on Postgres,
@@ -648,7 +647,7 @@ class DashboardData:
         database that is down fails the reads after it all the same. Logged once per
         distinct reason, not at every refresh."""
         try:
-            ages = await reads.oldest_queued_age_ms(store)
+            ages = await store.oldest_queued_age_ms()
         except Exception as exc:
             problem = f"{type(exc).__name__}: {exc}"
             level = logging.DEBUG if problem == self._oldest_problem else logging.WARNING
@@ -699,7 +698,7 @@ class DashboardData:
 
     def tasks(self, query: TaskQuery) -> list[TaskSummary]:
         async def read(store: TaskStore) -> list[TaskSummary]:
-            return await reads.browse(store, query)
+            return await store.dashboard.browse(query)
 
         return self._run(read, "the task list")
 
@@ -778,7 +777,7 @@ class DashboardData:
         """Every recorded attempt of `task_id`, in the order they ran."""
 
         async def read(store: TaskStore) -> list[AttemptRecord]:
-            return await reads.attempts_of(store, task_id)
+            return await store.attempts.of(task_id)
 
         return self._run(read, f"the attempts of task {task_id}")
 
@@ -803,7 +802,7 @@ class DashboardData:
             task = await store.get(task_id)
             if task is None:
                 return None, TaskGraph([])
-            return task, await reads.graph(store, task_id, limit=GRAPH_LIMIT)
+            return task, await store.graph(task_id, limit=GRAPH_LIMIT)
 
         return self._run(read, f"the dependency graph of task {task_id}")
 
@@ -820,10 +819,10 @@ class DashboardData:
         return self._run(read, f"the limits of task {task.id}")
 
     def search(self, text: str, *, scan: int, limit: int) -> SearchResult:
-        """The search box's tasks among the newest `scan` (reads.py)."""
+        """The search box's tasks among the newest `scan` (store/tables/dashboard.py)."""
 
         async def read(store: TaskStore) -> SearchResult:
-            return await reads.search(store, text, scan=scan, limit=limit)
+            return await store.dashboard.search(text, scan=scan, limit=limit)
 
         return self._run(read, "the search")
 

@@ -132,7 +132,7 @@ def tasks_page(
     if query.cursor is not None:
         pager.append(render('<a href="{href}">first page</a>', href=with_params("/tasks", keep)))
     last = rows[-1] if more and rows else None
-    # The sort value as stored (reads.py): after a real another client wrote, the next
+    # The sort value as stored (`TaskSummary.from_row`): after a real another client wrote, the next
     # page starts at the integer below it.
     after = next_cursor(last.sort_value(query.sort), last.id) if last is not None else None
     if after is not None:

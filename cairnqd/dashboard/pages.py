@@ -91,7 +91,7 @@ def _no_daemon_note(overview: Overview) -> Markup:
 def age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    # Infinite: a due time another client wrote as -Infinity (reads.py).
+    # Never infinite from the store (it caps an age at INT8_MAX ms); kept for safety.
     return elapsed_text(seconds, " ") if math.isfinite(seconds) else unreadable(seconds)
 
 

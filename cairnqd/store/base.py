@@ -1406,7 +1406,7 @@ class TaskStore(ABC):
     async def oldest_queued_age_ms(self) -> dict[str, int]:
         """Per queue: how long the oldest claimable queued task has been due."""
         rows = await self._scan("oldest_queued", {}, frozenset(), _rows)
-        return {r["queue"]: max(0, int(r["age_ms"])) for r in rows}
+        return {r["queue"]: _age_ms(r["age_ms"]) for r in rows}
 
     async def recent_counts(self, since_ms: int) -> dict[str, dict[str, int]]:
         """Per queue, tasks submitted (`submitted`) and ended (`succeeded`, `failed`,
@@ -1649,3 +1649,13 @@ __all__ = [
     "Session",
     "TaskStore",
 ]
+
+
+def _age_ms(value: Any) -> int:
+    """An age the database computed, as whole ms from 0 to INT8_MAX. A due time another
+    client wrote far in the past makes it huge (Postgres: numeric), or infinite (SQLite
+    keeps -Infinity in the integer column): as old as it gets, not an OverflowError for
+    every reader (metrics, the dashboard, `cairnqd top`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return INT8_MAX if value > 0 else 0
+    return min(INT8_MAX, max(0, int(value)))

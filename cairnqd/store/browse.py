@@ -85,21 +85,23 @@ class TaskSummary:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> TaskSummary:
-        completed = row["completed_at_ms"]
-        progress = row["progress"]
+        """The values as the driver hands them over, unconverted, as `Task.from_row`
+        keeps them: both drivers give ints and floats for these columns, and a value
+        another client stored that is neither (text in a SQLite integer column) stays
+        what it is for the reader to show, where `int()` failed the whole list."""
         return cls(
             id=row["id"],
             name=row["name"],
             queue=row["queue"],
             status=row["status"],
-            attempt=int(row["attempt"]),
-            max_attempts=int(row["max_attempts"]),
-            priority=int(row["priority"]),
-            progress=None if progress is None else float(progress),
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            priority=row["priority"],
+            progress=row["progress"],
             worker_id=row["worker_id"],
-            created_at_ms=int(row["created_at_ms"]),
-            run_at_ms=int(row["run_at_ms"]),
-            completed_at_ms=None if completed is None else int(completed),
+            created_at_ms=row["created_at_ms"],
+            run_at_ms=row["run_at_ms"],
+            completed_at_ms=row["completed_at_ms"],
             cancel_requested=row["cancel_requested_at_ms"] is not None,
         )
 

@@ -190,10 +190,11 @@ class TaskGraph:
                     name=row["name"],
                     queue=row["queue"],
                     status=row["status"],
-                    attempt=int(row["attempt"]),
-                    max_attempts=int(row["max_attempts"]),
-                    run_at_ms=int(row["run_at_ms"]),
-                    updated_at_ms=int(row["updated_at_ms"]),
+                    # As stored (as `TaskSummary.from_row` keeps them).
+                    attempt=row["attempt"],
+                    max_attempts=row["max_attempts"],
+                    run_at_ms=row["run_at_ms"],
+                    updated_at_ms=row["updated_at_ms"],
                     after=tuple(after.get(row["id"], ())),
                 )
                 for row in nodes

@@ -70,7 +70,8 @@ class DashboardReads:
                 name=r["name"],
                 error_type=r["error_type"],
                 n=int(r["n"]),
-                last_ms=None if r["last_ms"] is None else int(r["last_ms"]),
+                # As stored: on SQLite max() of a group's times is text when one is.
+                last_ms=r["last_ms"],
                 message=r["message"],
             )
             for r in rows

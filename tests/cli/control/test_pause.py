@@ -103,7 +103,7 @@ def test_pause_and_resume_reach_every_child_within_a_second(
     assert paused.returncode == 0, paused.stderr
     assert "paused a (paused " in paused.stdout and "deploy in progress" in paused.stdout
     again = daemon.cli("pause", "--queue", "a")
-    assert again.returncode == 0 and "already paused: a" in again.stdout
+    assert again.returncode == 1 and "already paused: a" in again.stdout  # no state change
     # Every child reports it skips `a` (its heartbeats carry what it found paused).
     wait_for("every child to see the pause", lambda: _children_paused(daemon) == [["a"], ["a"]])
     held_back = _submit(dialect, db_target, "a", 5)
