@@ -1,10 +1,12 @@
 """One handler call, from its start to the settlement of every task it held.
 
 A call starts only the tasks whose lease is still ours; whatever the handler leaves
-unsettled is settled here (returned: completed; raised, `CancelledError` included:
-failed; `LostLease`: nothing; past `max_run_ms`: `handler_timeout`; stopped by the cancel
-watch: completed, which a pending cancel turns into canceled). `active` keeps a
-call while a handler it gave up on still runs. Why: docs/architecture.md, "Handler calls".
+unsettled is settled here (returned: completed; raised, `CancelledError`, `SystemExit`
+and the handler's own `KeyboardInterrupt` included: failed; a Ctrl-C: nothing, the
+process stops; `LostLease`: nothing; past `max_run_ms`: `handler_timeout`; stopped by
+the cancel watch: completed, which a pending cancel turns into canceled). `active`
+keeps a call while a handler it gave up on still runs. Why: docs/architecture.md,
+"Handler calls".
 """
 
 from __future__ import annotations
@@ -13,20 +15,23 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import dis
+import functools
 import inspect
+import signal
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cairnqd._failures import FailureLog, format_traceback
+from cairnqd._failures import FailureLog, cut_message, format_traceback
 from cairnqd._handlers import RegisteredHandler
 from cairnqd._inflight import InFlight
 from cairnqd._jsoncodec import dump_json
 from cairnqd._prefetch import PrefetchSizer
-from cairnqd._settlement import Settlement, envelope
-from cairnqd.errors import LostLease, SerializationError, TaskError
+from cairnqd._settlement import Settlement, envelope, storable_error
+from cairnqd.errors import LostLease, SerializationError, TaskError, exception_text
 from cairnqd.tasklog import CURRENT
 from cairnqd.tracing import Consumer, record_failure
 
@@ -132,10 +137,14 @@ class CallRunner:
             canceled = False
             try:
                 value = await self._invoke(handler, contexts, call)
-            except KeyboardInterrupt:
-                # A second Ctrl-C lands in whatever frame runs, often a handler's: it
-                # stops the process, and the task is left to its lease, not failed.
-                raise
+            except _Raised as carried:
+                value, error = None, carried.exc
+            except KeyboardInterrupt as exc:
+                if not _handlers_own(exc):
+                    # A Ctrl-C landed in the handler's frame (the second one, mostly):
+                    # it stops the process, and the task is left to its lease, not failed.
+                    raise
+                value, error = None, exc
             except asyncio.CancelledError as exc:
                 if call.lease_stop:
                     # The lease guard's: its tasks are lease-lost, so nothing settles.
@@ -243,24 +252,35 @@ class CallRunner:
     async def _call_handler(
         self, handler: RegisteredHandler, args: tuple[Any, ...], call: Call
     ) -> Any:
-        if handler.is_async:
-            value = await handler.fn(*args)
-        else:
-            executor = self._executor()
-            # The thread runs in a copy of the call's context: the task its logs name,
-            # and the current span.
-            run = contextvars.copy_context().run
-            if executor is None:
-                loop = asyncio.get_running_loop()
-                value = await loop.run_in_executor(None, lambda: run(handler.fn, *args))
+        """The handler's call but for the hot path's; under `max_run_ms` it runs as a
+        task of its own, which a `KeyboardInterrupt` or `SystemExit` must not end (see
+        `_Raised`)."""
+        try:
+            if handler.is_async:
+                value = await handler.fn(*args)
             else:
-                # The thread's own future is kept: only it says when the handler's code
-                # has really stopped (cancelling the await does not stop the thread).
-                thread = call.body = executor.submit(run, handler.fn, *args)
-                value = await asyncio.wrap_future(thread)
-        if value is not None and inspect.isawaitable(value):
-            value = await value
-        return value
+                executor = self._executor()
+                # The thread runs in a copy of the call's context: the task its logs
+                # name, and the current span.
+                run = contextvars.copy_context().run
+                if executor is None:
+                    loop = asyncio.get_running_loop()
+                    value = await loop.run_in_executor(None, _in_thread, run, handler.fn, *args)
+                else:
+                    # The thread's own future is kept: only it says when the handler's
+                    # code has really stopped (cancelling the await does not stop the
+                    # thread).
+                    thread = call.body = executor.submit(_in_thread, run, handler.fn, *args)
+                    value = await asyncio.wrap_future(thread)
+            if value is not None and inspect.isawaitable(value):
+                value = await value
+            return value
+        except KeyboardInterrupt as exc:
+            if not _handlers_own(exc):
+                raise  # a Ctrl-C: see `execute`
+            raise _Raised(exc) from None
+        except SystemExit as exc:
+            raise _Raised(exc) from None
 
     # -- what the call left unsettled ----------------------------------------------------
 
@@ -291,16 +311,17 @@ class CallRunner:
     async def _settle_error(self, contexts: list[TaskContext], exc: BaseException) -> None:
         if isinstance(exc, LostLease):
             return
-        if isinstance(exc, TaskError):
-            # The handler chose this envelope, details included: stored as given.
-            error, retryable = exc.envelope(), exc.retryable
-        else:
-            error = envelope(type(exc).__name__, "handler_error", str(exc), retryable=True)
-            error["details"] = {"traceback": format_traceback(exc)}
-            retryable = True
+        error, retryable = _failure(exc)
         for ctx in contexts:
             if not ctx.settled and not ctx.lost_lease:
-                record_failure(ctx, exc)
+                try:
+                    record_failure(ctx, exc)
+                except BaseException as problem:
+                    # The span renders `exc` its own way, calling the handler author's
+                    # `__str__` (which may raise anything): the failure comes first.
+                    self._settlement.inflight.report(
+                        problem, {"phase": "execute", "task_id": ctx.task_id}
+                    )
                 task = await self._settlement.settle_quietly(ctx, error, retryable)
                 self._failures.failed(ctx, exc, task)
 
@@ -321,8 +342,133 @@ class CallRunner:
         self._failures.failed(ctx, LookupError(message), task)
 
 
+def _failure(exc: BaseException) -> tuple[dict[str, Any], bool]:
+    """The envelope a handler's `exc` is stored as, and whether its task may retry.
+    Never raises: whatever `exc` is, its task must be failed (docs/protocol.md §4.5)."""
+    if isinstance(exc, TaskError):
+        try:
+            # The handler chose this envelope, details included: stored as given (but
+            # for the escapes and the cut of `storable_error`).
+            return storable_error(exc.envelope(), exc.retryable), bool(exc.retryable)
+        except BaseException as problem:  # whatever the handler author's code raised
+            # Its attributes were changed after it was made, or a subclass overrides
+            # `envelope`: then it is failed as any other exception, saying why.
+            error = _handler_error(exc)
+            error["details"]["envelope_error"] = cut_message(
+                f"{type(problem).__name__}: {exception_text(problem)}"
+            )
+            return error, True
+    return _handler_error(exc), True
+
+
+def _handler_error(exc: BaseException) -> dict[str, Any]:
+    message = cut_message(exception_text(exc))
+    error = envelope(type(exc).__name__, "handler_error", message, retryable=True)
+    error["details"] = {"traceback": format_traceback(exc)}
+    return error
+
+
 class _MaxRunExceeded(Exception):
     pass
+
+
+class _Raised(Exception):
+    """Carries a `KeyboardInterrupt` or `SystemExit` the handler's own code raised out
+    of the thread or task it ran in, to be failed as the handler's error: asyncio
+    re-raises either one out of the event loop from any task it ends, which would end
+    the whole worker and leave the task to its lease, to end the next worker in turn."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(type(exc).__name__)
+        self.exc = exc
+
+
+def _in_thread(run: Callable[..., Any], fn: Callable[..., Any], *args: Any) -> Any:
+    """A sync handler's call on its thread. Signals reach Python only in the main
+    thread, so a `KeyboardInterrupt` here is always the handler's own, never a Ctrl-C."""
+    try:
+        return run(fn, *args)
+    except KeyboardInterrupt as exc:
+        raise _Raised(exc) from None
+
+
+_RAISE_VARARGS = dis.opmap["RAISE_VARARGS"]
+
+
+def _handlers_own(exc: KeyboardInterrupt) -> bool:
+    """Whether a `KeyboardInterrupt` raised on the event loop's thread (by an async
+    handler, or the awaitable a sync one returned) is the handler's own rather than a
+    Ctrl-C, which arrives as the same exception in whatever frame runs: Python's
+    default SIGINT handler raises it after the first Ctrl-C under `serve()` (which then
+    removes its own) and under any plain loop, and `asyncio.run`'s handler raises it on
+    the second.
+
+    Told apart by where it was raised, failing safe (a doubt is a Ctrl-C: a worker that
+    a Ctrl-C cannot stop is worse than one task left to its lease):
+    - the handler's own was raised by a `raise` statement, so its innermost traceback
+      entry stops on RAISE_VARARGS; a signal's stops where the interpreter checked for
+      signals (a backward jump, a call), never there, or
+    - it went through a Python-level signal handler that raised (asyncio.run's), whose
+      frame is then in the traceback;
+    - and every `KeyboardInterrupt` it was raised while handling is the handler's own
+      too (`except KeyboardInterrupt: raise KeyboardInterrupt(...)` keeps a Ctrl-C one).
+    """
+    try:
+        handlers = _signal_handler_code()
+        seen: set[int] = set()
+        chain: list[BaseException] = [exc]
+        while chain:
+            current = chain.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            if isinstance(current, KeyboardInterrupt) and not _raised_by_statement(
+                current, handlers
+            ):
+                return False
+            chain.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+        return True
+    except BaseException:  # a doubt is a Ctrl-C
+        return False
+
+
+def _raised_by_statement(exc: BaseException, handlers: set[object]) -> bool:
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while True:
+        code = tb.tb_frame.f_code
+        if code in handlers:
+            return False
+        if tb.tb_next is None:
+            break
+        tb = tb.tb_next
+    raw = code.co_code
+    return 0 <= tb.tb_lasti < len(raw) and raw[tb.tb_lasti] == _RAISE_VARARGS
+
+
+def _signal_handler_code() -> set[object]:
+    """The code of every Python function installed as a signal handler now, seen
+    through what usually wraps one: `asyncio.run`'s is a partial of a bound method."""
+    found: set[object] = set()
+    for sig in signal.valid_signals():
+        try:
+            handler: Any = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        for _ in range(8):  # a wrapper of a wrapper ..., not for ever
+            if isinstance(handler, functools.partial):
+                handler = handler.func
+            elif inspect.ismethod(handler):
+                handler = handler.__func__
+            else:
+                break
+        code = getattr(handler, "__code__", None)
+        if code is None and callable(handler):  # an object with a __call__ method
+            code = getattr(getattr(type(handler), "__call__", None), "__code__", None)  # noqa: B004
+        if code is not None:
+            found.add(code)
+    return found
 
 
 async def _until_stopped(call: Call) -> None:

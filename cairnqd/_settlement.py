@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from cairnqd._failures import cut_message
 from cairnqd._inflight import InFlight, LoopState
+from cairnqd._jsoncodec import dump_json, load_json
 from cairnqd._prefetch import PrefetchSizer
 from cairnqd.errors import LostLease, StoreClosed
 from cairnqd.models import Task
@@ -42,6 +45,67 @@ def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, rand: float | None
 
 def envelope(type_: str, code: str, message: str, *, retryable: bool = False) -> dict[str, Any]:
     return {"type": type_, "code": code, "message": message, "retryable": retryable, "details": {}}
+
+
+# The text fields every stored envelope has, and what one left out becomes: the values
+# a reader falls back to (`ErrorEnvelope.from_stored`).
+_TEXT_FIELDS = (("type", "TaskError"), ("code", "task_error"), ("message", "task failed"))
+
+# In JSON text as `dump_json` writes it (ASCII, lowercase escapes), the escapes of what
+# Postgres cannot store: a surrogate pair is one character and is kept; every other
+# escape is matched whole, so that an escaped backslash is never read as the start of
+# an escape.
+_UNSTORABLE = re.compile(
+    r"\\ud[89ab][0-9a-f]{2}\\ud[c-f][0-9a-f]{2}"  # a pair: kept
+    r"|\\u(d[89a-f][0-9a-f]{2})"  # a lone surrogate
+    r"|(\\u0000)"  # NUL
+    r"|\\.",  # any other escape: kept
+    re.IGNORECASE,
+)
+
+
+def _escape_unstorable(match: re.Match[str]) -> str:
+    # As Python writes them with "backslashreplace": a lone surrogate as the six
+    # characters `\udXXX`, a NUL as the four characters `\x00` (so a message that held
+    # the same characters as text reads the same; a reader cannot tell them apart).
+    if match.group(1) is not None:
+        return "\\\\u" + match.group(1)
+    if match.group(2) is not None:
+        return "\\\\x00"
+    return match.group(0)
+
+
+def storable_error(error: Mapping[str, Any], retryable: bool) -> dict[str, Any]:
+    """The envelope the worker writes for `error` (docs/protocol.md §4.5): all five
+    fields, missing ones as a reader would fill them (`retryable` as the failure is),
+    the message cut at `MESSAGE_MAX_CHARS`, and text Postgres cannot store escaped
+    (after the cut: an escape makes a character up to six, so the stored message may
+    exceed the limit by that much, never by more).
+
+    What the envelope cannot be is refused, naming the part, as a result JSON cannot
+    carry is refused by `ctx.succeed`: a field of the wrong type (ValueError), a value
+    JSON cannot carry (SerializationError). The worker's own envelopes never are."""
+    if not isinstance(error, Mapping):
+        raise ValueError(f"error must be a mapping, got {type(error).__name__}")
+    stored = dict(error)
+    for key, default in _TEXT_FIELDS:
+        value = stored.setdefault(key, default)
+        if not isinstance(value, str):
+            raise ValueError(f"error[{key!r}] must be a str, got {type(value).__name__}")
+    stored["message"] = cut_message(stored["message"])
+    flag = stored.setdefault("retryable", retryable)
+    if not isinstance(flag, bool):
+        raise ValueError(f"error['retryable'] must be a bool, got {type(flag).__name__}")
+    details = stored.get("details")
+    if details is None:
+        details = {}
+    elif not isinstance(details, Mapping):
+        raise ValueError(f"error['details'] must be a mapping, got {type(details).__name__}")
+    stored["details"] = dict(details)
+    text = dump_json(stored, what="error", check=False)
+    if "\\u0000" in text or "\\ud" in text or "\\uD" in text:  # rare: only then a scan
+        stored = load_json(_UNSTORABLE.sub(_escape_unstorable, text))
+    return stored
 
 
 class Settlement:
@@ -110,6 +174,9 @@ class Settlement:
     async def fail_now(
         self, ctx: TaskContext, error: Mapping[str, Any], retryable: bool
     ) -> Task | None:
+        """Write a failure (`ctx.fail`, and the worker's own through `settle_quietly`);
+        an envelope `storable_error` refuses raises here, and nothing is written."""
+        error = storable_error(error, retryable)
         base, cap = self._retry_backoff
         delay = backoff_delay_ms(ctx.attempt, base, cap) if retryable else 0
         try:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from cairnqd.errors import TaskCanceled, TaskFailed, TaskTimeout
 from cairnqd.models import Task, TaskDef, TaskRef, task_name
 from cairnqd.retention import Retention, RetentionSweeper
+from cairnqd.store.arguments import require_duration, require_str
 from cairnqd.store.base import TaskStore
 from cairnqd.store.callers import complete_now, is_async_shape
 from cairnqd.tracing import traced_submit, traced_submit_many
@@ -32,6 +33,9 @@ class CairnQ:
         max_queue_wait_ms: int = 600_000,
         retention: int | Retention | None = None,
     ) -> None:
+        # Checked even without a depth limit, which is when the SDK ignores it: a bad
+        # value is a mistake either way, and found now rather than when a limit is set.
+        require_duration(max_queue_wait_ms, "max_queue_wait_ms")
         self._store = store
         if max_queue_depth is not None:
             store.use_backpressure(max_queue_depth, max_queue_wait_ms=max_queue_wait_ms)
@@ -252,6 +256,7 @@ class CairnQ:
     async def wait(
         self, task_id: str, *, timeout_ms: int = 30_000, poll_ms: int = 100, max_poll_ms: int = 500
     ) -> Task:
+        require_str(task_id, "task_id")
         return await wait_for_task(
             self._store, task_id, None, timeout_ms=timeout_ms, poll_ms=poll_ms,
             max_poll_ms=max_poll_ms,
@@ -260,6 +265,7 @@ class CairnQ:
     async def wait_by_key(
         self, key: str, *, timeout_ms: int = 30_000, poll_ms: int = 100, max_poll_ms: int = 500
     ) -> Task:
+        require_str(key, "key")
         return await wait_for_task(
             self._store, None, key, timeout_ms=timeout_ms, poll_ms=poll_ms,
             max_poll_ms=max_poll_ms,
@@ -277,6 +283,8 @@ class CairnQ:
     ) -> Any:
         """Submit and wait; the result on success, TaskFailed / TaskCanceled /
         TaskTimeout otherwise (the task keeps running after a timeout)."""
+        # Before the submit: a wait that cannot start must not leave a task behind.
+        check_wait(timeout_ms, poll_ms, max_poll_ms)
         task = await self.submit(name, payload, **submit_kwargs)
         done = await self.wait(
             task.id, timeout_ms=timeout_ms, poll_ms=poll_ms, max_poll_ms=max_poll_ms
@@ -311,11 +319,11 @@ async def wait_for_task(
     The probe reads only `{id, status}`; the full row (a payload may be large) is read
     only once the probe says terminal, or at the timeout for the error's snapshot.
     """
-    if timeout_ms < 0 or poll_ms < 1 or max_poll_ms < 1:
-        raise ValueError(
-            f"need timeout_ms >= 0, poll_ms >= 1 and max_poll_ms >= 1; "
-            f"got {timeout_ms}, {poll_ms}, {max_poll_ms}"
-        )
+    if task_id is not None or key is None:
+        require_str(task_id, "task_id")
+    else:
+        require_str(key, "key")
+    check_wait(timeout_ms, poll_ms, max_poll_ms)
     deadline = time.monotonic() + timeout_ms / 1000
     interval = poll_ms
     while True:
@@ -344,6 +352,14 @@ async def wait_for_task(
         else:
             await asyncio.sleep(sleep_ms / 1000)
         interval = next_poll_ms(interval, max_poll_ms)
+
+
+def check_wait(timeout_ms: Any, poll_ms: Any, max_poll_ms: Any) -> None:
+    """A wait's durations: integers of milliseconds the deadline arithmetic can take
+    (a NaN, an infinity or a string used to fail inside it, naming none of them)."""
+    require_duration(timeout_ms, "timeout_ms")
+    require_duration(poll_ms, "poll_ms", minimum=1)
+    require_duration(max_poll_ms, "max_poll_ms", minimum=1)
 
 
 def _check_sync(tx: Any, method: str) -> None:

@@ -15,8 +15,9 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from cairnqd.errors import LostLease, TaskError
+from cairnqd.errors import LostLease, TaskError, exception_text
 from cairnqd.models import Task, TaskDef, task_name
+from cairnqd.store.arguments import require_number, require_str
 from cairnqd.store.executor import UserWrite
 from cairnqd.tasklog import TaskLogger
 from cairnqd.tracing import traced_submit
@@ -155,6 +156,12 @@ class TaskContext:
     # -- owned writes ----------------------------------------------------------------------
 
     async def progress(self, value: float | None, message: str | None = None) -> Task:
+        """Record how far the task is: `value` a fraction from 0 to 1 (None keeps the
+        last one), `message` a label (None keeps the last one)."""
+        if value is not None:
+            # A fraction (docs/protocol.md §2.1; success writes 1.0): 2.0 or
+            # -1 would show as 200% or -100% done wherever progress is displayed.
+            require_number(value, "progress", minimum=0, maximum=1)
         self._check_writable()
         host = self._host
         try:
@@ -255,6 +262,7 @@ class TaskContext:
     async def wait(self, task_id: str, *, timeout_ms: int = 30_000, poll_ms: int = 100) -> Task:
         from cairnqd.client import wait_for_task
 
+        require_str(task_id, "task_id")
         return await wait_for_task(
             self._host.store, task_id, None, timeout_ms=timeout_ms, poll_ms=poll_ms,
             max_poll_ms=500,
@@ -275,7 +283,8 @@ def error_envelope(
             {
                 "type": type(error).__name__,
                 "code": "handler_error",
-                "message": str(error),
+                # Never raising: the exception's own __str__ is the handler's code.
+                "message": exception_text(error),
                 "retryable": retryable,
                 "details": {},
             },

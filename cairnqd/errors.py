@@ -45,7 +45,9 @@ class ErrorEnvelope:
         fields (and its own `retryable`); anything else is named by its class."""
         if isinstance(exc, TaskError):
             return exc.to_envelope()
-        return cls(type=type(exc).__name__, code=code, message=str(exc), retryable=retryable)
+        return cls(
+            type=type(exc).__name__, code=code, message=exception_text(exc), retryable=retryable
+        )
 
     @classmethod
     def from_stored(cls, error: object) -> ErrorEnvelope:
@@ -60,6 +62,30 @@ class ErrorEnvelope:
             retryable=bool(stored.get("retryable", False)),
             details=details if isinstance(details, dict) else {},
         )
+
+
+def exception_text(exc: BaseException) -> str:
+    """`str(exc)`, never raising: an exception's own `__str__` is the handler author's
+    code, and may raise or return something other than text. Then, as `traceback` does
+    (`<exception str() failed>`), a placeholder, which here also says why:
+    `<exception str() failed: RuntimeError: x>`."""
+    try:
+        text = str(exc)
+    except BaseException as problem:  # whatever it raised, say so instead
+        return f"<exception str() failed: {_named(problem)}>"
+    # A str subclass may carry its own behaviour into what is stored and logged.
+    return text if type(text) is str else str.__str__(text)
+
+
+def _named(problem: BaseException) -> str:
+    """`Type: text` of an exception that `__str__` raised, or just its type when its
+    own text fails too (no further: that could go on for ever)."""
+    name = type(problem).__name__
+    try:
+        text = str(problem)
+    except BaseException:  # the type alone is what is left to show
+        return name
+    return f"{name}: {text}" if text else name
 
 
 class CairnQError(Exception):
@@ -251,11 +277,27 @@ class TaskError(CairnQError):
         type: str | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
+        # Refused here, where the handler builds its error, as a result JSON cannot
+        # carry is refused by `ctx.succeed`: raised later, the envelope would lose
+        # these parts without a word (docs/protocol.md §4.5).
+        _require_text(message, "message")
+        _require_text(code, "code")
+        if type is not None:
+            _require_text(type, "type")
+        if details is not None and not isinstance(details, Mapping):
+            raise ValueError(f"TaskError details must be a mapping, got {_kind(details)}")
         self.message = message
         self.code = code
-        self.retryable = retryable
+        # The stored `retryable` is a JSON bool whatever was passed, as the store's is.
+        self.retryable = bool(retryable)
         self.type = type or "TaskError"
         self.details = dict(details) if details else {}
+        if self.details:
+            # Here, not at the top: cairnqd._jsoncodec imports this module.
+            from cairnqd._jsoncodec import dump_json
+
+            # NUL and lone surrogates pass: the worker escapes them when it writes.
+            dump_json(self.details, what="TaskError details", check=False)
         super().__init__(message)
 
     def to_envelope(self) -> ErrorEnvelope:
@@ -270,3 +312,12 @@ class TaskError(CairnQError):
     def envelope(self) -> dict[str, Any]:
         """The stored form of `to_envelope()`."""
         return self.to_envelope().to_dict()
+
+
+def _require_text(value: object, arg: str) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"TaskError {arg} must be a str, got {_kind(value)}")
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, TypeVar, overload
 from cairnqd.config.handler_path import parse_handler_path
 from cairnqd.errors import CairnQError
 from cairnqd.models import TaskDef, task_name
+from cairnqd.store.arguments import MAX_TEXT_BYTES, MAX_WORKER_COUNT, check_text
 
 __all__ = [
     "Handler",
@@ -119,12 +120,19 @@ class TaskRegistry:
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a task name must be a non-empty string, got {name!r}")
+        # The rule a submit applies to names: no task under any other name can ever
+        # exist, so its handler would never run.
+        check_text(name, "task name", max_bytes=MAX_TEXT_BYTES)
         if not callable(fn):
             raise ValueError(f"handler for {name!r} is not callable: {fn!r}")
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)):
             raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
         if batch is not None and batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
+        if batch is not None and batch > MAX_WORKER_COUNT:
+            # The worker that runs it refuses more (`Worker.register`): said here, where
+            # the registration is, rather than when a daemon child boots.
+            raise ValueError(f"batch must be <= {MAX_WORKER_COUNT}, got {batch}")
         if resource is not None and (not isinstance(resource, str) or not resource):
             raise ValueError(f"resource must be a non-empty string, got {resource!r}")
         # The SDK silently keeps the last registration; in a registry assembled from

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +31,24 @@ from cairnqd._heartbeat import heartbeat_loop
 from cairnqd._ids import new_worker_id
 from cairnqd._inflight import InFlight, LoopState, WorkerObserver
 from cairnqd._leaseguard import LeaseGuard, OverrunHook
+from cairnqd._lograte import Repeats
 from cairnqd._pauses import PausedQueues
 from cairnqd._prefetch import PrefetchSetting, PrefetchSizer
 from cairnqd._settlement import Settlement, backoff_delay_ms
 from cairnqd.limits import Limit, parse_limits
 from cairnqd.models import TaskDef, task_name
 from cairnqd.queue_counts import QueueTally
+from cairnqd.store.arguments import (
+    INT8_MAX,
+    MAX_DURATION_MS,
+    MAX_TEXT_BYTES,
+    MAX_WORKER_COUNT,
+    require_duration,
+    require_int,
+    require_number,
+    require_str,
+    shown,
+)
 from cairnqd.store.base import TaskStore
 
 if TYPE_CHECKING:
@@ -51,6 +64,21 @@ __all__ = [
 ]
 
 OnError = Callable[[BaseException, dict[str, Any]], None]
+
+log = logging.getLogger("cairnqd.worker")
+
+#: The shortest lease a worker takes. Leases are renewed every max(50, lease/3) ms
+#: (`_heartbeat`), and a task starts, and its handler is left running, only until
+#: max(50 ms, lease/5) before its lease ends (`_inflight.lease_margin_s`, the lease
+#: guard), both counted from when the claim or renewal was sent. At 100 ms a task
+#: claimed just after a renewal reaches that stop point before the next one is answered,
+#: and at 50 ms or less no task starts at all: each is claimed, then released as
+#: lease-lost, and the worker never runs one. From 250 ms, what is left of a lease after
+#: a renewal interval and the margin (250 - 83 - 50 ms, more above) is over 100 ms, for
+#: the claim's and the renewal's round trips on a loaded host.
+MIN_LEASE_MS = 250
+#: The longest `cancel_grace`, in seconds: the longest duration the store takes.
+MAX_CANCEL_GRACE_S = MAX_DURATION_MS // 1000
 
 
 class Worker:
@@ -100,20 +128,31 @@ class Worker:
         cancelled (`CancelledError`); its task then ends canceled. A handler still
         running a grace later (a sync one: its thread cannot be stopped) keeps its task
         held until it returns: see `on_cancel_overrun` and docs/operations.md."""
-        if isinstance(queues, str):
-            queues = [queues]
-        self.queues = list(queues)
-        if not self.queues:
-            raise ValueError("queues must name at least one queue")
-        check_positive(concurrency, "concurrency")
-        check_positive(lease_ms, "lease_ms")
-        check_positive(poll_interval_ms, "poll_interval_ms")
+        # Every setting is checked here, before the store is touched: the claim loop
+        # reports its errors only to `on_error`, so a setting that failed each claim
+        # or settlement instead made a worker that silently never ran a task.
+        self.queues = _checked_queues(queues)
+        _check_count(concurrency, "concurrency")
+        require_duration(lease_ms, "lease_ms", minimum=MIN_LEASE_MS)
+        require_duration(poll_interval_ms, "poll_interval_ms", minimum=1)
         if isinstance(max_run_ms, int) and not isinstance(max_run_ms, bool) and max_run_ms <= 0:
             raise ValueError(f"max_run_ms must be > 0, got {max_run_ms}")  # the SDK's words
         check_positive(max_run_ms, "max_run_ms", allow_none=True)
+        if max_run_ms is not None:
+            require_duration(max_run_ms, "max_run_ms", minimum=1)
         prefetch_sizer = PrefetchSizer(prefetch)
-        if retry_backoff_ms < 0 or retry_backoff_max_ms < 0:
-            raise ValueError("retry_backoff_ms and retry_backoff_max_ms must be >= 0")
+        if isinstance(prefetch, int):
+            require_int(prefetch, "prefetch", maximum=MAX_WORKER_COUNT)
+        # A retry's delay is at most retry_backoff_max_ms (or the base, if smaller),
+        # and is written as the failure's delay_ms: past what the store takes, the
+        # failure could not be written and the task stayed running until its lease ended.
+        require_duration(retry_backoff_ms, "retry_backoff_ms")
+        require_duration(retry_backoff_max_ms, "retry_backoff_max_ms")
+        declared = _checked_resources(resources)
+        require_duration(max_queue_wait_ms, "max_queue_wait_ms")
+        if on_error is not None and not callable(on_error):
+            raise ValueError(f"on_error must be callable or None, got {shown(on_error)}")
+        _check_cancel_grace(cancel_grace)
         self.store = store
         self.concurrency = concurrency
         self.lease_ms = lease_ms
@@ -121,11 +160,11 @@ class Worker:
         self.retry_backoff_ms = retry_backoff_ms
         self.retry_backoff_max_ms = retry_backoff_max_ms
         self.max_run_ms = max_run_ms
-        self.resources: dict[str, int] = {}
-        for res, capacity in (resources or {}).items():
-            check_positive(capacity, f"resources[{res!r}]")
-            self.resources[res] = capacity
+        self.resources = declared
         self.on_error = on_error
+        # Errors reported while no `on_error` hook is set go to the log instead, each
+        # kind at most once per 30 s (a failing database fails every claim).
+        self._unreported = Repeats()
         self.prefetch = prefetch_sizer.setting
         if max_queue_depth is not None:
             store.use_backpressure(max_queue_depth, max_queue_wait_ms=max_queue_wait_ms)
@@ -215,6 +254,7 @@ class Worker:
 
     @cancel_grace.setter
     def cancel_grace(self, value: float) -> None:
+        _check_cancel_grace(value)
         self._cancels.grace_s = value
 
     @property
@@ -240,6 +280,9 @@ class Worker:
 
     @claim_budget.setter
     def claim_budget(self, value: int | None) -> None:
+        if value is not None:
+            # 0 is a budget spent: the worker stops claiming and stops.
+            require_int(value, "claim_budget", minimum=0, maximum=INT8_MAX)
         self._loop.claim_budget = value
 
     @property
@@ -360,6 +403,9 @@ class Worker:
             fn = name
             self.register(derived_name(fn), fn, batch=batch, resource=resource)
             return fn
+        if name is not None:
+            # Refused here rather than once the decorated function is defined.
+            _check_task_name(task_name(name))
 
         def decorate(fn: Handler) -> Handler:
             chosen = derived_name(fn) if name is None else task_name(name)
@@ -376,7 +422,10 @@ class Worker:
         batch: int | None = None,
         resource: str | None = None,
     ) -> None:
+        _check_task_name(task_name(name))
         handler = make_handler(name, fn, batch=batch, resource=resource, resources=self.resources)
+        if batch is not None:
+            require_int(batch, "batch", maximum=MAX_WORKER_COUNT)
         self._handlers[handler.name] = handler
         self._state.has_handlers = True
 
@@ -403,6 +452,7 @@ class Worker:
     def serve(self, *, concurrency: int | None = None) -> None:
         """Run until SIGINT/SIGTERM. The first signal stops claiming and drains; the
         handlers are then removed, so a second Ctrl-C reaches Python's default."""
+        _run_slots(concurrency, self.concurrency)
 
         async def main() -> None:
             loop = asyncio.get_running_loop()
@@ -428,6 +478,7 @@ class Worker:
     @contextlib.asynccontextmanager
     async def background(self, *, concurrency: int | None = None) -> AsyncIterator[Worker]:
         """Run the worker as a task for the body of an `async with`."""
+        _run_slots(concurrency, self.concurrency)  # raised here, not when the body ends
         runner = asyncio.create_task(self.run(concurrency=concurrency))
         body_error: BaseException | None = None
         try:
@@ -449,7 +500,7 @@ class Worker:
                     await self.store.close()
 
     async def run(self, *, concurrency: int | None = None) -> None:
-        limit = max(1, concurrency if concurrency is not None else self.concurrency)
+        limit = _run_slots(concurrency, self.concurrency)
         state = self._state
         state.has_handlers = bool(self._handlers)
         # A stop() issued before this task first ran must still count, so the events
@@ -497,9 +548,80 @@ class Worker:
 
     def _report(self, exc: BaseException, info: dict[str, Any]) -> None:
         if self.on_error is None:
+            # Without a hook these errors were dropped: a worker whose every claim
+            # failed looked idle. Logged instead, each kind rate-limited.
+            phase = info.get("phase", "?")
+            held_back = self._unreported.admit((phase, type(exc)))
+            if held_back is not None:
+                more = f" ({held_back} more like it since, not logged)" if held_back else ""
+                log.warning(
+                    "worker %s: %s failed: %s: %s%s (set Worker(on_error=...) to handle these)",
+                    self.worker_id, phase, type(exc).__name__, exc, more,
+                    exc_info=(type(exc), exc, exc.__traceback__),
+                )  # fmt: skip
             return
         with contextlib.suppress(BaseException):
             self.on_error(exc, info)
 
 
 _ABANDONED_THREAD_HEADROOM = 32
+
+
+def _checked_queues(queues: Any) -> list[str]:
+    """`queues` as a list: each a name a submit could have put a task under."""
+    if isinstance(queues, str):
+        queues = [queues]
+    elif isinstance(queues, bytes | bytearray | memoryview) or not isinstance(queues, Iterable):
+        # bytes iterate as integers, and nothing else is a list of names.
+        raise ValueError(
+            f"queues must be a queue name or a sequence of queue names, got {shown(queues)}"
+        )
+    names = list(queues)
+    if not names:
+        raise ValueError("queues must name at least one queue")
+    for i, queue in enumerate(names):
+        require_str(queue, f"queues[{i}]", max_bytes=MAX_TEXT_BYTES)
+    return names
+
+
+def _check_count(value: Any, arg: str) -> int:
+    check_positive(value, arg)  # worded as the SDK words it
+    return require_int(value, arg, maximum=MAX_WORKER_COUNT)
+
+
+def _run_slots(concurrency: Any, default: int) -> int:
+    """The call slots of one `run()`: the override, or the worker's own."""
+    if concurrency is None:
+        return default
+    # Types and size are checked as the constructor checks them, but 0 or less is raised
+    # to 1 rather than refused, as the protocol says (docs/protocol.md#clamp-concurrency).
+    return max(1, require_int(concurrency, "concurrency", maximum=MAX_WORKER_COUNT))
+
+
+def _checked_resources(resources: Any) -> dict[str, int]:
+    if resources is None:
+        return {}
+    if not isinstance(resources, Mapping):
+        raise ValueError(
+            f"resources must be a mapping of resource name to capacity, got {shown(resources)}"
+        )
+    checked: dict[str, int] = {}
+    for res, capacity in resources.items():
+        if not isinstance(res, str) or not res:
+            raise ValueError(f"resources keys must be non-empty strings, got {shown(res)}")
+        checked[res] = _check_count(capacity, f"resources[{res!r}]")
+    return checked
+
+
+def _check_cancel_grace(value: Any) -> None:
+    # NaN and infinity passed the cancel watch's `value < 0`: a NaN grace never ends,
+    # so a canceled handler was never stopped.
+    require_number(
+        value, "cancel_grace", minimum=0, maximum=MAX_CANCEL_GRACE_S, what="a number of seconds"
+    )
+
+
+def _check_task_name(name: Any) -> None:
+    # The rule a submit applies to names: under any other name no task can ever
+    # exist, so the handler would never run.
+    require_str(name, "task name", max_bytes=MAX_TEXT_BYTES)

@@ -209,7 +209,9 @@ def _open_log_file(path: str) -> IO[str]:
         # StreamHandler flushes after each record, so a record (under the 8 KiB
         # buffer) goes out in one write(); "a" is O_APPEND, which keeps the
         # processes sharing the file from overwriting each other.
-        return open(path, "a", encoding="utf-8")
+        # backslashreplace: a record holding text that is not UTF-8 (a lone surrogate
+        # in a handler's message) is written with it escaped, not dropped with an error.
+        return open(path, "a", encoding="utf-8", errors="backslashreplace")
     except OSError as exc:
         raise LoggingSetupError(f"logging.file {path}: cannot open: {exc.strerror or exc}") from exc
 

@@ -19,9 +19,14 @@ Params = dict[str, Any]
 
 INT4_MIN = -(2**31)
 INT4_MAX = 2**31 - 1
+INT8_MIN = -(2**63)
 INT8_MAX = 2**63 - 1
 MAX_DURATION_MS = 100 * 365 * 86_400_000
 MAX_TEXT_BYTES = 1000
+#: The most any of a worker's counts may be (concurrency, prefetch, a batch size, a
+#: resource's capacity): a claim asks for batch size x (free call slots + prefetch)
+#: rows in one 64-bit LIMIT, which factors of at most 32 bits keep inside.
+MAX_WORKER_COUNT = INT4_MAX
 # The optional text arguments of a submit that hold ids or a key.
 TEXT_IDS = ("key", "parent_id", "root_id", "correlation_id")
 
@@ -33,7 +38,7 @@ def require_str(
     if value is None and optional:
         return
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{arg} must be a non-empty string, got {_short(value)}")
+        raise ValueError(f"{arg} must be a non-empty string, got {shown(value)}")
     check_text(value, arg, max_bytes=max_bytes)
 
 
@@ -58,7 +63,7 @@ def require_int(
     value: Any, arg: str, *, minimum: int | None = None, maximum: int | None = None
 ) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{arg} must be an integer, got {_short(value)}")
+        raise ValueError(f"{arg} must be an integer, got {shown(value)}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{arg} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -71,8 +76,37 @@ def require_duration(value: Any, arg: str, *, minimum: int = 0) -> int:
     return require_int(value, arg, minimum=minimum, maximum=MAX_DURATION_MS)
 
 
-def _short(value: Any) -> str:
-    # An error message quotes the value, but never megabytes of it.
+def require_bigint(value: Any, arg: str, *, optional: bool = False) -> None:
+    """An integer a bigint column compares with (an epoch-milliseconds bound): past it,
+    SQLite's driver overflowed and Postgres refused the statement."""
+    if value is None and optional:
+        return
+    require_int(value, arg, minimum=INT8_MIN, maximum=INT8_MAX)
+
+
+def check_after_id(value: Any, arg: str = "after_id") -> None:
+    """A page's "after this id" cursor: text both dialects compare, "" before the first."""
+    if not isinstance(value, str):
+        raise ValueError(f"{arg} must be a string, got {shown(value)}")
+    check_text(value, arg)
+
+
+def require_number(
+    value: Any, arg: str, *, minimum: float, maximum: float, what: str = "a number"
+) -> float:
+    """A real number from `minimum` to `maximum`. NaN is refused too: it fails every
+    comparison, so a check written `value < 0` let it through."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not minimum <= value <= maximum  # False for NaN
+    ):
+        raise ValueError(f"{arg} must be {what} from {minimum} to {maximum}, got {shown(value)}")
+    return float(value)
+
+
+def shown(value: Any) -> str:
+    """How an error message quotes a value: its repr, but never megabytes of it."""
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
@@ -249,17 +283,23 @@ __all__ = [
     "INT4_MAX",
     "INT4_MIN",
     "INT8_MAX",
+    "INT8_MIN",
     "MAX_DURATION_MS",
     "MAX_TEXT_BYTES",
+    "MAX_WORKER_COUNT",
     "SubmitRequest",
+    "check_after_id",
     "check_page",
     "check_status_filter",
     "check_terminal_status",
     "check_text",
     "insert_params_for",
     "optional_filters",
+    "require_bigint",
     "require_duration",
     "require_int",
+    "require_number",
     "require_str",
+    "shown",
     "submit_params",
 ]

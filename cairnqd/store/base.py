@@ -797,6 +797,15 @@ class TaskStore(ABC):
         offset: int = 0,
     ) -> list[Task]:
         check_status_filter(status)
+        # Checked as `get` and `stats` check theirs: unchecked, SQLite compared a NUL,
+        # a number or a lone surrogate and found nothing, while Postgres's driver raised.
+        for arg, value in (
+            ("queue", queue),
+            ("name", name),
+            ("root_id", root_id),
+            ("correlation_id", correlation_id),
+        ):
+            require_str(value, arg, optional=True)
         check_page(limit, offset)
         params: Params = {
             "status": status,
@@ -873,6 +882,9 @@ class TaskStore(ABC):
         require_duration(older_than_ms, "older_than_ms")
         require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
         check_terminal_status(status)
+        # As `list`'s filters: the same error from both dialects, not [] from one.
+        require_str(queue, "queue", optional=True)
+        require_str(name, "name", optional=True)
         params: Params = {
             "older_than_ms": older_than_ms,
             "queue": queue,

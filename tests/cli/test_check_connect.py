@@ -113,7 +113,8 @@ def test_connect_refuses_a_port_another_program_holds(tmp_path: Path, run: Run) 
         write_config(tmp_path, "path: tasks.db", groups=groups)
         done = run("check", "--connect")
         assert done.returncode == 78, done.stdout
-        assert f"metrics.listen: cannot bind 127.0.0.1:{port} (at ./cairnq.yaml:9:11)" in done.stderr
+        bind = f"metrics.listen: cannot bind 127.0.0.1:{port} (at ./cairnq.yaml:9:11)"
+        assert bind in done.stderr
         assert "the address is already in use" in done.stderr
     done = run("check", "--connect")
     assert done.returncode == 0, done.stderr

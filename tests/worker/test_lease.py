@@ -15,12 +15,11 @@ import pytest
 
 from cairnqd.client import CairnQ
 from cairnqd.context import TaskContext
-from cairnqd.errors import LostLease, TaskError
+from cairnqd.errors import LostLease
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
 from tests.support.store import query
 from tests.support.worker import (
-    POSTGRES_ONLY,
     SQLITE_ONLY,
     ErrorLog,
     eventually,
@@ -459,30 +458,3 @@ async def test_settling_a_stolen_task_is_swallowed(
         None,
     )
     assert not errors.calls, errors
-
-
-@POSTGRES_ONLY
-async def test_a_failed_settlement_does_not_keep_the_lease_forever(
-    store: TaskStore, client: CairnQ, errors: ErrorLog
-) -> None:
-    """A settlement write the database refuses (jsonb cannot hold `\\u0000`) is reported.
-    The worker must then stop renewing that lease, so the task is recovered and
-    redelivered instead of staying `running` forever (upstream's per-call heartbeat
-    ends with the call)."""
-    worker = Worker(
-        store, ["default"], lease_ms=600, poll_interval_ms=50, retry_backoff_ms=0, on_error=errors
-    )
-
-    @worker.task
-    async def poisoned(ctx: TaskContext) -> None:
-        raise TaskError("bad\x00message", retryable=True)
-
-    task = await client.submit("poisoned", max_attempts=2)
-    async with running(worker):
-        await eventually(lambda: errors.calls, what="the refused settlement to be reported")
-
-        async def redelivered() -> bool:
-            row = await store.get(task.id)
-            return row is not None and (row.attempt >= 2 or row.status != "running")
-
-        await eventually(redelivered, within=3, what="the lease to lapse and be recovered")

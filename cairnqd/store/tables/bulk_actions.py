@@ -9,7 +9,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cairnqd.models import Task
-from cairnqd.store.arguments import INT8_MAX, Params, require_int, require_str
+from cairnqd.store.arguments import (
+    INT8_MAX,
+    Params,
+    check_after_id,
+    require_bigint,
+    require_int,
+    require_str,
+)
 from cairnqd.store.executor import Executor, Row, Session
 from cairnqd.store.operator import BULK_BATCH, TaskFilter
 
@@ -58,7 +65,7 @@ class BulkActions:
 
     async def count(self, where: TaskFilter) -> int:
         """How many tasks match `where`."""
-        params = where.params()
+        params = _filter_params(where)
         rows = await self._db.scan("extensions/task_count", params, where.supplied(params), list)
         return int(rows[0]["n"])
 
@@ -66,8 +73,10 @@ class BulkActions:
         self, where: TaskFilter, *, after_id: str = "", limit: int = BULK_BATCH
     ) -> list[str]:
         """One page of the ids matching `where`, in id order, after `after_id`."""
+        params = _filter_params(where)
+        check_after_id(after_id)
         require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
-        params = {**where.params(), "after_id": after_id, "limit": limit}
+        params = {**params, "after_id": after_id, "limit": limit}
         rows = await self._db.scan("extensions/task_ids", params, where.supplied(params), list)
         return [r["id"] for r in rows]
 
@@ -106,3 +115,12 @@ class BulkActions:
 
 
 __all__ = ["COMMANDS", "BulkActions", "BulkOutcome"]
+
+
+def _filter_params(where: TaskFilter) -> Params:
+    """`where.params()`, its created bounds checked as well: unchecked, SQLite compared
+    a string or NaN and matched whatever it matched, while Postgres refused them."""
+    params = where.params()
+    require_bigint(where.created_after_ms, "created_after_ms", optional=True)
+    require_bigint(where.created_before_ms, "created_before_ms", optional=True)
+    return params

@@ -6,7 +6,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from cairnqd.store.arguments import INT8_MAX, require_int, require_str
+from cairnqd.store.arguments import (
+    INT8_MAX,
+    INT8_MIN,
+    check_after_id,
+    check_text,
+    require_bigint,
+    require_int,
+    require_str,
+)
 from cairnqd.store.browse import (
     FailedGroup,
     SearchHit,
@@ -24,6 +32,7 @@ class DashboardReads:
 
     async def browse(self, query: TaskQuery) -> list[TaskSummary]:
         """One page of the task list, newest first by `query.sort`, after its cursor."""
+        _check_bounds(query)
         params = query.params()
         if query.key is not None:
             require_str(query.key, "key")
@@ -85,6 +94,8 @@ class DashboardReads:
         require_str(name, "name")
         if not isinstance(error_type, str):
             raise ValueError(f"error_type must be a string, got {type(error_type).__name__}")
+        check_text(error_type, "error_type")
+        check_after_id(after_id)
         require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
         params = {"name": name, "error_type": error_type, "after_id": after_id, "limit": limit}
         rows = await self._db.scan("extensions/dashboard_failed_ids", params, frozenset(), list)
@@ -106,6 +117,20 @@ class DashboardReads:
                     rows = await session.fetch("extensions/dashboard_discard", {"id": task_id})
                     deleted += [r["id"] for r in rows]
         return deleted
+
+
+def _check_bounds(query: TaskQuery) -> None:
+    """The time bounds and cursor `TaskQuery.params` computes with, checked first:
+    unchecked, a string or NaN failed in its arithmetic or in Postgres alone."""
+    require_bigint(query.from_ms, "from_ms", optional=True)
+    if query.to_ms is not None:
+        # `to_ms` is exclusive: the statement compares with to_ms - 1.
+        require_int(query.to_ms, "to_ms", minimum=INT8_MIN + 1, maximum=INT8_MAX)
+    if query.cursor is not None:
+        if not isinstance(query.cursor, tuple) or len(query.cursor) != 2:
+            raise ValueError(f"cursor must be a (milliseconds, id) pair, got {query.cursor!r}")
+        require_bigint(query.cursor[0], "cursor milliseconds")
+        check_after_id(query.cursor[1], "cursor id")
 
 
 __all__ = ["DashboardReads"]
