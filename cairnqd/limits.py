@@ -133,13 +133,23 @@ def parse_rate(value: object, where: str) -> Rate:
     match = _RATE.fullmatch(text)
     if match is None:
         raise ValueError(f"{where} must be COUNT/DURATION such as 100/10s or 5/1m; got {value!r}")
-    from cairnqd.config.units import parse_duration  # config imports this module
+    # config imports this module
+    from cairnqd.config.bounds import MAX_DURATION
+    from cairnqd.config.units import format_duration, parse_duration_ms
 
     count = int(match.group(1))
     try:
-        window_ms = int(parse_duration(match.group(2)).total_seconds() * 1000)
+        window_ms = parse_duration_ms(match.group(2))
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
+    longest_ms = int(MAX_DURATION.total_seconds() * 1000)
+    if window_ms > longest_ms:
+        # A slot is held until its start plus the window: past 100 years that time
+        # leaves what the store takes (and a bigint, far enough out).
+        raise ValueError(
+            f"{where}: the window must be at most {format_duration(MAX_DURATION)}; "
+            f"got {match.group(2)!r}"
+        )
     if not 1 <= count <= MAX_CAPACITY:
         raise ValueError(f"{where}: the count must be between 1 and {MAX_CAPACITY}; got {count}")
     if window_ms < 1:

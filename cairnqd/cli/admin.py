@@ -886,7 +886,9 @@ def add_submit(sub: Subparsers, parents: list[argparse.ArgumentParser]) -> None:
         "fails; docs/workflows.md)",
     )
     p.add_argument("--wait", action="store_true", help="wait for the outcome; print the result")
-    p.add_argument("--timeout", type=duration, metavar="DURATION", help="with --wait (30s)")
+    p.add_argument(
+        "--timeout", type=argtypes.bounded_duration(), metavar="DURATION", help="with --wait (30s)"
+    )
     p.add_argument(
         "--strict",
         action="store_true",

@@ -221,6 +221,13 @@ def test_a_payload_nested_past_the_stack_gets_the_nesting_message(config: Path) 
         assert last_line(stderr).endswith("JSON values may nest at most 512 levels")
 
 
+def test_a_wait_past_100_years_is_refused_before_the_submit(config: Path) -> None:
+    """The wait's deadline is checked while the arguments are parsed: no task is left
+    behind by a submit whose wait then failed."""
+    stderr = refused(config, "submit", "demo.echo", "--wait", "--timeout", "36501d")
+    assert last_line(stderr).endswith("argument --timeout: must be at most 36500d, got 36501d")
+
+
 def test_conflict_without_a_key_is_refused(config: Path) -> None:
     stderr = refused(config, "submit", "demo.echo", "--conflict", "replace")
     assert last_line(stderr) == (

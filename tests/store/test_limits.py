@@ -309,6 +309,8 @@ def test_rates_and_limits_parse_with_the_key_named() -> None:
         ({"x": {"queues": ["q"], "concurrency": 0}}, "limits.x.concurrency must be between"),
         ({"x": {"queues": ["q"], "rate": "100 per s"}}, "limits.x.rate must be COUNT/DURATION"),
         ({"x": {"queues": ["q"], "rate": "5/1fortnight"}}, "limits.x.rate"),
+        # A slot is held until its start plus the window: past 100 years, past the store.
+        ({"x": {"queues": ["q"], "rate": "1/36501d"}}, "the window must be at most 36500d"),
         ({"x": {"names": ["a[b]"], "concurrency": 1}}, r"limits.x.names\[0\]"),
         ({"x": {"queues": ["q"], "concurrency": 1, "partition_by": "payload.a b"}}, "partition_by"),
         ({"x": {"queues": ["q"], "concurrency": 1, "per": 1}}, "unknown key 'per'"),
