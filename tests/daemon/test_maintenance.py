@@ -446,10 +446,19 @@ async def test_postgres_skips_the_sweep_while_another_session_holds_the_lock(
     maintenance, metrics = make(closing, config, clock=ahead(1_100))
     with psycopg.connect(pg_dsn, autocommit=True) as other_host:
         other_host.execute("select pg_advisory_lock(%s, %s)", (namespace, PURGE_LOCK_ID))
+        holder = other_host.info.backend_pid
         assert await maintenance.purge_once() is None
         assert await status_of(pg_store, old) is not None
         assert sample(metrics, "cairnq_purge_runs_total") == 0
-    # The other host's session ended, and its lock with it.
+    # The other host's session ended, and its lock with it, once the server's backend
+    # has exited: that happens a moment after the client closes, later on a busy host.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+
+        def holder_gone() -> bool:
+            row = conn.execute("select count(*) from pg_stat_activity where pid = %s", (holder,))
+            return row.fetchone() == (0,)
+
+        wait_for("the other host's session to end on the server", holder_gone)
     assert await maintenance.purge_once() == 1
     assert await status_of(pg_store, old) is None
     await maintenance.aclose()
