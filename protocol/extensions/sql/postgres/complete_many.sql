@@ -8,14 +8,19 @@
 -- progress 1.0. Only id and status come back.
 -- The ownership test binds the running status as :running, like the other owned
 -- writes, so a cached generic plan keeps probing the primary key per item.
--- The items are unpacked once (materialized) and their ids also given as an array the
--- primary key can look up: a plan made while few tasks ran (statistics from a backlog
--- all queued) otherwise read the running tasks by the lease index and joined each to
--- the whole item list, unpacked again per row: 512 x 512 comparisons, 48 ms to settle
--- 512 tasks beside a backlog of 60,000 where 16 ms do (bench/RESULTS.md, "Settling
--- beside a big backlog").
-with item as materialized (
-    select * from json_to_recordset(:items::json) as i (id text, r text, a integer)
+-- The items are unpacked once, into one row: an object by id and the array of ids
+-- (`m`). Each task is found by its primary key from that array and reads its result
+-- from the object, so no plan joins the tasks to the item list: a plan made while few
+-- tasks ran (statistics from a backlog all queued) read the running tasks by the lease
+-- index and scanned the whole list, unpacked again, for each: 48 ms to settle 512
+-- tasks beside a backlog of 60,000 where 16 ms do (bench/RESULTS.md, "Settling beside
+-- a big backlog"). The status test is written so that no index serves it: in a long
+-- drain the status index's 'running' range holds every dead version of the claims
+-- until a vacuum, and a bitmap of it beside the key's cost a drain a sixth of its pace.
+with m as materialized (
+    select jsonb_object_agg(i.id, jsonb_build_object('r', i.r, 'a', i.a)) as obj,
+           array_agg(i.id) as ids
+    from json_to_recordset(:items::json) as i (id text, r text, a integer)
 )
 update cairnq_tasks as t
 set status = case
@@ -24,16 +29,15 @@ set status = case
     end,
     result = case
         when t.cancel_requested_at_ms is not null then t.result
-        else item.r::jsonb
+        else (m.obj -> t.id ->> 'r')::jsonb
     end,
     progress = case when t.cancel_requested_at_ms is not null then t.progress else 1.0 end,
     lease_until_ms = null,
     completed_at_ms = (extract(epoch from now()) * 1000)::bigint,
     updated_at_ms = (extract(epoch from now()) * 1000)::bigint
-from item
-where t.id = item.id
-  and t.id = any(array(select id from item))
-  and t.status = :running and t.worker_id = :worker_id
+from m
+where t.id = any(m.ids)
+  and (t.status = :running) is true and t.worker_id = :worker_id
   and t.lease_until_ms > (extract(epoch from now()) * 1000)::bigint
-  and (item.a is null or t.attempt = item.a)
+  and ((m.obj -> t.id ->> 'a') is null or t.attempt = (m.obj -> t.id ->> 'a')::integer)
 returning t.id, t.status
