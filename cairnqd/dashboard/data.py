@@ -226,9 +226,6 @@ class Overview:
     #: Seconds the read took without the failed groups (read more rarely): what the
     #: refresh interval stretches by.
     read_s: float = 0.0
-    #: Why the oldest queued ages are not shown, when the database could not compute
-    #: them; everything else of the snapshot is.
-    oldest_problem: str | None = None
 
 
 async def _read_charts(store: TaskStore, range_name: str) -> Charts:
@@ -337,8 +334,6 @@ class DashboardData:
         self._reporting: concurrent.futures.Future[None] | None = None
         self._stopped = False
         self._wake: asyncio.Event | None = None
-        #: Why the oldest queued ages could not be read last time (logged once).
-        self._oldest_problem: str | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -561,7 +556,6 @@ class DashboardData:
             limits=old.limits if old else [],
             bypasses=old.bypasses if old else [],
             throttled=old.throttled if old else {},
-            oldest_problem=old.oldest_problem if old else None,
         )
 
     def _daemon(self) -> tuple[dict[str, Any] | None, str | None]:
@@ -581,7 +575,7 @@ class DashboardData:
             store = await self._store.get()
             now_ms = store.now_ms()
             stats = await store.stats()
-            oldest, oldest_problem = await self._oldest_ages(store)
+            oldest = await store.oldest_queued_age_ms()
             # Rows of tasks held by dependencies only: an empty table without them.
             waiting = await store.waiting_counts()
             pauses = {p.queue: p for p in await store.pauses.all()}
@@ -635,27 +629,7 @@ class DashboardData:
             bypasses=bypasses,
             throttled=throttled,
             read_s=read_s,
-            oldest_problem=oldest_problem,
         )
-
-    async def _oldest_ages(self, store: TaskStore) -> tuple[dict[str, int], str | None]:
-        """Per queue, the oldest due queued task's age (ms), or why there are none. The
-        one read of the snapshot that computes on the tasks' own values: a due time
-        another client wrote can make the database's arithmetic fail (on Postgres,
-        run_at_ms near the smallest bigint is "bigint out of range"). That must not fail
-        the overview for everyone: the ages are left out and the page says why. A
-        database that is down fails the reads after it all the same. Logged once per
-        distinct reason, not at every refresh."""
-        try:
-            ages = await store.oldest_queued_age_ms()
-        except Exception as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-            level = logging.DEBUG if problem == self._oldest_problem else logging.WARNING
-            log.log(level, "dashboard: cannot read the oldest queued ages: %s", problem)
-            self._oldest_problem = problem
-            return {}, problem
-        self._oldest_problem = None
-        return ages, None
 
     async def _read_limits(
         self, store: TaskStore

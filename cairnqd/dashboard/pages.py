@@ -9,7 +9,6 @@ viewer is logged in; each carries the session's CSRF value.
 
 from __future__ import annotations
 
-import math
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,10 +88,7 @@ def _no_daemon_note(overview: Overview) -> Markup:
 
 
 def age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    # Never infinite from the store (it caps an age at INT8_MAX ms); kept for safety.
-    return elapsed_text(seconds, " ") if math.isfinite(seconds) else unreadable(seconds)
+    return "-" if seconds is None else elapsed_text(seconds, " ")
 
 
 def size(n: int | None) -> str:
@@ -380,22 +376,11 @@ def overview_page(overview: Overview, viewer: Viewer) -> Markup:
         if rows
         else Markup('<p class="empty">No queues yet: no task was submitted.</p>')
     )
-    oldest_note = (
-        render(
-            '<p class="warn oldest-problem">The oldest queued ages are not shown: the '
-            "database could not compute them ({why}). A queued task's due time (run_at_ms) "
-            "written by another client may be out of range.</p>",
-            why=overview.oldest_problem,
-        )
-        if overview.oldest_problem
-        else Markup("")
-    )
     return render(
-        '{problem}<div class="totals">{totals}</div><h2>Queues</h2>{oldest_note}{queues}'
+        '{problem}<div class="totals">{totals}</div><h2>Queues</h2>{queues}'
         "{limits}<h2>Groups</h2>{groups}{note}",
         problem=problem_note(overview),
         totals=totals,
-        oldest_note=oldest_note,
         queues=queues,
         limits=limits_section(overview),
         groups=groups_table(overview),
