@@ -7,6 +7,7 @@ whose every claim fails and reports only to an `on_error` it was not given).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import re
@@ -39,17 +40,31 @@ pytestmark = pytest.mark.timeout(60)
 Case = tuple[Callable[[], Any], type[Exception], str]
 
 
+def _mismatch(kind: type[Exception], message: str, outcome: Any) -> str | None:
+    """What a case did, when it was not raising `kind` with `message`; None when it was.
+    `outcome` is the exception it raised, or `_Returned` holding what it returned."""
+    if isinstance(outcome, _Returned):
+        return f"returned {outcome.value!r}"
+    if type(outcome) is not kind or not re.search(message, str(outcome)):
+        return f"{type(outcome).__name__}: {outcome}"
+    return None
+
+
+@dataclasses.dataclass
+class _Returned:
+    value: Any
+
+
 def _mismatches(cases: dict[str, Case]) -> dict[str, str]:
     """Each case that did not raise its exception with its message: what it did."""
     wrong: dict[str, str] = {}
     for label, (call, kind, message) in cases.items():
         try:
-            value = call()
+            outcome: Any = _Returned(call())
         except Exception as exc:
-            if type(exc) is not kind or not re.search(message, str(exc)):
-                wrong[label] = f"{type(exc).__name__}: {exc}"
-        else:
-            wrong[label] = f"returned {value!r}"
+            outcome = exc
+        if (said := _mismatch(kind, message, outcome)) is not None:
+            wrong[label] = said
     return wrong
 
 
@@ -59,12 +74,11 @@ async def _async_mismatches(
     wrong: dict[str, str] = {}
     for label, (make, kind, message) in cases.items():
         try:
-            value = await make()
+            outcome: Any = _Returned(await make())
         except Exception as exc:
-            if type(exc) is not kind or not re.search(message, str(exc)):
-                wrong[label] = f"{type(exc).__name__}: {exc}"
-        else:
-            wrong[label] = f"returned {value!r}"
+            outcome = exc
+        if (said := _mismatch(kind, message, outcome)) is not None:
+            wrong[label] = said
     return wrong
 
 
