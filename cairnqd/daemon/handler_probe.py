@@ -5,8 +5,10 @@ The reasoning: docs/architecture.md, "Daemon design notes".
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import traceback
@@ -99,7 +101,7 @@ def probe_handlers(
     """Import each list of registries in a fresh process set up as a child is; one
     result per list, in order. A probe that crashes or hangs fails every list."""
     request = json.dumps({"python_path": list(python_path), "handlers": list(handler_lists)})
-    argv = [*child_argv_prefix(), "-m", "cairnqd.daemon.handler_probe"]
+    argv = [*child_argv_prefix(), "-m", "cairnqd.daemon.handler_probe", str(os.getpid())]
     try:
         done = subprocess.run(
             argv,
@@ -122,7 +124,25 @@ def probe_handlers(
         return [ProbeResult(error=failure) for _ in handler_lists]
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL from the kernel when our parent dies. A daemon killed (or stopped by a
+    signal) during its preflight would otherwise leave the probe behind, for ever when
+    a handler's import hangs. Nothing to clean up here: it only imports."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's own stop still kills us (subprocess.run)
+    if os.getppid() != parent:  # it died before the prctl took effect
+        os._exit(1)
+
+
 def main() -> int:
+    if len(sys.argv) > 1:
+        _die_with(int(sys.argv[1]))
     request = json.loads(sys.stdin.read())
     use_python_path(request["python_path"])
     results = _probe_here(request["handlers"])

@@ -80,6 +80,9 @@ class ControlServer:
         daemon cannot be asked)."""
         dir_fd = open_runtime_dir(self.directory, create=True)
         assert dir_fd is not None
+        # A start after a stop (the socket bound again once an upgrade failed at the
+        # handover, or once the runtime directory was put back) must serve again.
+        self._stopping.clear()
         try:
             self._remove_stale(dir_fd)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)

@@ -330,6 +330,42 @@ class StateFile:
                 os.close(fd)
         self._lock_fd = self._dir_fd = None
 
+    def lost(self) -> str | None:
+        """What of ours is gone from the runtime directory (logind removes
+        $XDG_RUNTIME_DIR at its user's last logout; a /tmp cleaner removes old files):
+        "lock" when the lock's path no longer names the file we hold locked, "state"
+        when only the state file is missing; None when both are in place, or when we
+        do not own them (a successor not yet serving, a parent that handed over)."""
+        if not self.owned or self._lock_fd is None:
+            return None
+        try:
+            named = os.stat(self.lock_path, follow_symlinks=False)
+        except FileNotFoundError:
+            return "lock"
+        except OSError:
+            return None  # cannot tell (a hung mount, say): the next look decides
+        held = os.fstat(self._lock_fd)
+        if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+            return "lock"
+        return None if os.path.lexists(self.path) else "state"
+
+    def restore(self) -> None:
+        """Take the lock again at its path, in a runtime directory made anew if it was
+        removed, after `lost()` said "lock": the old lock guards an inode no other
+        daemon can find, so a second daemon would start on our config. AlreadyRunning
+        when one already has; UnsafeRuntimeDir or OSError when the directory cannot be
+        made. On any failure the old descriptors are kept, to try again later."""
+        old = (self._lock_fd, self._dir_fd)
+        self._lock_fd = self._dir_fd = None
+        try:
+            self.acquire()
+        except BaseException:
+            self._lock_fd, self._dir_fd = old
+            raise
+        for fd in old:
+            if fd is not None:
+                os.close(fd)
+
     def write(self, state: DaemonState) -> None:
         """Replace the state atomically: readers see the old file or the new one."""
         dir_fd = self._dir_fd

@@ -96,6 +96,20 @@ _HANDLED = (
 )  # fmt: skip
 #: The parent's process label in log lines; a child's is `[group] slot/slots`.
 PARENT_LABEL = "master"
+#: How often the loop checks that the runtime directory still holds our lock and state.
+_RUNTIME_CHECK_S = 2.0
+#: Signals that stop the daemon; while it starts (`_preflight`) they cut the start short.
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+
+
+class _StoppedWhileStarting(BaseException):
+    """A stop signal arrived during the preflight: raised from the signal handler, as
+    KeyboardInterrupt is (and, like it, past `except Exception`), so that a probe
+    importing the handlers is ended at once."""
+
+    def __init__(self, signum: int) -> None:
+        self.name = signal.Signals(signum).name
+        super().__init__(self.name)
 
 
 class Supervisor:
@@ -128,6 +142,14 @@ class Supervisor:
         self.fleet = Fleet(config)
         self.selector = selectors.DefaultSelector()
         self.signals: deque[int] = deque()
+        #: The signal wakeup fd, once the handlers are installed (`_run`).
+        self.wakeup_r = -1
+        #: True during the preflight, when a stop signal ends the start (`_StoppedWhileStarting`).
+        self._starting = False
+        #: When the runtime files are next checked (`_keep_runtime_files`), and the
+        #: problem with them last logged.
+        self._runtime_check_at = 0.0
+        self._runtime_trouble: str | None = None
         self.stopping = False
         #: Children told to stop claiming by SIGTSTP; the next applied reload resumes.
         self.quiet = False
@@ -201,7 +223,20 @@ class Supervisor:
             log.warning("no control socket (%s): `cairnqd status` cannot ask this daemon", exc)
 
     def _run(self) -> int:
-        if not self._preflight():
+        # Handlers first: the preflight takes as long as the handlers take to import,
+        # and a HUP, USR1 or TSTP under the default actions would kill (or stop) a
+        # daemon still starting; from here on each is queued until the loop runs.
+        self.wakeup_r = self._install_signals()
+        self._starting = True
+        try:
+            ready = self._preflight()
+        except _StoppedWhileStarting as stop:
+            log.info("%s while starting: stopped before any child was started", stop.name)
+            self._abandon_succession([f"the new parent was stopped ({stop.name}) while starting"])
+            return OK if self.exit_code is None else self.exit_code
+        finally:
+            self._starting = False
+        if not ready:
             return CONFIG
         if self.succession is not None:
             return self._run_as_successor()
@@ -255,7 +290,7 @@ class Supervisor:
         """Signals, the metrics endpoint, maintenance and the (empty) pools; returns the
         signal wakeup fd. Children are spawned by the first tick. A successor leaves
         what the running parent still serves (metrics, dashboard, state) to `_promote`."""
-        wakeup_r = self._install_signals()
+        wakeup_r = self.wakeup_r
         if self.succession is None:
             self._serve_metrics()
         self.maintenance.start()
@@ -417,6 +452,7 @@ class Supervisor:
             log.warning("the supervisor loop stalled for %.1fs", late_s)
             forgive_silence(self.fleet.pools(), now)
         check_deadlines(self.fleet.pools(), self.config.supervisor)
+        self._keep_runtime_files(now)
         if self.stopping:
             if self._stop_step():
                 return True
@@ -429,6 +465,57 @@ class Supervisor:
                 return True
         self._report()
         return False
+
+    def _keep_runtime_files(self, now: float) -> None:
+        """Put the lock, state file and control socket back when the runtime directory
+        lost them (logind removes $XDG_RUNTIME_DIR at its user's last logout, a /tmp
+        cleaner removes old files): without them `reload`, `status` and `stop` cannot
+        find this daemon, and nothing keeps a second one off the config."""
+        if now < self._runtime_check_at:
+            return
+        self._runtime_check_at = now + _RUNTIME_CHECK_S
+        if self.upgrade is not None and self.upgrade.active and not self.handed_over:
+            return  # the successor shares the lock we hold; its outcome decides
+        lost = self.statefile.lost()
+        if lost is None:
+            self._runtime_trouble = None
+            return
+        if lost == "lock":
+            try:
+                self.statefile.restore()
+            except AlreadyRunning as exc:
+                self._runtime_problem(
+                    logging.CRITICAL,
+                    f"the runtime directory {self.statefile.directory} lost this daemon's "
+                    f"lock, and another daemon took it since: {exc}; two daemons run "
+                    f"{self.config_path}: stop one",
+                )
+                return
+            except (OSError, UnsafeRuntimeDir) as exc:
+                self._runtime_problem(
+                    logging.ERROR,
+                    f"the runtime directory {self.statefile.directory} lost this daemon's "
+                    f"lock and it cannot be made again ({exc}): `cairnqd reload`, `status` "
+                    "and `stop` cannot find this daemon; trying again",
+                )
+                return
+            self.control.stop()
+            self._start_control()
+        try:
+            self.statefile.write(self.state)
+        except OSError as exc:  # a full runtime directory: said once, tried again
+            self._runtime_problem(logging.ERROR, f"cannot write the state file: {exc}")
+            return
+        self._runtime_trouble = None
+        what = "lock, state file and control socket" if lost == "lock" else "state file"
+        log.warning("the runtime directory %s lost this daemon's %s: made again",
+                    self.statefile.directory, what)  # fmt: skip
+
+    def _runtime_problem(self, level: int, message: str) -> None:
+        """Log a runtime directory problem once, not on every look."""
+        if message != self._runtime_trouble:
+            log.log(level, "%s", message)
+        self._runtime_trouble = message
 
     def _finish(self) -> int:
         systemd.stopping("stopped")
@@ -464,6 +551,12 @@ class Supervisor:
 
     def _enqueue_signal(self, signum: int, _frame: object) -> None:
         self.signals.append(signum)
+        if self._starting and signum in _STOPS:
+            # No child exists yet, and the preflight may wait on an import that never
+            # ends: stop now (the probe is killed as the exception unwinds through it).
+            # Queued too, so that the loop still drains if anything swallowed it.
+            self._starting = False
+            raise _StoppedWhileStarting(signum)
 
     @staticmethod
     def _drain_wakeup(fd: int) -> None:
