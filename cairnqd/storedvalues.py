@@ -37,11 +37,21 @@ def raw_text(value: object) -> str:
         text = repr(value)
     else:
         text = str(value)
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    text = printable(text)
     if len(text) <= RAW_SHOWN:
         return text
     return f"{text[:RAW_SHOWN]}\u2026 ({len(text):,} characters)"
+
+
+def printable(text: str, *, keep: str = "") -> str:
+    """`text` as a terminal may be sent it: each character that is not printable (an
+    escape sequence's ESC, a tab, a carriage return, a newline) escaped as `\\x1b`,
+    except those in `keep`. Another client may store any text in a name, queue or
+    message, and printed as it was, `\\x1b[2J` cleared the operator's screen and a
+    newline broke a table's row in two."""
+    if text.isprintable():  # nearly always: one scan in C
+        return text
+    return "".join(c if c.isprintable() or c in keep else ascii(c)[1:-1] for c in text)
 
 
 def unreadable(value: object) -> str:
@@ -77,6 +87,7 @@ __all__ = [
     "fraction",
     "is_int",
     "number_text",
+    "printable",
     "raw_text",
     "unreadable",
 ]

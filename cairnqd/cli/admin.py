@@ -103,8 +103,9 @@ def describe_database(config: Config) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Columns padded to fit; numbers right-aligned so counts line up."""
-    cells = [[str(c) for c in row] for row in (headers, *rows)]
+    """Columns padded to fit; numbers right-aligned so counts line up. A cell's control
+    characters are escaped: a queue or name another client stored may hold any."""
+    cells = [[storedvalues.printable(str(c)) for c in row] for row in (headers, *rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     numeric = [bool(rows) and all(isinstance(r[i], int) for r in rows) for i in range(len(headers))]
     lines = []

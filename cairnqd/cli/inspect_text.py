@@ -11,6 +11,7 @@ from cairnqd import attempts
 from cairnqd._jsoncodec import shown_json
 from cairnqd.attempts import AttemptRecord, duration_shown, error_traceback
 from cairnqd.models import Task
+from cairnqd.storedvalues import printable
 
 _ENVELOPE_KEYS = ("type", "code", "message", "retryable")
 _INDENT = "    "
@@ -92,7 +93,9 @@ def _one_line(error: Mapping[str, Any]) -> str:
 
 def _text(value: Any) -> str:
     if isinstance(value, str):
-        return value
+        # Lines stay lines (a message may span several); an escape sequence another
+        # client stored is shown, not sent to the terminal.
+        return printable(value, keep="\n\t")
     # Compact JSON; a number no float holds (another client's `1e999`) as a marker, not
     # a bare Infinity.
     return shown_json(value, indent=None)

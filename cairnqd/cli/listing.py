@@ -31,6 +31,7 @@ from cairnqd.storedvalues import (
     attempts_text,
     fraction,
     is_int,
+    printable,
     raw_text,
     unreadable,
 )
@@ -114,7 +115,7 @@ def text_value(value: object) -> str:
     """A text column: `-` for none, text as it is, a blob marked."""
     if value is None:
         return "-"
-    return value if isinstance(value, str) else unreadable(value)
+    return printable(value) if isinstance(value, str) else unreadable(value)
 
 
 def _why(column: str, value: object) -> str | None:

@@ -11,7 +11,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from cairnqd._ids import new_task_id
-from cairnqd._jsoncodec import dump_json_or_empty
+from cairnqd._jsoncodec import dump_json_or_empty, load_json
 from cairnqd.models import CONFLICTS, STATUSES, TERMINAL_STATUSES, task_name
 
 Params = dict[str, Any]
@@ -113,15 +113,16 @@ def shown(value: Any) -> str:
 
 def check_status_filter(status: Any) -> None:
     """`list`'s status filter: any status, or None for all."""
-    if status is not None and status not in STATUSES:
-        raise ValueError(f"unknown status filter: {status!r}")
+    if status is not None and (not isinstance(status, str) or status not in STATUSES):
+        raise ValueError(f"unknown status filter: {shown(status)}")
 
 
 def check_terminal_status(status: Any) -> None:
     """A purge's status filter: purge deletes finished tasks only, so a live status
     would be a filter that silently matches nothing."""
-    if status is not None and status not in TERMINAL_STATUSES:
-        raise ValueError(f"status must be terminal, got {status!r}")
+    # A str first: a list is unhashable, and the set lookup raised TypeError for it.
+    if status is not None and (not isinstance(status, str) or status not in TERMINAL_STATUSES):
+        raise ValueError(f"status must be terminal, got {shown(status)}")
 
 
 def check_page(limit: Any, offset: Any) -> None:
@@ -251,15 +252,17 @@ def _check_keys(item: Mapping[str, Any]) -> None:
 
 def _insert_params(values: Mapping[str, Any], task_id: str) -> Params:
     payload, metadata, root_id = values["payload"], values["metadata"], values["root_id"]
+    payload_json = dump_json_or_empty(payload, what="payload")
+    metadata_json = dump_json_or_empty(metadata, what="metadata")
     return {
         "id": task_id,
         "name": values["name"],
         "queue": values["queue"],
-        "payload": dump_json_or_empty(payload, what="payload"),
-        "metadata": dump_json_or_empty(metadata, what="metadata"),
-        # The values themselves, for tasks built without reading the row back.
-        "payload_value": {} if payload is None else payload,
-        "metadata_value": {} if metadata is None else metadata,
+        "payload": payload_json,
+        "metadata": metadata_json,
+        # The values as stored, for tasks built without reading the row back.
+        "payload_value": stored_value(payload, payload_json),
+        "metadata_value": stored_value(metadata, metadata_json),
         "max_attempts": values["max_attempts"],
         "priority": values["priority"],
         "parent_id": values["parent_id"],
@@ -269,6 +272,28 @@ def _insert_params(values: Mapping[str, Any], task_id: str) -> Params:
         "key": values["key"],
         "conflict": values["conflict"],
     }
+
+
+# The types JSON reads back as themselves (a subclass, such as an IntEnum, is not).
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def stored_value(value: Any, text: str) -> Any:
+    """`value` as reading back `text`, its JSON, gives it: what a task built without
+    reading its row back must hold. Most values already are (a scalar, a flat object
+    of scalars under string keys, a flat array) and are kept; any other is decoded from
+    `text`, since a tuple reads back as an array, a key 1 as "1" and an IntEnum as an
+    int: kept as given, a submit handed back what neither `get` nor a keyed submit (nor
+    the public SDK) does."""
+    kind = type(value)
+    if kind in _JSON_SCALARS:
+        return {} if value is None else value
+    if kind is dict:
+        if all(type(k) is str and type(v) in _JSON_SCALARS for k, v in value.items()):
+            return value
+    elif kind is list and all(type(v) in _JSON_SCALARS for v in value):
+        return value
+    return load_json(text)
 
 
 _ARGUMENT_ORDER = tuple(f.name for f in fields(SubmitRequest))

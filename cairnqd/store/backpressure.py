@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cairnqd.errors import QueueFull
+from cairnqd.store.arguments import INT8_MAX, require_duration, require_str
 
 if TYPE_CHECKING:
     from cairnqd.store.base import TaskStore
@@ -33,10 +34,20 @@ class QueueDepthLimit:
     probe: asyncio.Future[int] | None = field(default=None, repr=False)
 
 
-def _check_limit(value: object, queue: str) -> int:
+def _check_limit(value: object, queue: object) -> int:
     """A queue's depth limit (`queue` is "*" for the one that covers every queue)."""
+    if queue != "*":
+        # A key no queue is named (5, "") never matched: a limit that limited nothing.
+        try:
+            require_str(queue, "queue")
+        except ValueError as exc:
+            raise ValueError(f"max_queue_depth: {exc}") from None
+    # The SDK's words, which tests/worker/test_sdk_parity.py compares.
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"max_queue_depth for {queue!r} must be an int >= 1, got {value!r}")
+    # At most a bigint: `queue_depth` binds it, and refused a larger one on every submit.
+    if value > INT8_MAX:
+        raise ValueError(f"max_queue_depth for {queue!r} must be <= {INT8_MAX}, got {value}")
     return value
 
 
@@ -56,9 +67,9 @@ class QueueDepthGate:
                 self._per_queue[queue] = _check_limit(limit, queue)
         else:
             self._default = _check_limit(max_queue_depth, "*")
-        if isinstance(max_queue_wait_ms, bool) or max_queue_wait_ms < 0:
-            raise ValueError(f"max_queue_wait_ms must be >= 0, got {max_queue_wait_ms!r}")
-        self.max_queue_wait_ms = max_queue_wait_ms
+        # As the client and the worker check it: with NaN no wait was ever long enough,
+        # and a full queue held its submits forever instead of raising QueueFull.
+        self.max_queue_wait_ms = require_duration(max_queue_wait_ms, "max_queue_wait_ms")
         self._limits: dict[str, QueueDepthLimit] = {}
 
     def _limit_for(self, queue: str) -> QueueDepthLimit | None:

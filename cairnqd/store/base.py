@@ -45,6 +45,7 @@ from cairnqd.store.arguments import (
     optional_filters,
     require_duration,
     require_int,
+    require_number,
     require_str,
     submit_params,
 )
@@ -597,7 +598,9 @@ class TaskStore(ABC):
         """The tasks submitted `after` `task_id`, oldest first: all, or the first `limit`."""
         require_str(task_id, "task_id")
         if limit is not None:
-            require_int(limit, "limit", minimum=0)
+            # Bounded as the column it binds to: past 64 bits the drivers raised their
+            # own errors (OverflowError, "bigint out of range"), naming no argument.
+            require_int(limit, "limit", minimum=0, maximum=INT8_MAX)
         params = {"task_id": task_id, "limit": limit}
         return self._tasks(await self._fetch("dependency_dependents", params))
 
@@ -611,7 +614,8 @@ class TaskStore(ABC):
         """The dependency graph `task_id` belongs to: its roots and every task that
         descends from them, at most `limit` (docs/workflows.md)."""
         require_str(task_id, "task_id")
-        require_int(limit, "limit", minimum=1)
+        # One less than the largest bigint: the statement reads limit + 1 rows.
+        require_int(limit, "limit", minimum=1, maximum=INT8_MAX - 1)
         nodes = await self._fetch("dependency_graph", {"task_id": task_id, "limit": limit + 1})
         ids = [row["id"] for row in nodes[:limit]]
         edges = await self._fetch("dependency_graph_edges", {"ids": ids}) if ids else []
@@ -628,8 +632,7 @@ class TaskStore(ABC):
         """The tasks waiting on dependencies, newest first, and how many match."""
         require_str(queue, "queue", optional=True)
         require_str(name, "name", optional=True)
-        require_int(limit, "limit", minimum=0)
-        require_int(offset, "offset", minimum=0)
+        check_page(limit, offset)
         rows = await self._fetch(
             "dependency_waiting_list",
             {"queue": queue, "name": name, "limit": limit, "offset": offset},
@@ -1001,6 +1004,9 @@ class TaskStore(ABC):
         limit: int = 1,
         names: Sequence[str] | None = None,
     ) -> builtins.list[Task]:
+        # Any integer (0 or less asks for nothing), up to the 64-bit LIMIT it binds to:
+        # a NaN, a float or a larger number failed in the driver, differently per dialect.
+        require_int(limit, "limit", maximum=INT8_MAX)
         plan = _SingleDraw(names, limit)
         claimed = await self.claim_session(
             queues=queues, worker_id=worker_id, lease_ms=lease_ms, names=names, plan=plan
@@ -1035,6 +1041,11 @@ class TaskStore(ABC):
         finishing the last batch and claiming the next. `on_settled` receives
         {task_id: status} after COMMIT (ids absent from it had lost their lease).
         """
+        # A lone string is a sequence too: "default" claimed from queues d, e, f, ...
+        if isinstance(queues, str):
+            raise ValueError(f"queues must be a list of queue names, got {queues!r}")
+        if isinstance(names, str):
+            raise ValueError(f"names must be a list of task names or None, got {names!r}")
         queue_list = list(queues)
         if not queue_list:
             raise ValueError("queues must name at least one queue")
@@ -1446,6 +1457,7 @@ class TaskStore(ABC):
     # -- owned writes ------------------------------------------------------------------
 
     async def _owned(self, op: str, task_id: str, params: Params) -> Task:
+        _check_owner(task_id, params["worker_id"])
         rows = await self._fetch(op, {**params, "id": task_id})
         if not rows:
             raise LostLease(task_id)
@@ -1457,6 +1469,7 @@ class TaskStore(ABC):
         transaction (SQLite counts running tasks instead: nothing to give back)."""
         if self.limited is None or self.limited.counts_running:
             return await self._owned(op, task_id, params)
+        _check_owner(task_id, params["worker_id"])
         async with self._transaction() as session:
             rows = await session.fetch(op, {**params, "id": task_id})
             if not rows:
@@ -1467,6 +1480,9 @@ class TaskStore(ABC):
         return self._task(rows[0])
 
     async def heartbeat(self, *, task_id: str, worker_id: str, lease_ms: int = 30_000) -> Task:
+        # As a claim checks its lease: unchecked, a NaN or a 64-bit overflow failed in
+        # the driver (differently per dialect) and 0 or less wrote a lease already over.
+        require_duration(lease_ms, "lease_ms", minimum=1)
         return await self._owned(
             "heartbeat", task_id, {"worker_id": worker_id, "lease_ms": lease_ms}
         )
@@ -1483,7 +1499,8 @@ class TaskStore(ABC):
         """`heartbeat_batch` with each renewed row's attempt: {task id: (attempt,
         cancel requested)}. A worker holding two attempts of one task (the first
         lapsed, it claimed the task again) learns which of them the lease is now for."""
-        ids = list(task_ids)
+        require_duration(lease_ms, "lease_ms", minimum=1)  # as `heartbeat`
+        ids = _owned_ids(task_ids, worker_id)
         if not ids:
             await asyncio.sleep(0)  # every operation yields, even one with nothing to do
             return {}
@@ -1496,7 +1513,7 @@ class TaskStore(ABC):
         """Of `task_ids`, those `worker_id` runs whose cancel was requested: {task id:
         attempt}. A read by primary key, for a worker that watches its running handlers
         (`_cancels`); an empty list reads nothing."""
-        ids = list(task_ids)
+        ids = _owned_ids(task_ids, worker_id)
         if not ids:
             await asyncio.sleep(0)
             return {}
@@ -1512,10 +1529,9 @@ class TaskStore(ABC):
         message: str | None,
     ) -> Task:
         if progress is not None:
-            if isinstance(progress, bool) or not isinstance(progress, int | float):
-                raise ValueError(f"progress must be a number, got {progress!r}")
-            if not math.isfinite(progress):
-                raise ValueError(f"progress must be finite, got {progress!r}")
+            # A fraction, as `ctx.progress` takes it (docs/protocol.md §2.1): 5 showed
+            # as 500% done, and an int past a float's range raised OverflowError.
+            require_number(progress, "progress", minimum=0, maximum=1)
         _check_message(message)
         return await self._owned(
             "progress",
@@ -1613,6 +1629,25 @@ class TaskStore(ABC):
         """Create what `extensions/on_demand/<dialect>/<name>.sql` describes, if it is
         missing (the dashboard's indexes: `dashboard_indexes`). It may take a while on a
         large table; the dialect builds without blocking the workers' writes for long."""
+
+
+def _check_owner(task_id: Any, worker_id: Any) -> None:
+    """An owned write's ids: text both dialects compare. A NUL or a lone surrogate
+    answered LostLease on SQLite and a driver error on Postgres."""
+    require_str(task_id, "task_id")
+    require_str(worker_id, "worker_id")
+
+
+def _owned_ids(task_ids: Sequence[str], worker_id: Any) -> builtins.list[str]:
+    """`task_ids` of a batch of owned reads or writes, each checked as `_check_owner`
+    checks one (a string would be a list of one-letter ids)."""
+    if isinstance(task_ids, str):
+        raise ValueError(f"task_ids must be a list of task ids, got {task_ids!r}")
+    ids = list(task_ids)
+    for index, task_id in enumerate(ids):
+        require_str(task_id, f"task_ids[{index}]")
+    require_str(worker_id, "worker_id")
+    return ids
 
 
 def _check_message(message: Any) -> None:

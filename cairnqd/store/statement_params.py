@@ -4,6 +4,7 @@ fixed values the protocol writes (the lease-expired envelope)."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, fields
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from cairnqd._jsoncodec import check_storable, dump_json, json_string
 from cairnqd.errors import ErrorEnvelope, SerializationError
 from cairnqd.models import Task, adopt_task
-from cairnqd.store.arguments import Params
+from cairnqd.store.arguments import Params, shown
 
 #: What recovery stores on a task whose lease ran out on its last attempt.
 LEASE_EXPIRED = ErrorEnvelope(
@@ -157,11 +158,24 @@ def complete_many_params(worker_id: str, items: Sequence[SettleItem]) -> Params:
 def encode_error(error: Mapping[str, Any] | ErrorEnvelope) -> str:
     """Serialize an error envelope. One holding values JSON cannot carry keeps its
     scalar fields; text Postgres cannot store (NUL, lone surrogates) is refused."""
-    envelope = error.to_dict() if isinstance(error, ErrorEnvelope) else dict(error)
+    if isinstance(error, ErrorEnvelope):
+        envelope = error.to_dict()
+    elif isinstance(error, Mapping):
+        envelope = dict(error)
+    else:
+        # `dict("boom")` complained of a "dictionary update sequence", naming nothing.
+        raise ValueError(
+            f"error must be an error envelope (a mapping, or ErrorEnvelope), got {shown(error)}"
+        )
     try:
         text = dump_json(envelope, what="error", check=False)
     except SerializationError:
-        scalars = {k: v for k, v in envelope.items() if isinstance(v, str | bool | int | float)}
+        # A NaN or an infinity is a float too, and failed the reduced envelope again.
+        scalars = {
+            k: v
+            for k, v in envelope.items()
+            if isinstance(v, str | int) or (isinstance(v, float) and math.isfinite(v))
+        }
         text = dump_json(scalars, what="error", check=False)
     check_storable(text, what="error")
     return text
