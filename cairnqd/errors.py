@@ -55,10 +55,16 @@ class ErrorEnvelope:
         with fields missing or of other types: each falls back to a neutral default."""
         stored: Mapping[str, Any] = error if isinstance(error, Mapping) else {}
         details = stored.get("details")
+
+        def text(key: str, default: str) -> str:
+            # A JSON null is a field left empty, not the text "None".
+            value = stored.get(key)
+            return default if value is None else str(value)
+
         return cls(
-            type=str(stored.get("type", "TaskError")),
-            code=str(stored.get("code", "task_error")),
-            message=str(stored.get("message", "task failed")),
+            type=text("type", "TaskError"),
+            code=text("code", "task_error"),
+            message=text("message", "task failed"),
             retryable=bool(stored.get("retryable", False)),
             details=details if isinstance(details, dict) else {},
         )

@@ -14,7 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cairnqd.store.arguments import check_terminal_status
+from cairnqd.store.arguments import (
+    INT8_MAX,
+    check_terminal_status,
+    require_duration,
+    require_int,
+    require_str,
+)
 
 if TYPE_CHECKING:
     from cairnqd.store.base import TaskStore
@@ -32,8 +38,13 @@ class RetentionRule:
     def __post_init__(self) -> None:
         if isinstance(self.older_than_ms, bool) or not isinstance(self.older_than_ms, int):
             raise ValueError(f"older_than_ms must be an integer, got {self.older_than_ms!r}")
-        if self.older_than_ms < 0:
+        if self.older_than_ms < 0:  # the SDK's words (tests/worker/test_sdk_parity.py)
             raise ValueError(f"older_than_ms must be >= 0, got {self.older_than_ms}")
+        # Checked here, where the rule is made: a rule the purge then refused (an empty
+        # queue, an age past 100 years) failed every sweep, each pass logging it again.
+        require_duration(self.older_than_ms, "older_than_ms")
+        require_str(self.queue, "queue", optional=True)
+        require_str(self.name, "name", optional=True)
         check_terminal_status(self.status)
 
 
@@ -50,17 +61,27 @@ class Retention:
             rules = [RetentionRule(older_than_ms)]
         elif isinstance(older_than_ms, Mapping):
             rules = [RetentionRule(ms, status=s) for s, ms in older_than_ms.items()]
-        else:
-            rules = list(older_than_ms)  # type: ignore[arg-type]
+        elif isinstance(older_than_ms, Sequence) and not isinstance(older_than_ms, str):
+            rules = list(older_than_ms)
             for index, rule in enumerate(rules):
                 if not isinstance(rule, RetentionRule):
                     raise ValueError(f"rules[{index}] must be a RetentionRule, got {rule!r}")
+        else:
+            raise ValueError(
+                "older_than_ms must be milliseconds, {status: milliseconds} or a list of "
+                f"RetentionRule, got {older_than_ms!r}"
+            )
         if not rules:
             raise ValueError("retention older_than_ms must name at least one rule")
-        if interval_ms < 1:
+        # The SDK's words first (tests/worker/test_sdk_parity.py); then what it left
+        # unchecked: a NaN interval, or a batch past the 64-bit LIMIT it binds to, which
+        # failed every sweep.
+        if isinstance(interval_ms, int | float) and interval_ms < 1:
             raise ValueError(f"retention interval_ms must be >= 1, got {interval_ms}")
-        if limit < 1:
+        if isinstance(limit, int | float) and limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
+        require_duration(interval_ms, "interval_ms", minimum=1)
+        require_int(limit, "limit", minimum=1, maximum=INT8_MAX)
         self.rules: tuple[RetentionRule, ...] = tuple(rules)
         self.interval_ms = interval_ms
         self.limit = limit

@@ -48,6 +48,8 @@ def test_envelope_from_what_another_sdk_stored() -> None:
     assert nothing == ErrorEnvelope("TaskError", "task_error", "task failed")
     partial = ErrorEnvelope.from_stored({"code": 7, "message": "m", "details": ["not", "a", "map"]})
     assert partial == ErrorEnvelope("TaskError", "7", "m")
+    nulls = ErrorEnvelope.from_stored({"type": None, "code": None, "message": None})
+    assert nulls == ErrorEnvelope("TaskError", "task_error", "task failed")  # not "None"
     failed = TaskFailed({"type": "T", "code": "c", "message": "m", "retryable": 1})
     assert (failed.type, failed.code, failed.message, failed.retryable) == ("T", "c", "m", True)
     assert str(failed) == "m"  # the message alone, as the public SDK words it
