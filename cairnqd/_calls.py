@@ -132,6 +132,9 @@ class CallRunner:
         span_token = tracer.start(contexts) if tracer is not None else None
         # A batch call holds many tasks: its records name none of them.
         log_token = CURRENT.set(contexts[0] if len(contexts) == 1 else None)
+        # False while what ends the call may leave its tasks unsettled: the call
+        # cancelled from outside the worker, or a Ctrl-C, propagating out of here.
+        settling = False
         try:
             error: BaseException | None = None
             canceled = False
@@ -169,6 +172,7 @@ class CallRunner:
                 value, error = None, None
             call.handler_done = True
             self._call_ended(call, plain)
+            settling = True
             if error is None:
                 await self._settle_value(handler, contexts, value)
             elif isinstance(error, _MaxRunExceeded):
@@ -186,6 +190,14 @@ class CallRunner:
                 # A result still queued for writing keeps its lease renewed until then.
                 if ctx.lost_lease and not ctx.settled:
                     inflight.release(ctx, "lease_lost", "lease lost while the handler ran")
+                elif not settling and not ctx.settled:
+                    # Left to its lease, which must then be let go: held, the heartbeat
+                    # renewed it for as long as the worker lived (a handler can cancel
+                    # its own task, and the worker then runs on), so the task stayed
+                    # `running` with nothing running it.
+                    inflight.release(
+                        ctx, "lease_lost", "the handler call was cut short (cancelled, or a Ctrl-C)"
+                    )
             CURRENT.reset(log_token)
             if tracer is not None:
                 tracer.leave(span_token)
@@ -294,17 +306,26 @@ class CallRunner:
         for ctx in contexts:
             if ctx.settled or ctx.lost_lease:
                 continue
-            if results is not None:
-                result = results.get(ctx.task_id)
-            else:
-                result = None if handler.batch else value
             try:
+                if results is not None:
+                    result = results.get(ctx.task_id)
+                else:
+                    result = None if handler.batch else value
                 encoded = None if result is None else dump_json(result, what="result")
             except SerializationError as exc:
-                error = envelope("SerializationError", "unserializable_result", str(exc))
-                await settlement.settle_quietly(ctx, error, False)
+                problem = str(exc)
+            except Exception as exc:
+                # The returned object's own code raised while it was read (a mapping
+                # whose `items()` or `get` raises): that escaped the call with the
+                # task neither written nor let go, and the heartbeat renewed its
+                # lease for as long as the worker lived. Failed as any result that
+                # cannot be stored: the same value would come back on a retry.
+                problem = f"result could not be read: {type(exc).__name__}: {exception_text(exc)}"
+            else:
+                settlement.enqueue(ctx, encoded)
                 continue
-            settlement.enqueue(ctx, encoded)
+            error = envelope("SerializationError", "unserializable_result", problem)
+            await settlement.settle_quietly(ctx, error, False)
         if settlement.backlogged():
             await settlement.backpressure()
 

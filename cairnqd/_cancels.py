@@ -23,6 +23,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from cairnqd._heartbeat import end_if_cancelled
 from cairnqd._inflight import InFlight
 from cairnqd._leaseguard import OverrunHook, report_overrun
 from cairnqd.store.base import TaskStore
@@ -85,6 +86,7 @@ class CancelWatch:
             if now >= self._next_poll:
                 self._next_poll = now + POLL_S
                 await self.poll()
+                end_if_cancelled()  # a cancellation the driver lost (see there)
             self.check()
 
     async def poll(self) -> None:

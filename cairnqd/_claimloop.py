@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from cairnqd._calls import Call, CallRunner
 from cairnqd._claims import ClaimPlan, claim_sources
 from cairnqd._handlers import RegisteredHandler
+from cairnqd._heartbeat import renew
 from cairnqd._inflight import InFlight, LoopState
 from cairnqd._pauses import PausedQueues
 from cairnqd._prefetch import PrefetchSizer
@@ -189,6 +190,8 @@ class ClaimLoop:
                 continue
             if self.claim_budget is not None:
                 self.claim_budget -= len(claimed)
+            if claimed:
+                claimed = await self._confirm_if_late(claimed)
             self._held_back = self._store.room_wait_ms(time.monotonic()) is not None
             if not claimed:
                 await self._write_results_after_claim()
@@ -311,6 +314,37 @@ class ClaimLoop:
                 on_settled=lambda statuses: settlement.finish(settle, statuses),
             )
         return result or []
+
+    async def _confirm_if_late(self, claimed: list[Task]) -> list[Task]:
+        """The claimed tasks to dispatch: all of them, unless the claim came back too
+        late for them to start (past their stop point, counted from when it was sent).
+
+        The claim waited on the database (another client's lock, a stalled network):
+        its tasks' lease in the database runs from when the claim ran, but the local
+        one from when it was sent, and they would be let go as never started. Before,
+        they then stayed `running` until that lease ended and recovery counted the
+        attempt the claim had spent: a task of one attempt failed `lease_expired`
+        without its handler ever being called. Renewed at once instead, their local
+        lease runs from the renewal; a task the renewal does not confirm (its lease
+        already gone) is let go, and one a failed renewal leaves unconfirmed is
+        dispatched as before, to be dropped as stale."""
+        inflight = self._inflight
+        if inflight.clock() < self._claim_sent_at + inflight.lease_s - inflight.margin_s:
+            return claimed
+        renewal = await renew(self._store, inflight, [task.id for task in claimed])
+        if renewal is None:
+            return claimed
+        sent_at, reply = renewal
+        self._claim_sent_at = sent_at
+        confirmed: list[Task] = []
+        for task in claimed:
+            if reply.get(task.id, (None, False))[0] == task.attempt:
+                confirmed.append(task)
+                continue
+            ctx = self._hold(task)
+            ctx._mark_lost()
+            inflight.release(ctx, "lease_lost", "lease lost before the late claim's answer")
+        return confirmed
 
     async def _write_results_after_claim(self) -> None:
         """Start writing the results a claim left for after its tasks started

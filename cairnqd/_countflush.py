@@ -11,6 +11,7 @@ import contextlib
 import logging
 import time
 
+from cairnqd._heartbeat import end_if_cancelled
 from cairnqd.queue_counts import FLUSH_EVERY_S, QueueTally, rows_of
 from cairnqd.store.base import TaskStore
 
@@ -33,6 +34,7 @@ class CountFlusher:
         while True:
             await asyncio.sleep(FLUSH_EVERY_S)
             await self.flush()
+            end_if_cancelled()  # a cancellation the driver lost (_heartbeat.py)
 
     async def flush(self) -> None:
         counts = self.tally.take()

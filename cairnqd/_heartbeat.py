@@ -23,6 +23,18 @@ async def heartbeat_loop(store: TaskStore, inflight: InFlight) -> None:
     while True:
         await asyncio.sleep(delay)
         delay = interval if await beat(store, inflight) else interval * RETRY_SHARE
+        end_if_cancelled()
+
+
+def end_if_cancelled() -> None:
+    """End a helper loop that was asked to stop even though the await it was in did
+    not raise: a cancellation that lands just as a Postgres statement is answered can
+    be lost on its way out of the driver, and the loop then went on for ever, so a
+    stopping `Worker.run()`, which waits for it, never returned (seen on a drain's
+    last renewal). Only the worker cancels these loops."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def beat(store: TaskStore, inflight: InFlight) -> bool:
@@ -30,21 +42,31 @@ async def beat(store: TaskStore, inflight: InFlight) -> bool:
     live = inflight.renewable()
     if not live:
         return True
+    renewal = await renew(store, inflight, [c.task_id for c in live])
+    if renewal is None:
+        return False
+    sent_at, reply = renewal
+    inflight.renewed(live, sent_at, reply)
+    return True
+
+
+async def renew(
+    store: TaskStore, inflight: InFlight, task_ids: list[str]
+) -> tuple[float, dict[str, tuple[int, bool]]] | None:
+    """One `renew_leases` of `task_ids`: when it was sent (the local lease of each row
+    renewed runs from then) and the reply; None if it failed (reported)."""
     sent_at = inflight.clock()
     progress = inflight.progress
     progress.begin()
     try:
         reply = await store.renew_leases(
-            task_ids=[c.task_id for c in live],
-            worker_id=inflight.worker_id,
-            lease_ms=inflight.lease_ms,
+            task_ids=task_ids, worker_id=inflight.worker_id, lease_ms=inflight.lease_ms
         )
     except BaseException as exc:
         progress.failed()
         if not isinstance(exc, Exception):
             raise
         inflight.report(exc, {"phase": "heartbeat"})
-        return False
+        return None
     progress.succeeded()
-    inflight.renewed(live, sent_at, reply)
-    return True
+    return sent_at, reply

@@ -93,10 +93,16 @@ def report_overrun(call: Call, hook: OverrunHook | None, why: str) -> None:
     """A handler that did not stop when told to: its unsettled tasks go to `hook`
     (the daemon's child replaces itself), or without one an error names them and `why`."""
     contexts = [ctx for ctx in call.contexts if not ctx.settled]
-    if hook is not None:
-        hook(contexts)
-        return
     ids = ", ".join(f"{c.task_id} attempt {c.attempt}" for c in contexts)
+    if hook is not None:
+        try:
+            hook(contexts)
+        except Exception:
+            # The application's code, called from the guard's (or the cancel watch's)
+            # look over every call: raising, it ended that look and the watch's task,
+            # and from then on no handler was stopped at all. Said, and the watch goes on.
+            log.exception("handler of %s %s; the hook that was told raised", ids, why)
+        return
     log.error("handler of %s %s", ids, why)
 
 

@@ -522,22 +522,38 @@ class Worker:
         counts = None if tally is None else CountFlusher(self.store, tally)
         if counts is not None:
             helpers.append(asyncio.create_task(counts.run()))
+        drained = False
         try:
             await self._loop.run(limit)
         finally:
-            # Drain however the loop exited, prefetched tasks included; heartbeats
-            # and the lease guard keep running meanwhile.
-            await self._loop.drain(limit)
-            await self._settlement.drain()
-            for helper in helpers:
-                helper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await helper
-            if counts is not None:
-                await counts.last()
-            self._executor.shutdown(wait=False)
-            state.stop.clear()
-            state.freed.clear()
+            try:
+                # Drain however the loop exited, prefetched tasks included; heartbeats
+                # and the lease guard keep running meanwhile.
+                await self._loop.drain(limit)
+                await self._settlement.drain()
+                drained = True
+            finally:
+                # A cancellation of run() itself while it drained (`wait_for` after
+                # stop(), a second cancel) ends the drain here: before, it skipped
+                # all of this, and the heartbeat, the lease guard, the cancel watch
+                # and the calls ran on for the life of the event loop, renewing the
+                # leases of handlers nobody would wait for. The calls are cancelled
+                # too, and their tasks left to their leases (`CallRunner.execute`).
+                if not drained:
+                    for call in list(self._loop.calls):
+                        call.cancel()
+                for helper in helpers:
+                    helper.cancel()
+                await asyncio.wait(helpers)
+                for helper in helpers:
+                    problem = None if helper.cancelled() else helper.exception()
+                    if problem is not None:
+                        raise problem
+                if counts is not None and drained:
+                    await counts.last()
+                self._executor.shutdown(wait=False)
+                state.stop.clear()
+                state.freed.clear()
 
     async def flush_results(self, timeout_s: float) -> int:
         """Write the results already returned but not yet written, within `timeout_s`
