@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 from cairnqd._calls import Call, CallRunner
 from cairnqd._claims import ClaimPlan, claim_sources
@@ -34,6 +35,17 @@ def claim_order(task: Task) -> tuple[int, int, str]:
     """The order the claim statements pick in: priority first, then due time, then id.
     The rows come back in table order, so a batch is sorted before it starts."""
     return (-task.priority, task.run_at_ms, task.id)
+
+
+class WakeGate(Protocol):
+    """Tells a worker whether to answer the store's wake-ups, for processes that claim
+    the same queues side by side and would otherwise all claim on each one
+    (daemon/wakerole.py). Without one, a worker answers every wake-up."""
+
+    @property
+    def holding(self) -> bool: ...
+
+    async def until_held(self, timeout_s: float) -> None: ...
 
 
 class ClaimLoop:
@@ -80,6 +92,9 @@ class ClaimLoop:
         #: slot and no claimed task waiting for one), False when not; only on a flip.
         self.on_room: Callable[[bool], None] | None = None
         self._roomy: bool | None = None
+        #: When set, this worker waits for wake-ups only while the gate is held, and
+        #: otherwise for the gate (or its poll).
+        self.wake_gate: WakeGate | None = None
         #: Wake-ups (from the store, or the poll) whose claim found nothing: another
         #: worker answered the same notification first, or nothing was queued.
         self.empty_wakes = 0
@@ -235,7 +250,13 @@ class ClaimLoop:
             # its pace; this worker's own task settling still ends the wait at once.
             wait_ms = min(wait_ms, room_ms)
             gap_ms = min(ROOM_GAP_MS, wait_ms)
-        wake = asyncio.ensure_future(self._wake(queues, wait_ms, gap_ms))
+        gate = self.wake_gate
+        if gate is not None and room_ms is None and not gate.holding:
+            # A sibling answers the wake-ups while it has room: wait to take over from
+            # it, or for the poll. Held back by a limit, every worker waits for its room.
+            wake = asyncio.ensure_future(gate.until_held(wait_ms / 1000))
+        else:
+            wake = asyncio.ensure_future(self._wake(queues, wait_ms, gap_ms))
         freed = asyncio.ensure_future(state.freed.wait())
         try:
             await asyncio.wait({wake, freed}, return_when=asyncio.FIRST_COMPLETED)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from cairnqd import tasklog, tracing
 from cairnqd._calls import CallRunner
 from cairnqd._cancels import DEFAULT_CANCEL_GRACE_S, CancelOverrunHook, CancelWatch
-from cairnqd._claimloop import ClaimLoop
+from cairnqd._claimloop import ClaimLoop, WakeGate
 from cairnqd._countflush import CountFlusher
 from cairnqd._handlers import (
     Handler,
@@ -303,6 +303,16 @@ class Worker:
     @on_room.setter
     def on_room(self, value: Callable[[bool], None] | None) -> None:
         self._loop.on_room = value
+
+    @property
+    def wake_gate(self) -> WakeGate | None:
+        """Set by a host that runs several workers on the same queues: this one answers
+        the store's wake-ups only while it holds the gate (`WakeGate`)."""
+        return self._loop.wake_gate
+
+    @wake_gate.setter
+    def wake_gate(self, value: WakeGate | None) -> None:
+        self._loop.wake_gate = value
 
     @property
     def empty_wakes(self) -> int:

@@ -88,10 +88,18 @@ class Boot:
     limits: Mapping[str, Any] = field(default_factory=dict)
     #: `tracing.enabled`: set up the OpenTelemetry SDK before the worker starts.
     tracing: bool = False
+    #: The group's wake lock (daemon/wakerole.py): with push `listen`, only the child
+    #: holding it answers wake-ups. None: every child does.
+    wake_lock: str | None = None
 
 
 def boot_for(
-    config: Config, group: GroupConfig, slot: int, generation: int, worker_id: str
+    config: Config,
+    group: GroupConfig,
+    slot: int,
+    generation: int,
+    worker_id: str,
+    wake_lock: str | None = None,
 ) -> Boot:
     max_tasks = group.max_tasks_per_child
     if max_tasks:
@@ -116,6 +124,7 @@ def boot_for(
         python_path=config.python_path,
         limits=limit_specs(config),
         tracing=config.tracing.enabled,
+        wake_lock=wake_lock,
     )
 
 

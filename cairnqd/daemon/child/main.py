@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from setproctitle import setproctitle
@@ -32,6 +32,7 @@ from cairnqd.daemon.handler_probe import describe_import_error, use_python_path
 from cairnqd.daemon.logs import LoggingSetupError, configure_logging, reopen_logs
 from cairnqd.daemon.otelsetup import ChildTracing, TracingSetupError, start_tracing
 from cairnqd.daemon.starts import StartTable
+from cairnqd.daemon.wakerole import WakeRole
 from cairnqd.daemon.wire.messages import (
     PROTOCOL_VERSION,
     STALL_WARN_S,
@@ -134,8 +135,9 @@ class Child:
         self.stop_requested = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.reporter: ChildReporter | None = None
-        #: Set when the parent relays our wake-ups: it routes them by our room.
-        self.room: RoomReport | None = None
+        #: Told of our room: the parent, when it relays our wake-ups (it routes them by
+        #: room), or else the group's wake lock (one child answers wake-ups).
+        self.room: RoomReport | WakeRole | None = None
         self.loop_watch = LoopWatch()
         self._control: MessageReader | None = None
         self._aborting = False
@@ -288,9 +290,18 @@ class Child:
             worker.in_flight.contexts,
         )
         worker.observer = self.reporter
+
+        def may_claim() -> bool:
+            return worker.claiming and not self.stop_requested
+
         if self.boot.database.push == "pipe":
-            self.room = RoomReport(self.events, lambda: worker.claiming and not self.stop_requested)
+            self.room = RoomReport(self.events, may_claim)
             worker.on_room = self.room.slots
+        elif self.boot.database.push == "listen" and self.boot.wake_lock is not None:
+            self.room = self._wake_role(self.boot.wake_lock, may_claim)
+            if self.room is not None:
+                worker.on_room = self.room.slots
+                worker.wake_gate = self.room
         worker.store.on_undecodable = self._undecodable
         # Retire on the limits before claiming, not only after a task ends: a claim
         # (prefetch included) made after the limit is work the retiring child must
@@ -300,6 +311,18 @@ class Child:
         if self.boot.max_memory:
             worker.before_claim = self._memory_allows_claim
         return worker
+
+    def _wake_role(self, path: str, may_claim: Callable[[], bool]) -> WakeRole | None:
+        try:
+            return WakeRole(path, may_claim)
+        except OSError as exc:
+            # Every child then answers every wake-up, as without the lock: more CPU.
+            log.warning(
+                "cannot open the group's wake lock %s (%s); answering every wake-up",
+                path,
+                exc.strerror or exc,
+            )
+            return None
 
     # -- running -----------------------------------------------------------------------
 
@@ -348,6 +371,8 @@ class Child:
         try:
             await worker.run()
         finally:
+            if isinstance(self.room, WakeRole):
+                self.room.close()  # a sibling answers wake-ups from now on
             with contextlib.suppress(Exception):
                 await worker.store.close()
             # Past this point a second TERM (a process-group signal from a terminal or

@@ -219,7 +219,13 @@ def worker_id_for(group: str, slot: int) -> str:
     return f"{socket.gethostname()}:{group}.{slot}:{new_ulid()}"
 
 
-def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) -> ChildProcess:
+def spawn_child(
+    config: Config,
+    group: GroupConfig,
+    slot: int,
+    generation: int,
+    wake_lock: str | None = None,
+) -> ChildProcess:
     events_r, events_w = os.pipe2(os.O_CLOEXEC)
     control_r, control_w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -269,7 +275,7 @@ def spawn_child(config: Config, group: GroupConfig, slot: int, generation: int) 
         spawned_at=time.monotonic(),
         starts=starts,
     )
-    boot = boot_for(config, group, slot, generation, child.worker_id)
+    boot = boot_for(config, group, slot, generation, child.worker_id, wake_lock)
     if not child.control.send_whole(encode(boot)):
         log.error("could not send boot to child %d: its pipe is closed", child.pid)
     return child

@@ -75,6 +75,7 @@ from cairnqd.daemon.parent.upgrade_link import Inheritance, InheritanceError, ta
 from cairnqd.daemon.parent.wakerelay import SETTLED, WakeRelay, backed_up
 from cairnqd.daemon.parent.wakerouting import WakeRouter, deliver, limited_groups
 from cairnqd.daemon.systemd import SYSTEMD_ONLY_VARS
+from cairnqd.daemon.wakerole import wake_lock_path
 from cairnqd.daemon.wire.messages import (
     PROTOCOL_VERSION,
     Claiming,
@@ -651,7 +652,8 @@ class Supervisor:
         return self.fleet.children()
 
     def spawn(self, group: GroupConfig, slot: int, generation: int) -> ChildProcess:
-        child = spawn_child(self.config, group, slot, generation)
+        wake_lock = wake_lock_path(self.statefile.path, group.name)
+        child = spawn_child(self.config, group, slot, generation, wake_lock)
         if self.quiet:  # a replacement during a SIGTSTP quiet stays quiet too
             child.control.send_whole(encode(Claiming(on=False)))
         self.channels.add(child)

@@ -1,0 +1,153 @@
+"""Which child of a group answers wake-ups: the one holding the group's wake lock.
+
+Every child of a group hears every wake-up (on Postgres each LISTENs; on SQLite each
+watches the file), and each then claims: one finds the task, the others find nothing.
+On a host with few cores those empty claims were most of the daemon's CPU under a
+steady stream (bench/RESULTS.md, "Under a steady stream"). So one child at a time
+answers them: the one holding an exclusive `flock` on a file beside the daemon's state
+file, taken only while a task it claimed would start at once (a free call slot, claiming
+on). A child that fills up lets go, and a sibling with room, blocked on the lock in a
+thread, takes it and claims at once. A child that dies lets go with its last file
+descriptor. The others keep their LISTEN (its events wait, set, for the moment they
+take the role) and claim on their poll interval, as every child always did.
+
+The reasoning: docs/architecture.md, "cairnqd/daemon/wakerole.py".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+__all__ = ["WakeRole", "wake_lock_path"]
+
+log = logging.getLogger("cairnqd.daemon")
+
+
+def wake_lock_path(state_path: str, group: str) -> str:
+    """The group's lock file, beside the daemon's state file (`cairnqd-<hash>.json`): a
+    successor of an upgrade in place keeps the state file, so its children and the old
+    ones share one role per group."""
+    return f"{state_path.removesuffix('.json')}.wake-{group}"
+
+
+class WakeRole:
+    """The child's side of the group's wake lock. `slots` is the worker's `on_room`
+    hook and `check` is called when claiming is switched on or off; both look at the
+    end of the loop's turn, so a slot freed and refilled from the backlog in one turn
+    takes and drops nothing. The claim loop asks `holding` before it waits for a
+    wake-up, and a child without the role waits in `until_held` instead."""
+
+    def __init__(self, path: str, may_claim: Callable[[], bool]) -> None:
+        self.path = path
+        self._may_claim = may_claim
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # A handler that forks (os.fork, multiprocessing) would share this descriptor's
+        # lock with its process, which could hold the role long after we let go or died.
+        os.register_at_fork(after_in_child=self._forget)
+        self._slots_free = False
+        self._queued = False
+        #: A thread is blocked taking the lock; it hands the lock to the loop.
+        self._waiting = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._held: asyncio.Event | None = None
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None and self._held.is_set()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._held = asyncio.Event()
+        self.check()
+
+    def slots(self, free: bool) -> None:
+        """The worker's `on_room` hook."""
+        self._slots_free = free
+        self.check()
+
+    def check(self) -> None:
+        """Look again at the end of this turn of the loop (from any thread)."""
+        loop = self._loop
+        if loop is None or self._queued:
+            return
+        self._queued = True
+        loop.call_soon_threadsafe(self._settle)
+
+    async def until_held(self, timeout_s: float) -> None:
+        """Return when this child takes the role, or after `timeout_s`."""
+        assert self._held is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._held.wait(), timeout_s)
+
+    def close(self) -> None:
+        """Let go for good (the child is ending): a sibling takes over now rather than
+        when this process is gone."""
+        fd, self._fd = self._fd, None
+        if self._held is not None:
+            self._held.clear()
+        if fd is not None:
+            # A thread blocked in flock keeps the open file alive; the lock it may
+            # still take goes when that call returns and drops the last reference.
+            os.close(fd)
+
+    # -- the loop's side -------------------------------------------------------------
+
+    def _settle(self) -> None:
+        self._queued = False
+        if self._fd is None or self._held is None:
+            return
+        wanted = self._slots_free and self._may_claim()
+        if not wanted:
+            if self._held.is_set():
+                self._held.clear()
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            return
+        if self._held.is_set() or self._waiting:
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._wait_in_thread()
+            return
+        self._held.set()
+
+    def _wait_in_thread(self) -> None:
+        assert self._fd is not None and self._loop is not None
+        self._waiting = True
+        threading.Thread(
+            target=self._block, args=(self._fd, self._loop), name="wake-role", daemon=True
+        ).start()
+
+    def _block(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            outcome: OSError | None = exc
+        else:
+            outcome = None
+        with contextlib.suppress(RuntimeError):  # the loop closed: the process is ending
+            loop.call_soon_threadsafe(self._taken, fd, outcome)
+
+    def _taken(self, fd: int, error: OSError | None) -> None:
+        self._waiting = False
+        if fd != self._fd or self._held is None:
+            return  # closed meanwhile: the lock went with the descriptor
+        if error is not None:
+            # Not expected of a local file; the poll still finds the work.
+            log.warning("could not take the group's wake lock %s: %s", self.path, error)
+            return
+        self._held.set()
+        # Still wanted? The flags may have flipped while the thread waited.
+        self.check()
+
+    def _forget(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
