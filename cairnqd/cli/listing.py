@@ -59,7 +59,8 @@ WARN_TASKS = 10
 
 def utc(ms: int) -> datetime | None:
     """Epoch milliseconds as a UTC time, exactly (integer arithmetic: no float rounding
-    moves the last millisecond); None for a time no date holds (past year 9999)."""
+    moves the last millisecond); None for a time no date holds (before year 1, past
+    year 9999)."""
     try:
         return _EPOCH + timedelta(milliseconds=ms)
     except OverflowError:
@@ -69,7 +70,7 @@ def utc(ms: int) -> datetime | None:
 def clock(ms: object, *, millis: bool = False, waiting: str = "after-deps") -> str:
     """A time column as UTC, to the second (`millis`: to the millisecond); `-` for none,
     `waiting` for the run-at of a task held by its dependencies; anything that is not a
-    date (text, a real, a time past year 9999) as it is, marked."""
+    date (text, a real, a time before year 1 or past year 9999) as it is, marked."""
     if ms is None:
         return "-"
     if not is_int(ms):
@@ -141,7 +142,9 @@ def _why(column: str, value: object) -> str | None:
     if column in MS_COLUMNS:
         if not is_int(value):
             return "not an integer"
-        return None if value == WAITING_RUN_AT or utc(value) else "not a date (past year 9999)"
+        if value == WAITING_RUN_AT or utc(value):
+            return None
+        return "not a date (before year 1)" if value < 0 else "not a date (past year 9999)"
     if column == "progress":
         if fraction(value) is not None:
             return None

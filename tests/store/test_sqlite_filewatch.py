@@ -121,6 +121,32 @@ async def test_a_commit_by_another_process_ends_the_wait_soon(
         assert time.monotonic() - started < 10
 
 
+async def test_a_commit_counted_before_the_wait_and_published_after_it_ends_the_wait(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    """The loop can read the kernel's report of a commit's write while it does other
+    work, and the commit show in `data_version` only after the wait's first look: the
+    wait must keep looking until it shows, not sleep until the next write (none came,
+    so it slept to its timeout; a lone group child then started the task a poll late).
+    The publish is held back by answering the old version for 50 ms: which of the two
+    comes first on its own is up to the scheduler."""
+    watch = store._file_watch()
+    assert watch is not None
+    before, counted = store._data_version(), watch.writes
+    await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", SUBMIT, str(tmp_path / "q.db")], check=True
+    )
+    await watch.next_write(counted, 10)  # the commit's write, counted before the wait
+    assert watch.writes > counted
+    real = store._data_version
+    published_at = time.monotonic() + 0.05
+    store._data_version = lambda: before if time.monotonic() < published_at else real()  # type: ignore[method-assign]
+    store._wake_baseline = (before, store._local_commits)  # as the claim before saw it
+    started = time.monotonic()
+    await store.claim_wake(["default"], 20_000)
+    assert time.monotonic() - started < 5, "the wait slept past the commit it had seen"
+
+
 async def test_without_the_kernel_s_help_a_waiter_polls(
     monkeypatch: pytest.MonkeyPatch, store: SQLiteStore, tmp_path: Path
 ) -> None:

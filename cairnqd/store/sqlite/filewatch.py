@@ -25,6 +25,7 @@ import logging
 import os
 import struct
 import sys
+import time
 from pathlib import Path
 
 log = logging.getLogger("cairnqd.store.sqlite")
@@ -60,6 +61,8 @@ class FileWatch:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Writes seen so far (an overflow of the kernel's queue counts as one).
         self.writes = 0
+        #: When the last of them was seen (monotonic clock; 0.0 before any).
+        self.last_write_at = 0.0
         #: False once the directory's watch is gone (it was removed or unmounted).
         self.alive = True
 
@@ -138,6 +141,7 @@ class FileWatch:
             seen = self._scan(chunk) or seen
         if seen:
             self.writes += 1
+            self.last_write_at = time.monotonic()
             for waiter in self._waiters:
                 if not waiter.done():
                     waiter.set_result(None)

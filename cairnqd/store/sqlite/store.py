@@ -521,6 +521,14 @@ class SQLiteStore(TaskStore):
             if watch is None or not watch.usable or version == -1:
                 await asyncio.sleep(min(_WAKE_POLL_S, remaining))
                 continue
+            if now < watch.last_write_at + _PUBLISH_WAIT_S:
+                # A write already counted in `writes` (seen before this wait began, while
+                # the loop did other work) may be a commit not yet published: waiting
+                # for the next write would miss it until some later commit or the poll
+                # interval. With one child of a group answering wake-ups, nothing else
+                # hid that (docs/architecture.md, "cairnqd/daemon/wakerole.py").
+                polling_until = watch.last_write_at + _PUBLISH_WAIT_S
+                continue
             await watch.next_write(writes, remaining)
             if watch.writes != writes:
                 # A commit writes its frames before it publishes them (the fsync, then
