@@ -122,6 +122,9 @@ class SQLiteStore(TaskStore):
         # Made on the first wait, again in a forked child (`_file_watch`); None where
         # the kernel cannot watch the files: waiters poll.
         self._watch: FileWatch | None = None
+        #: The watch's count of writes when a wait last saw a commit show: any write
+        #: counted since may belong to a commit not yet published (`claim_wake`).
+        self._writes_shown = 0
         self._watch_tried = False
         # Concurrent keyless submits share one insert_many (store/coalesce.py). Its
         # writer writes on behalf of callers that were admitted and are waiting, so its
@@ -510,6 +513,7 @@ class SQLiteStore(TaskStore):
                 return
             version = self._data_version()  # -1: unknown while our transaction runs
             if version != start_version and version != -1:
+                self._writes_shown = writes
                 return
             now = time.monotonic()
             remaining = deadline - now
@@ -521,13 +525,15 @@ class SQLiteStore(TaskStore):
             if watch is None or not watch.usable or version == -1:
                 await asyncio.sleep(min(_WAKE_POLL_S, remaining))
                 continue
-            if now < watch.last_write_at + _PUBLISH_WAIT_S:
+            if writes != self._writes_shown and now < watch.last_write_at + _PUBLISH_WAIT_S:
                 # A write already counted in `writes` (seen before this wait began, while
                 # the loop did other work) may be a commit not yet published: waiting
                 # for the next write would miss it until some later commit or the poll
                 # interval. With one child of a group answering wake-ups, nothing else
-                # hid that (docs/architecture.md, "cairnqd/daemon/wakerole.py").
-                polling_until = watch.last_write_at + _PUBLISH_WAIT_S
+                # hid that (docs/architecture.md, "cairnqd/daemon/wakerole.py"). Looked for
+                # at the idle pace, not the publish's: nearly always that commit showed
+                # before this wait began, and the looks cost an idle waiter its CPU.
+                await asyncio.sleep(min(_WAKE_POLL_S, remaining))
                 continue
             await watch.next_write(writes, remaining)
             if watch.writes != writes:
