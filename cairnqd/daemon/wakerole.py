@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Callable
 
-__all__ = ["WakeRole", "wake_lock_path"]
+__all__ = ["RoomLook", "WakeRole", "wake_lock_path"]
 
 log = logging.getLogger("cairnqd.daemon")
 
@@ -36,35 +36,21 @@ def wake_lock_path(state_path: str, group: str) -> str:
     return f"{state_path.removesuffix('.json')}.wake-{group}"
 
 
-class WakeRole:
-    """The child's side of the group's wake lock. `slots` is the worker's `on_room`
-    hook and `check` is called when claiming is switched on or off; both look at the
-    end of the loop's turn, so a slot freed and refilled from the backlog in one turn
-    takes and drops nothing. The claim loop asks `holding` before it waits for a
-    wake-up, and a child without the role waits in `until_held` instead."""
+class RoomLook:
+    """Told when a worker flips between "a task claimed now would start at once" and
+    not (`slots`, the worker's `on_room` hook) and when claiming is switched on or off
+    (`check`), it looks at the end of the loop's turn: `_look` gets whether the child
+    has room and claims. One look per turn, so a slot freed and refilled from the
+    backlog in the same turn changes nothing."""
 
-    def __init__(self, path: str, may_claim: Callable[[], bool]) -> None:
-        self.path = path
+    def __init__(self, may_claim: Callable[[], bool]) -> None:
         self._may_claim = may_claim
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        # A handler that forks (os.fork, multiprocessing) would share this descriptor's
-        # lock with its process, which could hold the role long after we let go or died.
-        os.register_at_fork(after_in_child=self._forget)
         self._slots_free = False
         self._queued = False
-        #: A thread is blocked taking the lock; it hands the lock to the loop.
-        self._waiting = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._held: asyncio.Event | None = None
-
-    @property
-    def holding(self) -> bool:
-        return self._held is not None and self._held.is_set()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._held = asyncio.Event()
-        self.check()
 
     def slots(self, free: bool) -> None:
         """The worker's `on_room` hook."""
@@ -77,7 +63,42 @@ class WakeRole:
         if loop is None or self._queued:
             return
         self._queued = True
-        loop.call_soon_threadsafe(self._settle)
+        loop.call_soon_threadsafe(self._turn)
+
+    def _turn(self) -> None:
+        self._queued = False
+        self._look(self._slots_free and self._may_claim())
+
+    def _look(self, room: bool) -> None:
+        raise NotImplementedError
+
+
+class WakeRole(RoomLook):
+    """The child's side of the group's wake lock. `slots` is the worker's `on_room`
+    hook and `check` is called when claiming is switched on or off; both look at the
+    end of the loop's turn, so a slot freed and refilled from the backlog in one turn
+    takes and drops nothing. The claim loop asks `holding` before it waits for a
+    wake-up, and a child without the role waits in `until_held` instead."""
+
+    def __init__(self, path: str, may_claim: Callable[[], bool]) -> None:
+        super().__init__(may_claim)
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # A handler that forks (os.fork, multiprocessing) would share this descriptor's
+        # lock with its process, which could hold the role long after we let go or died.
+        os.register_at_fork(after_in_child=self._forget)
+        #: A thread is blocked taking the lock; it hands the lock to the loop.
+        self._waiting = False
+        self._held: asyncio.Event | None = None
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None and self._held.is_set()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().start(loop)
+        self._held = asyncio.Event()
+        self.check()
 
     async def until_held(self, timeout_s: float) -> None:
         """Return when this child takes the role, or after `timeout_s`."""
@@ -98,12 +119,10 @@ class WakeRole:
 
     # -- the loop's side -------------------------------------------------------------
 
-    def _settle(self) -> None:
-        self._queued = False
+    def _look(self, room: bool) -> None:
         if self._fd is None or self._held is None:
             return
-        wanted = self._slots_free and self._may_claim()
-        if not wanted:
+        if not room:
             if self._held.is_set():
                 self._held.clear()
                 fcntl.flock(self._fd, fcntl.LOCK_UN)

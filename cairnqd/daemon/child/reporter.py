@@ -15,6 +15,7 @@ from cairnqd.context import TaskContext
 from cairnqd.daemon.child.outbox import Outbox
 from cairnqd.daemon.child.tally import UNDECODABLE_CODE, Counts, TaskTally
 from cairnqd.daemon.starts import FREE, NO_SLOT, RETURNED, STARTED, StartTable
+from cairnqd.daemon.wakerole import RoomLook
 from cairnqd.daemon.wire.messages import LongestTask, Overrun, Room, encode
 
 #: How often a changed tally is sent.
@@ -196,42 +197,18 @@ class ChildReporter:
         return RunningReport(len(running), overdue, longest, tuple(listed))
 
 
-class RoomReport:
+class RoomReport(RoomLook):
     """Tells the parent when this child flips between "a task claimed now would start
     at once" and not, so that a relayed wake-up goes to a child with room
-    (daemon/parent/wakerouting.py). The worker says when its call slots flip
-    (`Worker.on_room`); claiming switched off (quiet, drain) counts as no room. At most
-    one look per turn of the event loop, and a message only when the answer differs
-    from the last one sent: a slot freed and refilled from the backlog in the same turn
-    sends nothing."""
+    (daemon/parent/wakerouting.py); claiming switched off (quiet, drain) counts as no
+    room. A message only when the answer differs from the last one sent."""
 
     def __init__(self, outbox: Outbox, may_claim: Callable[[], bool]) -> None:
+        super().__init__(may_claim)
         self._outbox = outbox
-        self._may_claim = may_claim
-        self._slots_free = False
         self._sent: bool | None = None
-        self._queued = False
-        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-
-    def slots(self, free: bool) -> None:
-        """The worker's `on_room` hook."""
-        self._slots_free = free
-        self.check()
-
-    def check(self) -> None:
-        """Look again at the end of this turn of the loop (from any thread)."""
-        loop = self._loop
-        if loop is None or self._queued:
-            return
-        self._queued = True
-        loop.call_soon_threadsafe(self._send)
-
-    def _send(self) -> None:
-        self._queued = False
-        free = self._slots_free and self._may_claim()
-        if free is not self._sent:
-            self._sent = free
-            self._outbox.send(encode(Room(free)), latest="room")
+    def _look(self, room: bool) -> None:
+        if room is not self._sent:
+            self._sent = room
+            self._outbox.send(encode(Room(room)), latest="room")
