@@ -74,11 +74,9 @@ class RoomLook:
 
 
 class WakeRole(RoomLook):
-    """The child's side of the group's wake lock. `slots` is the worker's `on_room`
-    hook and `check` is called when claiming is switched on or off; both look at the
-    end of the loop's turn, so a slot freed and refilled from the backlog in one turn
-    takes and drops nothing. The claim loop asks `holding` before it waits for a
-    wake-up, and a child without the role waits in `until_held` instead."""
+    """The child's side of the group's wake lock, taken while the child has room and
+    claims (`RoomLook`). The claim loop asks `holding` before it waits for a wake-up,
+    and a child without the role waits in `until_held` instead."""
 
     def __init__(self, path: str, may_claim: Callable[[], bool]) -> None:
         super().__init__(may_claim)
