@@ -142,8 +142,12 @@ class IdleProbe:
 # -- subprocesses ---------------------------------------------------------------------
 
 WORKER_SCRIPT_PRELUDE = """
-import asyncio, json, os, sys
+import asyncio, json, os, signal, sys
 ARGS = json.loads(sys.argv[1])
+# A terminal's Ctrl-C, whatever the runner's own parent did: a background job of a
+# non-interactive shell starts with SIGINT ignored, which Python then keeps, and
+# asyncio.run installs its handler only over Python's default one.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 FLAGS = ARGS["flags"]
 from cairnqd.worker import Worker
 from tests.support.waiting import wait_for_async
