@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -23,7 +24,7 @@ import pytest
 from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.support.waiting import wait_for_async
+from tests.support.waiting import WaitTimeout, wait_for_async
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -148,6 +149,10 @@ ARGS = json.loads(sys.argv[1])
 # non-interactive shell starts with SIGINT ignored, which Python then keeps, and
 # asyncio.run installs its handler only over Python's default one.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+# Where a process that will not exit is stuck: every thread's stack, on stderr
+# (`wait_exit` asks for it before it gives up).
+import faulthandler
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 FLAGS = ARGS["flags"]
 from cairnqd.worker import Worker
 from tests.support.waiting import wait_for_async
@@ -207,7 +212,16 @@ def reap(proc: subprocess.Popen[str], timeout: float = 10.0) -> tuple[int, str, 
 
 
 async def wait_exit(proc: subprocess.Popen[str], within: float = DEADLINE_S) -> int:
-    code = await wait_for_async(f"pid {proc.pid} to exit", proc.poll, within, accept=_exited)
+    """The exit code of a worker script's process. One still running at the deadline is
+    asked for its threads' stacks (the prelude's SIGUSR1), killed, and the failure
+    shows its stderr: where it was stuck."""
+    try:
+        code = await wait_for_async(f"pid {proc.pid} to exit", proc.poll, within, accept=_exited)
+    except WaitTimeout as exc:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGUSR1)
+        _, _, err = reap(proc, timeout=2.0)
+        raise WaitTimeout(f"{exc}\n--- its stderr, stacks last ---\n{err[-12000:]}") from None
     assert code is not None
     return code
 
