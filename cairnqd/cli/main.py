@@ -733,8 +733,8 @@ exit codes:
   70  internal error: a bug (please report it, with the traceback)
   75  try again later: the daemon's lock is held, another host is purging, a
       --wait or --timeout ran out
-  78  config: an invalid config, a refused reload, a daemon that would not start
-      (check --connect)
+  78  config: an invalid, missing or unreadable config file, a refused reload, a
+      daemon that would not start (check --connect)
 
 Run `cairnqd COMMAND --help` for a command's options.
 """
