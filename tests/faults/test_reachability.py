@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
+from typing import Any
 
 import psycopg
 import psycopg_pool
@@ -97,6 +98,50 @@ def server_now(dsn: str) -> datetime.datetime:
         row = conn.execute("select now()").fetchone()
         assert row is not None
         return row[0]  # type: ignore[no-any-return]
+
+
+def queued_listen_sessions(dsn: str) -> int:
+    """Sessions on the test database whose last statement was the LISTEN of
+    `cairnq_queued` (a listener that got through its set-up)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity where datname = current_database()"
+            """ and query = 'listen "cairnq_queued"'"""
+        ).fetchone()
+        return 0 if row is None else int(row[0])
+
+
+@pytest.mark.timing
+@pytest.mark.slow
+async def test_a_listen_session_cut_off_before_its_listen_is_replaced(
+    pg_proxy: FaultProxy, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link goes dead right after the listener connects, before its LISTEN
+    statements: they wait on a silent socket. Without a deadline on them the listener
+    waited for good, and the worker never woke by push again."""
+    store = PostgresStore(pg_proxy.dsn(pg_dsn), connect_timeout_s=2)
+    await store.connect()
+    real_connect = psycopg.AsyncConnection.connect
+    cut: list[bool] = []
+
+    async def connect_then_cut(*args: Any, **kwargs: Any) -> Any:
+        conn = await real_connect(*args, **kwargs)
+        if not cut:  # the listener's first connection only
+            cut.append(True)
+            pg_proxy.blackhole()  # this link is dead for good ...
+            pg_proxy.forward()  # ... and the next ones go through
+        return conn
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", connect_then_cut)
+    try:
+        await store.claim_wake(["default"], 10)  # starts the listener
+        await wait_for_async("the listener to connect", lambda: bool(cut))
+        # 10 s for the LISTEN to answer, its socket shut, a 1 s backoff, a new session.
+        await wait_for_async(
+            "a LISTEN on cairnq_queued", lambda: queued_listen_sessions(pg_dsn), timeout=60
+        )
+    finally:
+        await store.close()
 
 
 @pytest.mark.timing

@@ -263,12 +263,18 @@ class Listener:
             try:
                 async with conn:
                     try:
-                        if self._send_notify is not None:
-                            # The private channel first: the session's last statement
-                            # (pg_stat_activity) stays the LISTEN it is there for.
-                            probe = sql.SQL("listen {}").format(sql.Identifier(self._probe_channel))
-                            await conn.execute(probe)
-                        await conn.execute(listen)
+                        # With a deadline as the pings have: a link cut between the
+                        # connect and these statements left them waiting for good, and
+                        # push wake-ups off until the process ended.
+                        async with answer_within(conn, _PING_TIMEOUT_S, backstop_s=BACKSTOP_S):
+                            if self._send_notify is not None:
+                                # The private channel first: the session's last statement
+                                # (pg_stat_activity) stays the LISTEN it is there for.
+                                probe = sql.SQL("listen {}").format(
+                                    sql.Identifier(self._probe_channel)
+                                )
+                                await conn.execute(probe)
+                            await conn.execute(listen)
                     except psycopg.errors.FeatureNotSupported:
                         self.disabled = True
                         self._release_all()
