@@ -263,9 +263,9 @@ class Listener:
             try:
                 async with conn:
                     try:
-                        # With a deadline as the pings have: a link cut between the
-                        # connect and these statements left them waiting for good, and
-                        # push wake-ups off until the process ended.
+                        # Under the pings' deadline: a link cut between the connect and
+                        # these statements would leave them waiting for good, and push
+                        # wake-ups off until the process ended.
                         async with answer_within(conn, _PING_TIMEOUT_S, backstop_s=BACKSTOP_S):
                             if self._send_notify is not None:
                                 # The private channel first: the session's last statement
