@@ -289,7 +289,9 @@ SCHEMA: tuple[Setting, ...] = (
     Setting("database.busy_timeout", DurationKind("1ms", MAX_BUSY_TIMEOUT), "5s", _L,
             "SQLite: how long a writer waits for the database lock."),
     Setting("database.connections_per_child", IntKind(1, ceiling=MAX_CONNECTIONS), 1, _L,
-            "Database connections each child opens."),
+            "Database connections each child opens. On Postgres, 2 lets a child write its "
+            "results beside its claims: lower pickup latency under a steady stream, for one "
+            "more connection per child in the connection budget."),
     Setting("database.expected_hosts", IntKind(1, ceiling=MAX_CONNECTIONS), 1, _H,
             "Hosts running cairnqd on this database, for the Postgres connection budget."),
     Setting("database.connection_check", EnumKind("refuse", "warn", "off"), "refuse", _H,
