@@ -25,6 +25,7 @@ from cairnqd.store.postgres.connect import (
 from cairnqd.store.reachability import FLIGHT_HAND_BACK_S
 from tests.faults.proxy import FaultProxy
 from tests.support.waiting import wait_for_async
+from tests.support.worker import pg_listen_queries
 
 
 class Clock:
@@ -100,17 +101,6 @@ def server_now(dsn: str) -> datetime.datetime:
         return row[0]  # type: ignore[no-any-return]
 
 
-def queued_listen_sessions(dsn: str) -> int:
-    """Sessions on the test database whose last statement was the LISTEN of
-    `cairnq_queued` (a listener that got through its set-up)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "select count(*) from pg_stat_activity where datname = current_database()"
-            """ and query = 'listen "cairnq_queued"'"""
-        ).fetchone()
-        return 0 if row is None else int(row[0])
-
-
 @pytest.mark.timing
 @pytest.mark.slow
 async def test_a_listen_session_cut_off_before_its_listen_is_replaced(
@@ -138,7 +128,9 @@ async def test_a_listen_session_cut_off_before_its_listen_is_replaced(
         await wait_for_async("the listener to connect", lambda: bool(cut))
         # 10 s for the LISTEN to answer, its socket shut, a 1 s backoff, a new session.
         await wait_for_async(
-            "a LISTEN on cairnq_queued", lambda: queued_listen_sessions(pg_dsn), timeout=60
+            "a LISTEN on cairnq_queued",
+            lambda: 'listen "cairnq_queued"' in pg_listen_queries(pg_dsn),
+            timeout=60,
         )
     finally:
         await store.close()

@@ -143,7 +143,7 @@ class IdleProbe:
 # -- subprocesses ---------------------------------------------------------------------
 
 WORKER_SCRIPT_PRELUDE = """
-import asyncio, json, os, signal, sys
+import asyncio, faulthandler, json, os, signal, sys
 ARGS = json.loads(sys.argv[1])
 # A terminal's Ctrl-C, whatever the runner's own parent did: a background job of a
 # non-interactive shell starts with SIGINT ignored, which Python then keeps, and
@@ -151,7 +151,6 @@ ARGS = json.loads(sys.argv[1])
 signal.signal(signal.SIGINT, signal.default_int_handler)
 # Where a process that will not exit is stuck: every thread's stack, on stderr
 # (`wait_exit` asks for it before it gives up).
-import faulthandler
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 FLAGS = ARGS["flags"]
 from cairnqd.worker import Worker

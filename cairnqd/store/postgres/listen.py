@@ -242,7 +242,6 @@ class Listener:
             event.set()
 
     async def _run(self) -> None:
-        listen = sql.SQL("listen {}").format(sql.Identifier(self.channel))
         backoff = 1.0
         while True:
             try:
@@ -263,18 +262,7 @@ class Listener:
             try:
                 async with conn:
                     try:
-                        # Under the pings' deadline: a link cut between the connect and
-                        # these statements would leave them waiting for good, and push
-                        # wake-ups off until the process ended.
-                        async with answer_within(conn, _PING_TIMEOUT_S, backstop_s=BACKSTOP_S):
-                            if self._send_notify is not None:
-                                # The private channel first: the session's last statement
-                                # (pg_stat_activity) stays the LISTEN it is there for.
-                                probe = sql.SQL("listen {}").format(
-                                    sql.Identifier(self._probe_channel)
-                                )
-                                await conn.execute(probe)
-                            await conn.execute(listen)
+                        await self._subscribe(conn)
                     except psycopg.errors.FeatureNotSupported:
                         self.disabled = True
                         self._release_all()
@@ -300,6 +288,18 @@ class Listener:
             self._release_all()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
+
+    async def _subscribe(self, conn: psycopg.AsyncConnection[object]) -> None:
+        """LISTEN on a new session: the proving channel's, then ours. Under the pings'
+        deadline: a link cut between the connect and these statements would leave them
+        waiting for good, and push wake-ups off until the process ended."""
+        async with answer_within(conn, _PING_TIMEOUT_S, backstop_s=BACKSTOP_S):
+            if self._send_notify is not None:
+                # The private channel first: the session's last statement
+                # (pg_stat_activity) stays the LISTEN it is there for.
+                probe = sql.SQL("listen {}").format(sql.Identifier(self._probe_channel))
+                await conn.execute(probe)
+            await conn.execute(sql.SQL("listen {}").format(sql.Identifier(self.channel)))
 
     async def _listen(self, conn: psycopg.AsyncConnection[object]) -> None:
         """Dispatch notifications until the connection fails its round trip (or its
