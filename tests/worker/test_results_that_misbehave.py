@@ -22,7 +22,7 @@ from cairnqd.client import CairnQ
 from cairnqd.context import TaskContext
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
-from tests.support.worker import ErrorLog, running, wait_all, wait_status
+from tests.support.worker import ErrorLog, eventually, running, wait_all, wait_status
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,7 +78,8 @@ async def test_a_result_whose_encoding_raises_fails_the_task(
     task = await client.submit("odd", max_attempts=3)
     async with running(worker):
         done = await wait_status(store, task.id, "failed", within=SETTLED_WITHIN)
-        assert len(worker.in_flight) == 0
+        # The row settles before the worker lets the context go, after its write returns.
+        await eventually(lambda: len(worker.in_flight) == 0, what="the context released")
     assert done.error is not None
     assert (done.error["type"], done.error["code"]) == (
         "SerializationError",
@@ -100,7 +101,8 @@ async def test_a_batch_result_mapping_that_raises_fails_each_task(
     tasks = [await client.submit("batched", {"n": n}, max_attempts=3) for n in range(3)]
     async with running(worker):
         done = await wait_all(store, [t.id for t in tasks], "failed", within=SETTLED_WITHIN)
-        assert len(worker.in_flight) == 0
+        # The row settles before the worker lets the context go, after its write returns.
+        await eventually(lambda: len(worker.in_flight) == 0, what="the context released")
     for task in done:
         assert task.error is not None
         assert task.error["code"] == "unserializable_result", task.error
