@@ -352,7 +352,7 @@ class ClaimLoop:
         inflight = self._inflight
         if inflight.clock() < self._claim_sent_at + inflight.lease_s - inflight.margin_s:
             return claimed
-        renewal = await renew(self._store, inflight, [task.id for task in claimed])
+        renewal = await renew(self._store, inflight, [(task.id, task.attempt) for task in claimed])
         if renewal is None:
             return claimed
         sent_at, reply = renewal

@@ -1,9 +1,12 @@
-"""Lease renewal: one `heartbeat_batch` per beat renews every in-flight lease.
+"""Lease renewal: one `renew_leases` per beat renews every in-flight lease.
 
-A missing id marks its task lease-lost, a cancel flag marks it cancel-seen; a renewal
-moves the local deadline to the beat's send time plus the lease, and a failed beat is
-retried after `RETRY_SHARE` of the interval. Stopping a handler whose lease cannot be
-renewed is the lease guard's job (docs/architecture.md, "Renewals").
+Each lease is renewed for the attempt the worker holds and never moved earlier, so a
+renewal that reaches the database late (it waited on a lock) cannot shorten a lease or
+renew a later attempt of the same task. A missing id marks its task lease-lost, a
+cancel flag marks it cancel-seen; a renewal moves the local deadline to the beat's send
+time plus the lease (never earlier), and a failed beat is retried after `RETRY_SHARE`
+of the interval. Stopping a handler whose lease cannot be renewed is the lease guard's
+job (docs/architecture.md, "Renewals").
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ async def beat(store: TaskStore, inflight: InFlight) -> bool:
     live = inflight.renewable()
     if not live:
         return True
-    renewal = await renew(store, inflight, [c.task_id for c in live])
+    renewal = await renew(store, inflight, [(c.task_id, c.attempt) for c in live])
     if renewal is None:
         return False
     sent_at, reply = renewal
@@ -51,16 +54,17 @@ async def beat(store: TaskStore, inflight: InFlight) -> bool:
 
 
 async def renew(
-    store: TaskStore, inflight: InFlight, task_ids: list[str]
+    store: TaskStore, inflight: InFlight, held: list[tuple[str, int]]
 ) -> tuple[float, dict[str, tuple[int, bool]]] | None:
-    """One `renew_leases` of `task_ids`: when it was sent (the local lease of each row
-    renewed runs from then) and the reply; None if it failed (reported)."""
+    """One `renew_leases` of `held` (task id, attempt) pairs: when it was sent (the
+    local lease of each row renewed runs from then) and the reply; None if it failed
+    (reported)."""
     sent_at = inflight.clock()
     progress = inflight.progress
     progress.begin()
     try:
         reply = await store.renew_leases(
-            task_ids=task_ids, worker_id=inflight.worker_id, lease_ms=inflight.lease_ms
+            held=held, worker_id=inflight.worker_id, lease_ms=inflight.lease_ms
         )
     except BaseException as exc:
         progress.failed()

@@ -279,7 +279,9 @@ class InFlight:
                     if ctx.started_at is None:
                         self._drop_waiting(ctx)
                 continue
-            ctx.lease_deadline = sent_at + self.lease_s
+            # Renewals never move a lease earlier (renew_leases), so one answered after a
+            # later one leaves the later end in place, here as in the database.
+            ctx.lease_deadline = max(ctx.lease_deadline, sent_at + self.lease_s)
             if cancel:
                 ctx._mark_cancel_seen()
 

@@ -1490,15 +1490,6 @@ class TaskStore(ABC):
     async def heartbeat_batch(
         self, *, task_ids: Sequence[str], worker_id: str, lease_ms: int = 30_000
     ) -> dict[str, bool]:
-        renewed = await self.renew_leases(task_ids=task_ids, worker_id=worker_id, lease_ms=lease_ms)
-        return {task_id: cancel for task_id, (_, cancel) in renewed.items()}
-
-    async def renew_leases(
-        self, *, task_ids: Sequence[str], worker_id: str, lease_ms: int = 30_000
-    ) -> dict[str, tuple[int, bool]]:
-        """`heartbeat_batch` with each renewed row's attempt: {task id: (attempt,
-        cancel requested)}. A worker holding two attempts of one task (the first
-        lapsed, it claimed the task again) learns which of them the lease is now for."""
         require_duration(lease_ms, "lease_ms", minimum=1)  # as `heartbeat`
         ids = _owned_ids(task_ids, worker_id)
         if not ids:
@@ -1506,6 +1497,28 @@ class TaskStore(ABC):
             return {}
         rows = await self._fetch(
             "heartbeat_batch", {"ids": ids, "worker_id": worker_id, "lease_ms": lease_ms}
+        )
+        return {r["id"]: r["cancel_requested_at_ms"] is not None for r in rows}
+
+    async def renew_leases(
+        self, *, held: Sequence[tuple[str, int]], worker_id: str, lease_ms: int = 30_000
+    ) -> dict[str, tuple[int, bool]]:
+        """The worker's heartbeat (cairnqd extension `renew_leases`): renew each
+        (task id, attempt) in `held` that `worker_id` still owns under that attempt;
+        {task id: (attempt, cancel requested)} for the rows renewed. Unlike
+        `heartbeat_batch`, a renewal that reaches its row late neither renews a later
+        attempt the same worker claimed since nor moves a lease earlier."""
+        require_duration(lease_ms, "lease_ms", minimum=1)
+        ids = _owned_ids([task_id for task_id, _ in held], worker_id)
+        for index, (_, attempt) in enumerate(held):
+            require_int(attempt, f"held[{index}] attempt", minimum=1)
+        if not ids:
+            await asyncio.sleep(0)
+            return {}
+        items = [{"id": task_id, "a": attempt} for task_id, attempt in held]
+        rows = await self._fetch(
+            "extensions/renew_leases",
+            {"items": dump_json(items, check=False), "worker_id": worker_id, "lease_ms": lease_ms},
         )
         return {r["id"]: (int(r["attempt"]), r["cancel_requested_at_ms"] is not None) for r in rows}
 

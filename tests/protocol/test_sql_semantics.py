@@ -180,6 +180,31 @@ def test_owned_writes_need_a_live_lease(lite: Lite) -> None:
     assert done[0]["lease_until_ms"] is None and done[0]["completed_at_ms"] == t0 + 400
 
 
+def test_renew_leases_renews_the_attempt_held_and_never_moves_a_lease_earlier(lite: Lite) -> None:
+    t0 = 4_500_000
+    for tid in ("task_a", "task_other", "task_expired"):
+        _running(lite, tid, now=t0)
+    _running(lite, "task_b", now=t0, attempts=2)
+    lite.conn.execute("update cairnq_tasks set worker_id = 'w2' where id = 'task_other'")
+    lite.conn.execute("update cairnq_tasks set lease_until_ms = ? where id = 'task_expired'", (t0,))
+
+    def renew(now: int, *held: tuple[str, int]) -> list[tuple[str, int]]:
+        items = json.dumps([{"id": tid, "a": attempt} for tid, attempt in held])
+        got = lite.run("renew_leases", extension=True, now=now, worker_id="w1", items=items)
+        return sorted((r["id"], r["attempt"]) for r in got)
+
+    held = [("task_a", 1), ("task_b", 1), ("task_other", 1), ("task_expired", 1), ("nope", 1)]
+    # task_b is at attempt 2: a renewal sent for attempt 1 leaves it alone.
+    assert renew(t0 + 100, *held) == [("task_a", 1)]
+    assert lite.row("task_a")["lease_until_ms"] == t0 + 100 + 30_000
+    assert lite.row("task_b")["lease_until_ms"] == t0 + 30_000
+    assert renew(t0 + 200, ("task_b", 2)) == [("task_b", 2)]
+    assert lite.row("task_b")["lease_until_ms"] == t0 + 200 + 30_000
+    # A renewal bound earlier, applied after the later one: still renewed, not shortened.
+    assert renew(t0 + 50, ("task_a", 1)) == [("task_a", 1)]
+    assert lite.row("task_a")["lease_until_ms"] == t0 + 100 + 30_000
+
+
 def test_recover_leases_branches(lite: Lite) -> None:
     t0 = 5_000_000
     _running(lite, "task_again", now=t0)

@@ -244,6 +244,11 @@ _STATEMENT_CASES: dict[str, tuple[dict[str, Any], int | None]] = {
     "extensions/cancel_flags": ({}, 0),
     "extensions/fail_undecodable": ({}, 1),
     "extensions/complete_many": ({}, 1),
+    # w1 holds task_run at attempt 1; the item for another attempt renews nothing.
+    "extensions/renew_leases": (
+        {"items": json.dumps([{"id": "task_run", "a": 1}, {"id": "task_run", "a": 2}])},
+        1,
+    ),
     "extensions/insert_many": ({}, 1),
     # A COPY: run with one streamed row (test_postgres_statements_execute).
     "extensions/insert_copy": ({}, None),

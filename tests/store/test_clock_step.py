@@ -94,7 +94,7 @@ async def test_a_forward_step_neither_recovers_nor_refuses_a_live_lease(tmp_path
         assert await store.recover_leases() == []
         # The live worker's renewals go through, and its lease ends by the new clock.
         for _ in range(2):
-            reply = await store.renew_leases(task_ids=[task.id], worker_id="w", lease_ms=2000)
+            reply = await store.renew_leases(held=[(task.id, 1)], worker_id="w", lease_ms=2000)
             assert task.id in reply
             renewed = await store.get(task.id)
             assert renewed is not None and renewed.lease_until_ms is not None
@@ -115,7 +115,7 @@ async def test_without_the_watch_a_forward_step_recovers_a_live_lease(tmp_path: 
         task = await store.submit(name="long", payload={})
         await store.claim(queues=["default"], worker_id="w", lease_ms=30_000)
         clock.offset_ms += 120_000
-        assert await store.renew_leases(task_ids=[task.id], worker_id="w", lease_ms=30_000) == {}
+        assert await store.renew_leases(held=[(task.id, 1)], worker_id="w", lease_ms=30_000) == {}
         recovered = await store.recover_leases()
         assert [r["id"] for r in recovered] == [task.id]
 

@@ -9,6 +9,7 @@ prepared statement settles after a few runs (generic plan).
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import time
@@ -213,6 +214,17 @@ def test_sqlite_recover_leases_uses_lease_index(seeded_sqlite: sqlite3.Connectio
     assert any("INDEX cairnq_tasks_lease_idx (lease_until_ms" in line for line in plan), _show(plan)
 
 
+def test_sqlite_renewals_probe_the_primary_key(seeded_sqlite: sqlite3.Connection) -> None:
+    # json_each hides how short the list is: the `+status` keeps the planner from
+    # walking every running row instead of probing each id (renew_leases.sql).
+    items = json.dumps([{"id": "task_00001", "a": 1}, {"id": "task_00003", "a": 1}])
+    params = {"items": items, "worker_id": "w", "lease_ms": 30_000}
+    plan = sqlite_plan(seeded_sqlite, "extensions/renew_leases", params)
+    probe = "SEARCH cairnq_tasks USING INDEX sqlite_autoindex_cairnq_tasks_1 (id=?)"
+    assert probe in plan, _show(plan)
+    assert not any(line.startswith("SCAN cairnq_tasks") for line in plan), _show(plan)
+
+
 @pytest.mark.parametrize(
     "params",
     [{"queues": ["gpu"], "names": None}, {"queues": ["gpu", "io"], "names": ["a", "b"]}],
@@ -293,6 +305,11 @@ def seeded_pg() -> Iterator[str]:
         dbs.drop_all()
 
 
+#: A renewal of the seeded running tasks, and of one finished.
+RENEWAL_ITEMS = json.dumps(
+    [{"id": f"task_r{g:025d}", "a": 1} for g in (1, 2, 3)] + [{"id": f"task_t{7:025d}", "a": 1}]
+)
+
 PG_CASES = [
     ("claimable_probe", {"queues": ["default"], "names": None}),
     ("claimable_probe", {"queues": ["default", "gpu"], "names": ["n1", "n2"]}),
@@ -346,6 +363,20 @@ def test_postgres_hot_statements_never_scan_the_table(
     if mode == "generic":
         # A generic plan names its parameters instead of the values bound above.
         assert not any("'default'::text" in line for line in plan), "\n".join(plan)
+
+
+@pytest.mark.parametrize("mode", ["custom", "generic"])
+def test_postgres_renewals_probe_the_primary_key(seeded_pg: str, mode: str) -> None:
+    # Joined to the item list instead, the planner walked the lease or the status index
+    # over every running task (renew_leases.sql).
+    explain = _pg_explain_custom if mode == "custom" else _pg_explain_generic
+    params = {"items": RENEWAL_ITEMS, "worker_id": "w", "lease_ms": 30_000}
+    plan = explain(seeded_pg, "extensions/renew_leases", params)
+    assert any("Index Scan using cairnq_tasks_pkey on cairnq_tasks" in line for line in plan), (
+        "\n".join(plan)
+    )
+    walks = ("cairnq_tasks_lease_idx", "cairnq_tasks_status_")
+    assert not any(index in line for line in plan for index in walks), "\n".join(plan)
 
 
 def test_postgres_probe_arms_use_their_indexes(seeded_pg: str) -> None:

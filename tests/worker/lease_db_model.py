@@ -70,8 +70,9 @@ class LeaseDatabase:
         self.now = 0.0
         self.db = {t: Row() for t in TASKS}
 
-    def owned(self, row: Row, worker: str) -> bool:
-        return row.status == "running" and row.worker == worker and row.lease_until > self.now
+    def owned(self, row: Row, worker: str, clock: float | None = None) -> bool:
+        now = self.now if clock is None else clock
+        return row.status == "running" and row.worker == worker and row.lease_until > now
 
     def recover_expired(self) -> None:
         for row in self.db.values():
@@ -89,11 +90,15 @@ class LeaseDatabase:
             row.lease_until = self.now + LEASE_S
             m.reply = row.attempt
         elif m.kind == "heartbeat":
+            # `renew_leases`. Its clock is the server's transaction start (`now()`),
+            # read when the statement arrived: before any wait for a lock, so possibly
+            # long before it is applied. The earliest it can be is when it was sent.
+            clock = m.sent_at
             reply: dict[str, tuple[int, bool]] = {}
             for ctx in m.contexts:
                 row = self.db[ctx.task_id]
-                if self.owned(row, m.worker):
-                    row.lease_until = self.now + LEASE_S
+                if self.owned(row, m.worker, clock) and row.attempt == ctx.attempt:
+                    row.lease_until = max(row.lease_until, clock + LEASE_S)
                     reply[ctx.task_id] = (row.attempt, False)
             m.reply = reply
         else:  # complete

@@ -1,7 +1,7 @@
 """A stateful property test of the worker's lease bookkeeping (`cairnqd._inflight`).
 
 Two workers' real `InFlight` tables run against a small model of the database's lease
-rules (claim, heartbeat_batch, recovery, complete_many with its attempt check), on one
+rules (claim, renew_leases, recovery, complete_many with its attempt check), on one
 simulated clock. Hypothesis interleaves claims, starts, heartbeats that succeed, fail
 or arrive late, time passing, lease recovery, finishes and crashes. Two invariants:
 
@@ -26,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from cairnqd._inflight import InFlight
 from tests.worker.lease_db_model import (
+    LEASE_S,
     TASKS,
     WORKERS,
     LeaseDatabase,
@@ -203,3 +204,20 @@ def test_a_late_heartbeat_reply_renews_only_the_attempt_that_holds_the_row() -> 
     first, second = model.workers["w1"].inflight.contexts()
     assert (first.attempt, first.lost_lease) == (1, True)
     assert (second.attempt, second.lost_lease) == (2, False)
+
+
+def test_a_renewal_applied_after_a_later_one_does_not_shorten_the_lease() -> None:
+    """Two renewals of one attempt on the wire (a beat, and a late claim's confirming
+    renewal), the later one applied first. The earlier one's clock is its send time:
+    applied last, it must not bring the lease back before the end the worker counts on."""
+    model = LeaseModel()
+    model.claim_round_trip("w1", "t1")
+    model.start_next("w1")
+    model.send_heartbeat("w1")  # stalls behind a lock
+    model.time_passes(1.0)
+    model.heartbeat_round_trip("w1", 0.0)
+    model.deliver(0)  # the stalled one, at last
+    model.answer(0, False)
+    model.a_live_context_owns_its_row()
+    (ctx,) = model.workers["w1"].inflight.contexts()
+    assert model.db["t1"].lease_until == ctx.lease_deadline == 1.0 + LEASE_S
