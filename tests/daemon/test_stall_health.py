@@ -37,14 +37,16 @@ def test_healthz_names_a_group_whose_claims_stall_on_a_lock(
     submit(dialect, db_target, "f.quick", [{"seconds": 0.05}] * 3000, queue="q")
     wait_for("the group to be draining", lambda: succeeded_count(dialect, db_target) > 0, 60)
     with database_locked(dialect, db_target, HELD_S, until_exit=True):
+        stalled = "group mail: claims and lease renewals have made no progress"
         _, body = wait_for(
-            "/healthz to turn 503",
+            "/healthz to turn 503 naming the group",
             lambda: healthz(port),
             STALL_WARN_S + 8,
-            accept=lambda answer: answer[0] == 503,
+            accept=lambda answer: answer[0] == 503 and stalled in " ".join(answer[1]["problems"]),
         )
-        problems = " ".join(body["problems"])
-        assert "group mail: claims and lease renewals have made no progress" in problems, body
+        if dialect == "sqlite":
+            # WAL readers need no write lock: the statistics keep coming meanwhile.
+            assert len(body["problems"]) == 1, body
         warned = wait_for(
             "the stall warning",
             lambda: [line for line in daemon.output().splitlines() if "no progress for" in line],

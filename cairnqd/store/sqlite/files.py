@@ -47,14 +47,17 @@ def open_database(
             _enable_wal(conn, path, busy_timeout_ms)
         conn.execute("pragma foreign_keys = on")
         conn.execute(f"pragma synchronous = {synchronous}")
-        if migrate:
+        # Read first: applying takes the write lock once per migration, and another
+        # client holding it (a long write) would fail an open that has nothing to do.
+        if pending := pending_sqlite(conn):
+            if not migrate:
+                raise MigrationsPending(path, pending)
             apply_sqlite(conn)
-        elif pending := pending_sqlite(conn):
-            raise MigrationsPending(path, pending)
-        refresh_statistics(conn)
-        _check_protocol(conn, path)
         # From here on the store retries SQLITE_BUSY itself, awaiting between tries.
         conn.execute("pragma busy_timeout = 0")
+        # Best effort, so it does not wait for another client's write lock either.
+        refresh_statistics(conn)
+        _check_protocol(conn, path)
     except sqlite3.DatabaseError as exc:
         conn.close()
         if not _looks_foreign(exc):
