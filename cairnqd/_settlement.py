@@ -157,7 +157,7 @@ class Settlement:
     async def complete_now(self, ctx: TaskContext, result: Any) -> Task | None:
         try:
             task = await self.store.complete(
-                task_id=ctx.task_id, worker_id=self.worker_id, result=result
+                task_id=ctx.task_id, worker_id=self.worker_id, result=result, attempt=ctx.attempt
             )
         except LostLease:
             self.written()
@@ -186,6 +186,7 @@ class Settlement:
                 error=error,
                 retryable=retryable,
                 delay_ms=delay,
+                attempt=ctx.attempt,
             )
         except LostLease:
             self.written()

@@ -166,7 +166,11 @@ class TaskContext:
         host = self._host
         try:
             task = await host.store.progress(
-                task_id=self.task_id, worker_id=self.worker_id, progress=value, message=message
+                task_id=self.task_id,
+                worker_id=self.worker_id,
+                progress=value,
+                message=message,
+                attempt=self.attempt,
             )
         except LostLease:
             self._mark_lost()
@@ -178,18 +182,23 @@ class TaskContext:
         return task
 
     async def heartbeat(self) -> Task:
+        """Renew this task's lease now (the worker renews it on its own as well); the
+        task as it then reads. The renewal is the worker's (`renew_leases`): for this
+        attempt only and never earlier than the lease already runs, so one that reaches
+        the database late cannot shorten the lease the worker counts on."""
         self._check_writable()
-        try:
-            task = await self._host.store.heartbeat(
-                task_id=self.task_id,
-                worker_id=self.worker_id,
-                lease_ms=self._host.inflight.lease_ms,
-            )
-        except LostLease:
+        store, inflight = self._host.store, self._host.inflight
+        sent_at = inflight.clock()
+        reply = await store.renew_leases(
+            held=[(self.task_id, self.attempt)],
+            worker_id=self.worker_id,
+            lease_ms=inflight.lease_ms,
+        )
+        inflight.renewed((self,), sent_at, reply)  # lost when missing; cancel seen
+        task = await store.get(self.task_id) if self.task_id in reply else None
+        if task is None:
             self._mark_lost()
-            raise
-        if task.cancel_requested_at_ms is not None:
-            self._cancel_seen = True
+            raise LostLease(self.task_id)
         return task
 
     async def canceled(self) -> bool:
@@ -216,7 +225,7 @@ class TaskContext:
         self._check_writable()
         try:
             task, _ = await self._host.store.complete_in(
-                task_id=self.task_id, worker_id=self.worker_id, write=write
+                task_id=self.task_id, worker_id=self.worker_id, write=write, attempt=self.attempt
             )
         except LostLease:
             self._mark_lost()

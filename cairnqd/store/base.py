@@ -73,6 +73,7 @@ from cairnqd.store.statement_params import (
     claim_variant,
     complete_many_params,
     encode_error,
+    for_attempt,
     insert_many_params,
     new_task,
 )
@@ -1456,22 +1457,31 @@ class TaskStore(ABC):
 
     # -- owned writes ------------------------------------------------------------------
 
-    async def _owned(self, op: str, task_id: str, params: Params) -> Task:
+    async def _owned(
+        self, op: str, task_id: str, params: Params, attempt: int | None = None
+    ) -> Task:
+        """One owned write of `task_id`; with `attempt`, only while the row is still at
+        that attempt (a write that reached the row late, after the same worker claimed
+        the task again, raises LostLease instead of settling the later attempt)."""
         _check_owner(task_id, params["worker_id"])
-        rows = await self._fetch(op, {**params, "id": task_id})
+        params, supplied = for_attempt({**params, "id": task_id}, attempt)
+        rows = await self._fetch(op, params, supplied)
         if not rows:
             raise LostLease(task_id)
         return self._task(rows[0])
 
-    async def _settle_owned(self, op: str, task_id: str, params: Params) -> Task:
+    async def _settle_owned(
+        self, op: str, task_id: str, params: Params, attempt: int | None = None
+    ) -> Task:
         """`_owned` for a statement that ends the claim (complete, succeed, fail): with
         limits kept in slots, the claim's concurrency room is given back in the same
         transaction (SQLite counts running tasks instead: nothing to give back)."""
         if self.limited is None or self.limited.counts_running:
-            return await self._owned(op, task_id, params)
+            return await self._owned(op, task_id, params, attempt)
         _check_owner(task_id, params["worker_id"])
+        params, supplied = for_attempt({**params, "id": task_id}, attempt)
         async with self._transaction() as session:
-            rows = await session.fetch(op, {**params, "id": task_id})
+            rows = await session.fetch(op, params, supplied)
             if not rows:
                 raise LostLease(task_id)
             items = dump_json([{"id": task_id, "a": rows[0]["attempt"]}], check=False)
@@ -1540,6 +1550,7 @@ class TaskStore(ABC):
         worker_id: str,
         progress: float | None,
         message: str | None,
+        attempt: int | None = None,
     ) -> Task:
         if progress is not None:
             # A fraction, as `ctx.progress` takes it (docs/protocol.md §2.1): 5 showed
@@ -1554,22 +1565,30 @@ class TaskStore(ABC):
                 "progress": None if progress is None else float(progress),
                 "message": message,
             },
+            attempt,
         )
 
-    async def complete(self, *, task_id: str, worker_id: str, result: Any) -> Task:
+    async def complete(
+        self, *, task_id: str, worker_id: str, result: Any, attempt: int | None = None
+    ) -> Task:
         encoded = None if result is None else dump_json(result, what="result")
         return await self._settle_owned(
-            "complete", task_id, {"worker_id": worker_id, "result": encoded}
+            "complete", task_id, {"worker_id": worker_id, "result": encoded}, attempt
         )
 
     async def succeed(
-        self, *, task_id: str, worker_id: str, result: Any, message: str | None = None
+        self,
+        *,
+        task_id: str,
+        worker_id: str,
+        result: Any,
+        message: str | None = None,
+        attempt: int | None = None,
     ) -> Task:
         _check_message(message)
         encoded = None if result is None else dump_json(result, what="result")
-        return await self._settle_owned(
-            "succeed", task_id, {"worker_id": worker_id, "result": encoded, "message": message}
-        )
+        params = {"worker_id": worker_id, "result": encoded, "message": message}
+        return await self._settle_owned("succeed", task_id, params, attempt)
 
     async def fail(
         self,
@@ -1579,6 +1598,7 @@ class TaskStore(ABC):
         error: Mapping[str, Any] | ErrorEnvelope,
         retryable: bool = True,
         delay_ms: int = 0,
+        attempt: int | None = None,
     ) -> Task:
         require_duration(delay_ms, "delay_ms")
         return await self._settle_owned(
@@ -1590,6 +1610,7 @@ class TaskStore(ABC):
                 "retryable": bool(retryable),
                 "delay_ms": delay_ms,
             },
+            attempt,
         )
 
     async def complete_many(self, *, worker_id: str, items: Sequence[SettleItem]) -> dict[str, str]:
@@ -1614,7 +1635,7 @@ class TaskStore(ABC):
         return {r["id"]: r["status"] for r in rows}
 
     async def complete_in(
-        self, *, task_id: str, worker_id: str, write: UserWrite
+        self, *, task_id: str, worker_id: str, write: UserWrite, attempt: int | None = None
     ) -> tuple[Task, Any]:
         raise UnsupportedBackend(
             f"complete_in needs a Postgres store; {type(self).__name__} cannot run the "

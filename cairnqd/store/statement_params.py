@@ -12,7 +12,7 @@ from typing import Any
 from cairnqd._jsoncodec import check_storable, dump_json, json_string
 from cairnqd.errors import ErrorEnvelope, SerializationError
 from cairnqd.models import Task, adopt_task
-from cairnqd.store.arguments import Params, shown
+from cairnqd.store.arguments import Params, require_int, shown
 
 #: What recovery stores on a task whose lease ran out on its last attempt.
 LEASE_EXPIRED = ErrorEnvelope(
@@ -194,3 +194,14 @@ __all__ = [
     "new_task",
     "task_rows",
 ]
+
+
+def for_attempt(params: Params, attempt: int | None) -> tuple[Params, frozenset[str]]:
+    """An owned write's parameters and the optional filters it keeps: with `attempt`,
+    the statement's `(:attempt is null or attempt = :attempt)` stays, bound, so a write
+    that reaches the row after the same worker claimed the task again finds no row
+    (docs/protocol.md, "Owned writes of one attempt"); without, the filter drops out."""
+    if attempt is None:
+        return params, frozenset()
+    require_int(attempt, "attempt", minimum=1)
+    return {**params, "attempt": attempt}, frozenset({"attempt"})

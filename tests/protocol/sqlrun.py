@@ -51,6 +51,8 @@ class Lite:
             "lease_until_ms": now + params.pop("lease_ms", 30_000),
             "run_at_ms": now + params.pop("delay_ms", 0),
             "before_ms": now - params.pop("older_than_ms", 0),
+            # An owned write's optional attempt filter: unnamed, as the public SDK calls.
+            "attempt": None,
             **params,
         }
         for name in ("queues", "names", "ids"):
@@ -93,6 +95,7 @@ class Pg:
 
     def run(self, op: str, *, extension: bool = False, **params: Any) -> list[dict[str, Any]]:
         params.setdefault("running", "running")
+        params.setdefault("attempt", None)
         text = to_psycopg(statement_text("postgres", op, extension=extension))
         cur = self.conn.execute(text, params)
         return list(cur.fetchall()) if cur.description else []

@@ -158,6 +158,10 @@ def test_owned_writes_need_a_live_lease(lite: Lite) -> None:
     lease_end = t0 + 30_000
     assert lite.run("heartbeat", now=t0 + 1, id="task_own", worker_id="w2") == []
     assert lite.run("heartbeat", now=lease_end, id="task_own", worker_id="w1") == []
+    # Named, the attempt must be the row's (cairnqd's worker names its own).
+    for op in ("progress", "complete", "succeed", "fail"):
+        other = {"progress": 0.9, "message": None, "result": "1", "error": "{}", "retryable": 1}
+        assert lite.run(op, now=t0 + 50, id="task_own", worker_id="w1", attempt=2, **other) == []
     beat = lite.run("heartbeat", now=t0 + 100, id="task_own", worker_id="w1")
     assert beat[0]["lease_until_ms"] == t0 + 100 + 30_000
     both = lite.run("heartbeat_batch", now=t0 + 200, ids=["task_own", "nope"], worker_id="w1")

@@ -68,7 +68,7 @@ from cairnqd.store.postgres.leadership import PostgresLeadership
 from cairnqd.store.postgres.lease import new_holder
 from cairnqd.store.postgres.listen import ANY, PROBE_EVERY_S, Listener, RelayedWakes
 from cairnqd.store.postgres.migrate import apply_postgres, drop_invalid_index, pending_postgres
-from cairnqd.store.statement_params import claim_variant
+from cairnqd.store.statement_params import claim_variant, for_attempt
 
 T = TypeVar("T")
 
@@ -735,7 +735,7 @@ class PostgresStore(TaskStore):
         await session.fetch("lock_key", {"key": key})
 
     async def complete_in(
-        self, *, task_id: str, worker_id: str, write: UserWrite
+        self, *, task_id: str, worker_id: str, write: UserWrite, attempt: int | None = None
     ) -> tuple[Task, Any]:
         """Run the caller's writes and the settlement in one transaction: a lost lease
         rolls back both, so there is no window where one landed without the other.
@@ -743,10 +743,15 @@ class PostgresStore(TaskStore):
         say (the connection's keepalives still catch a dead peer)."""
         with self._operation():
             async with await self._connection() as conn, conn.transaction():
-                return await self._complete_in(conn, task_id, worker_id, write)
+                return await self._complete_in(conn, task_id, worker_id, write, attempt)
 
     async def _complete_in(
-        self, conn: AsyncConn, task_id: str, worker_id: str, write: UserWrite
+        self,
+        conn: AsyncConn,
+        task_id: str,
+        worker_id: str,
+        write: UserWrite,
+        attempt: int | None,
     ) -> tuple[Task, Any]:
         if self._local_timeout_ms is not None:
             await conn.execute(f"set local statement_timeout = {int(self._local_timeout_ms)}")
@@ -756,11 +761,10 @@ class PostgresStore(TaskStore):
         finally:
             self._lent_to_writes.discard(conn)
         encoded = None if value is None else dump_json(value, what="result")
-        rows = await run(
-            conn,
-            statement("postgres", "complete"),
-            {"id": task_id, "worker_id": worker_id, "result": encoded},
+        params, supplied = for_attempt(
+            {"id": task_id, "worker_id": worker_id, "result": encoded}, attempt
         )
+        rows = await run(conn, statement("postgres", "complete", supplied), params)
         if not rows:
             raise LostLease(task_id)
         return self._task(rows[0]), value

@@ -11,4 +11,8 @@ set progress = coalesce(:progress, progress),
 where id = :id
   and status = :running and worker_id = :worker_id
   and lease_until_ms > (extract(epoch from now()) * 1000)::bigint
+  -- cairnqd's worker names the attempt it writes for, so a write that reaches the row
+  -- late cannot settle a later attempt the same worker claimed meanwhile. Unnamed (the
+  -- public SDK's calls), the store drops the filter (`specialize`).
+  and (:attempt::integer is null or attempt = :attempt)
 returning *
