@@ -54,7 +54,7 @@ async def test_the_claim_is_planned_again_for_a_table_that_grew(
     one_connection: PostgresStore,
 ) -> None:
     store = one_connection
-    store.replan_every_s = math.inf
+    store.replan_first_s = store.replan_every_s = math.inf
     # psycopg prepares a statement at its fifth run, Postgres makes its generic plan
     # after five more: on a table of a dozen rows, a sequential scan.
     await run_tasks(store, 12)
@@ -63,7 +63,30 @@ async def test_the_claim_is_planned_again_for_a_table_that_grew(
     await run_tasks(store, 3)
     assert "Seq Scan on cairnq_tasks\n" in await claim_plan(store) + "\n", "planned again"
 
-    store.replan_every_s = 0.0  # the next BEGIN drops the plans
+    store.replan_first_s = store.replan_every_s = 0.0  # the next BEGIN drops the plans
     await run_tasks(store, 12)
     plan = await claim_plan(store)
     assert "Tid Scan on cairnq_tasks" in plan, plan
+
+
+def test_a_new_connection_plans_again_soon_then_less_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plan made on the table a connection first saw does not last: its first replan
+    comes after `replan_first_s`, the next ones twice as far apart, up to
+    `replan_every_s`."""
+    store = PostgresStore("dbname=unused")
+    store.replan_first_s, store.replan_every_s = 0.5, 5.0
+    clock = [100.0]
+    monkeypatch.setattr("cairnqd.store.postgres.store.time.monotonic", lambda: clock[0])
+
+    class Conn:
+        pass
+
+    conn = Conn()
+    replanned = []
+    for tick in range(200):  # 20 s, a BEGIN every 0.1 s
+        clock[0] = 100.0 + tick / 10
+        if store._begin_steps(conn) == ("discard plans", "begin"):  # type: ignore[arg-type]
+            replanned.append(round(clock[0] - 100.0, 1))
+    assert replanned == [0.5, 1.5, 3.5, 7.5, 12.5, 17.5]

@@ -82,8 +82,11 @@ _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 # The index an on-demand `create index ... if not exists NAME` makes.
 _DOLLAR_PARAM = re.compile(r"\$(\d+)")
 #: How often a pool connection drops the query plans it has cached (docs/architecture.md,
-#: "Cached plans on a growing table"), with the BEGIN of its next transaction.
+#: "Cached plans on a growing table"), with the BEGIN of its next transaction; a new
+#: connection first after `REPLAN_FIRST_S`, then at twice the interval each time up to
+#: `REPLAN_EVERY_S`, so a plan made on a young table does not last.
 REPLAN_EVERY_S = 5.0
+REPLAN_FIRST_S = 0.5
 #: How long the close of a severed store (`sever`) waits for the pool's workers.
 SEVERED_CLOSE_S = 0.2
 
@@ -164,10 +167,12 @@ class PostgresStore(TaskStore):
             raise ValueError(f"call_timeout_s must be positive or None, got {call_timeout_s}")
         self.call_timeout_s = call_timeout_s
         self._pool: AsyncConnectionPool[AsyncConn] | None = None
-        #: When each pool connection last dropped its cached plans (`_begin_steps`).
-        self._replanned_at: weakref.WeakKeyDictionary[AsyncConn, float] = (
+        #: When each pool connection last dropped its cached plans (`_begin_steps`),
+        #: and how often it has.
+        self._replanned_at: weakref.WeakKeyDictionary[AsyncConn, tuple[float, int]] = (
             weakref.WeakKeyDictionary()
         )
+        self.replan_first_s = REPLAN_FIRST_S
         self.replan_every_s = REPLAN_EVERY_S
         #: The connections borrowed by calls in flight (`sever`).
         self._busy: set[AsyncConn] = set()
@@ -587,12 +592,14 @@ class PostgresStore(TaskStore):
         made while cairnq_tasks was nearly empty, reads the whole table by sequential
         scan for every claim as it grows, and only an ANALYZE (autovacuum) would have it
         planned again. Dropping the plans has the next executions plan for the table as
-        it is now."""
+        it is now: soon after the connection opens, when the table it first planned for
+        may be young and growing fast, then less often."""
         now = time.monotonic()
-        last = self._replanned_at.setdefault(conn, now)
-        if now - last < self.replan_every_s:
+        last, times = self._replanned_at.setdefault(conn, (now, 0))
+        interval = min(self.replan_every_s, self.replan_first_s * 2**times)
+        if now - last < interval:
             return ("begin",)
-        self._replanned_at[conn] = now
+        self._replanned_at[conn] = (now, times + 1)
         return ("discard plans", "begin")
 
     # -- push wake-ups -------------------------------------------------------------------
