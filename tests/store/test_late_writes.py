@@ -105,33 +105,33 @@ async def _claimed(store: PostgresStore) -> str:
     return task.id
 
 
-async def test_a_late_renewal_does_not_touch_the_attempt_claimed_since(
-    pg_store: tuple[PostgresStore, str],
-) -> None:
-    store, dsn = pg_store
-    task_id = await _claimed(store)
-    reply, lease = await _late(
-        dsn, task_id,
-        lambda: store.renew_leases(held=[(task_id, 1)], worker_id="w", lease_ms=LATE_LEASE_MS),
-        CLAIMED_AGAIN,
-    )  # fmt: skip
-    assert reply == {}, "a renewal sent for attempt 1 renewed attempt 2"
-    assert await _lease_of(store, task_id) == ("running", 2, lease)
-
-
-async def test_a_late_renewal_does_not_move_a_lease_earlier(
-    pg_store: tuple[PostgresStore, str],
-) -> None:
-    store, dsn = pg_store
-    task_id = await _claimed(store)
-    # Meanwhile a later renewal of the same attempt went through first.
-    reply, lease = await _late(
-        dsn, task_id,
-        lambda: store.renew_leases(held=[(task_id, 1)], worker_id="w", lease_ms=LATE_LEASE_MS),
+#: What happened while a renewal of attempt 1 waited: (the write applied meanwhile,
+#: whether the renewal then renews, the attempt the row is left at).
+MEANWHILE = {
+    "claimed again": (CLAIMED_AGAIN, False, 2),
+    "renewed further": (
         "update cairnq_tasks set lease_until_ms = %(lease)s where id = %(id)s",
+        True,
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("meanwhile", MEANWHILE)
+async def test_a_late_renewal_renews_only_its_attempt_and_never_moves_a_lease_earlier(
+    pg_store: tuple[PostgresStore, str], meanwhile: str
+) -> None:
+    store, dsn = pg_store
+    later_write, renews, attempt = MEANWHILE[meanwhile]
+    task_id = await _claimed(store)
+    reply, lease = await _late(
+        dsn, task_id,
+        lambda: store.renew_leases(held=[(task_id, 1)], worker_id="w", lease_ms=LATE_LEASE_MS),
+        later_write,
     )  # fmt: skip
-    assert reply == {task_id: (1, False)}
-    assert await _lease_of(store, task_id) == ("running", 1, lease)
+    assert reply == ({task_id: (1, False)} if renews else {})
+    # Before: attempt 2 renewed with a lease already over, or the lease moved back.
+    assert await _lease_of(store, task_id) == ("running", attempt, lease)
 
 
 LATE_WRITES: dict[str, Callable[[PostgresStore, str], Awaitable[object]]] = {
