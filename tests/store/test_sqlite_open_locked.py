@@ -25,7 +25,7 @@ async def test_a_current_database_opens_and_reads_while_another_client_writes(
     await first.close()
     with database_locked("sqlite", sqlite_path, 30, until_exit=True):
         began = time.monotonic()
-        store = SQLiteStore(sqlite_path, busy_timeout_ms=3000)
+        store = SQLiteStore(sqlite_path, busy_timeout_ms=20_000)
         await store.connect()
         try:
             assert (await store.stats())["q"]["queued"] == 1
@@ -34,4 +34,4 @@ async def test_a_current_database_opens_and_reads_while_another_client_writes(
         finally:
             await store.close()
         # Well inside the busy timeout: nothing waited for the lock.
-        assert time.monotonic() - began < 2.5
+        assert time.monotonic() - began < 10
