@@ -8,6 +8,7 @@ test's loop (duties awaited directly) or on its thread (`start()`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -240,6 +241,37 @@ async def test_stop_finishes_queued_hand_backs(
     assert sample(metrics, "cairnq_lease_recoveries_total", queue="email", reason="shutdown") == 1
     with pytest.raises(ValueError):
         maintenance.hand_back("host:default.1:D", "because")
+
+
+# Postgres: there a stop cuts a call on a silent database short (`TaskStore.sever`);
+# SQLite's waits for its lock end by its own busy timeout.
+@pytest.mark.parametrize("dialect", ["postgres"], indirect=True)
+async def test_a_hand_back_the_stop_cuts_short_is_dropped_not_given_up(
+    db_target: str,
+    store: TaskStore,
+    tmp_path: Path,
+    closing: list[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stop while the database does not answer (a partition in production; here
+    another session's lock): the hand-back under way is cut short with the rest, and
+    said so once. Before, it was logged as an ERROR "giving up on", as if it had failed
+    on its own."""
+    await claimed(store, "default", "host:default.0:F")
+    maintenance, _ = make(closing, config_for(tmp_path, "postgres", db_target))
+    async with await psycopg.AsyncConnection.connect(db_target) as holder:
+        await holder.execute("lock table cairnq_tasks in access exclusive mode")
+        maintenance.hand_back("host:default.0:F", "shutdown")
+        maintenance.start()  # a job queued before the start runs first
+        # The hand-back is under way, waiting on the lock.
+        await eventually(lambda: maintenance.pending_jobs() == 0)
+        with caplog.at_level(logging.WARNING, logger="cairnqd"):
+            await asyncio.to_thread(maintenance.stop, 2)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
+    dropped = [r.getMessage() for r in caplog.records if "job(s) dropped" in r.getMessage()]
+    assert len(dropped) == 1 and "1 job(s) dropped" in dropped[0], caplog.text
+    assert maintenance.pending_jobs() == 0  # said once: a second stop has none to drop
 
 
 async def test_max_run_failure_then_hand_back(

@@ -105,6 +105,18 @@ class JobQueue:
                 return None
             return self._jobs.popleft()
 
+    def drop_all(self) -> int:
+        """Forget every queued job; how many there were."""
+        with self._lock:
+            dropped = len(self._jobs)
+            self._jobs.clear()
+        return dropped
+
+    def put_back(self, job: Job) -> None:
+        """Return `job` to the head of the queue as it was, untried."""
+        with self._lock:
+            self._jobs.appendleft(job)
+
     def retry_later(self, job: Job, *, stopping: bool) -> bool:
         """Put a failed job back at the head, due after a backoff. False when it is
         dropped instead (out of attempts, or stopping): its leases will expire."""

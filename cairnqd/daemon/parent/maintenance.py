@@ -218,7 +218,7 @@ class Maintenance:
                 log.warning(
                     "maintenance stopped with the database out of reach: %d job(s) dropped "
                     "(their tasks run again once their leases expire)",
-                    self.pending_jobs(),
+                    self._jobs.drop_all(),
                 )
             await self.aclose()
 
@@ -295,6 +295,11 @@ class Maintenance:
                     await self.fail_max_run(job.task_id, job.worker_id, job.max_run_s, job.delay_ms)
                 self._outage.answered()
             except Exception as exc:
+                if self._cut.is_set():
+                    # The stop cut its call short: dropped with the jobs still queued
+                    # (said once, by `_serve`), not a failure of its own.
+                    self._jobs.put_back(job)
+                    return
                 self._outage.failed(exc, job.describe(), began)
                 if self._jobs.retry_later(job, stopping=self._stopping.is_set()):
                     return  # it waits for its backoff; the loop wakes for it
