@@ -294,6 +294,10 @@ class Maintenance:
                 else:
                     await self.fail_max_run(job.task_id, job.worker_id, job.max_run_s, job.delay_ms)
                 self._outage.answered()
+            except asyncio.CancelledError:
+                if self._cut.is_set():
+                    self._jobs.put_back(job)  # counted with the dropped ones
+                raise
             except Exception as exc:
                 if self._cut.is_set():
                     # The stop cut its call short: dropped with the jobs still queued
