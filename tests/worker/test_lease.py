@@ -153,6 +153,37 @@ async def test_heartbeat_carries_the_cancel_flag(store: TaskStore, client: Cairn
     assert done.status == "canceled"
 
 
+async def test_a_handlers_own_heartbeat_renews_its_lease_and_sees_a_cancel(
+    store: TaskStore, client: CairnQ
+) -> None:
+    """`ctx.heartbeat()` renews the lease (the database's and the worker's own deadline
+    alike) for this attempt only, and carries a pending cancel, as the worker's beats do."""
+    worker = Worker(store, ["default"], lease_ms=30_000, poll_interval_ms=50)
+    started, asked = asyncio.Event(), asyncio.Event()
+    seen: dict[str, Any] = {}
+
+    @worker.task
+    async def long(ctx: TaskContext) -> str:
+        before_db = ctx.task.lease_until_ms
+        before_local = ctx.lease_deadline
+        started.set()
+        await asyncio.wait_for(asked.wait(), 20)
+        renewed = await ctx.heartbeat()
+        seen["db"] = (before_db or 0) < (renewed.lease_until_ms or 0)
+        seen["local"] = ctx.lease_deadline > before_local
+        seen["canceled"] = ctx._cancel_seen
+        return "done"
+
+    task = await client.submit("long")
+    async with running(worker):
+        await asyncio.wait_for(started.wait(), 20)
+        await client.cancel(task.id)
+        asked.set()
+        done = await wait_status(store, task.id)
+    assert seen == {"db": True, "local": True, "canceled": True}
+    assert done.status == "canceled"
+
+
 # -- max_run_ms ------------------------------------------------------------------------
 
 
