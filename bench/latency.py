@@ -23,7 +23,8 @@ with one group of two children, `bench.stamp` from bench/daemon_handlers.py), on
 Postgres the daemon with `direct_dsn` (daemon-relay: the parent holds the one LISTEN and
 wakes one child with a free slot per notification), the daemon with
 `connections_per_child: 2` (daemon-2conn: a child's results write beside its claims),
-the daemon with four children (daemon-4: each notification wakes all four), the public
+the daemon with four children (daemon-4: each notification wakes all four) and with
+one (daemon-1: what a child costs beside a bare worker, without a sibling), the public
 SDK (25 ms poll: at its default of 500 ms it cannot keep up) and, on
 Postgres, pgqueuer. Besides the whole run's
 percentiles (the first second, the warm-up, left out) it reports p50/p95/p99/max per
@@ -193,6 +194,7 @@ STREAM_VARIANTS: tuple[tuple[str, int | None], ...] = (
     ("daemon-relay", None),
     ("daemon-2conn", None),
     ("daemon-4", None),
+    ("daemon-1", None),
     ("cairnq", 25),
     ("pgqueuer", None),
 )
@@ -201,7 +203,7 @@ DAEMON_CHILDREN = 2
 #: `direct_dsn` (the parent holds the one LISTEN and routes wake-ups to the children),
 #: with `connections_per_child: 2` (a child's results write beside its claims), and
 #: with four children instead of two.
-DAEMONS = ("daemon", "daemon-relay", "daemon-2conn", "daemon-4")
+DAEMONS = ("daemon", "daemon-relay", "daemon-2conn", "daemon-4", "daemon-1")
 
 
 @asynccontextmanager
@@ -340,7 +342,7 @@ async def stream_once(
                             Path(scratch),
                             relay=impl == "daemon-relay",
                             connections=2 if impl == "daemon-2conn" else 1,
-                            processes=4 if impl == "daemon-4" else DAEMON_CHILDREN,
+                            processes={"daemon-4": 4, "daemon-1": 1}.get(impl, DAEMON_CHILDREN),
                         )
                     )
                     serving = [parent, *children_of(parent)]
@@ -466,6 +468,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
             "daemon-relay",
             "daemon-2conn",
             "daemon-4",
+            "daemon-1",
             "cairnq",
             "procrastinate",
             "pgqueuer",

@@ -83,6 +83,7 @@ class ClaimLoop:
         self._held = 0
         # The last claim left the results due for a write of their own after it.
         self._write_after_claim = False
+        self._polled = False
         # Hooks for a host process that retires a worker (see `Worker`).
         self.claim_budget: int | None = None
         self.before_claim: Callable[[], bool] | None = None
@@ -195,6 +196,10 @@ class ClaimLoop:
                 # would otherwise carry a backlog it must still run.
                 free = min(free, self.claim_budget)
                 ahead = min(ahead, self.claim_budget - free + len(backlog))
+            if not settle_only and not self._polled and self._defers_to_sibling():
+                self._woken = await self._idle()
+                continue
+            self._polled = False
             woken, self._woken = self._woken, False
             try:
                 claimed = await self._claim(queues, free, len(backlog) if settle_only else ahead)
@@ -251,20 +256,44 @@ class ClaimLoop:
             wait_ms = min(wait_ms, room_ms)
             gap_ms = min(ROOM_GAP_MS, wait_ms)
         gate = self.wake_gate
-        if gate is not None and room_ms is None and not gate.holding:
+        deferring = gate is not None and room_ms is None and not gate.holding
+        if gate is not None and deferring:
             # A sibling answers the wake-ups while it has room: wait to take over from
             # it, or for the poll. Held back by a limit, every worker waits for its room.
             wake = asyncio.ensure_future(gate.until_held(wait_ms / 1000))
         else:
             wake = asyncio.ensure_future(self._wake(queues, wait_ms, gap_ms))
-        freed = asyncio.ensure_future(state.freed.wait())
+        if deferring and self._defers_to_sibling() and not self._inflight.backlog:
+            # A call of ours ending is no reason to claim (`_defers_to_sibling`); with
+            # nothing claimed ahead to start, only stop cuts this wait short.
+            freed = asyncio.ensure_future(state.stop.wait())
+        else:
+            freed = asyncio.ensure_future(state.freed.wait())
         try:
             await asyncio.wait({wake, freed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             state.idling = False
             for fut in (wake, freed):
                 fut.cancel()
-        return wake.done() and not wake.cancelled()
+        woken = wake.done() and not wake.cancelled()
+        # The poll fell due without the role: the next cycle claims all the same.
+        self._polled = deferring and woken and self._defers_to_sibling()
+        return woken
+
+    def _defers_to_sibling(self) -> bool:
+        """Whether a sibling answers for this worker: it holds the group's wake role
+        (`wake_gate`) and claims what comes while it has room, and the database has one
+        writer at a time (SQLite). This worker then claims nothing of its own accord,
+        not when a call of its ends nor again after a claim of its own, until it takes
+        the role or its poll falls due: such claims mostly came up empty, and each took
+        a turn at the write lock that the sibling's claims wait for (docs/architecture.md,
+        "cairnqd/daemon/wakerole.py"). On Postgres they run beside the sibling's and
+        catch what it is too busy to take. Not with resources: a task may need one
+        that only this worker has free."""
+        gate = self.wake_gate
+        return (
+            gate is not None and not gate.holding and self._store.one_writer and not self._resources
+        )
 
     async def _wake(self, queues: Sequence[str], wait_ms: int, gap_ms: int) -> None:
         if gap_ms:

@@ -290,6 +290,9 @@ class TaskStore(ABC):
     #: riding in a claim that reaches ahead, and committing them first would cost a
     #: second commit per cycle (`ClaimLoop._claim` decides by it).
     brief_transactions: bool = False
+    #: Whether all write transactions, every process's, take turns at one lock
+    #: (SQLite): a claim that finds nothing still holds up every other writer.
+    one_writer: bool = False
 
     def __init__(self, *, clock: Clock | None = None, describe: str = "store") -> None:
         #: Admits operations, and refuses them while `close()` drains (store/admission.py).

@@ -79,6 +79,7 @@ class SQLiteStore(TaskStore):
     # With the write lock held, a transaction's statements run on the event loop's
     # thread, one after another, and commit: nothing inside it awaits.
     brief_transactions = True
+    one_writer = True
 
     def __init__(
         self,
