@@ -6,8 +6,8 @@ On a host with few cores those empty claims were most of the daemon's CPU under 
 steady stream (bench/RESULTS.md, "Under a steady stream"). So one child at a time
 answers them: the one holding an exclusive `flock` on a file beside the daemon's state
 file, taken only while a task it claimed would start at once (a free call slot, claiming
-on). A child that fills up lets go, and a sibling with room, blocked on the lock in a
-thread, takes it and claims at once. A child that dies lets go with its last file
+on). A child that stays full for 2 ms lets go, and a sibling with room, blocked on the
+lock in a thread, takes it and claims at once. A child that dies lets go with its last file
 descriptor. The others keep their LISTEN (its events wait, set, for the moment they
 take the role) and claim on their poll interval, as every child always did.
 
@@ -22,6 +22,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 
 __all__ = ["RoomLook", "WakeRole", "wake_lock_path"]
@@ -78,6 +79,9 @@ class WakeRole(RoomLook):
     claims (`RoomLook`). The claim loop asks `holding` before it waits for a wake-up,
     and a child without the role waits in `until_held` instead."""
 
+    #: How long a holder stays full before it lets go.
+    LET_GO_AFTER_S = 0.002
+
     def __init__(self, path: str, may_claim: Callable[[], bool]) -> None:
         super().__init__(may_claim)
         self.path = path
@@ -87,6 +91,8 @@ class WakeRole(RoomLook):
         os.register_at_fork(after_in_child=self._forget)
         #: A thread is blocked taking the lock; it hands the lock to the loop.
         self._waiting = False
+        #: When the child, holding the role, was first seen full (`_still_filling`).
+        self._full_since: float | None = None
         self._held: asyncio.Event | None = None
 
     @property
@@ -121,10 +127,12 @@ class WakeRole(RoomLook):
         if self._fd is None or self._held is None:
             return
         if not room:
-            if self._held.is_set():
+            if self._held.is_set() and not self._still_filling():
+                self._full_since = None
                 self._held.clear()
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             return
+        self._full_since = None
         if self._held.is_set() or self._waiting:
             return
         try:
@@ -133,6 +141,23 @@ class WakeRole(RoomLook):
             self._wait_in_thread()
             return
         self._held.set()
+
+    def _still_filling(self) -> bool:
+        """Full, but for less than `LET_GO_AFTER_S`, and still claiming: keep the role
+        and look again then. The calls a claim has just started may end within a few
+        turns of the loop, and a sibling woken for the role takes longer than that
+        to claim; meanwhile the stream piles up behind it, its next claim fills it
+        in turn, and the role went back and forth on every claim that filled one."""
+        if not self._may_claim():
+            return False  # stopping or quiet: let go now
+        now = time.monotonic()
+        if self._full_since is None:
+            self._full_since = now
+        elif now - self._full_since >= self.LET_GO_AFTER_S:
+            return False
+        assert self._loop is not None
+        self._loop.call_later(self.LET_GO_AFTER_S, self.check)
+        return True
 
     def _wait_in_thread(self) -> None:
         assert self._fd is not None and self._loop is not None

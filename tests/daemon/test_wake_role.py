@@ -95,6 +95,33 @@ async def test_a_child_with_room_holds_the_role_and_lets_go_when_full(tmp_path: 
         role.close()
 
 
+async def test_a_holder_full_for_a_moment_keeps_the_role(tmp_path: Path) -> None:
+    path = tmp_path / "wake"
+    role = WakeRole(str(path), lambda: True)
+    # Far longer than the test's own turns take: every look below falls inside it.
+    role.LET_GO_AFTER_S = 5.0
+    role.start(asyncio.get_running_loop())
+    try:
+        role.slots(True)
+        await role.until_held(10)
+        role.slots(False)  # a claim filled every slot...
+        await wait_for_async("the look to see it full", lambda: role._full_since is not None)
+        assert role.holding and not free_elsewhere(path)
+        role.slots(True)  # ...and its short calls ended
+        await wait_for_async("the look to see room", lambda: role._full_since is None)
+        # Letting go at once, a sibling woken for the role would have claimed the
+        # tasks that came meanwhile, filled up in turn, and handed it back.
+        assert role.holding and not free_elsewhere(path)
+        role.LET_GO_AFTER_S = 0.2
+        role.slots(False)
+        full_at = time.monotonic()
+        await wait_for_async("the role let go", lambda: not role.holding)
+        assert time.monotonic() - full_at >= 0.2
+        assert free_elsewhere(path)
+    finally:
+        role.close()
+
+
 async def test_a_sibling_takes_the_role_when_its_holder_dies(tmp_path: Path) -> None:
     path = tmp_path / "wake"
     role = WakeRole(str(path), lambda: True)
