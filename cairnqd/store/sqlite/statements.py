@@ -170,6 +170,12 @@ class Backoff:
     wake-up around it): at 1 ms that is ~4% of a core per waiting process, fine for a
     few milliseconds, wasteful for a long write (an index build, a purge). So the cap
     is 1 ms for the first `_SHORT_S` of a wait, 4 ms after that (~1%).
+
+    No awaited wait is shorter than about a millisecond: the loop's selector rounds a
+    timeout up to whole milliseconds, so the first wait of 0.25-0.5 ms is one in
+    practice. Sleeping the first millisecond on the loop's thread in 0.1 ms steps
+    instead was tried: quicker at the median, slower at the tail, with a quarter more
+    CPU for the BEGINs refused in between (bench/RESULTS.md, "Under a steady stream").
     """
 
     _FIRST_S = 0.0005
