@@ -6,10 +6,11 @@ On a host with few cores those empty claims were most of the daemon's CPU under 
 steady stream (bench/RESULTS.md, "Under a steady stream"). So one child at a time
 answers them: the one holding an exclusive `flock` on a file beside the daemon's state
 file, taken only while a task it claimed would start at once (a free call slot, claiming
-on). A child that stays full for 2 ms lets go, and a sibling with room, blocked on the
-lock in a thread, takes it and claims at once. A child that dies lets go with its last file
-descriptor. The others keep their LISTEN (its events wait, set, for the moment they
-take the role) and claim on their poll interval, as every child always did.
+on). A child that stays full for 2 ms (20 ms on SQLite) lets go, and a sibling with
+room, blocked on the lock in a thread, takes it and claims at once. A child that dies
+lets go with its last file descriptor. The others keep their LISTEN (its events wait,
+set, for the moment they take the role) and claim on their poll interval, as every
+child always did.
 
 The reasoning: docs/architecture.md, "cairnqd/daemon/wakerole.py".
 """
@@ -79,12 +80,18 @@ class WakeRole(RoomLook):
     claims (`RoomLook`). The claim loop asks `holding` before it waits for a wake-up,
     and a child without the role waits in `until_held` instead."""
 
-    #: How long a holder stays full before it lets go.
+    #: How long a holder stays full before it lets go (`_still_filling`).
     LET_GO_AFTER_S = 0.002
+    #: The same where the database has one writer (SQLite): a sibling that takes over
+    #: sooner cannot claim beside the holder anyway, only after it.
+    ONE_WRITER_LET_GO_AFTER_S = 0.02
 
-    def __init__(self, path: str, may_claim: Callable[[], bool]) -> None:
+    def __init__(
+        self, path: str, may_claim: Callable[[], bool], *, let_go_after_s: float = LET_GO_AFTER_S
+    ) -> None:
         super().__init__(may_claim)
         self.path = path
+        self.let_go_after_s = let_go_after_s
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         # A handler that forks (os.fork, multiprocessing) would share this descriptor's
         # lock with its process, which could hold the role long after we let go or died.
@@ -143,7 +150,7 @@ class WakeRole(RoomLook):
         self._held.set()
 
     def _still_filling(self) -> bool:
-        """Full, but for less than `LET_GO_AFTER_S`, and still claiming: keep the role
+        """Full, but for less than `let_go_after_s`, and still claiming: keep the role
         and look again then. The calls a claim has just started may end within a few
         turns of the loop, and a sibling woken for the role takes longer than that
         to claim; meanwhile the stream piles up behind it, its next claim fills it
@@ -153,10 +160,10 @@ class WakeRole(RoomLook):
         now = time.monotonic()
         if self._full_since is None:
             self._full_since = now
-        elif now - self._full_since >= self.LET_GO_AFTER_S:
+        elif now - self._full_since >= self.let_go_after_s:
             return False
         assert self._loop is not None
-        self._loop.call_later(self.LET_GO_AFTER_S, self.check)
+        self._loop.call_later(self.let_go_after_s, self.check)
         return True
 
     def _wait_in_thread(self) -> None:

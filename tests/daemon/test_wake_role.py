@@ -99,7 +99,7 @@ async def test_a_holder_full_for_a_moment_keeps_the_role(tmp_path: Path) -> None
     path = tmp_path / "wake"
     role = WakeRole(str(path), lambda: True)
     # Far longer than the test's own turns take: every look below falls inside it.
-    role.LET_GO_AFTER_S = 5.0
+    role.let_go_after_s = 5.0
     role.start(asyncio.get_running_loop())
     try:
         role.slots(True)
@@ -112,7 +112,7 @@ async def test_a_holder_full_for_a_moment_keeps_the_role(tmp_path: Path) -> None
         # Letting go at once, a sibling woken for the role would have claimed the
         # tasks that came meanwhile, filled up in turn, and handed it back.
         assert role.holding and not free_elsewhere(path)
-        role.LET_GO_AFTER_S = 0.2
+        role.let_go_after_s = 0.2
         role.slots(False)
         full_at = time.monotonic()
         await wait_for_async("the role let go", lambda: not role.holding)

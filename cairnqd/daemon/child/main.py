@@ -298,7 +298,7 @@ class Child:
             self.room = RoomReport(self.events, may_claim)
             worker.on_room = self.room.slots
         elif self.boot.database.push == "listen" and self.boot.wake_lock is not None:
-            self.room = self._wake_role(self.boot.wake_lock, may_claim)
+            self.room = self._wake_role(self.boot.wake_lock, may_claim, worker.store.one_writer)
             if self.room is not None:
                 worker.on_room = self.room.slots
                 worker.wake_gate = self.room
@@ -312,9 +312,14 @@ class Child:
             worker.before_claim = self._memory_allows_claim
         return worker
 
-    def _wake_role(self, path: str, may_claim: Callable[[], bool]) -> WakeRole | None:
+    def _wake_role(
+        self, path: str, may_claim: Callable[[], bool], one_writer: bool
+    ) -> WakeRole | None:
+        let_go_after_s = (
+            WakeRole.ONE_WRITER_LET_GO_AFTER_S if one_writer else WakeRole.LET_GO_AFTER_S
+        )
         try:
-            return WakeRole(path, may_claim)
+            return WakeRole(path, may_claim, let_go_after_s=let_go_after_s)
         except OSError as exc:
             # Every child then answers every wake-up, as without the lock: more CPU.
             log.warning(
