@@ -256,10 +256,11 @@ class ClaimLoop:
             wait_ms = min(wait_ms, room_ms)
             gap_ms = min(ROOM_GAP_MS, wait_ms)
         gate = self.wake_gate
-        deferring = gate is not None and room_ms is None and not gate.holding
-        if gate is not None and deferring:
+        deferring = False
+        if gate is not None and room_ms is None and not gate.holding:
             # A sibling answers the wake-ups while it has room: wait to take over from
             # it, or for the poll. Held back by a limit, every worker waits for its room.
+            deferring = True
             wake = asyncio.ensure_future(gate.until_held(wait_ms / 1000))
         else:
             wake = asyncio.ensure_future(self._wake(queues, wait_ms, gap_ms))

@@ -160,10 +160,11 @@ class WakeRole(RoomLook):
         now = time.monotonic()
         if self._full_since is None:
             self._full_since = now
-        elif now - self._full_since >= self.let_go_after_s:
+        left = self._full_since + self.let_go_after_s - now
+        if left <= 0:
             return False
         assert self._loop is not None
-        self._loop.call_later(self.let_go_after_s, self.check)
+        self._loop.call_later(left, self.check)
         return True
 
     def _wait_in_thread(self) -> None:
