@@ -290,10 +290,17 @@ class ClaimLoop:
         a turn at the write lock that the sibling's claims wait for (docs/architecture.md,
         "cairnqd/daemon/wakerole.py"). On Postgres they run beside the sibling's and
         catch what it is too busy to take. Not with resources: a task may need one
-        that only this worker has free."""
+        that only this worker has free. Nor while a limit held this worker's last
+        claim back: it waits for that room itself (`_idle`), and the claim its call
+        ending makes carries the result that gives the room back; deferred, the
+        result stayed unwritten and the room taken, for the sibling too."""
         gate = self.wake_gate
         return (
-            gate is not None and not gate.holding and self._store.one_writer and not self._resources
+            gate is not None
+            and not gate.holding
+            and self._store.one_writer
+            and not self._resources
+            and self._store.room_wait_ms(time.monotonic()) is None
         )
 
     async def _wake(self, queues: Sequence[str], wait_ms: int, gap_ms: int) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from cairnqd.context import TaskContext
+from cairnqd.limits import parse_limits
 from cairnqd.store.base import TaskStore
 from cairnqd.worker import Worker
 from tests.support.waiting import wait_for_async
@@ -120,6 +121,32 @@ async def test_on_postgres_a_call_ending_claims_beside_the_holder(store: TaskSto
         # No role, no poll: the claim its call ending makes takes the task.
         await wait_status(store, second.id, "succeeded")
     assert not gate.holding
+
+
+@SQLITE_ONLY
+async def test_held_back_by_a_limit_without_the_role_the_worker_still_settles_and_claims(
+    store: TaskStore,
+) -> None:
+    """A limit held the worker's last claim back; the role went to a sibling. Its own
+    call ending must still write the result (which gives the room back) and claim once
+    there is room: every worker waits for a limit's room itself. Deferring to the
+    sibling here kept the result unwritten and the room taken, so the sibling, held
+    back too, never got it either: nothing ran again."""
+    store.use_limits(parse_limits({"one": {"queues": ["default"], "concurrency": 1}}))
+    gate = Gate(holding=True)
+    worker, releases = holding_worker(store, gate, poll_ms=30_000)
+    async with running(worker, concurrency=2):
+        first = await store.submit(name="hold")
+        await wait_status(store, first.id, "running")
+        second = await store.submit(name="noop")
+        await wait_for_async(
+            "the limit to hold a claim back",
+            lambda: store.limited is not None and store.room_wait_ms(0.0) is not None,
+        )
+        gate.let_go()
+        releases.setdefault(first.id, asyncio.Event()).set()
+        await wait_status(store, first.id, "succeeded", within=10)
+        await wait_status(store, second.id, "succeeded", within=10)
 
 
 async def test_without_the_role_the_poll_still_claims(store: TaskStore) -> None:
