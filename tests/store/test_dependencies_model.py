@@ -31,6 +31,7 @@ from cairnqd.store.base import TaskStore
 from cairnqd.store.dependencies import WAITING_RUN_AT
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
+from tests.support.models import examples
 
 NOW_MS = 1_800_000_000_000
 BOOM = {"type": "E", "code": "boom", "message": "no", "retryable": False, "details": {}}
@@ -251,7 +252,7 @@ class DependencyModel(RuleBasedStateMachine):
 
 def test_dependency_graph_invariants() -> None:
     DependencyModel.TestCase.settings = settings(
-        max_examples=40,
+        max_examples=examples(40),
         stateful_step_count=30,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
@@ -279,7 +280,7 @@ class PostgresDependencyModel(DependencyModel):
 def test_dependency_graph_invariants_on_postgres(pg_dsn: str) -> None:
     PostgresDependencyModel.dsn = pg_dsn
     PostgresDependencyModel.TestCase.settings = settings(
-        max_examples=25,
+        max_examples=examples(25),
         stateful_step_count=30,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],

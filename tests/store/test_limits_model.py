@@ -44,6 +44,7 @@ from cairnqd.models import Task
 from cairnqd.store.base import TaskStore
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.sqlite import SQLiteStore
+from tests.support.models import examples as model_examples
 
 LEASE_MS = 5_000
 WINDOW_MS = 1_000
@@ -217,7 +218,7 @@ def _remove(folder: Path) -> None:
 def model_settings(examples: int) -> settings:
     """`examples` runs of up to 40 steps each, however long a step takes."""
     return settings(
-        max_examples=examples,
+        max_examples=model_examples(examples),
         stateful_step_count=40,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from cairnqd._inflight import InFlight
+from tests.support.models import examples
 from tests.worker.lease_db_model import (
     LEASE_S,
     TASKS,
@@ -179,7 +180,9 @@ class LeaseModel(RuleBasedStateMachine, LeaseDatabase):
                 assert row.lease_until >= ctx.lease_deadline
 
 
-LeaseModel.TestCase.settings = settings(max_examples=1000, stateful_step_count=60, deadline=None)
+LeaseModel.TestCase.settings = settings(
+    max_examples=examples(500), stateful_step_count=60, deadline=None
+)
 TestLeaseModel = LeaseModel.TestCase
 
 

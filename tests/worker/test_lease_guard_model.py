@@ -40,6 +40,7 @@ from cairnqd._handlers import RegisteredHandler
 from cairnqd._inflight import InFlight
 from cairnqd._leaseguard import LeaseGuard
 from cairnqd.context import TaskContext
+from tests.support.models import examples
 from tests.worker.lease_db_model import (
     TASKS,
     WORKERS,
@@ -244,7 +245,7 @@ class LeaseGuardModel(RuleBasedStateMachine, LeaseDatabase):
 
 
 LeaseGuardModel.TestCase.settings = settings(
-    max_examples=600, stateful_step_count=60, deadline=None
+    max_examples=examples(300), stateful_step_count=60, deadline=None
 )
 TestLeaseGuardModel = LeaseGuardModel.TestCase
 
