@@ -5,6 +5,7 @@ that cannot have its lock giving it up within the bound, so claims go on meanwhi
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
@@ -14,6 +15,7 @@ import pytest
 from cairnqd.store.postgres import PostgresStore
 from cairnqd.store.postgres import migrate as pg_migrate
 from tests.support.databases import PgDatabases, require_postgres
+from tests.support.waiting import wait_for_async
 
 pytestmark = pytest.mark.slow
 
@@ -123,6 +125,46 @@ async def test_a_migration_that_cannot_have_its_lock_lets_claims_through(
         _sql(pg_target, "select 1 from pg_class where relname = 'cairnqd_tasks_run_at_idx'") == []
     )
     assert _sql(pg_target, "select 1 from cairnqd_migrations where name like 'cairnqd_0006%'")
+
+
+async def test_one_lock_wait_is_said_and_a_second_is_warned_about(
+    pg_target: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Processes that start together migrate together, and a concurrent index build
+    waits for every transaction under way: one wait past the lock timeout is expected
+    on a busy machine and logs at INFO; a second in a row is a WARNING."""
+    monkeypatch.setattr(pg_migrate, "LOCK_TIMEOUT_MS", 200)
+    # Pauses wide enough that the blocker goes before the next try on a loaded machine.
+    monkeypatch.setattr(pg_migrate, "_FIRST_PAUSE_S", 2.0)
+    caplog.set_level(logging.INFO, "cairnqd.migrate")
+    async with PostgresStore(pg_target):
+        pass
+
+    def waits() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "a lock was not free" in r.message]
+
+    def waited(times: int) -> bool:
+        return len(waits()) >= times
+
+    for held_for_waits in (1, 2):
+        caplog.clear()
+        _sql(pg_target, "delete from cairnqd_migrations where name like 'cairnqd_0007%'")
+        blocker = await psycopg.AsyncConnection.connect(pg_target)
+        await blocker.execute("lock table cairnqd_migrations in exclusive mode")
+        migrator = PostgresStore(pg_target)
+        migrating = asyncio.create_task(migrator.connect())
+        try:
+            await wait_for_async(
+                f"{held_for_waits} lock wait(s)", functools.partial(waited, held_for_waits)
+            )
+        finally:
+            await blocker.rollback()
+            await blocker.close()
+        await asyncio.wait_for(migrating, 30)
+        await migrator.close()
+        levels = [r.levelno for r in waits()]
+        assert levels == [logging.INFO, logging.WARNING][:held_for_waits], levels
+        assert _sql(pg_target, "select 1 from cairnqd_migrations where name like 'cairnqd_0007%'")
 
 
 async def test_a_migration_blocked_past_every_attempt_fails_and_applies_nothing(

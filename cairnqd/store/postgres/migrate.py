@@ -122,7 +122,11 @@ async def _patiently(migration: Migration, attempt: Callable[[], Awaitable[bool]
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
             if tries == LOCK_ATTEMPTS:
                 break
-            log.warning(
+            # Once is contention (processes that start together migrate together; a
+            # concurrent index build waits for every transaction under way): said. Again,
+            # something holds the table: warned about.
+            log.log(
+                logging.INFO if tries == 1 else logging.WARNING,
                 "migration %s: a lock was not free within %d ms (a long transaction holds "
                 "the table, or it deadlocked with another); trying again in %.1f s",
                 migration.name,
