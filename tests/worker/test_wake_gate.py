@@ -140,8 +140,7 @@ async def test_held_back_by_a_limit_without_the_role_the_worker_still_settles_an
         await wait_status(store, first.id, "running")
         second = await store.submit(name="noop")
         await wait_for_async(
-            "the limit to hold a claim back",
-            lambda: store.limited is not None and store.room_wait_ms(0.0) is not None,
+            "the limit to hold a claim back", lambda: store.room_wait_ms(0.0) is not None
         )
         gate.let_go()
         releases.setdefault(first.id, asyncio.Event()).set()
